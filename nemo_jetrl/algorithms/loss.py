@@ -1,0 +1,293 @@
+"""Clipped policy-gradient loss with off-policy importance-sampling correction (NeMo-RL ``ClippedPGLossFn``).
+
+Per response token t (all tensors [B, S], `mask` 1 on generated tokens):
+
+    r_t     = exp(logp_t - logp_old_t)                               PPO ratio (grad flows through logp only)
+    pg_t    = max(-A_t r_t, -A_t clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
+    pg_t    = min(pg_t, -A_t c)            where A_t < 0             dual clip, if ratio_clip_c = c is set
+    w_t     = exp(logp_old_t - logp_gen_t), NaN/inf -> 0, detached   trainer-vs-rollout IS weight (then truncated)
+    kl_t    = k3(logp_t, logp_ref_t) = exp(ref - logp) - (ref - logp) - 1   (input clamp 20, output clamp 10)
+    loss    = reduce(w_t pg_t) + beta * reduce(kl_t)
+
+reduce: token_level_loss -> sum over masked tokens / normalizer (default: this batch's token count);
+sequence level -> per-sequence token mean, summed / normalizer (default: sequences with >= 1 token). A trainer
+passes the GLOBAL count as `normalizer` so micro-batch losses (and gradients) sum to the full-batch mean.
+
+Truncation (`truncated_importance_sampling_type`, active only with `use_importance_sampling_correction`):
+- ``tis``: clamp w to [ratio_min (default 0), ratio];
+- ``icepop``: w = 0 on tokens with w outside [ratio_min, ratio];
+- ``seq-mask-tis``: w = 0 on whole sequences whose geometric-mean ratio exp(mean_t(logp_old - logp_gen))
+  (NaN/inf log-ratios count as 0) lies outside [ratio_min, ratio]; kept sequences keep their RAW per-token w,
+  untruncated (NeMo-RL: "non-truncated token IS correction").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nemo_jetrl.algorithms.mismatch import KL_TYPES, kl_estimator
+
+TRUNCATION_TYPES = ("tis", "icepop", "seq-mask-tis")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class ClippedPGLossConfig:
+    """The `loss_fn` config section (NeMo-RL spellings). Validated on construction."""
+
+    reference_policy_kl_penalty: float = 0.0
+    ratio_clip_min: float = 0.2
+    ratio_clip_max: float = 0.2
+    ratio_clip_c: float | None = None
+    token_level_loss: bool = True
+    use_importance_sampling_correction: bool = False
+    truncated_importance_sampling_type: str | None = None
+    truncated_importance_sampling_ratio: float | None = None
+    truncated_importance_sampling_ratio_min: float | None = None
+    # NeMo-RL keys with NeMo-RL defaults; optional in our YAML.
+    reference_policy_kl_type: str = "k3"
+    kl_input_clamp_value: float | None = 20.0
+    kl_output_clamp_value: float | None = 10.0
+
+    def __post_init__(self) -> None:
+        p = "loss_fn."
+        for key in ("reference_policy_kl_penalty", "ratio_clip_min", "ratio_clip_max"):
+            v = getattr(self, key)
+            if not _is_number(v) or v < 0:
+                raise ValueError(f"{p}{key} must be a finite number >= 0, got {v!r}")
+        for key in ("token_level_loss", "use_importance_sampling_correction"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{p}{key} must be a bool, got {getattr(self, key)!r}")
+        c = self.ratio_clip_c
+        if c is not None and (not _is_number(c) or c <= 1):
+            raise ValueError(f"{p}ratio_clip_c must be null or a number > 1 (dual clip), got {c!r}")
+        if self.reference_policy_kl_type not in KL_TYPES:
+            raise ValueError(
+                f"{p}reference_policy_kl_type must be one of {KL_TYPES}, got {self.reference_policy_kl_type!r}"
+            )
+        for key in ("kl_input_clamp_value", "kl_output_clamp_value"):
+            v = getattr(self, key)
+            if v is not None and (not _is_number(v) or v <= 0):
+                raise ValueError(f"{p}{key} must be null or a number > 0, got {v!r}")
+        self._check_truncation()
+
+    def _check_truncation(self) -> None:
+        p = "loss_fn.truncated_importance_sampling_"
+        kind, hi, lo = self.truncation_type, self.truncated_importance_sampling_ratio, self.truncation_ratio_min
+        if kind is None:  # a lone ratio_min is ignored (NeMo-RL); a lone upper ratio is a mistake
+            if hi is not None:
+                raise ValueError(f"{p}ratio is set but {p}type is null; set the type (tis|icepop|seq-mask-tis)")
+            return
+        if kind not in TRUNCATION_TYPES:
+            raise ValueError(f"{p}type must be null or one of {TRUNCATION_TYPES}, got {kind!r}")
+        if not self.use_importance_sampling_correction:
+            raise ValueError(f"{p}type={kind!r} needs loss_fn.use_importance_sampling_correction: true")
+        if not _is_number(hi) or hi <= 0:
+            raise ValueError(f"{p}ratio (upper bound) must be a number > 0 for type {kind!r}, got {hi!r}")
+        if kind in ("icepop", "seq-mask-tis") and self.truncated_importance_sampling_ratio_min is None:
+            raise ValueError(f"{p}ratio_min (lower bound) must be set for type {kind!r}")
+        if not _is_number(lo) or lo < 0 or lo > hi:
+            raise ValueError(f"{p}ratio_min must be a number in [0, ratio={hi}], got {lo!r}")
+
+    @property
+    def truncation_type(self) -> str | None:
+        return self.truncated_importance_sampling_type
+
+    @property
+    def truncation_ratio_min(self) -> float | None:
+        """Lower bound; tis defaults it to 0 (NeMo-RL)."""
+        lo = self.truncated_importance_sampling_ratio_min
+        return 0.0 if lo is None and self.truncation_type == "tis" else lo
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> ClippedPGLossConfig:
+        """Build from the `loss_fn` mapping (dict or OmegaConf); unknown keys are errors, missing keys default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = {str(k): cfg[k] for k in cfg}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown loss_fn key(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        for k, v in data.items():  # YAML ints where floats are meant
+            if isinstance(v, int) and not isinstance(v, bool):
+                data[k] = float(v)
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- input checks
+def _check_inputs(mask: torch.Tensor, advantages: torch.Tensor | None, **tensors: torch.Tensor | None) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise ValueError(f"mask must be a [B, S] tensor, got {getattr(mask, 'shape', type(mask).__name__)}")
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.shape != mask.shape:
+            raise ValueError(f"{name} must have the mask's shape {tuple(mask.shape)}, got {getattr(t, 'shape', t)}")
+    b = mask.shape[0]
+    if advantages is None:
+        return
+    if not isinstance(advantages, torch.Tensor) or not (advantages.shape == (b,) or advantages.shape == mask.shape):
+        raise ValueError(
+            f"advantages must be [B]={b} or [B, S]={tuple(mask.shape)}, got {getattr(advantages, 'shape', advantages)}"
+        )
+
+
+# --------------------------------------------------------------------------- importance weights
+def _raw_weights(logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """w = exp(logp_old - logp_gen), NaN/inf -> 0, 0 off the mask. All [B, S]."""
+    w = torch.exp(logp_old.detach().to(dtype) - logp_gen.detach().to(dtype))
+    w = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
+    return torch.where(m, w, torch.zeros_like(w))
+
+
+def _truncate(
+    w: torch.Tensor, logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, cfg: ClippedPGLossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply the configured truncation to raw weights w [B, S]; returns (weights, out-of-bounds [B, S] bool)."""
+    kind, hi, lo = cfg.truncation_type, cfg.truncated_importance_sampling_ratio, cfg.truncation_ratio_min
+    if kind is None:
+        return w, torch.zeros_like(m)
+    if kind == "tis":
+        oob = (w > hi) | (w < lo)
+        return w.clamp(lo, hi), oob & m
+    if kind == "icepop":
+        keep = (w >= lo) & (w <= hi)
+        return torch.where(keep, w, torch.zeros_like(w)), ~keep & m
+    # seq-mask-tis: geometric-mean ratio per sequence over its masked tokens.
+    log_ratio = torch.nan_to_num(logp_old.detach().to(w.dtype) - logp_gen.detach().to(w.dtype), 0.0, 0.0, 0.0)
+    log_ratio = torch.where(m, log_ratio, torch.zeros_like(log_ratio))  # [B, S]
+    n_tok = m.sum(-1).clamp_min(1)  # [B]
+    geo_mean = torch.exp(log_ratio.sum(-1) / n_tok)  # [B]
+    keep_seq = (geo_mean >= lo) & (geo_mean <= hi)  # [B]
+    weights = w * keep_seq.unsqueeze(-1).to(w.dtype)
+    return weights, ~keep_seq.unsqueeze(-1) & m
+
+
+def importance_weights(
+    logp_old: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, cfg: ClippedPGLossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Detached IS weights [B, S] (0 off the mask) and the out-of-bounds mask [B, S] bool.
+
+    Without `use_importance_sampling_correction` the weights are 1 on every response token and nothing is oob.
+    """
+    _check_inputs(mask, None, logp_old=logp_old, logp_gen=logp_gen)
+    m = mask.bool()
+    dtype = torch.promote_types(logp_old.dtype, torch.float32)
+    if not cfg.use_importance_sampling_correction:
+        return m.to(dtype), torch.zeros_like(m)
+    return _truncate(_raw_weights(logp_old, logp_gen, m, dtype), logp_old, logp_gen, m, cfg)
+
+
+# --------------------------------------------------------------------------- reductions
+def _reduce(values: torch.Tensor, m: torch.Tensor, token_level: bool, normalizer: Any) -> torch.Tensor:
+    """values, m: [B, S] -> scalar, per the docstring's token / sequence reduction."""
+    v = torch.where(m, values, torch.zeros_like(values))
+    if token_level:
+        denom = m.sum().clamp_min(1) if normalizer is None else normalizer
+        return v.sum() / denom
+    per_seq = v.sum(-1) / m.sum(-1).clamp_min(1)  # [B]
+    denom = (m.sum(-1) > 0).sum().clamp_min(1) if normalizer is None else normalizer
+    return per_seq.sum() / denom
+
+
+def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:
+    return float(torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp_min(1))
+
+
+def _check_normalizer(normalizer: Any) -> None:
+    if normalizer is None:
+        return
+    value = float(normalizer.detach()) if isinstance(normalizer, torch.Tensor) else normalizer
+    if not _is_number(value) or value <= 0:
+        raise ValueError(f"normalizer must be a number > 0 (the global token/sequence count), got {normalizer!r}")
+
+
+# --------------------------------------------------------------------------- the loss
+def clipped_pg_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_gen: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: ClippedPGLossConfig,
+    *,
+    logp_ref: torch.Tensor | None = None,
+    normalizer: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped PG loss (see module docstring). logp [B, S] carries the grad; advantages [B] or [B, S].
+
+    Padding (mask == 0) may hold any value, NaN included: it changes neither the loss nor the gradient.
+    Metrics: ``loss`` follows the loss's normalization (sum it over micro-batches); every other metric is a mean
+    over THIS call's tokens (``is_oob_ratio`` of seq-mask-tis: over its sequences), ``probs_ratio_min/max`` are
+    extrema; ``kl_penalty`` is the KL before the coefficient.
+    """
+    _check_inputs(mask, advantages, logp=logp, logp_old=logp_old, logp_gen=logp_gen, logp_ref=logp_ref)
+    _check_normalizer(normalizer)
+    if cfg.reference_policy_kl_penalty != 0 and logp_ref is None:
+        raise ValueError("logp_ref is required when loss_fn.reference_policy_kl_penalty != 0")
+    m = mask.bool()  # [B, S]
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    # Sanitize padding before any exp so no NaN/inf enters the graph (a where() after exp still leaks NaN grads).
+    cur = torch.where(m, logp.to(dtype), zero)  # [B, S]
+    old = torch.where(m, logp_old.detach().to(dtype), zero)  # [B, S]
+    adv = advantages.detach().to(dtype)
+    adv = adv.unsqueeze(-1).expand_as(cur) if adv.dim() == 1 else adv  # [B, S]
+    adv = torch.where(m, adv, zero)
+
+    ratio = torch.exp(cur - old)  # [B, S]
+    ratio_clamped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+    pg = torch.maximum(-adv * ratio, -adv * ratio_clamped)  # pessimistic of unclipped / clipped
+    if cfg.ratio_clip_c is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.ratio_clip_c), pg)
+
+    raw_w = _raw_weights(logp_old, logp_gen, m, dtype)  # [B, S]
+    trunc_w, oob = _truncate(raw_w, logp_old, logp_gen, m, cfg)
+    w = trunc_w if cfg.use_importance_sampling_correction else m.to(dtype)
+    loss = _reduce(w * pg, m, cfg.token_level_loss, normalizer)
+
+    kl_value = 0.0
+    if cfg.reference_policy_kl_penalty != 0:
+        ref = torch.where(m, logp_ref.detach().to(dtype), zero)
+        kl_tok = kl_estimator(
+            cur,
+            ref,
+            cfg.reference_policy_kl_type,
+            input_clamp_value=cfg.kl_input_clamp_value,
+            output_clamp_value=cfg.kl_output_clamp_value,
+        )  # [B, S]
+        loss = loss + cfg.reference_policy_kl_penalty * _reduce(kl_tok, m, cfg.token_level_loss, normalizer)
+        kl_value = float(_reduce(kl_tok.detach(), m, cfg.token_level_loss, None))
+
+    with torch.no_grad():
+        r, rc = ratio.detach(), ratio_clamped.detach()
+        entropy_w = torch.nan_to_num(torch.exp(cur.detach() - logp_gen.detach().to(dtype)), 0.0, 0.0, 0.0)
+        if cfg.truncation_type == "seq-mask-tis":
+            has_tok = m.any(-1)
+            oob_ratio = float((oob.any(-1) & has_tok).sum() / has_tok.sum().clamp_min(1))
+        else:
+            oob_ratio = _masked_mean(oob.to(dtype), m)
+        any_tok = bool(m.any())
+        metrics = {
+            "loss": float(loss.detach()),
+            "kl_penalty": kl_value,
+            "probs_ratio": _masked_mean(r, m),
+            "probs_ratio_clamped": _masked_mean(rc, m),
+            "probs_ratio_min": float(r[m].min()) if any_tok else math.inf,
+            "probs_ratio_max": float(r[m].max()) if any_tok else -math.inf,
+            "clip_fraction": _masked_mean((r != rc).to(dtype), m),
+            "approx_entropy": -_masked_mean(entropy_w * cur.detach(), m),
+            "sampling_importance_ratio": _masked_mean(trunc_w, m),
+            "is_oob_ratio": oob_ratio,
+            "num_valid_tokens": float(m.sum()),
+            "num_valid_samples": float(m.any(-1).sum()),
+        }
+    return loss, metrics

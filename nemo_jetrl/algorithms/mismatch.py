@@ -1,0 +1,111 @@
+"""Training-inference mismatch metrics (NeMo-RL names and estimators) and the Schulman KL estimators.
+
+All metrics are means over generated tokens (`mask [B, S]`) of per-token quantities of
+``d = logp_train - logp_gen`` (the trainer's logprob of the sampled token minus the rollout's):
+
+- ``token_mult_prob_error = mean(exp(|d|))``          (1.0 = identical; acceptable < ~1.03-1.05)
+- ``gen_kl_error          = mean(exp(d) - d - 1)``     k3 estimate of KL(gen || train) under gen samples
+- ``policy_kl_error       = mean(exp(-d) + d - 1)``    k3 with the roles swapped, "KL(train || gen)"
+- ``js_divergence_error   = mean(0.5 KL(train||M) + 0.5 KL(gen||M))`` with M = (p_train + p_gen) / 2, each KL a
+  k3 term; per token it equals ``log((p + q) / (2 sqrt(p q)))``.
+
+This mirrors NeMo-RL's ``ClippedPGLossFn`` (``calculate_kl(logprobs=gen, logprobs_reference=train)`` for gen-kl,
+swapped for policy-kl, with the configured ``reference_policy_kl_type``, k3 by default, and no clamping).
+Importance-sampling metrics (``sampling_importance_ratio``, ``is_oob_ratio``) depend on the truncation config and
+live with the loss (`loss.clipped_pg_loss`).
+
+Robustness: masked tokens where either logprob is NaN/inf are left out of every mean and counted in
+``num_nonfinite_tokens``; no NaN ever reaches the returned floats.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+KL_TYPES = ("k1", "k2", "k3")
+
+
+def kl_estimator(
+    logprobs: torch.Tensor,
+    logprobs_reference: torch.Tensor,
+    kl_type: str = "k3",
+    *,
+    input_clamp_value: float | None = None,
+    output_clamp_value: float | None = None,
+) -> torch.Tensor:
+    """Per-token KL estimate with samples from `logprobs`' policy (Schulman 2020), logr = ref - logprobs:
+    k1 = -logr, k2 = logr^2 / 2, k3 = exp(logr) - logr - 1. Optional symmetric clamps on logr and on the result."""
+    if kl_type not in KL_TYPES:
+        raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
+    logr = logprobs_reference - logprobs  # [B, S]
+    if input_clamp_value is not None:
+        logr = logr.clamp(-input_clamp_value, input_clamp_value)
+    if kl_type == "k1":
+        kl = -logr
+    elif kl_type == "k2":
+        kl = logr.square() / 2
+    else:
+        kl = torch.exp(logr) - logr - 1
+    if output_clamp_value is not None:
+        kl = kl.clamp(-output_clamp_value, output_clamp_value)
+    return kl
+
+
+def _check_pair(logp_train: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor) -> None:
+    for name, t in (("logp_train", logp_train), ("logp_gen", logp_gen), ("mask", mask)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a [B, S] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if logp_train.shape != logp_gen.shape or logp_train.shape != mask.shape:
+        raise ValueError(
+            f"shape mismatch: logp_train {tuple(logp_train.shape)}, logp_gen {tuple(logp_gen.shape)}, "
+            f"mask {tuple(mask.shape)}"
+        )
+
+
+@torch.no_grad()
+def mismatch_metrics(
+    logp_train: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, *, kl_type: str = "k3"
+) -> dict[str, float]:
+    """Trainer-vs-rollout logprob mismatch over generated tokens. All inputs [B, S]; returns python floats.
+
+    With no usable token the errors take their no-mismatch values (1.0 for the multiplicative error, 0.0 else).
+    """
+    _check_pair(logp_train, logp_gen, mask)
+    dtype = torch.promote_types(torch.promote_types(logp_train.dtype, logp_gen.dtype), torch.float32)
+    train = logp_train.detach().to(dtype)  # [B, S]
+    gen = logp_gen.detach().to(dtype)  # [B, S]
+    m = mask.bool()
+    finite = torch.isfinite(train) & torch.isfinite(gen)
+    valid = m & finite  # [B, S]
+    n_valid = int(valid.sum())
+    n_nonfinite = int((m & ~finite).sum())
+    if n_valid == 0:
+        return {
+            "token_mult_prob_error": 1.0,
+            "gen_kl_error": 0.0,
+            "policy_kl_error": 0.0,
+            "js_divergence_error": 0.0,
+            "num_valid_tokens": 0.0,
+            "num_nonfinite_tokens": float(n_nonfinite),
+        }
+    zero = torch.zeros((), dtype=dtype, device=train.device)
+    train = torch.where(valid, train, zero)
+    gen = torch.where(valid, gen, zero)
+
+    def mean(x: torch.Tensor) -> float:
+        return float(torch.where(valid, x, zero).sum() / n_valid)
+
+    d = train - gen  # [B, S]
+    log_mixture = torch.logaddexp(train, gen) - math.log(2.0)  # log((p + q) / 2)
+    kl_train_to_mix = kl_estimator(log_mixture, train, "k3")  # exp(a) - a - 1, a = train - log_mixture
+    kl_gen_to_mix = kl_estimator(log_mixture, gen, "k3")
+    return {
+        "token_mult_prob_error": mean(torch.exp(d.abs())),
+        "gen_kl_error": mean(kl_estimator(gen, train, kl_type)),
+        "policy_kl_error": mean(kl_estimator(train, gen, kl_type)),
+        "js_divergence_error": mean(0.5 * kl_train_to_mix + 0.5 * kl_gen_to_mix),
+        "num_valid_tokens": float(n_valid),
+        "num_nonfinite_tokens": float(n_nonfinite),
+    }

@@ -1,0 +1,205 @@
+"""Schema: every example config validates; errors name key path, value and allowed values; cross-field rules."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from nemo_jetrl.config import ConfigError, MasterConfig, load_config, validate_config
+
+
+@pytest.fixture(scope="module")
+def base_dict(base_yaml) -> dict:
+    return OmegaConf.to_container(load_config(base_yaml))
+
+
+def check(base_yaml, *overrides: str) -> MasterConfig:
+    return validate_config(load_config(base_yaml, overrides))
+
+
+def error_of(base_yaml, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        check(base_yaml, *overrides)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_grpo_base_validates_and_round_trips(base_yaml, base_dict):
+    master = validate_config(load_config(base_yaml))
+    assert isinstance(master, MasterConfig)
+    assert master.policy.fp8_cfg.block_size == 128
+    assert master.policy.generation.kv_cache_calibration.margin == 1.05
+    assert master.env.arithmetic.correct_reward == 1.0
+    plain = master.to_dict()
+    assert plain["policy"]["optimizer"]["betas"] == (0.9, 0.999)
+    plain["policy"]["optimizer"]["betas"] = list(plain["policy"]["optimizer"]["betas"])
+    assert plain == base_dict
+    assert validate_config(base_dict) == master  # plain dicts are accepted too
+
+
+def test_every_example_config_validates(repo_root):
+    paths = sorted((repo_root / "examples" / "configs").rglob("*.yaml"))
+    assert paths, "no example configs found"
+    for path in paths:
+        validate_config(load_config(path))
+
+
+def test_literal_error_names_key_value_and_allowed_values(base_yaml):
+    message = error_of(base_yaml, "policy.generation.kv_cache_dtype=fp9")
+    assert message == "policy.generation.kv_cache_dtype: 'fp9' is not one of auto, fp8"
+
+
+def test_optional_literal_lists_null(base_yaml):
+    message = error_of(base_yaml, "loss_fn.truncated_importance_sampling_type=foo")
+    assert message == "loss_fn.truncated_importance_sampling_type: 'foo' is not one of tis, icepop, seq-mask-tis, null"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "policy.train_micro_batch_size=0",
+            "policy.train_micro_batch_size: 0 is invalid: input should be greater than 0",
+        ),
+        ("policy.optimizer.lr=0", "policy.optimizer.lr: 0 is invalid: input should be greater than 0"),
+        (
+            "policy.generation.kv_cache_calibration.percentile=100.5",
+            "policy.generation.kv_cache_calibration.percentile: 100.5 is invalid: "
+            "input should be less than or equal to 100",
+        ),
+        (
+            "policy.generation.kv_cache_calibration.margin=0.99",
+            "policy.generation.kv_cache_calibration.margin: 0.99 is invalid: input should be greater than or equal to 1",
+        ),
+        (
+            "policy.fp8_cfg.num_last_layers_in_bf16=-1",
+            "policy.fp8_cfg.num_last_layers_in_bf16: -1 is invalid: input should be greater than or equal to 0",
+        ),
+        (
+            "policy.fp8_cfg.block_size=64",
+            "policy.fp8_cfg.block_size: 64 is not supported; the FP8 recipe supports only 128",
+        ),
+        (
+            "grpo.seed=abc",
+            "grpo.seed: 'abc' is invalid: input should be a valid integer, unable to parse string as an integer",
+        ),
+        ("policy.tokenizer=3", "policy.tokenizer: expected a mapping of keys, got 3"),
+        ("~policy.optimizer.lr", "policy.optimizer.lr: missing required key"),
+        ("+policy.optimzer.lr=1", "policy.optimzer: unknown key; did you mean 'policy.optimizer'?"),
+        ("policy.optimizer.betas=[0.9,1.0]", "policy.optimizer.betas[1]: 1.0 is invalid: input should be less than 1"),
+        ("loss_fn.ratio_clip_c=1.0", "loss_fn.ratio_clip_c: 1.0 is invalid: input should be greater than 1"),
+    ],
+)
+def test_field_errors(base_yaml, override, expected):
+    assert error_of(base_yaml, override) == expected
+
+
+def test_unknown_key_without_close_match_lists_allowed_keys(base_yaml):
+    message = error_of(base_yaml, "+cluster.zzz=1")
+    assert message == "cluster.zzz: unknown key; allowed keys: num_nodes, gpus_per_node, device, num_cpu_threads"
+
+
+def test_several_errors_become_one_line(base_yaml):
+    message = error_of(base_yaml, "policy.precision=fp16", "grpo.max_val_samples=0")
+    assert message.startswith("3 config errors: ")
+    assert "policy.generation.precision: 'fp16' is not one of bf16, fp8" in message  # via ${policy.precision}
+    assert "grpo.max_val_samples: 0 is invalid" in message
+    assert "policy.precision: 'fp16' is not one of bf16, fp8" in message
+
+
+# ---- cross-field rules ---------------------------------------------------------------------------------------
+
+
+def test_kv_fp8_requires_fp8_rollout(base_yaml):
+    assert check(base_yaml, "policy.generation.kv_cache_dtype=fp8").policy.generation.kv_cache_dtype == "fp8"
+    message = error_of(base_yaml, "policy.generation.kv_cache_dtype=fp8", "policy.generation.precision=bf16")
+    assert message == "policy.generation.kv_cache_dtype: 'fp8' requires policy.generation.precision: fp8 (got 'bf16')"
+
+
+def test_train_kv_fake_quant_requires_kv_fp8(base_yaml):
+    message = error_of(base_yaml, "policy.fp8_cfg.train_kv_fake_quant=true")
+    assert message == (
+        "policy.fp8_cfg.train_kv_fake_quant: true requires policy.generation.kv_cache_dtype: fp8 (got 'auto')"
+    )
+    check(base_yaml, "policy.fp8_cfg.train_kv_fake_quant=true", "policy.generation.kv_cache_dtype=fp8")
+
+
+def test_global_batch_must_equal_prompts_times_generations(base_yaml):
+    message = error_of(base_yaml, "policy.train_global_batch_size=128")
+    assert message == (
+        "policy.train_global_batch_size (128) must equal grpo.num_prompts_per_step * "
+        "grpo.num_generations_per_prompt (32 * 8 = 256)"
+    )
+
+
+def test_global_batch_must_be_divisible_by_micro_batch(base_yaml):
+    message = error_of(base_yaml, "policy.train_micro_batch_size=48")
+    assert message == "policy.train_global_batch_size (256) must be divisible by policy.train_micro_batch_size (48)"
+    assert (
+        check(
+            base_yaml, "grpo.num_prompts_per_step=4", "policy.train_micro_batch_size=8"
+        ).policy.train_global_batch_size
+        == 32
+        == 4 * 8
+    )
+
+
+def test_sequence_length_must_exceed_new_tokens(base_yaml):
+    message = error_of(base_yaml, "policy.generation.max_new_tokens=32")
+    assert message == (
+        "policy.max_total_sequence_length (32) must be greater than policy.generation.max_new_tokens (32)"
+    )
+    check(base_yaml, "policy.generation.max_new_tokens=31")
+
+
+def test_truncated_is_requires_correction_and_ratio(base_yaml):
+    prefix = "loss_fn.truncated_importance_sampling"
+    assert error_of(base_yaml, f"{prefix}_type=tis") == (
+        f"{prefix}_type: 'tis' requires loss_fn.use_importance_sampling_correction: true"
+    )
+    assert error_of(base_yaml, f"{prefix}_type=icepop", "loss_fn.use_importance_sampling_correction=true") == (
+        f"{prefix}_type: 'icepop' requires {prefix}_ratio (the upper bound, e.g. 2.0)"
+    )
+
+
+@pytest.mark.parametrize("kind, ratio_min", [("tis", 0.0), ("icepop", 0.5), ("seq-mask-tis", 0.5)])
+def test_truncated_is_ratio_min_defaults(base_yaml, kind, ratio_min):
+    loss = check(
+        base_yaml,
+        "loss_fn.use_importance_sampling_correction=true",
+        f"loss_fn.truncated_importance_sampling_type={kind}",
+        "loss_fn.truncated_importance_sampling_ratio=2.0",
+    ).loss_fn
+    assert loss.truncated_importance_sampling_ratio_min == ratio_min
+
+
+def test_truncated_is_ratio_min_must_be_below_ratio(base_yaml):
+    common = ("loss_fn.use_importance_sampling_correction=true", "loss_fn.truncated_importance_sampling_type=icepop")
+    message = error_of(
+        base_yaml,
+        *common,
+        "loss_fn.truncated_importance_sampling_ratio=2",
+        "loss_fn.truncated_importance_sampling_ratio_min=2",
+    )
+    assert (
+        message
+        == "loss_fn.truncated_importance_sampling_ratio_min (2) must be < loss_fn.truncated_importance_sampling_ratio (2)"
+    )
+    message = error_of(base_yaml, *common, "loss_fn.truncated_importance_sampling_ratio=0.8")
+    assert message == (
+        "loss_fn.truncated_importance_sampling_ratio_min (default 1.25) must be < "
+        "loss_fn.truncated_importance_sampling_ratio (0.8)"
+    )
+
+
+def test_env_sections_are_typed(base_dict):
+    data = {**base_dict, "env": {"arithmetic": {"correct_reward": "high", "wrong_reward": 0.0}}}
+    with pytest.raises(ConfigError, match=r"^env\.arithmetic\.correct_reward: 'high' is invalid"):
+        validate_config(data)
+    with pytest.raises(ConfigError, match=r"^env\.mathh: unknown key"):
+        validate_config({**base_dict, "env": {"mathh": {}}})
+
+
+def test_non_mapping_config_is_refused():
+    with pytest.raises(ConfigError, match="config must be a mapping"):
+        validate_config(OmegaConf.create([1, 2]))
+    with pytest.raises(ConfigError, match="config must be a mapping"):
+        validate_config(3)
