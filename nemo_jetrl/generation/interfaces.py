@@ -1,0 +1,65 @@
+"""Generation interfaces, shaped like NeMo-RL's GenerationInterface, in the shared sequence layout.
+
+Layout (docs/architecture.md): prompts left-padded to the longest prompt P, generated tokens at columns
+P .. P+T-1, right-padded after each sequence's stop token.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class GenerationOutput:
+    """One generated batch of B sequences of width S = P + T."""
+
+    input_ids: torch.Tensor  # [B, S] long: left-padded prompt, response, right pad
+    attention_mask: torch.Tensor  # [B, S] long: 1 on real tokens (prompt and response)
+    response_mask: torch.Tensor  # [B, S] long: 1 on generated tokens, the stop token included
+    generation_logprobs: torch.Tensor  # [B, S] float32: logprob of each generated token, 0 elsewhere
+    prompt_length: int  # P, the padded prompt width: responses start at column P
+    response_lengths: torch.Tensor  # [B] long: generated tokens per sequence (stop token included)
+    finished: torch.Tensor  # [B] bool: True = stopped by a stop token, False = truncated at max_new_tokens
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> GenerationOutput:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return GenerationOutput(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+
+
+class GenerationInterface(ABC):
+    """What the GRPO driver needs from a rollout engine (native now; vLLM or Ray workers later)."""
+
+    @abstractmethod
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> GenerationOutput:
+        """Complete every prompt (a list of token ids); `generator` seeds sampling."""
+
+    @abstractmethod
+    def prepare_for_generation(self) -> bool:
+        """Wake the engine before a rollout phase (load weights / allocate caches); True when ready."""
+
+    @abstractmethod
+    def finish_generation(self) -> bool:
+        """Release what the rollout phase holds (caches) before training; True when done."""
+
+    @abstractmethod
+    def update_weights(
+        self,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        *,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """Refit hook after a training step: new weights (engines that hold a copy) and per-layer FP8 KV scales
+        (k_scales [L], v_scales [L]) from the trainer's QKV calibration."""

@@ -1,0 +1,246 @@
+"""Native rollout engine: the trainer's own model object, `decoder_forward` with a static KV cache, device sampling.
+
+Colocated by design: the engine holds the trainer's module objects (weights by reference), so after an optimizer
+step the rollout sees the new weights (and, in unified FP8, the very FP8 weight bits and scales the trainer cached)
+with no copy. Generation runs under `torch.no_grad()` (not inference_mode: the trainer later runs autograd on the
+same parameters) and inside the precision package's `rollout_mode(model)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
+from nemo_jetrl.generation.native.sampler import SamplingParams, sample
+from nemo_jetrl.models.decoder import AttnHook, compute_logits, decoder_forward, position_ids_from_mask
+
+try:
+    from nemo_jetrl.precision import rollout_mode
+except ImportError:  # TODO(lead): drop this fallback once nemo_jetrl.precision exports rollout_mode.
+    rollout_mode = None
+
+
+def _rollout_context(model: nn.Module):
+    return rollout_mode(model) if rollout_mode is not None else contextlib.nullcontext()
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str | torch.dtype | None, attention_dtype: torch.dtype) -> torch.dtype:
+    """None / "auto" -> the attention dtype; "fp8" / float8_e4m3fn -> FP8; any floating torch dtype as given."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return attention_dtype
+    if kv_cache_dtype in ("fp8", FP8_KV_DTYPE):
+        return FP8_KV_DTYPE
+    if isinstance(kv_cache_dtype, torch.dtype) and kv_cache_dtype.is_floating_point:
+        return kv_cache_dtype
+    raise ValueError(f"kv_cache_dtype must be None, 'auto', 'fp8' or a floating torch dtype, got {kv_cache_dtype!r}")
+
+
+class NativeGenerationEngine(GenerationInterface):
+    """Batched prefill + decode over `model` (a HF Llama/Qwen2/Qwen3 causal LM, possibly FP8-converted).
+
+    attn_hook_factory: called with no arguments at the start of each `generate()`; returns the `attn_hook` for that
+    rollout (e.g. FP8 Q quantization with the current calibration) or None.
+    static_decode: False (default) attends each decode step over the written cache prefix, which on CPU reproduces
+    HF `generate` bit for bit in bf16 too; True attends over the whole fixed-size buffer with a mask (static shapes,
+    what a CUDA graph captures; same math, last-bit differences in bf16).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_token_ids: Sequence[int],
+        pad_token_id: int,
+        compute_dtype: torch.dtype | None = None,
+        kv_cache_dtype: str | torch.dtype | None = None,
+        attn_hook_factory: Callable[[], AttnHook | None] | None = None,
+        device: torch.device | str | None = None,
+        static_decode: bool = False,
+    ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if pad_token_id is None:
+            raise ValueError("pad_token_id must be set (the tokenizer has no pad token?)")
+        self.model = model
+        self.max_new_tokens = int(max_new_tokens)
+        self.sampling = SamplingParams(float(temperature), float(top_p), None if top_k is None else int(top_k))
+        self.stop_token_ids = [int(t) for t in stop_token_ids]
+        self.pad_token_id = int(pad_token_id)
+        self.compute_dtype = compute_dtype
+        param = next(model.parameters())
+        self.device = torch.device(device) if device is not None else param.device
+        if self.device.type != param.device.type or (
+            self.device.index is not None and param.device.index is not None and self.device.index != param.device.index
+        ):
+            raise ValueError(
+                f"device {self.device} differs from the model's {param.device}: the engine shares the trainer's "
+                "modules and does not move them"
+            )
+        self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, compute_dtype or param.dtype)
+        self.attn_hook_factory = attn_hook_factory
+        self.static_decode = bool(static_decode)
+        self.vocab_size = int(model.config.vocab_size)
+        self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ GenerationInterface
+    def prepare_for_generation(self) -> bool:
+        """Nothing to wake: weights are the trainer's, caches are allocated per call."""
+        return True
+
+    def finish_generation(self) -> bool:
+        """Nothing to release: the per-call KV cache is freed when `generate` returns."""
+        return True
+
+    def update_weights(
+        self,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        *,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """Refit: weights are shared by reference (no copy); only FP8 KV scales (k [L], v [L]) are taken."""
+        if weights is not None:
+            raise ValueError(
+                "NativeGenerationEngine shares the trainer's modules; weights are taken by reference, pass only "
+                "kv_scales"
+            )
+        if kv_scales is not None:
+            k_scales, v_scales = kv_scales
+            self._kv_scales = (k_scales.detach().float().clone(), v_scales.detach().float().clone())
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> GenerationOutput:
+        """Complete each prompt; see GenerationOutput for the layout."""
+        self._check_prompts(prompt_ids)
+        with torch.no_grad(), _rollout_context(self.model):
+            return self._generate(prompt_ids, greedy, generator)
+
+    # ------------------------------------------------------------------ internals
+    def _check_prompts(self, prompt_ids: list[list[int]]) -> None:
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt_ids is empty")
+        for i, prompt in enumerate(prompt_ids):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt_ids[{i}] is empty")
+            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+                raise ValueError(f"prompt_ids[{i}] has token ids outside [0, {self.vocab_size})")
+
+    def _new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
+        cache = KVCache.for_model(self.model, batch_size, max_seq_len, dtype=self.kv_cache_dtype, device=self.device)
+        if cache.is_fp8:
+            if self._kv_scales is None:
+                raise ValueError("kv_cache_dtype=fp8 needs KV scales: call update_weights(kv_scales=(k, v)) first")
+            cache.set_scales(*self._kv_scales)
+        return cache
+
+    def _left_pad(self, prompt_ids: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, width] token ids and attention mask, prompts left-padded into columns [0, P)."""
+        prompt_len = max(len(p) for p in prompt_ids)
+        ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for row, prompt in enumerate(prompt_ids):
+            ids[row, prompt_len - len(prompt) : prompt_len] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, prompt_len - len(prompt) : prompt_len] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _prefill(self, cache: KVCache, hook: AttnHook | None, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Prompts ids/mask [B, P] into the cache; logits [B, V] for the first generated token."""
+        hidden = decoder_forward(
+            self.model,
+            ids,
+            position_ids_from_mask(mask),
+            mask,
+            kv_cache=cache,
+            cache_start=0,
+            attn_hook=hook,
+            compute_dtype=self.compute_dtype,
+        )  # [B, P, H]
+        return compute_logits(self.model, hidden[:, -1:], compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
+
+    def _decode_step(
+        self,
+        cache: KVCache,
+        hook: AttnHook | None,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache_start: int | torch.Tensor,
+    ) -> torch.Tensor:
+        """One token per sequence at cache column `cache_start`: tokens/positions [B, 1]. Returns logits [B, V].
+
+        Static form (capturable): `cache_start` a 0-dim long tensor and mask [B, S_max]; prefix form: an int
+        `cache_start` and mask [B, cache_start + 1]."""
+        hidden = decoder_forward(
+            self.model,
+            tokens,
+            positions,
+            mask,
+            kv_cache=cache,
+            cache_start=cache_start,
+            attn_hook=hook,
+            compute_dtype=self.compute_dtype,
+        )  # [B, 1, H]
+        return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
+
+    def _generate(
+        self, prompt_ids: list[list[int]], greedy: bool, generator: torch.Generator | None
+    ) -> GenerationOutput:
+        batch, prompt_len = len(prompt_ids), max(len(p) for p in prompt_ids)
+        max_len = prompt_len + self.max_new_tokens
+        ids, mask = self._left_pad(prompt_ids, max_len)  # [B, S_max]
+        logprobs = torch.zeros((batch, max_len), dtype=torch.float32, device=self.device)  # [B, S_max]
+        cache = self._new_cache(batch, max_len)
+        hook = self.attn_hook_factory() if self.attn_hook_factory is not None else None
+        stop_ids = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
+        pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device)
+
+        logits = self._prefill(cache, hook, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
+        lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
+        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)  # [B]
+        cache_pos = torch.zeros((), dtype=torch.long, device=self.device)
+        steps = 0
+        for step in range(self.max_new_tokens):
+            col = prompt_len + step
+            tokens, token_logprobs = sample(logits, self.sampling, greedy=greedy, generator=generator)  # [B], [B]
+            active = ~finished
+            tokens = torch.where(active, tokens, pad)
+            ids[:, col] = tokens
+            mask[:, col] = active.long()
+            logprobs[:, col] = torch.where(active, token_logprobs, torch.zeros_like(token_logprobs))
+            finished = finished | (active & torch.isin(tokens, stop_ids))
+            positions = lengths.clone()  # [B]
+            lengths = lengths + active.long()
+            steps = step + 1
+            if steps == self.max_new_tokens or bool(finished.all()):
+                break
+            if self.static_decode:
+                cache_pos.fill_(col)
+                logits = self._decode_step(cache, hook, tokens[:, None], positions[:, None], mask, cache_pos)
+            else:
+                logits = self._decode_step(cache, hook, tokens[:, None], positions[:, None], mask[:, : col + 1], col)
+
+        width = prompt_len + steps
+        response_mask = torch.zeros_like(mask[:, :width])  # [B, S]
+        response_mask[:, prompt_len:] = mask[:, prompt_len:width]
+        return GenerationOutput(
+            input_ids=ids[:, :width].contiguous(),
+            attention_mask=mask[:, :width].contiguous(),
+            response_mask=response_mask,
+            generation_logprobs=logprobs[:, :width].contiguous(),
+            prompt_length=prompt_len,
+            response_lengths=response_mask.sum(-1),
+            finished=finished,
+        )

@@ -1,0 +1,234 @@
+"""The one decoder forward shared by the trainer (scoring, training) and the rollout engine (prefill, decode).
+
+`decoder_forward` runs a HF Llama / Qwen2 / Qwen3 causal LM through its OWN submodules (embeddings, norms, q/k/v/o
+projections, q/k-norm, MLP, rotary embedding), so whatever the precision package swapped into the model
+(`Fp8Linear`) is used transparently and the rollout works on the trainer's weights by reference. Only the attention
+is ours: `F.scaled_dot_product_attention` with an explicit boolean mask (causal AND key-not-padding), which lets the
+same code serve full sequences and KV-cached chunks.
+
+Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
+tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from nemo_jetrl.generation.native.kv_cache import KVCache
+
+# attn_hook(layer_idx, q, k, v) -> (q, k, v); q: [B, H, S, D], k/v: [B, H_kv, S, D] of the new tokens only, after
+# RoPE and q/k-norm, cast to the attention dtype, before the KV cache write.
+AttnHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+# Upper bound on the elements of one float32 logits chunk in `sequence_logprobs` (64M floats = 256 MiB).
+LOGPROB_CHUNK_ELEMENTS = 1 << 26
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """`cumsum(attention_mask) - 1` clamped at 0: [B, S] -> [B, S] long (left pads get position 0)."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be [B, S], got shape {tuple(attention_mask.shape)}")
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    """`model.model` of a HF causal LM, checked for the submodules the forward uses."""
+    backbone = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if backbone is None or not all(hasattr(backbone, name) for name in needed):
+        raise ValueError(
+            f"decoder_forward supports HF Llama/Qwen2/Qwen3 causal LMs (model.model.{{{', '.join(needed)}}}); "
+            f"got {type(model).__name__}"
+        )
+    layer_types = getattr(model.config, "layer_types", None) or ()
+    if any(t != "full_attention" for t in layer_types):
+        raise ValueError(f"decoder_forward supports full attention only; config.layer_types has {set(layer_types)}")
+    return backbone
+
+
+def _hf_attention_helpers(attn: nn.Module) -> tuple[Callable, Callable]:
+    """`apply_rotary_pos_emb` and `repeat_kv` from the HF modeling module that defines `attn`'s class."""
+    module = importlib.import_module(type(attn).__module__)
+    try:
+        return module.apply_rotary_pos_emb, module.repeat_kv
+    except AttributeError as err:
+        raise ValueError(f"{type(attn).__module__} has no apply_rotary_pos_emb/repeat_kv; model not supported") from err
+
+
+def _param_dtype(model: nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _compute_context(model: nn.Module, device: torch.device, compute_dtype: torch.dtype | None):
+    """autocast to `compute_dtype` when it differs from the parameters' dtype, else a null context."""
+    if compute_dtype is None or compute_dtype == _param_dtype(model):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=compute_dtype)
+
+
+def _attention_mask(attention_mask: torch.Tensor, num_queries: int, cache_start: int | torch.Tensor) -> torch.Tensor:
+    """Boolean SDPA mask [B, 1, S_q, S_k]: key <= query (absolute positions) AND key is a real token.
+
+    Query i sits at cache position `cache_start + i`. Each query may always see its own key: a left-pad query row
+    would otherwise be fully masked and give NaN. Real queries never see pad keys, so this changes no real output.
+    """
+    device = attention_mask.device
+    q_pos = cache_start + torch.arange(num_queries, device=device)  # [S_q]
+    k_pos = torch.arange(attention_mask.shape[1], device=device)  # [S_k]
+    causal = k_pos[None, :] <= q_pos[:, None]  # [S_q, S_k]
+    allowed = causal[None] & attention_mask.bool()[:, None, :]  # [B, S_q, S_k]
+    allowed = allowed | (k_pos[None, :] == q_pos[:, None])[None]
+    return allowed[:, None]  # [B, 1, S_q, S_k]
+
+
+def _self_attention(
+    attn: nn.Module,
+    layer_idx: int,
+    x: torch.Tensor,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    mask: torch.Tensor,
+    kv_cache: KVCache | None,
+    cache_start: int | torch.Tensor,
+    attn_hook: AttnHook | None,
+    compute_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """One attention block over the layer's own projections; x: [B, S, hidden] -> [B, S, hidden]."""
+    apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
+    bsz, seq, _ = x.shape
+    head_dim = attn.head_dim
+    q = attn.q_proj(x).view(bsz, seq, -1, head_dim)  # [B, S, H, D]
+    k = attn.k_proj(x).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
+    v = attn.v_proj(x).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3
+        q = attn.q_norm(q)
+        k = attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H(_kv), S, D]
+    q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+    # Attention math runs in one dtype: the compute dtype, else the value projection's output dtype.
+    attn_dtype = compute_dtype if compute_dtype is not None else v.dtype
+    q, k, v = q.to(attn_dtype), k.to(attn_dtype), v.to(attn_dtype)
+    if attn_hook is not None:
+        q, k, v = attn_hook(layer_idx, q, k, v)
+    if kv_cache is not None:
+        k, v = kv_cache.update(layer_idx, k, v, cache_start)  # [B, H_kv, S_k, D]
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # [B, H, S_k, D]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # [B, H, S, D]
+    out = out.transpose(1, 2).reshape(bsz, seq, -1)  # [B, S, H * D]
+    return attn.o_proj(out)
+
+
+def decoder_forward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    kv_cache: KVCache | None = None,
+    cache_start: int | torch.Tensor = 0,
+    attn_hook: AttnHook | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Hidden states after the final norm, [B, S, H].
+
+    input_ids / position_ids: [B, S]; attention_mask: [B, S_total] (1 real, 0 pad) over every key the queries may
+    see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions
+    `cache_start .. cache_start+S-1`; an int `cache_start` attends over the cache prefix (S_total == cache_start+S),
+    a 0-dim LongTensor attends over the whole buffer (S_total == kv_cache.max_seq_len; static shapes for a captured
+    decode step).
+    """
+    if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids and position_ids must both be [B, S]; got {tuple(input_ids.shape)} and "
+            f"{tuple(position_ids.shape)}"
+        )
+    bsz, seq = input_ids.shape
+    if kv_cache is None:
+        if not (isinstance(cache_start, int) and cache_start == 0):
+            raise ValueError("cache_start must be 0 without a kv_cache")
+        expected = seq
+    elif isinstance(cache_start, torch.Tensor):
+        expected = kv_cache.max_seq_len
+    else:
+        expected = cache_start + seq
+    if attention_mask.shape != (bsz, expected):
+        raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
+    backbone = _backbone(model)
+    with _compute_context(model, input_ids.device, compute_dtype):
+        x = backbone.embed_tokens(input_ids)  # [B, S, H]
+        cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
+        mask = _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
+        for layer_idx, layer in enumerate(backbone.layers):
+            attn_out = _self_attention(
+                layer.self_attn,
+                layer_idx,
+                layer.input_layernorm(x),
+                cos_sin,
+                mask,
+                kv_cache,
+                cache_start,
+                attn_hook,
+                compute_dtype,
+            )
+            x = x + attn_out
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return backbone.norm(x)  # [B, S, H]
+
+
+def compute_logits(model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """lm_head over hidden [B, S, H] -> float32 logits [B, S, V] (lm_head runs in `compute_dtype` when given)."""
+    with _compute_context(model, hidden.device, compute_dtype):
+        logits = model.lm_head(hidden)
+    return logits.float()
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    compute_dtype: torch.dtype | None = None,
+    attn_hook: AttnHook | None = None,
+) -> torch.Tensor:
+    """Per-token logprobs [B, S] float32 in the shared layout.
+
+    logp[:, t] = log_softmax(logits[:, t-1] / temperature)[input_ids[:, t]]; 0 at t = 0, on pads, and on a
+    sequence's first real token (no real context before it). Logits are computed in row chunks of at most
+    LOGPROB_CHUNK_ELEMENTS floats, so besides the chunks autograd keeps (one [B, S, V] float32 in all) no second
+    vocabulary-sized tensor is alive at once. Differentiable (the trainer calls it under autograd).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids and attention_mask must both be [B, S]; got {tuple(input_ids.shape)} and "
+            f"{tuple(attention_mask.shape)}"
+        )
+    bsz, seq = input_ids.shape
+    position_ids = position_ids_from_mask(attention_mask)
+    hidden = decoder_forward(
+        model, input_ids, position_ids, attention_mask, attn_hook=attn_hook, compute_dtype=compute_dtype
+    )  # [B, S, H]
+    hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
+    targets = input_ids[:, 1:]  # [B, S-1]
+    vocab = model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
+    rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab))
+    pieces = []
+    for start in range(0, bsz, rows):
+        logits = compute_logits(model, hidden[start : start + rows], compute_dtype=compute_dtype)  # [b, S-1, V]
+        if temperature != 1.0:
+            logits = logits / temperature
+        token_logit = logits.gather(-1, targets[start : start + rows, :, None]).squeeze(-1)  # [b, S-1]
+        pieces.append(token_logit - torch.logsumexp(logits, dim=-1))
+    logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
+    valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # [B, S-1]
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    return F.pad(logp, (1, 0))  # [B, S]

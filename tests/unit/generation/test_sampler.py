@@ -1,0 +1,112 @@
+"""Sampler: greedy equivalences, exact logprobs, temperature frequencies, filters, seeding."""
+
+import math
+
+import pytest
+import torch
+
+from nemo_jetrl.generation.native.sampler import SamplingParams, filter_logits, sample
+
+
+def random_logits(rows: int = 64, vocab: int = 32) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3
+
+
+def test_top_k_one_equals_greedy():
+    logits = random_logits()
+    greedy, greedy_lp = sample(logits, SamplingParams(temperature=0.8), greedy=True)
+    tokens, lp = sample(logits, SamplingParams(temperature=0.8, top_k=1), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(tokens, greedy)
+    assert torch.equal(lp, greedy_lp)
+    assert torch.equal(greedy, logits.argmax(-1))
+
+
+def test_tiny_top_p_equals_greedy():
+    logits = random_logits()
+    greedy, _ = sample(logits, SamplingParams(), greedy=True)
+    tokens, _ = sample(logits, SamplingParams(top_p=1e-6), generator=torch.Generator().manual_seed(6))
+    assert torch.equal(tokens, greedy)
+
+
+def test_logprob_is_unfiltered_log_softmax_of_scaled_logits():
+    # probabilities 1/8, 2/8, 5/8 at temperature 1; top_k=1 must not renormalise the reported logprob to 0
+    logits = torch.log(torch.tensor([[1.0, 2.0, 5.0]]))
+    tokens, lp = sample(logits, SamplingParams(top_k=1), generator=torch.Generator().manual_seed(0))
+    assert tokens.tolist() == [2]
+    assert lp.item() == pytest.approx(math.log(5 / 8), abs=1e-6)
+    # temperature 0.5 squares the odds: 1, 4, 25 -> logprob of token 2 = log(25/30)
+    _, lp_t = sample(logits, SamplingParams(temperature=0.5), greedy=True)
+    assert lp_t.item() == pytest.approx(math.log(25 / 30), abs=1e-6)
+    assert lp_t.dtype == torch.float32
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_temperature_sampling_frequencies_match_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -2.0])
+    temperature, draws = 0.7, 40_000
+    tokens, _ = sample(
+        logits.expand(draws, -1), SamplingParams(temperature=temperature), generator=torch.Generator().manual_seed(7)
+    )
+    counts = torch.bincount(tokens, minlength=5).double()
+    probs = torch.softmax(logits.double() / temperature, -1)
+    # 4 degrees of freedom: P(chi2 > 18.47) = 0.001
+    assert chi_square(counts, probs) < 18.47
+    # the same counts are far from the temperature-1 distribution: the test can tell temperatures apart
+    assert chi_square(counts, torch.softmax(logits.double(), -1)) > 500
+
+
+def test_top_k_and_top_p_restrict_support():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    draws = 4000
+    gen = torch.Generator().manual_seed(8)
+    top_k, _ = sample(logits.expand(draws, -1), SamplingParams(top_k=2), generator=gen)
+    assert set(top_k.unique().tolist()) == {0, 1}
+    probs = torch.softmax(logits, -1)  # 0.644, 0.237, 0.087, 0.032
+    # nucleus = smallest top set whose mass reaches top_p: {0, 1} (0.881) for 0.85, {0, 1, 2} (0.968) for 0.9
+    assert 0.85 < float(probs[:2].sum()) < 0.9 < float(probs[:3].sum())
+    top_p, _ = sample(logits.expand(draws, -1), SamplingParams(top_p=0.85), generator=gen)
+    assert set(top_p.unique().tolist()) == {0, 1}
+    top_p, _ = sample(logits.expand(draws, -1), SamplingParams(top_p=0.9), generator=gen)
+    assert set(top_p.unique().tolist()) == {0, 1, 2}
+
+
+def test_filter_logits_exact_masks():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]]))
+    kept_p = torch.isfinite(filter_logits(logits, None, 0.6))
+    assert kept_p.tolist() == [[True, True, False], [False, True, True]]
+    kept_k = torch.isfinite(filter_logits(logits, 1, 1.0))
+    assert kept_k.tolist() == [[True, False, False], [False, False, True]]
+    assert torch.equal(filter_logits(logits, None, 1.0), logits)
+
+
+def test_seeded_reproducibility():
+    logits = random_logits()
+    params = SamplingParams(temperature=1.3, top_p=0.9, top_k=20)
+    a, lp_a = sample(logits, params, generator=torch.Generator().manual_seed(11))
+    b, lp_b = sample(logits, params, generator=torch.Generator().manual_seed(11))
+    c, _ = sample(logits, params, generator=torch.Generator().manual_seed(12))
+    assert torch.equal(a, b) and torch.equal(lp_a, lp_b)
+    assert not torch.equal(a, c)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"temperature": 0.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+    ],
+)
+def test_invalid_params_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_logits_must_be_2d():
+    with pytest.raises(ValueError, match="logits"):
+        sample(torch.zeros(2, 3, 4), SamplingParams())
