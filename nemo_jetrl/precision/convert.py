@@ -1,0 +1,41 @@
+"""Swap `nn.Linear` -> `Fp8Linear` in place, following the one layer map."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import nn
+
+from nemo_jetrl.precision.layer_map import LayerPrecision, build_layer_map
+from nemo_jetrl.precision.linear import Fp8Linear
+from nemo_jetrl.precision.recipe import PrecisionRecipe
+
+
+def convert_to_fp8(
+    model: nn.Module, recipe: PrecisionRecipe, layer_map: Mapping[str, LayerPrecision] | None = None
+) -> dict[str, LayerPrecision]:
+    """Convert the layers mapped "fp8" (train_fp8 = recipe.train == "fp8", rollout_fp8 = recipe.rollout == "fp8").
+
+    The Parameter objects move into the new modules (no copy). Layers that already are `Fp8Linear` get the
+    recipe and flags updated. Returns the map used.
+    """
+    layer_map = dict(build_layer_map(model, recipe) if layer_map is None else layer_map)
+    for name, kind in layer_map.items():
+        if kind not in ("fp8", "bf16"):
+            raise ValueError(f"layer map value for {name!r} must be 'fp8' or 'bf16', got {kind!r}")
+        try:
+            module = model.get_submodule(name)
+        except AttributeError as err:
+            raise ValueError(f"layer map names {name!r}, which the model does not have") from err
+        if kind == "bf16":
+            continue
+        if isinstance(module, Fp8Linear):
+            module.recipe, module.train_fp8, module.rollout_fp8 = recipe, recipe.train_fp8, recipe.rollout_fp8
+            module.invalidate_quantized_weight()
+            continue
+        if not isinstance(module, nn.Linear):
+            raise ValueError(f"layer {name!r} is mapped to fp8 but is a {type(module).__name__}, not an nn.Linear")
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, Fp8Linear.from_linear(module, recipe))
+    return layer_map

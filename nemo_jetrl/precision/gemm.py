@@ -1,0 +1,272 @@
+"""Blockwise FP8 GEMMs: `torch.nn.functional.scaled_mm` on Hopper (sm90), exact emulation elsewhere.
+
+One entry for the three training GEMMs and the rollout:
+
+    fp8_blockwise_mm(x_fp8 [M, K], x_scale [M, K/128], w_fp8 [N, K], w_scale, out_dtype) -> [M, N] = X @ W^T
+
+with X in 1x128 groups along K and W in 128x128 tiles (`w_blocks="128x128"`, scale [N/128, K/128]) or in 1x128
+groups along K (`w_blocks="1x128"`, scale [N, K/128]; the exact DeepSeek/Jet-RL WGrad layout).
+
+    FProp  Y [M, N]  = Q(X) [M, K]         @ Q(W)^T                     (W tiles)
+    DGrad  dX [M, K] = Q(dY) [M, N]        @ Q(W) = Q(W)^T with tiles transposed
+    WGrad  dW [N, K] = Q(dY^T) [N, M]      @ Q(X^T)^T    (groups of 128 along the tokens M; `fp8_wgrad_mm`)
+
+The emulation dequantizes the same FP8 bits with the same scales, multiplies in FP32, then casts. The backend is
+chosen once per device by `gemm_backend(device)` (a probe checks scaled_mm's layouts against the emulation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from nemo_jetrl.precision.quant import act_dequant, act_quant, act_quant_t, weight_dequant, weight_quant
+
+logger = logging.getLogger(__name__)
+
+GemmBackend = Literal["scaled_mm", "emulated"]
+WBlocks = Literal["128x128", "1x128"]
+_FP8 = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class ScaledMMCaps:
+    """What the probe found `scaled_mm` accepts on one device."""
+
+    pad_tile_scale_rows: bool  # 128x128 scales: rows padded to a multiple of 4 blocks (torch >= 2.10 layout)
+    fp32_out: bool  # FP32 output accepted (used for WGrad into FP32 master grads)
+    groups_1x128_b: bool  # 1x128 x 1x128 accepted (the exact Jet-RL WGrad layout)
+
+
+def gemm_backend(device: torch.device | str) -> GemmBackend:
+    """'scaled_mm' on an sm90 GPU whose torch has blockwise scaled_mm (checked once), else 'emulated'."""
+    return "scaled_mm" if scaled_mm_caps(torch.device(device)) is not None else "emulated"
+
+
+def scaled_mm_caps(device: torch.device) -> ScaledMMCaps | None:
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _probe_scaled_mm(index)
+
+
+def fp8_blockwise_mm(
+    x_fp8: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    bias: torch.Tensor | None = None,
+    w_blocks: WBlocks = "128x128",
+    block: int = 128,
+    backend: Literal["auto", "scaled_mm", "emulated"] = "auto",
+    w_dequant: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Y [M, N] = dequant(x_fp8, x_scale) @ dequant(w_fp8, w_scale)^T (+ bias), in `out_dtype`.
+
+    `w_dequant` ([N, K] fp32, optional) is a cached `dequant(w_fp8, w_scale)` the emulation may reuse.
+    """
+    _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block)
+    if w_dequant is not None and (w_dequant.shape != w_fp8.shape or w_dequant.dtype != torch.float32):
+        raise ValueError(
+            f"fp8_blockwise_mm: w_dequant must be float32 {tuple(w_fp8.shape)}, got {w_dequant.dtype} "
+            f"{tuple(w_dequant.shape)}"
+        )
+    caps = scaled_mm_caps(x_fp8.device)
+    if backend == "scaled_mm" and caps is None:
+        raise ValueError(f"fp8_blockwise_mm: backend='scaled_mm' is not available on {x_fp8.device}")
+    if backend not in ("auto", "scaled_mm", "emulated"):
+        raise ValueError(f"fp8_blockwise_mm: backend must be auto|scaled_mm|emulated, got {backend!r}")
+    use_scaled = backend != "emulated" and caps is not None and _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps)
+    if backend == "scaled_mm" and not use_scaled:
+        raise ValueError(
+            f"fp8_blockwise_mm: scaled_mm cannot take x {tuple(x_fp8.shape)}, w {tuple(w_fp8.shape)} ({w_blocks})"
+        )
+    with no_autocast(x_fp8.device.type):
+        if use_scaled:
+            return _scaled_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps)
+        return _emulated_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, block, w_dequant)
+
+
+def no_autocast(device_type: str):
+    """Autocast off for the block (FP32 emulation must not be downcast); free when it is already off."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def fp8_wgrad_mm(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    *,
+    x_blocks: WBlocks = "1x128",
+    pow2: bool = False,
+    out_dtype: torch.dtype = torch.float32,
+    block: int = 128,
+    backend: Literal["auto", "scaled_mm", "emulated"] = "auto",
+) -> torch.Tensor:
+    """WGrad dW [N, K] = dY^T [N, M] @ X [M, K], contraction over the M tokens, FP8 groups of `block` along M.
+
+    dY^T is quantized in 1x128 groups along M; X^T in 1x128 groups along M (`x_blocks="1x128"`, exact Jet-RL) or in
+    128x128 (channel x token) tiles (`"128x128"`, faster on Hopper). M is zero-padded to a multiple of `block`.
+    """
+    if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0]:
+        raise ValueError(f"fp8_wgrad_mm: expected dy [M, N] and x [M, K], got {tuple(dy.shape)} and {tuple(x.shape)}")
+    if x_blocks not in ("1x128", "128x128"):
+        raise ValueError(f"fp8_wgrad_mm: x_blocks must be '1x128' or '128x128', got {x_blocks!r}")
+    pad = -dy.shape[0] % block
+    if pad:  # zero tokens add nothing to the sum over M
+        dy, x = F.pad(dy, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
+    dyt_fp8, dyt_scale = act_quant_t(dy, block, pow2)  # dyt: [N, Mp], scale [N, Mp/128]
+    if x_blocks == "1x128":
+        xt_fp8, xt_scale = act_quant_t(x, block, pow2)  # xt: [K, Mp], scale [K, Mp/128]
+    else:
+        xt_fp8, xt_scale = weight_quant(x.t(), block, pow2)  # xt: [K, Mp], scale [K/128, Mp/128]
+    return fp8_blockwise_mm(
+        dyt_fp8, dyt_scale, xt_fp8, xt_scale, out_dtype, w_blocks=x_blocks, block=block, backend=backend
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# emulation (any device): the same bits and scales, FP32 math
+# ----------------------------------------------------------------------------------------------------------------
+def _emulated_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, block, wd=None) -> torch.Tensor:
+    xd = act_dequant(x_fp8, x_scale, block)  # xd: [M, K] fp32
+    if wd is None:
+        wd = weight_dequant(w_fp8, w_scale, block) if w_blocks == "128x128" else act_dequant(w_fp8, w_scale, block)
+    out = xd @ wd.t()  # out: [M, N] fp32
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hopper: torch scaled_mm, DeepSeek-style blockwise recipes
+# ----------------------------------------------------------------------------------------------------------------
+def _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps: ScaledMMCaps) -> bool:
+    k, n = x_fp8.shape[1], w_fp8.shape[0]
+    if block != 128 or k % 128 or n % 128 or x_fp8.shape[0] == 0:
+        return False
+    return w_blocks == "128x128" or caps.groups_1x128_b
+
+
+def _scaled_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps: ScaledMMCaps) -> torch.Tensor:
+    m = x_fp8.shape[0]
+    pad_m = -m % 16
+    if pad_m:  # cuBLASLt wants 16-aligned dims; padded rows are sliced off
+        x_fp8 = F.pad(x_fp8.view(torch.uint8), (0, 0, 0, pad_m)).view(_FP8)
+        x_scale = F.pad(x_scale, (0, 0, 0, pad_m), value=1.0)
+    a_scale = _column_major(x_scale)  # a_scale: (Mp, K/128), column-major (the Triton quantizer writes it so)
+    if w_blocks == "128x128":
+        nb, kb = w_scale.shape
+        rows = -(-kb // 4) * 4 if caps.pad_tile_scale_rows else kb
+        if rows != kb:  # scaled_mm wants the K-blocks padded to a multiple of 4
+            padded = w_scale.new_zeros(nb, rows)
+            padded[:, :kb] = w_scale
+            w_scale = padded
+        b_scale = w_scale.contiguous().t()  # b_scale: (rows>=K/128, N/128), column-major
+    else:
+        b_scale = _column_major(w_scale)  # b_scale: (N, K/128), column-major
+    if out_dtype == torch.bfloat16 or (out_dtype == torch.float32 and caps.fp32_out):
+        gemm_dtype = out_dtype
+    else:  # e.g. fp16 out, or fp32 where the GEMM only gives bf16
+        gemm_dtype = torch.float32 if caps.fp32_out else torch.bfloat16
+    fused_bias = bias is not None and gemm_dtype == torch.bfloat16  # scaled_mm takes a bf16 bias with bf16 out
+    out = _call_scaled_mm(
+        x_fp8,
+        w_fp8.t(),  # b: [K, N] column-major view of the row-major [N, K]
+        a_scale,
+        b_scale,
+        w_blocks,
+        bias.to(torch.bfloat16) if fused_bias else None,
+        gemm_dtype,
+    )[:m]
+    if bias is not None and not fused_bias:
+        out = out.float() + bias.float()
+    return out.to(out_dtype)
+
+
+def _column_major(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(0) == 1 and t.stride(1) == t.shape[0] else t.t().contiguous().t()
+
+
+def _call_scaled_mm(a, b, a_scale, b_scale, w_blocks, bias, out_dtype) -> torch.Tensor:
+    if hasattr(F, "scaled_mm"):
+        st = F.ScalingType
+        recipe_b = st.BlockWise128x128 if w_blocks == "128x128" else st.BlockWise1x128
+        return F.scaled_mm(a, b, a_scale, st.BlockWise1x128, b_scale, recipe_b, bias=bias, output_dtype=out_dtype)
+    return torch._scaled_mm(a, b, scale_a=a_scale, scale_b=b_scale, bias=bias, out_dtype=out_dtype)
+
+
+@functools.cache
+def _probe_scaled_mm(index: int) -> ScaledMMCaps | None:
+    """Try the layouts on a small product (K/128 = 2, not a multiple of 4) against the emulation, once per GPU."""
+    device = torch.device("cuda", index)
+    name = torch.cuda.get_device_name(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    where = f"{device} ({name}, sm{major}{minor})"
+    if (major, minor) != (9, 0) or not (hasattr(F, "scaled_mm") or hasattr(torch, "_scaled_mm")):
+        logger.info("fp8 GEMM backend on %s: emulated (blockwise scaled_mm needs sm90)", where)
+        return None
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(48, 256, device=device, generator=gen)
+    w = torch.randn(256, 256, device=device, generator=gen)
+    xq, xs = act_quant(x, backend="torch")
+    wq, ws = weight_quant(w, backend="torch")
+    wgq, wgs = act_quant(w, backend="torch")
+    ref = act_dequant(xq, xs) @ weight_dequant(wq, ws).t()
+    ref_g = act_dequant(xq, xs) @ act_dequant(wgq, wgs).t()
+
+    def close(out, want):
+        return out is not None and ((out.float() - want).norm() / want.norm()).item() < 1e-2
+
+    def attempt(caps, ws_, wq_, blocks, out_dtype):
+        try:
+            return _scaled_mm(xq, xs, wq_, ws_, out_dtype, None, blocks, caps)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
+            logger.debug("scaled_mm probe (%s, %s, %s) failed: %s", caps, blocks, out_dtype, err)
+            return None
+
+    for pad_rows in (True, False):
+        caps = ScaledMMCaps(pad_tile_scale_rows=pad_rows, fp32_out=False, groups_1x128_b=False)
+        if close(attempt(caps, ws, wq, "128x128", torch.bfloat16), ref):
+            break
+    else:
+        logger.warning("fp8 GEMM backend on %s: emulated (blockwise scaled_mm rejected or wrong)", where)
+        return None
+    fp32_out = close(attempt(dataclasses.replace(caps, fp32_out=True), ws, wq, "128x128", torch.float32), ref)
+    groups = close(attempt(caps, wgs, wgq, "1x128", torch.bfloat16), ref_g)
+    caps = ScaledMMCaps(pad_tile_scale_rows=pad_rows, fp32_out=fp32_out, groups_1x128_b=groups)
+    logger.info("fp8 GEMM backend on %s: scaled_mm blockwise 1x128 x 128x128 (%s)", where, caps)
+    return caps
+
+
+def _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block) -> None:
+    if x_fp8.dtype != _FP8 or w_fp8.dtype != _FP8:
+        raise ValueError(f"fp8_blockwise_mm: operands must be float8_e4m3fn, got {x_fp8.dtype} and {w_fp8.dtype}")
+    if x_fp8.dim() != 2 or w_fp8.dim() != 2 or x_fp8.shape[1] != w_fp8.shape[1]:
+        raise ValueError(
+            f"fp8_blockwise_mm: expected x [M, K] and w [N, K], got {tuple(x_fp8.shape)} and {tuple(w_fp8.shape)}"
+        )
+    (m, k), n = x_fp8.shape, w_fp8.shape[0]
+    kb = -(-k // block)
+    if tuple(x_scale.shape) != (m, kb):
+        raise ValueError(f"fp8_blockwise_mm: x_scale must be {(m, kb)} (1x{block} groups), got {tuple(x_scale.shape)}")
+    if w_blocks == "128x128":
+        want = (-(-n // block), kb)
+    elif w_blocks == "1x128":
+        want = (n, kb)
+    else:
+        raise ValueError(f"fp8_blockwise_mm: w_blocks must be '128x128' or '1x128', got {w_blocks!r}")
+    if tuple(w_scale.shape) != want:
+        raise ValueError(f"fp8_blockwise_mm: w_scale must be {want} for {w_blocks} blocks, got {tuple(w_scale.shape)}")
+    if x_scale.dtype != torch.float32 or w_scale.dtype != torch.float32:
+        raise ValueError("fp8_blockwise_mm: scales must be float32")

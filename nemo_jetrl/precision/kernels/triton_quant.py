@@ -1,0 +1,132 @@
+"""Triton twins of the reference quantizers in `precision/quant.py`, bitwise equal on values and scales.
+
+Parity rules (DESIGN §1): the amax is exact; `scale = max(amax, eps) * R` is one FP32 multiply by the exact
+FP32 constant R = float32(1/448); the optional power-of-two rounding works on the exponent bits; the division is
+`tl.math.div_rn` (IEEE round-to-nearest — Triton's plain `/` lowers to an approximate division); the clamp keeps
+NaN explicitly (PTX min/max drop it); the e4m3 cast rounds to nearest even. CUDA only; imported lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from nemo_jetrl.precision.quant import FLT_MAX, INV_E4M3_MAX, SCALE_EPS
+
+_EPS = tl.constexpr(SCALE_EPS)
+_INV_MAX = tl.constexpr(INV_E4M3_MAX)
+_FLT_MAX = tl.constexpr(FLT_MAX)
+_FP8_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def _finite_abs(x):
+    ax = tl.abs(x)
+    return tl.where(ax != ax, 0.0, tl.minimum(ax, _FLT_MAX))  # NaN -> 0, inf -> FLT_MAX
+
+
+@triton.jit
+def _scale_from_amax(amax, POW2: tl.constexpr):
+    scale = tl.maximum(amax, _EPS) * _INV_MAX
+    if POW2:
+        bits = scale.to(tl.int32, bitcast=True)
+        up = ((bits & 0x7F800000) + 0x00800000).to(tl.float32, bitcast=True)
+        scale = tl.where((bits & 0x007FFFFF) == 0, scale, up)
+    return scale
+
+
+@triton.jit
+def _to_e4m3(x, scale):
+    q = tl.math.div_rn(x, scale)
+    q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX))
+    return q.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quant_groups_kernel(
+    x_ptr, y_ptr, s_ptr, R, C, stride_r, stride_c, stride_sr, stride_sg,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, POW2: tl.constexpr,
+):  # fmt: skip
+    # One program: ROWS rows x one group of BLOCK columns of the logical [R, C] input (any strides).
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows: [ROWS]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # cols: [BLOCK]
+    rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    x = tl.load(x_ptr + rows64[:, None] * stride_r + cols64[None, :] * stride_c, mask=mask, other=0.0)
+    x = x.to(tl.float32)  # x: [ROWS, BLOCK]
+    scale = _scale_from_amax(tl.max(_finite_abs(x), axis=1), POW2)  # scale: [ROWS]
+    q = _to_e4m3(x, scale[:, None])
+    tl.store(y_ptr + rows64[:, None] * C + cols[None, :], q, mask=mask)
+    tl.store(s_ptr + rows64 * stride_sr + tl.program_id(1) * stride_sg, scale, mask=rows < R)
+
+
+@triton.jit
+def _quant_tiles_kernel(
+    x_ptr, y_ptr, s_ptr, R, C, stride_r, stride_c, n_tiles_c,
+    BLOCK: tl.constexpr, POW2: tl.constexpr,
+):  # fmt: skip
+    # One program: one BLOCK x BLOCK tile of the logical [R, C] input, one scale.
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    x = tl.load(x_ptr + rows64[:, None] * stride_r + cols64[None, :] * stride_c, mask=mask, other=0.0)
+    x = x.to(tl.float32)  # x: [BLOCK, BLOCK]
+    scale = _scale_from_amax(tl.max(tl.max(_finite_abs(x), axis=1), axis=0), POW2)  # scale: []
+    q = _to_e4m3(x, scale)
+    tl.store(y_ptr + rows64[:, None] * C + cols[None, :], q, mask=mask)
+    tl.store(s_ptr + tl.program_id(0) * n_tiles_c + tl.program_id(1), scale)
+
+
+def _check(x: torch.Tensor) -> None:
+    if not x.is_cuda or x.dim() != 2:
+        raise ValueError(f"triton quantizers take a 2-D CUDA tensor, got {tuple(x.shape)} on {x.device}")
+
+
+def quant_groups(
+    x: torch.Tensor, block: int, pow2: bool, rows: int | None = None, num_warps: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """1x`block` groups along dim 1 of a 2-D view x [R, C] (any strides) -> (e4m3 [R, C], fp32 [R, ceil(C/b)]).
+
+    The scale is stored R-major (column-major, `stride(0) == 1`): the layout scaled_mm takes without a copy.
+    """
+    _check(x)
+    r, c = x.shape
+    n_groups = triton.cdiv(c, block)
+    y = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((n_groups, r), dtype=torch.float32, device=x.device).t()  # s: [R, n_groups], R-major
+    if y.numel() == 0:
+        return y, s
+    if rows is None:  # rows contiguous in memory (the transposed WGrad operand): taller tiles, longer reads
+        rows = 64 if x.stride(0) == 1 and c > 1 else 32
+    grid = (triton.cdiv(r, rows), n_groups)
+    with _on_device(x):
+        _quant_groups_kernel[grid](
+            x, y, s, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
+            BLOCK=block, ROWS=rows, POW2=pow2, num_warps=num_warps,
+        )  # fmt: skip
+    return y, s
+
+
+def _on_device(x: torch.Tensor):
+    """Launch on x's GPU; skip the (host-costly) device switch in the common single-device case."""
+    if x.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(x.device)
+
+
+def quant_tiles(x: torch.Tensor, block: int, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block`x`block` tiles of x [R, C] (any strides) -> (e4m3 [R, C], fp32 [ceil(R/b), ceil(C/b)])."""
+    _check(x)
+    r, c = x.shape
+    grid = (triton.cdiv(r, block), triton.cdiv(c, block))
+    y = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(grid, dtype=torch.float32, device=x.device)
+    if y.numel() == 0:
+        return y, s
+    with _on_device(x):
+        _quant_tiles_kernel[grid](x, y, s, r, c, x.stride(0), x.stride(1), grid[1], BLOCK=block, POW2=pow2, num_warps=8)
+    return y, s

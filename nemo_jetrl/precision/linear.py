@@ -1,0 +1,273 @@
+"""`Fp8Linear`: FP32 master weight, FP8 FProp/DGrad/WGrad for training and an FP8 forward for the rollout.
+
+The trainer's forward and the rollout both run `fp8_linear_forward` on the same cached `QuantizedWeight` (one
+quantization per optimizer step), so for the same input the two sides compute the same bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nemo_jetrl.precision.gemm import fp8_blockwise_mm, gemm_backend, no_autocast
+from nemo_jetrl.precision.quant import act_quant, act_quant_dual, weight_dequant, weight_quant
+from nemo_jetrl.precision.recipe import PrecisionRecipe
+
+Mode = Literal["train", "rollout"]
+_MODES = ("train", "rollout")
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """FP8 weight shared by the trainer's FProp/DGrad and the rollout engine.
+
+    data: e4m3 [N, K]; scale: fp32 [ceil(N/128), ceil(K/128)] (dequant multipliers); version: the master weight's
+    `_version` when it was quantized.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    version: int
+    block: int = 128
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    def transposed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W^T for DGrad: e4m3 [K, N] and the same 128x128 tiles transposed, scale [K/128, N/128]. Cached."""
+        if "data_t" not in self._cache:
+            self._cache["data_t"] = self.data.t().contiguous()
+            self._cache["scale_t"] = self.scale.t().contiguous()
+        return self._cache["data_t"], self._cache["scale_t"]
+
+    def dequantized(self, transposed: bool = False) -> torch.Tensor | None:
+        """fp32 dequant(W) [N, K] (or W^T [K, N]) for the emulated GEMM; None where scaled_mm runs. Cached."""
+        if gemm_backend(self.data.device) != "emulated":
+            return None
+        if "dequant" not in self._cache:
+            self._cache["dequant"] = weight_dequant(self.data, self.scale, self.block)
+        wd = self._cache["dequant"]
+        return wd.t() if transposed else wd
+
+
+def output_dtype(x: torch.Tensor) -> torch.dtype:
+    """The autocast dtype when autocast is on for x's device type, else x's dtype."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+def fp8_linear_forward(
+    x2: torch.Tensor,
+    qweight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    recipe: PrecisionRecipe,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Y [M, N] = Q(X) [M, K] (1x128 groups) @ Q(W)^T (128x128 tiles) + bias; the one FP8 forward of both sides."""
+    with no_autocast(x2.device.type):
+        x_fp8, x_scale = act_quant(x2, recipe.block_size, recipe.pow2_activation_scales)  # [M, K], [M, K/128]
+        return _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype)
+
+
+def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype) -> torch.Tensor:
+    return fp8_blockwise_mm(
+        x_fp8,
+        x_scale,
+        qweight.data,
+        qweight.scale,
+        out_dtype,
+        bias=bias,
+        block=qweight.block,
+        w_dequant=qweight.dequantized(),
+    )
+
+
+class Fp8LinearFunction(torch.autograd.Function):
+    """Y = Q(X) Q(W)^T with FP8 DGrad and WGrad; gradients leave in the dtypes of x / weight / bias.
+
+    The forward also writes the WGrad operand Q(X^T) (groups of 128 along the tokens), which is what gets saved
+    for backward: FP8 instead of the high-precision input, and the same bits WGrad would otherwise requantize.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, qweight: QuantizedWeight, recipe: PrecisionRecipe, out_dtype: torch.dtype):
+        # x: [..., K]; weight: [N, K] master (its values live in qweight); bias: [N] or None
+        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+        x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
+        with no_autocast(x.device.type):
+            if ctx.needs_input_grad[1]:
+                # X: [M, K] e4m3 in 1x128 groups along K (FProp) + X^T: [K, MP] e4m3, groups of 128 along the
+                # M tokens (1x128) or 128x128 tiles, MP = M rounded up to 128 with zero tokens (WGrad)
+                x_fp8, x_scale, xt_fp8, xt_scale = act_quant_dual(x2, block, pow2, recipe.wgrad_x_blocks)
+                ctx.save_for_backward(xt_fp8, xt_scale)
+            else:
+                x_fp8, x_scale = act_quant(x2, block, pow2)
+            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype)  # y2: [M, N]
+        ctx.qweight, ctx.recipe = qweight, recipe
+        ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return y2.reshape(*x.shape[:-1], y2.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qweight, recipe = ctx.qweight, ctx.recipe
+        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, N]
+        grad_x = grad_w = grad_b = None
+        with no_autocast(grad_out.device.type):
+            # dY read once: [M, N] e4m3 in 1x128 groups along N (DGrad) and, when WGrad runs,
+            # dY^T: [N, MP] e4m3 in 1x128 groups along the M tokens (zero-padded like X^T)
+            if need_dw:
+                dy_fp8, dy_scale, dyt_fp8, dyt_scale = act_quant_dual(dy2, block, pow2, "1x128")
+            elif need_dx:
+                dy_fp8, dy_scale = act_quant(dy2, block, pow2)
+            # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W) [N, K]
+            #   W^T: [K, N] e4m3, the forward's 128x128 tiles transposed (no re-quantization)
+            if need_dx:
+                wt_fp8, wt_scale = qweight.transposed()
+                wt_dequant = qweight.dequantized(transposed=True)
+                grad_x = fp8_blockwise_mm(
+                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, w_dequant=wt_dequant
+                ).reshape(ctx.x_shape)
+            # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T)^T [MP, K], contraction over the tokens
+            if need_dw:
+                xt_fp8, xt_scale = ctx.saved_tensors
+                grad_w = fp8_blockwise_mm(
+                    dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, w_blocks=recipe.wgrad_x_blocks, block=block
+                )
+            # grad_bias: plain FP32 reduction over tokens
+            if ctx.bias_dtype is not None and need_db:
+                grad_b = dy2.float().sum(0).to(ctx.bias_dtype)
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+class Fp8Linear(nn.Module):
+    """Linear layer with a master `weight` [N, K] (+ bias) that runs its GEMMs in blockwise FP8.
+
+    mode "train": FP8 autograd if `train_fp8`; mode "rollout": FP8 forward without autograd if `rollout_fp8`;
+    otherwise a plain `F.linear`. Output dtype: the autocast dtype when autocast is on, else x's dtype.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        recipe: PrecisionRecipe | None = None,
+        train_fp8: bool = True,
+        rollout_fp8: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.recipe = recipe if recipe is not None else PrecisionRecipe.preset("jetrl")
+        self.train_fp8, self.rollout_fp8 = bool(train_fp8), bool(rollout_fp8)
+        self.mode = "train"
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        if self.weight.device.type != "meta":
+            nn.init.kaiming_uniform_(self.weight, a=5**0.5)
+            if self.bias is not None:
+                bound = 1.0 / in_features**0.5 if in_features > 0 else 0.0
+                nn.init.uniform_(self.bias, -bound, bound)
+        self._qweight: QuantizedWeight | None = None
+        self._qweight_key: tuple | None = None
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        recipe: PrecisionRecipe,
+        train_fp8: bool | None = None,
+        rollout_fp8: bool | None = None,
+    ) -> Fp8Linear:
+        """Wrap an `nn.Linear`, moving its Parameter objects in (no copy). Flags default to the recipe's."""
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"Fp8Linear.from_linear expects an nn.Linear, got {type(linear).__name__}")
+        module = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            recipe=recipe,
+            train_fp8=recipe.train_fp8 if train_fp8 is None else train_fp8,
+            rollout_fp8=recipe.rollout_fp8 if rollout_fp8 is None else rollout_fp8,
+            device="meta",
+        )
+        module.weight = linear.weight
+        module.bias = linear.bias
+        return module
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: Mode) -> None:
+        if value not in _MODES:
+            raise ValueError(f"Fp8Linear.mode must be one of {_MODES}, got {value!r}")
+        self._mode = value
+
+    def quantized_weight(self) -> QuantizedWeight:
+        """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""
+        w = self.weight
+        key = (w._version, w.data_ptr(), w.device, w.dtype, tuple(w.shape), self.recipe.pow2_weight_scales)
+        if self._qweight is None or key != self._qweight_key:
+            with torch.no_grad():
+                data, scale = weight_quant(w.detach(), self.recipe.block_size, self.recipe.pow2_weight_scales)
+            self._qweight = QuantizedWeight(data, scale, w._version, self.recipe.block_size)
+            self._qweight_key = key
+        return self._qweight
+
+    def invalidate_quantized_weight(self) -> None:
+        """Drop the cache (for weight writes that bypass the version counter, e.g. through `.data`)."""
+        self._qweight, self._qweight_key = None, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
+        use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8
+        if not use_fp8:
+            return self._plain_linear(x)
+        out_dtype = output_dtype(x)
+        qweight = self.quantized_weight()
+        if self.mode == "rollout":
+            with torch.no_grad():
+                y2 = fp8_linear_forward(x.reshape(-1, self.in_features), qweight, self.bias, self.recipe, out_dtype)
+            return y2.reshape(*x.shape[:-1], self.out_features)
+        return Fp8LinearFunction.apply(x, self.weight, self.bias, qweight, self.recipe, out_dtype)
+
+    def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            return F.linear(x, self.weight, self.bias)  # autocast casts, as for nn.Linear
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"train_fp8={self.train_fp8}, rollout_fp8={self.rollout_fp8}, mode={self.mode}"
+        )
+
+
+@contextlib.contextmanager
+def rollout_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Set `mode="rollout"` on every Fp8Linear of `model` for the block; restore the previous modes after."""
+    modules = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    previous = [m.mode for m in modules]
+    for m in modules:
+        m.mode = "rollout"
+    try:
+        yield model
+    finally:
+        for m, mode in zip(modules, previous):
+            m.mode = mode

@@ -1,0 +1,113 @@
+"""Blockwise FP8 GEMM dispatch on CPU: exact emulation, WGrad padding/layouts, errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nemo_jetrl.precision import (
+    act_dequant,
+    act_quant,
+    act_quant_t,
+    fp8_blockwise_mm,
+    fp8_wgrad_mm,
+    gemm_backend,
+    weight_dequant,
+    weight_quant,
+)
+
+
+def sqnr_db(ref, approx):
+    return (10 * torch.log10(ref.double().pow(2).sum() / (ref.double() - approx.double()).pow(2).sum())).item()
+
+
+def test_backend_on_cpu_is_emulated():
+    assert gemm_backend("cpu") == "emulated"
+    assert gemm_backend(torch.device("cpu")) == "emulated"
+
+
+def test_emulation_is_exact_dequant_matmul():
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(96, 256, generator=gen), torch.randn(384, 256, generator=gen)
+    (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
+    out = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32)
+    want = act_dequant(xq, xs) @ weight_dequant(wq, ws).t()
+    assert out.shape == (96, 384) and torch.equal(out, want)
+    assert torch.equal(fp8_blockwise_mm(xq, xs, wq, ws), want.to(torch.bfloat16))  # default out: bf16
+    assert sqnr_db(x @ w.t(), out) >= 25.0
+
+
+def test_bias_is_added_in_fp32_before_the_cast():
+    gen = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(32, 128, generator=gen), torch.randn(128, 128, generator=gen), torch.randn(128, generator=gen)
+    (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
+    out32 = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, bias=b)
+    assert torch.equal(out32, fp8_blockwise_mm(xq, xs, wq, ws, torch.float32) + b)
+    assert torch.equal(fp8_blockwise_mm(xq, xs, wq, ws, torch.bfloat16, bias=b), out32.to(torch.bfloat16))
+
+
+def test_groups_layout_for_b():
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(64, 256, generator=gen), torch.randn(128, 256, generator=gen)
+    (xq, xs), (wq, ws) = act_quant(x), act_quant(w)  # w in 1x128 groups: scale [N, K/128]
+    out = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, w_blocks="1x128")
+    assert torch.equal(out, act_dequant(xq, xs) @ act_dequant(wq, ws).t())
+
+
+def test_autocast_does_not_downcast_the_emulation():
+    gen = torch.Generator().manual_seed(3)
+    (xq, xs), (wq, ws) = act_quant(torch.randn(16, 128, generator=gen)), weight_quant(torch.randn(128, 128))
+    plain = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32)
+    assert under.dtype == torch.float32 and torch.equal(plain, under)
+
+
+@pytest.mark.parametrize("x_blocks", ["1x128", "128x128"])
+def test_wgrad_matches_reference_and_pads_tokens(x_blocks):
+    gen = torch.Generator().manual_seed(4)
+    m, n, k = 200, 384, 256  # M not a multiple of 128
+    dy, x = torch.randn(m, n, generator=gen), torch.randn(m, k, generator=gen)
+    dw = fp8_wgrad_mm(dy, x, x_blocks=x_blocks)
+    assert dw.shape == (n, k) and dw.dtype == torch.float32
+    assert sqnr_db(dy.t() @ x, dw) >= 25.0
+    # explicit zero tokens up to 256 give the same bits: padding happens before the M-groups are formed
+    dy_p, x_p = F.pad(dy, (0, 0, 0, 56)), F.pad(x, (0, 0, 0, 56))
+    assert torch.equal(dw, fp8_wgrad_mm(dy_p, x_p, x_blocks=x_blocks))
+    # and equals the hand-assembled product of the layouts the docstring names
+    dyt, dyt_s = act_quant_t(dy_p)  # [N, Mp], [N, Mp/128]
+    if x_blocks == "1x128":
+        xt = act_dequant(*act_quant_t(x_p))  # [K, Mp]
+    else:
+        xt = weight_dequant(*weight_quant(x_p.t().contiguous()))  # [K, Mp], 128x128 tiles
+    assert torch.equal(dw, act_dequant(dyt, dyt_s) @ xt.t())
+
+
+def test_wgrad_layouts_differ_but_both_are_accurate():
+    gen = torch.Generator().manual_seed(5)
+    dy, x = torch.randn(256, 128, generator=gen), torch.randn(256, 128, generator=gen) * torch.logspace(-2, 2, 128)
+    a, b = fp8_wgrad_mm(dy, x, x_blocks="1x128"), fp8_wgrad_mm(dy, x, x_blocks="128x128")
+    exact = dy.t() @ x
+    assert not torch.equal(a, b)
+    assert sqnr_db(exact, a) >= 25.0 and sqnr_db(exact, b) >= 25.0
+    assert sqnr_db(exact, a) > sqnr_db(exact, b)  # per-channel groups track the channel scales
+
+
+def test_operand_checks():
+    xq, xs = act_quant(torch.randn(4, 256))
+    wq, ws = weight_quant(torch.randn(128, 256))
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_blockwise_mm(xq.float(), xs, wq, ws)
+    with pytest.raises(ValueError, match=r"x_scale must be \(4, 2\)"):
+        fp8_blockwise_mm(xq, xs[:, :1], wq, ws)
+    with pytest.raises(ValueError, match=r"w_scale must be \(128, 2\) for 1x128"):
+        fp8_blockwise_mm(xq, xs, wq, ws, w_blocks="1x128")
+    with pytest.raises(ValueError, match="w_blocks"):
+        fp8_blockwise_mm(xq, xs, wq, ws, w_blocks="64x64")
+    with pytest.raises(ValueError, match="expected x \\[M, K\\] and w \\[N, K\\]"):
+        fp8_blockwise_mm(xq, xs, wq[:, :128], ws[:, :1])
+    with pytest.raises(ValueError, match="not available on cpu"):
+        fp8_blockwise_mm(xq, xs, wq, ws, backend="scaled_mm")
+    with pytest.raises(ValueError, match="dy \\[M, N\\] and x \\[M, K\\]"):
+        fp8_wgrad_mm(torch.randn(4, 128), torch.randn(5, 128))
+    with pytest.raises(ValueError, match="x_blocks"):
+        fp8_wgrad_mm(torch.randn(4, 128), torch.randn(4, 128), x_blocks="1x64")
