@@ -1,0 +1,323 @@
+"""The GRPO loop. One step reads like the Jet-RL paper:
+
+generate (rollout on the trainer's FP8 weights) -> score (rewards from decoded text) -> trainer logprobs (+ mismatch
+metrics) -> group advantages -> train (FP8 FProp/DGrad/WGrad) -> quantize weights once for the next rollout.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from nemo_jetrl.algorithms.advantages import group_advantages, zero_std_groups
+from nemo_jetrl.algorithms.mismatch import mismatch_metrics
+from nemo_jetrl.distributed.cluster import ClusterSpec
+from nemo_jetrl.distributed.data_split import ShardedGeneration
+from nemo_jetrl.environments import make_task
+from nemo_jetrl.generation.interfaces import GenerationOutput
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, resolve_device
+from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, truncate_metrics_jsonl
+from nemo_jetrl.utils.logger import Logger
+from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
+from nemo_jetrl.utils.progress import RunProgress
+from nemo_jetrl.utils.timers import Timer
+
+console = Console(stderr=True)
+
+
+@dataclass
+class GrpoSetup:
+    """Everything one GRPO run holds."""
+
+    cfg: dict[str, Any]
+    policy: NativePolicy
+    engine: NativeGenerationEngine
+    task: Any
+    logger: Logger
+    checkpoints: CheckpointManager | None
+    device: torch.device
+
+
+def setup(cfg: dict[str, Any]) -> GrpoSetup:
+    """Build policy, rollout engine, task and logger from a validated config (plain dict)."""
+    cluster = cfg["cluster"]
+    if cluster.get("num_cpu_threads"):
+        torch.set_num_threads(int(cluster["num_cpu_threads"]))
+    spec = ClusterSpec.from_config(cluster)
+    device = resolve_device(cluster["device"]) if spec.backend == "local" else torch.device("cpu")  # Ray: driver=CPU
+    recipe = PrecisionRecipe.from_config(cfg["policy"])
+    gen = cfg["policy"]["generation"]
+    if gen["backend"] != "native":
+        raise ValueError(f"policy.generation.backend: {gen['backend']!r} is not available yet (use native)")
+    if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
+        from nemo_jetrl.distributed.ray_policy import build_ray_policy_and_engine
+
+        policy, engine = build_ray_policy_and_engine(cfg, spec)
+    else:
+        policy = NativePolicy(cfg["policy"], cfg["loss_fn"], recipe, device, seed=cfg["grpo"]["seed"])
+    tok = policy.tokenizer
+    stop_ids = gen["stop_token_ids"] if gen["stop_token_ids"] is not None else [tok.eos_token_id]
+    if spec.backend == "local":
+        engine = NativeGenerationEngine(
+            policy.model,
+            max_new_tokens=int(gen["max_new_tokens"]),
+            temperature=float(gen["temperature"]),
+            top_p=float(gen["top_p"]),
+            top_k=gen["top_k"],
+            stop_token_ids=stop_ids,
+            pad_token_id=tok.pad_token_id,
+            compute_dtype=policy.compute_dtype,
+            device=device,
+        )
+        if spec.num_seed_shards > 1:  # the Ray run's rollout seed shards, run in this one process
+            engine = ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id)
+    max_prompt_tokens = int(cfg["policy"]["max_total_sequence_length"]) - int(gen["max_new_tokens"])
+    task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+    logger = Logger(cfg["logger"])
+    ckpt = cfg["checkpointing"]
+    checkpoints = CheckpointManager(ckpt["checkpoint_dir"], keep_top_k=ckpt["keep_top_k"]) if ckpt["enabled"] else None
+    return GrpoSetup(cfg, policy, engine, task, logger, checkpoints, device)
+
+
+def _encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    return [tokenizer(p)["input_ids"] for p in prompts]
+
+
+def decode_responses(tokenizer, out: GenerationOutput) -> list[str]:
+    """Decoded text of each row's generated tokens (stop token and padding dropped)."""
+    texts = []
+    for ids, mask in zip(out.input_ids, out.response_mask):
+        texts.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
+    return texts
+
+
+def _env_metrics(task: Any) -> dict[str, float]:
+    """The task's environment counters since the last call (`env/parse_failures`, ...); {} for tasks without any."""
+    pop = getattr(task, "pop_metrics", None)
+    return {f"env/{k}": v for k, v in pop().items()} if pop is not None else {}
+
+
+def _step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed * 1_000_003 + step)
+    return gen
+
+
+def validate(run: GrpoSetup, step: int) -> dict[str, float]:
+    """Held-out accuracy: greedy (deterministic) and sampled at the rollout temperature."""
+    problems = run.task.validation(run.cfg["grpo"]["max_val_samples"])
+    prompt_ids = _encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
+    answers = [p.answer for p in problems]
+    metrics = {}
+    for name, greedy in (("accuracy", True), ("sampled_accuracy", False)):
+        gen = _step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
+        out = run.engine.generate(prompt_ids, greedy=greedy, generator=gen)
+        rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
+        metrics[name] = float((rewards > 0.5).float().mean())
+        env_metrics = _env_metrics(run.task)
+        if greedy:
+            metrics.update(env_metrics)
+    return metrics
+
+
+def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) -> dict[str, float]:
+    """One GRPO step; returns its metrics (train/... and timing/...)."""
+    g = run.cfg["grpo"]
+    group = int(g["num_generations_per_prompt"])
+    tok = run.policy.tokenizer
+
+    progress.phase("generation")
+    with timer.time("generation"):
+        problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
+        prompt_ids = [ids for ids in _encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
+        answers = [p.answer for p in problems for _ in range(group)]
+        out = run.engine.generate(prompt_ids, generator=_step_generator(g["seed"], step, run.device))
+
+    progress.phase("reward")
+    with timer.time("reward"):
+        rewards = run.task.score(decode_responses(tok, out), answers)  # [B]
+        env_metrics = _env_metrics(run.task)
+        advantages = group_advantages(
+            rewards, group, leave_one_out=g["use_leave_one_out_baseline"], normalize_std=g["normalize_rewards"]
+        )
+    batch = TrainBatch(
+        input_ids=out.input_ids.cpu(),
+        attention_mask=out.attention_mask.cpu(),
+        response_mask=out.response_mask.cpu(),
+        advantages=advantages.float(),
+        generation_logprobs=out.generation_logprobs.float().cpu(),
+    )
+
+    progress.phase("logprobs")
+    with timer.time("logprobs"):
+        batch.prev_logprobs = run.policy.get_logprobs(batch)
+        if run.policy.reference_model is not None:
+            batch.reference_logprobs = run.policy.get_reference_policy_logprobs(batch)
+    metrics = {
+        "reward_mean": float(rewards.mean()),
+        "accuracy": float((rewards > 0.5).float().mean()),
+        "mean_response_length": float(out.response_lengths.float().mean()),
+        "truncated_fraction": float((~out.finished).float().mean()),
+    }
+    metrics.update(env_metrics)
+    metrics.update(mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask))
+
+    keep = torch.ones(len(batch), dtype=torch.bool)
+    if g["drop_zero_advantage_groups"]:
+        keep = ~zero_std_groups(rewards, group)
+    metrics["kept_fraction"] = float(keep.float().mean())
+    progress.phase("training")
+    metrics["nonfinite_skipped"] = 0.0
+    with timer.time("training"):
+        if keep.any():
+            try:
+                metrics.update(run.policy.train(batch.select(keep)))
+            except NonFiniteError as err:  # raised before the optimizer touched the weights
+                if g["on_nonfinite"] == "stop":
+                    raise
+                console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
+                metrics["nonfinite_skipped"] = 1.0
+    progress.phase("refit")
+    with timer.time("refit"):
+        metrics.update({f"refit/{k}": v for k, v in run.policy.prepare_refit().items()})
+    return metrics
+
+
+def _summary(history: list[dict[str, float]], val_history: list[dict[str, float]], wall: float) -> str:
+    def first_last(rows, key, n=3):
+        vals = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        if not vals:
+            return "n/a"
+        head, tail = vals[:n], vals[-n:]
+        return f"{sum(head) / len(head):.3f} -> {sum(tail) / len(tail):.3f}"
+
+    tmpe = [r["token_mult_prob_error"] for r in history if math.isfinite(r.get("token_mult_prob_error", math.nan))]
+    mean_tmpe = sum(tmpe) / len(tmpe) if tmpe else math.nan
+    return (
+        f"GRPO done: {len(history)} steps in {wall:.0f}s | reward {first_last(history, 'reward_mean')} | "
+        f"val accuracy {first_last(val_history, 'accuracy', 1)} | mean token_mult_prob_error {mean_tmpe:.4f}"
+    )
+
+
+# settings whose change makes a resumed run a different run than the checkpointed one
+_RESUME_KEYS = (("policy", "model_name"), ("policy", "precision"), ("data",), ("grpo", "seed"))
+
+
+def _load_resume_state(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The latest valid checkpoint, or None; trims metrics.jsonl to its step (call before the Logger opens it)."""
+    ckpt = cfg["checkpointing"]
+    if not ckpt["enabled"]:
+        return None
+    state = CheckpointManager(ckpt["checkpoint_dir"], keep_top_k=ckpt["keep_top_k"]).load_latest()
+    if state is None:
+        return None
+    dropped = truncate_metrics_jsonl(Path(cfg["logger"]["log_dir"]) / METRICS_FILENAME, int(state["step"]))
+    if dropped:
+        console.print(f"metrics.jsonl: dropped {dropped} line(s) logged after step {state['step']} (resuming)")
+    return state
+
+
+def _restore(run: GrpoSetup, state: dict[str, Any]) -> int:
+    """Load model + optimizer + RNG states of a checkpoint into the run; returns its step."""
+    run.policy.load_state_dict(state["policy"])
+    if "rng" in state:
+        restore_rng_state(state["rng"])
+    saved = state.get("config") or {}
+    changed = []
+    for path in _RESUME_KEYS:
+        old, new = saved, run.cfg
+        for key in path:
+            old, new = (old or {}).get(key), (new or {}).get(key)
+        if saved and old != new:
+            changed.append(".".join(path))
+    if changed:
+        console.print(f"[yellow]warning: resuming with changed {', '.join(changed)} (checkpoint config differs)[/]")
+    step = int(state["step"])
+    console.print(f"resumed from step {step} ({run.cfg['checkpointing']['checkpoint_dir']}), data {state.get('data')}")
+    return step
+
+
+def _checkpoint_state(run: GrpoSetup, step: int) -> dict[str, Any]:
+    """What a checkpoint after `step` completed steps holds: model + optimizer, RNG, data position, step, config."""
+    n = int(run.cfg["grpo"]["num_prompts_per_step"])
+    position = getattr(run.task, "data_position", None)
+    data = position(step, n) if position is not None else {"prompts_consumed": step * n}
+    return {
+        "policy": run.policy.state_dict(),
+        "step": step,
+        "rng": capture_rng_state(),
+        "data": {"next_step": step, **data},
+        "config": run.cfg,
+    }
+
+
+def run_grpo(master_cfg: Any, resolved: DictConfig | None = None) -> dict[str, Any]:
+    """Entry point used by examples/run_grpo.py. Returns the run's history (for tests and scripts).
+
+    With `checkpointing.enabled`, resumes from the latest valid checkpoint in `checkpoint_dir` (model, optimizer,
+    RNG states, step; metrics.jsonl trimmed to that step) and saves one every `save_period` steps.
+    """
+    cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
+    resume = _load_resume_state(cfg)
+    run = setup(cfg)
+    run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
+    start_step = _restore(run, resume) if resume is not None else 0
+    console.print(
+        f"precision: train={run.policy.recipe.train} rollout={run.policy.recipe.rollout} "
+        f"kv={run.policy.recipe.kv_cache_dtype} | fp8 layers: "
+        f"{sum(v == 'fp8' for v in run.policy.layer_map.values())}/{len(run.policy.layer_map)} | device {run.device}"
+    )
+    history: list[dict[str, float]] = []
+    val_history: list[dict[str, float]] = []
+    t0 = time.perf_counter()
+    try:
+        _train_loop(run, start_step, history, val_history)
+    except NonFiniteError as err:
+        run.logger.close()
+        console.print(f"[red]error: {err}; run stopped (grpo.on_nonfinite=stop); saved checkpoints are untouched[/]")
+        raise
+    wall = time.perf_counter() - t0
+    run.logger.close()  # draws the final plots
+    summary = _summary(history, val_history, wall)
+    console.print(summary)
+    return {"history": history, "validation": val_history, "summary": summary, "wall_time_s": wall}
+
+
+def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: list) -> None:
+    """Steps `start_step .. max_num_steps - 1` with logging, validation and checkpoints."""
+    cfg, g = run.cfg, run.cfg["grpo"]
+    max_steps, val_period = int(g["max_num_steps"]), int(g["val_period"])
+    with RunProgress(max_steps) as progress:
+        progress.advance(step=start_step)
+        if g["val_at_start"] and val_period > 0 and start_step == 0:
+            progress.phase("validation")
+            val = validate(run, 0)
+            val_history.append(val)
+            run.logger.log_metrics(val, step=0, prefix="validation/")
+        for step in range(start_step, max_steps):
+            timer = Timer()
+            with timer.time("total_step_time"):
+                metrics = grpo_step(run, step, timer, progress)
+            logged = run.logger.log_metrics(metrics, step=step + 1, prefix="train/")
+            run.logger.log_metrics(timer.get_timing_metrics(), step=step + 1)
+            history.append(metrics)
+            if val_period > 0 and (step + 1) % val_period == 0:
+                progress.phase("validation")
+                val = validate(run, step + 1)
+                val_history.append(val)
+                logged.update(run.logger.log_metrics(val, step=step + 1, prefix="validation/"))
+            if run.checkpoints is not None and (step + 1) % int(cfg["checkpointing"]["save_period"]) == 0:
+                progress.phase("checkpoint")
+                run.checkpoints.save(step + 1, _checkpoint_state(run, step + 1))
+            progress.advance(step=step + 1, metrics=logged)
+            run.logger.maybe_plot(step + 1)

@@ -1,0 +1,214 @@
+"""Native single-process trainer: HF model + the FP8 recipe's module swap, AdamW, micro-batches, logprobs.
+
+The trainer owns the model object; the native rollout engine runs on the very same modules (weights by reference),
+so in unified FP8 the rollout uses the trainer's cached FP8 weight bits and scales.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from nemo_jetrl.algorithms.loss import ClippedPGLossConfig, clipped_pg_loss
+from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.loading import load_model_and_tokenizer
+from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class NonFiniteError(FloatingPointError):
+    """A non-finite loss, gradient or FP8 weight/scale stopped a training step before the optimizer touched weights.
+
+    `tensor` names the offending tensor (e.g. "gradient of model.layers.0.mlp.up_proj.weight").
+    """
+
+    def __init__(self, tensor: str, step: int) -> None:
+        self.tensor, self.step = tensor, step
+        super().__init__(f"non-finite {tensor} at trainer step {step}; optimizer step skipped, weights untouched")
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks CUDA when present; `cuda` without a GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("cluster.device: 'cuda' was asked for but no CUDA device is visible")
+    return torch.device(name)
+
+
+class NativePolicy(PolicyInterface):
+    """Trainer for one device. `policy_cfg` is the `policy` section as a plain dict."""
+
+    def __init__(
+        self,
+        policy_cfg: Mapping[str, Any],
+        loss_cfg: Mapping[str, Any],
+        recipe: PrecisionRecipe,
+        device: torch.device,
+        *,
+        seed: int = 0,
+    ) -> None:
+        self.cfg = policy_cfg
+        self.recipe = recipe
+        self.device = device
+        self.loss_cfg = ClippedPGLossConfig.from_dict(dict(loss_cfg))
+        self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
+        self.temperature = float(policy_cfg["generation"]["temperature"])
+        torch.manual_seed(seed)
+        model, self.tokenizer = load_model_and_tokenizer(
+            policy_cfg["model_name"], device=device, dtype=DTYPES[policy_cfg["master_dtype"]]
+        )
+        self.reference_model = None
+        if self.loss_cfg.reference_policy_kl_penalty > 0:
+            self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
+        self.model = model.train()
+        opt = policy_cfg["optimizer"]
+        if opt["name"] != "adamw":
+            raise ValueError(f"policy.optimizer.name: {opt['name']!r} is not one of adamw")
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=float(opt["lr"]),
+            weight_decay=float(opt["weight_decay"]),
+            betas=tuple(opt["betas"]),
+            eps=float(opt["eps"]),
+        )
+        self.step = 0
+
+    # ---------------------------------------------------------------- logprobs
+    @torch.no_grad()
+    def _logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        out = []
+        mbs = int(self.cfg["logprob_batch_size"])
+        for start in range(0, len(batch), mbs):
+            mb = batch.select(slice(start, start + mbs)).to(self.device)
+            out.append(
+                sequence_logprobs(
+                    model,
+                    mb.input_ids,
+                    mb.attention_mask,
+                    temperature=self.temperature,
+                    compute_dtype=self.compute_dtype,
+                ).float()
+            )
+        return torch.cat(out).cpu()  # [B, S]
+
+    def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        return self._logprobs(self.model, batch)
+
+    def get_reference_policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.reference_model is None:
+            raise RuntimeError("reference logprobs need loss_fn.reference_policy_kl_penalty > 0")
+        return self._logprobs(self.reference_model, batch)
+
+    # ---------------------------------------------------------------- training
+    def train(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step; the loss is normalised over the GLOBAL batch so micro-batches sum to its mean."""
+        if batch.prev_logprobs is None:
+            raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
+        mask = batch.response_mask.float()
+        if self.loss_cfg.token_level_loss:
+            normalizer = float(mask.sum())
+        else:
+            normalizer = float((mask.sum(-1) > 0).sum())
+        normalizer = max(normalizer, 1.0)
+        mbs = int(self.cfg["train_micro_batch_size"])
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        bad_fp8 = self._first_nonfinite_fp8_weight()
+        if bad_fp8 is not None:
+            raise NonFiniteError(bad_fp8, self.step)
+        sums: dict[str, float] = {}
+        n_micro = 0
+        for start in range(0, len(batch), mbs):
+            mb = batch.select(slice(start, start + mbs)).to(self.device)
+            logp = sequence_logprobs(
+                self.model,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.temperature,
+                compute_dtype=self.compute_dtype,
+            )  # [b, S]
+            loss, metrics = clipped_pg_loss(
+                logp.float(),
+                mb.prev_logprobs,
+                mb.generation_logprobs,
+                mb.advantages,
+                mb.response_mask,
+                self.loss_cfg,
+                logp_ref=mb.reference_logprobs,
+                normalizer=normalizer,
+            )
+            if not torch.isfinite(loss.detach()).item():
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError(f"loss (micro-batch {n_micro}, value {loss.item()})", self.step)
+            loss.backward()
+            n_micro += 1
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        # = clip_grad_norm_, split so that a non-finite norm is caught with the gradients still as computed
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        total_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        grad_norm = float(total_norm)
+        if not math.isfinite(grad_norm):
+            name = next(
+                (n for n, p in self.model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()),
+                "gradient norm",
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"gradient of {name} (grad norm {grad_norm})", self.step)
+        if self.cfg["max_grad_norm"] is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, float(self.cfg["max_grad_norm"]), total_norm)
+        self.optimizer.step()
+        self.step += 1
+        out = {k: v / n_micro for k, v in sums.items()}
+        # `loss` is a sum of globally-normalised micro-batch losses, not a mean of them.
+        if "loss" in sums:
+            out["loss"] = sums["loss"]
+        out.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], num_micro_batches=float(n_micro))
+        return out
+
+    def _first_nonfinite_fp8_weight(self) -> str | None:
+        """Name of the first FP8 layer whose master weight or FP8 scale is non-finite (one device sync when all ok).
+
+        The quantizer ignores NaN for the amax and saturates inf, so a bad master weight can hide behind finite
+        scales: both are checked.
+        """
+        modules = self.model.named_modules()
+        layers = [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
+        if not layers:
+            return None
+        scale_ok = [m.quantized_weight().scale.isfinite().all() for _, m in layers]
+        weight_ok = [m.weight.isfinite().all() for _, m in layers]
+        if bool(torch.stack(scale_ok + weight_ok).all()):
+            return None
+        for (name, _), s_ok, w_ok in zip(layers, scale_ok, weight_ok):
+            if not bool(s_ok):
+                return f"FP8 weight scale of {name}"
+            if not bool(w_ok):
+                return f"master weight of FP8 layer {name}"
+        return None
+
+    def prepare_refit(self) -> dict[str, float]:
+        """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference."""
+        n = 0
+        for module in self.model.modules():
+            if isinstance(module, Fp8Linear) and (module.rollout_fp8 or module.train_fp8):
+                module.quantized_weight()
+                n += 1
+        return {"num_fp8_weights": float(n)}
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
