@@ -8,7 +8,7 @@ from typing import Any
 from nemo_jetrl.environments.arithmetic import ArithmeticTask
 from nemo_jetrl.environments.interfaces import VerifiableTask
 
-KNOWN_TASKS = ("arithmetic",)
+KNOWN_TASKS = ("arithmetic", "<a .jsonl/.json/.parquet file, datasets directory or HF datasets name>")
 
 
 def _as_mapping(section: str, cfg: Any) -> Mapping[str, Any]:
@@ -22,11 +22,30 @@ def _as_mapping(section: str, cfg: Any) -> Mapping[str, Any]:
     raise ValueError(f"config section `{section}` must be a mapping, got {type(cfg).__name__}")
 
 
-def make_task(data_cfg: Mapping[str, Any], env_cfg: Mapping[str, Any] | None = None) -> VerifiableTask:
-    """`data` section (dataset_name, num_digits, val_size, seed) + `env` section (env.arithmetic rewards) -> task."""
+def make_task(
+    data_cfg: Mapping[str, Any],
+    env_cfg: Mapping[str, Any] | None = None,
+    *,
+    tokenizer: Any | None = None,
+    max_prompt_tokens: int | None = None,
+) -> VerifiableTask:
+    """`data` section + `env` section -> task.
+
+    `data.dataset_name: arithmetic` is the builtin synthetic task (env.arithmetic rewards); any other value is a
+    dataset (a .jsonl / .json / .parquet file, a local datasets directory or a cached HF datasets name) scored by
+    the math environment (env.math, math-verify). `tokenizer` renders chat templates and measures prompt lengths;
+    `max_prompt_tokens` is the prompt-length limit when `data.max_input_seq_length` is null.
+    """
     data = _as_mapping("data", data_cfg)
     env = _as_mapping("env", env_cfg)
     name = data.get("dataset_name")
+    if isinstance(name, str) and name and name != "arithmetic":
+        # imported here: nemo_jetrl.data imports this package's interfaces
+        from nemo_jetrl.data import build_dataset_task
+        from nemo_jetrl.environments.math_env import MathEnvConfig, MathEnvironment
+
+        scorer = MathEnvironment(MathEnvConfig.from_mapping(_as_mapping("env.math", env.get("math"))))
+        return build_dataset_task(data, scorer, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
     if name == "arithmetic":
         rewards = _as_mapping("env.arithmetic", env.get("arithmetic"))
         return ArithmeticTask(

@@ -68,17 +68,56 @@ def check_model_dir(path: Path) -> dict:
     return config
 
 
+def check_fp8_blockable(path: Path, config: dict, block: int, first_fp8_layer: int = 0) -> None:
+    """ValueError naming the first decoder linear whose dims are not multiples of `block`, from config.json alone.
+
+    Llama / Qwen2 / Qwen3 decoder layers all have the same shapes, so layer `first_fp8_layer` stands for every
+    FP8-mapped one; the full check (`build_layer_map`) runs again on the built model.
+    """
+    hidden, inter = config.get("hidden_size"), config.get("intermediate_size")
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    if not all(isinstance(v, int) for v in (hidden, inter, heads)):
+        return  # an unusual config: leave it to the layer map
+    head_dim = config.get("head_dim") or hidden // heads
+    prefix = f"model.layers.{first_fp8_layer}"
+    shapes = {  # name: (out_features, in_features)
+        "self_attn.q_proj": (heads * head_dim, hidden),
+        "self_attn.k_proj": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj": (kv_heads * head_dim, hidden),
+        "self_attn.o_proj": (hidden, heads * head_dim),
+        "mlp.gate_proj": (inter, hidden),
+        "mlp.up_proj": (inter, hidden),
+        "mlp.down_proj": (hidden, inter),
+    }
+    for name, (n, k) in shapes.items():
+        if n % block or k % block:
+            raise ValueError(
+                f"model directory {path}: layer '{prefix}.{name}' ({n}x{k}) cannot be blocked by the FP8 recipe "
+                f"(dims must be multiples of {block}); use policy.precision=bf16 and "
+                "policy.generation.precision=bf16 for this model"
+            )
+
+
 def load_model_and_tokenizer(
-    model_name: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    model_name: str,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    fp8_block: int | None = None,
+    first_fp8_layer: int = 0,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `policy.model_name` as (causal LM in `dtype` on `device`, tokenizer) from local files only.
 
     The tokenizer pads on the left (the rollout layout); one without a pad token gets its eos token as pad.
+    `fp8_block`: check from config.json, before any weight is read, that the FP8 linears can be blocked.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"load_model_and_tokenizer: dtype must be a floating torch.dtype, got {dtype!r}")
     path = resolve_model_dir(model_name)
     config = check_model_dir(path)
+    if fp8_block is not None:
+        check_fp8_blockable(path, config, fp8_block, first_fp8_layer)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -1,0 +1,180 @@
+"""Export a trained policy as a HF safetensors directory (`AutoModelForCausalLM.from_pretrained` loads it).
+
+`Fp8Linear` keeps `weight` / `bias` under the names of the `nn.Linear` it replaced, so the master weights go back
+under the model's own HF names, cast to `dtype` (bf16 by default). Tied embeddings are written once.
+
+`fp8=True` writes vLLM's / DeepSeek-V3's blockwise FP8 checkpoint layout instead, for the layers the layer map
+puts in FP8: `<name>.weight` e4m3 [N, K] and `<name>.weight_scale_inv` fp32 [N/128, K/128] (the dequantization
+multipliers, exactly the trainer's `Fp8Linear.quantized_weight()` bits), with config.json
+`quantization_config: {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic, weight_block_size: [128, 128],
+modules_to_not_convert: [the BF16 linears]}`. Everything else (embeddings, norms, lm_head, BF16-mapped layers) is
+written in `dtype`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import save_torch_state_dict
+from torch import nn
+
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, build_layer_map, weight_quant
+
+FP8_QUANT_METHOD = "fp8"
+SCALE_SUFFIX = "weight_scale_inv"
+
+
+def _tied_keys(model: nn.Module, state: Mapping[str, torch.Tensor]) -> set[str]:
+    """Output-embedding keys to drop when the config ties them to the input embeddings."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return set()
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is None:
+        return set()
+    names = [n for n, m in model.named_modules() if m is out]
+    return {f"{n}.weight" for n in names if f"{n}.weight" in state}
+
+
+def hf_state_dict(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The model's tensors under HF names, floating ones cast to `dtype`, tied output embedding dropped."""
+    state = model.state_dict()
+    drop = _tied_keys(model, state)
+    return {
+        k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu().contiguous()
+        for k, v in state.items()
+        if k not in drop
+    }
+
+
+def _fp8_recipe(recipe: PrecisionRecipe) -> PrecisionRecipe:
+    """The recipe whose layer map picks the FP8 layers (a BF16 recipe keeps its first/last BF16 layer settings)."""
+    return recipe if recipe.linear_fp8 else dataclasses.replace(recipe, rollout="fp8")
+
+
+def fp8_state_dict(
+    model: nn.Module, recipe: PrecisionRecipe, dtype: torch.dtype = torch.bfloat16
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """vLLM blockwise-FP8 tensors (see the module docstring) and the names of the linears left in `dtype`."""
+    recipe = _fp8_recipe(recipe)
+    layer_map = build_layer_map(model, recipe)
+    state = hf_state_dict(model, dtype)
+    for name, kind in layer_map.items():
+        if kind != "fp8":
+            continue
+        module = model.get_submodule(name)
+        if isinstance(module, Fp8Linear) and module.recipe.pow2_weight_scales == recipe.pow2_weight_scales:
+            qweight = module.quantized_weight()  # the trainer's cached bits and scales
+            data, scale = qweight.data, qweight.scale
+        else:
+            with torch.no_grad():
+                data, scale = weight_quant(module.weight.detach(), recipe.block_size, recipe.pow2_weight_scales)
+        state[f"{name}.weight"] = data.cpu().contiguous()  # [N, K] e4m3
+        state[f"{name}.{SCALE_SUFFIX}"] = scale.float().cpu().contiguous()  # [N/128, K/128] fp32
+    not_converted = sorted(name for name, kind in layer_map.items() if kind != "fp8")
+    return state, not_converted
+
+
+def fp8_quantization_config(recipe: PrecisionRecipe, not_converted: list[str]) -> dict[str, Any]:
+    """config.json `quantization_config` of the blockwise FP8 layout (vLLM `Fp8Config`, HF `FineGrainedFP8Config`)."""
+    block = recipe.block_size
+    return {
+        "quant_method": FP8_QUANT_METHOD,
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [block, block],
+        "modules_to_not_convert": not_converted,
+    }
+
+
+def export_hf(
+    model: nn.Module,
+    tokenizer: Any | None,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    fp8: bool = False,
+    recipe: PrecisionRecipe | None = None,
+    max_shard_size: str | int = "5GB",
+) -> Path:
+    """Write `model` (+ `tokenizer`) to `out_dir` as safetensors shards + config.json (+ generation_config.json).
+
+    `fp8=True` uses `recipe` (default: the `jetrl` preset) for the layer map and scale options. Refuses a
+    non-empty `out_dir` that does not look like a previous export, so nothing else is overwritten.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"export dtype must be a floating torch.dtype, got {dtype!r}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise ValueError(f"export directory {out} is not empty and holds no earlier export; pick a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
+        old.unlink()  # a previous export with another shard count must not leave stale shards behind
+    config = model.config
+    config_dict = config.to_dict()
+    config_dict.pop("quantization_config", None)
+    if fp8:
+        recipe = recipe if recipe is not None else PrecisionRecipe.preset("jetrl")
+        state, not_converted = fp8_state_dict(model, recipe, dtype)
+        config_dict["quantization_config"] = fp8_quantization_config(recipe, not_converted)
+    else:
+        state = hf_state_dict(model, dtype)
+    config_dict["dtype"] = str(dtype).removeprefix("torch.")
+    save_torch_state_dict(state, out, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def load_policy_checkpoint(checkpoint: str | Path) -> tuple[dict[str, Any], Path]:
+    """(state, directory) of a GRPO checkpoint: a `step_<N>` directory, or a checkpoint root (its newest valid one)."""
+    from nemo_jetrl.utils.checkpoint import META_FILE, CheckpointManager
+
+    path = Path(checkpoint)
+    if (path / META_FILE).is_file() or path.name.startswith("step_"):
+        return CheckpointManager(path.parent, keep_top_k=None).load(path, mmap=True), path
+    manager = CheckpointManager(path, keep_top_k=None)
+    latest = manager.latest_valid()
+    if latest is None:
+        raise ValueError(f"no valid checkpoint (step_<N> with meta.json) under {path}")
+    return manager.load(latest, mmap=True), latest
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    *,
+    fp8: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_size: str | int = "5GB",
+) -> Path:
+    """Export the policy of a GRPO checkpoint (see `load_policy_checkpoint`) with its base model's tokenizer.
+
+    The base architecture and tokenizer come from the checkpoint's own `policy.model_name` (it must still exist);
+    the trained weights from the checkpoint. FP8 export uses the checkpoint's precision recipe for the layer map.
+    """
+    from nemo_jetrl.models.loading import load_model_and_tokenizer
+
+    state, _ = load_policy_checkpoint(checkpoint)
+    cfg = state.get("config") or {}
+    policy_cfg = cfg.get("policy")
+    if not policy_cfg or "model" not in state.get("policy", {}):
+        raise ValueError(f"checkpoint {checkpoint} holds no policy config / model weights (not a GRPO checkpoint?)")
+    model, tokenizer = load_model_and_tokenizer(policy_cfg["model_name"], dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state["policy"]["model"], strict=False)
+    missing = [k for k in missing if k not in _tied_keys(model, model.state_dict())]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint weights do not fit {policy_cfg['model_name']}: missing {missing}, unexpected {unexpected}"
+        )
+    recipe = PrecisionRecipe.from_config(policy_cfg)
+    return export_hf(model, tokenizer, out_dir, dtype=dtype, fp8=fp8, recipe=recipe, max_shard_size=max_shard_size)
