@@ -48,8 +48,11 @@ class GrpoSetup:
     device: torch.device
 
 
-def setup(cfg: dict[str, Any]) -> GrpoSetup:
-    """Build policy, rollout engine, task and logger from a validated config (plain dict)."""
+def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
+    """Build policy, rollout engine, task and logger from a validated config (plain dict).
+
+    `task`: a ready `VerifiableTask` to use instead of the one `data` / `env` describe.
+    """
     cluster = cfg["cluster"]
     if cluster.get("num_cpu_threads"):
         torch.set_num_threads(int(cluster["num_cpu_threads"]))
@@ -59,6 +62,8 @@ def setup(cfg: dict[str, Any]) -> GrpoSetup:
     gen = cfg["policy"]["generation"]
     if gen["backend"] != "native":
         raise ValueError(f"policy.generation.backend: {gen['backend']!r} is not available yet (use native)")
+    if gen["deterministic"] and (spec.backend != "local" or spec.num_seed_shards > 1):
+        raise ValueError("policy.generation.deterministic needs the local backend with one rollout batch")
     if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
         from nemo_jetrl.distributed.ray_policy import build_ray_policy_and_engine
 
@@ -77,12 +82,16 @@ def setup(cfg: dict[str, Any]) -> GrpoSetup:
             stop_token_ids=stop_ids,
             pad_token_id=tok.pad_token_id,
             compute_dtype=policy.compute_dtype,
+            kv_cache_dtype=gen["kv_cache_dtype"],
+            cuda_graphs=bool(gen["cuda_graphs"]),
+            fused_decode=False if gen["deterministic"] else None,  # SDPA decode: bitwise the trainer's math
             device=device,
         )
         if spec.num_seed_shards > 1:  # the Ray run's rollout seed shards, run in this one process
             engine = ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id)
     max_prompt_tokens = int(cfg["policy"]["max_total_sequence_length"]) - int(gen["max_new_tokens"])
-    task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+    if task is None:
+        task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
     logger = Logger(cfg["logger"])
     ckpt = cfg["checkpointing"]
     checkpoints = CheckpointManager(ckpt["checkpoint_dir"], keep_top_k=ckpt["keep_top_k"]) if ckpt["enabled"] else None
@@ -107,6 +116,41 @@ def _env_metrics(task: Any) -> dict[str, float]:
     return {f"env/{k}": v for k, v in pop().items()} if pop is not None else {}
 
 
+def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
+    """`grpo.on_nonfinite`: `stop` re-raises (the run ends, checkpoints untouched); `skip` reports and goes on."""
+    if run.cfg["grpo"]["on_nonfinite"] == "stop":
+        raise err
+    console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
+
+
+def _needs_kv_bootstrap(run: GrpoSetup) -> bool:
+    """FP8 KV without scales yet; scales the policy holds (e.g. from a checkpoint) go to the engine here."""
+    if getattr(run.policy, "kv_calibrator", None) is None:
+        return False
+    if run.policy.kv_scales is not None and run.engine.kv_scales is None:
+        run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
+    return run.policy.kv_scales is None
+
+
+def _bootstrap_kv_scales(run: GrpoSetup, step: int) -> None:
+    """FP8 KV scales for the first rollout (and after a resume): one rollout of this step's prompts with a
+    high-precision cache, observed by the trainer's calibration forward; later steps recalibrate (prepare_refit)."""
+    g = run.cfg["grpo"]
+    problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
+    prompt_ids = _encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
+    out = run.engine.replace(kv_cache_dtype=None).generate(
+        prompt_ids, generator=_step_generator(g["seed"] + 13, step, run.device)
+    )
+    batch = TrainBatch(
+        input_ids=out.input_ids.cpu(),
+        attention_mask=out.attention_mask.cpu(),
+        response_mask=out.response_mask.cpu(),
+        advantages=torch.zeros(len(out)),
+        generation_logprobs=out.generation_logprobs.float().cpu(),
+    )
+    run.engine.update_weights(kv_scales=run.policy.calibrate_kv_scales(batch).kv)
+
+
 def _step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
     gen = torch.Generator(device=device)
     gen.manual_seed(seed * 1_000_003 + step)
@@ -115,6 +159,8 @@ def _step_generator(seed: int, step: int, device: torch.device) -> torch.Generat
 
 def validate(run: GrpoSetup, step: int) -> dict[str, float]:
     """Held-out accuracy: greedy (deterministic) and sampled at the rollout temperature."""
+    if _needs_kv_bootstrap(run):  # validation before the first step: FP8 KV scales from the step's prompts
+        _bootstrap_kv_scales(run, step)
     problems = run.task.validation(run.cfg["grpo"]["max_val_samples"])
     prompt_ids = _encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
     answers = [p.answer for p in problems]
@@ -136,6 +182,11 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     group = int(g["num_generations_per_prompt"])
     tok = run.policy.tokenizer
 
+    if _needs_kv_bootstrap(run):
+        progress.phase("kv_bootstrap")
+        with timer.time("kv_bootstrap"):
+            _bootstrap_kv_scales(run, step)
+
     progress.phase("generation")
     with timer.time("generation"):
         problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
@@ -147,6 +198,11 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     with timer.time("reward"):
         rewards = run.task.score(decode_responses(tok, out), answers)  # [B]
         env_metrics = _env_metrics(run.task)
+        num_bad = int((~torch.isfinite(rewards)).sum())
+        if num_bad:  # before any update: the weights stay as they are
+            bad = f"rewards ({num_bad} of {len(rewards)}, from the environment)"
+            _on_nonfinite(run, step, NonFiniteError(bad, run.policy.step))
+            return {**env_metrics, "nonfinite_skipped": 1.0}
         advantages = group_advantages(
             rewards, group, leave_one_out=g["use_leave_one_out_baseline"], normalize_std=g["normalize_rewards"]
         )
@@ -160,7 +216,10 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
 
     progress.phase("logprobs")
     with timer.time("logprobs"):
-        batch.prev_logprobs = run.policy.get_logprobs(batch)
+        if run.cfg["policy"]["generation"]["deterministic"]:  # the rollout replayed on the trainer's weights
+            batch.prev_logprobs = run.engine.score(out.input_ids, out.attention_mask, out.prompt_length).cpu()
+        else:
+            batch.prev_logprobs = run.policy.get_logprobs(batch)
         if run.policy.reference_model is not None:
             batch.reference_logprobs = run.policy.get_reference_policy_logprobs(batch)
     metrics = {
@@ -183,13 +242,13 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             try:
                 metrics.update(run.policy.train(batch.select(keep)))
             except NonFiniteError as err:  # raised before the optimizer touched the weights
-                if g["on_nonfinite"] == "stop":
-                    raise
-                console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
+                _on_nonfinite(run, step, err)
                 metrics["nonfinite_skipped"] = 1.0
     progress.phase("refit")
     with timer.time("refit"):
         metrics.update({f"refit/{k}": v for k, v in run.policy.prepare_refit().items()})
+        if getattr(run.policy, "kv_scales", None) is not None:  # recalibrated FP8 KV scales go with the weights
+            run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
     return metrics
 
 
@@ -261,15 +320,17 @@ def _checkpoint_state(run: GrpoSetup, step: int) -> dict[str, Any]:
     }
 
 
-def run_grpo(master_cfg: Any, resolved: DictConfig | None = None) -> dict[str, Any]:
+def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any | None = None) -> dict[str, Any]:
     """Entry point used by examples/run_grpo.py. Returns the run's history (for tests and scripts).
+
+    `task`: a `VerifiableTask` to train on instead of the one the config's `data` / `env` sections build.
 
     With `checkpointing.enabled`, resumes from the latest valid checkpoint in `checkpoint_dir` (model, optimizer,
     RNG states, step; metrics.jsonl trimmed to that step) and saves one every `save_period` steps.
     """
     cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
     resume = _load_resume_state(cfg)
-    run = setup(cfg)
+    run = setup(cfg, task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = _restore(run, resume) if resume is not None else 0
     console.print(

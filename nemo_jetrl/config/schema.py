@@ -47,6 +47,7 @@ class GrpoConfig(Section):
     val_at_start: bool
     max_val_samples: PositiveInt
     seed: NonNegativeInt
+    on_nonfinite: Literal["skip", "stop"]  # non-finite loss / grad / FP8 scale: skip the batch or stop the run
 
 
 class LossConfig(Section):
@@ -132,6 +133,7 @@ class GenerationConfig(Section):
     precision: Precision  # rollout linears
     kv_cache_dtype: Literal["auto", "fp8"]
     kv_cache_calibration: KvCacheCalibrationConfig
+    kv_cache_calibration_pass: Literal["fused", "post_step"]  # fused: in the step's logprob forward (one step stale)
     max_new_tokens: PositiveInt
     temperature: NonNegativeFloat  # 0 = greedy
     top_p: Annotated[float, Field(gt=0, le=1)]
@@ -188,11 +190,27 @@ class PolicyConfig(Section):
         return self
 
 
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+
 class DataConfig(Section):
-    dataset_name: Annotated[str, Field(min_length=1)]  # builtin task name, or a file / HF dataset
-    num_digits: PositiveInt
-    val_size: PositiveInt
-    seed: NonNegativeInt
+    """`arithmetic` (builtin) or a dataset: .jsonl / .json / .parquet file, datasets directory, cached HF name."""
+
+    dataset_name: NonEmptyStr  # builtin task name, or a file / HF dataset
+    num_digits: PositiveInt  # arithmetic only
+    val_size: PositiveInt  # held-out problems (rows held out of the training data when val_dataset_name is null)
+    seed: NonNegativeInt  # held-out split + shuffling
+    val_dataset_name: NonEmptyStr | None
+    dataset_config: NonEmptyStr | None  # HF datasets config (subset)
+    train_split: NonEmptyStr | None
+    val_split: NonEmptyStr | None
+    input_key: NonEmptyStr
+    output_key: NonEmptyStr
+    prompt_template: str | None  # str.format template with one {} for the problem
+    system_prompt: str | None
+    use_chat_template: bool
+    shuffle: bool
+    max_input_seq_length: PositiveInt | None  # null = max_total_sequence_length - max_new_tokens
 
 
 class ArithmeticEnvConfig(Section):
@@ -200,10 +218,22 @@ class ArithmeticEnvConfig(Section):
     wrong_reward: float
 
 
+class MathEnvConfig(Section):
+    """math-verify rewards (environments/math_env.py)."""
+
+    correct_reward: float
+    wrong_reward: float
+    no_answer_reward: float  # no extractable final answer (format penalty when < 0)
+    format_reward: float  # bonus for a final answer in the required format, right or wrong
+    answer_format: Literal["boxed", "any"]
+    verify_timeout_s: PositiveFloat | None
+
+
 class EnvConfig(Section):
     """One optional section per environment."""
 
     arithmetic: ArithmeticEnvConfig | None = None
+    math: MathEnvConfig | None = None
 
 
 class WandbConfig(Section):
@@ -237,7 +267,23 @@ class ClusterConfig(Section):
     num_nodes: PositiveInt
     gpus_per_node: NonNegativeInt  # 0 = CPU
     device: Literal["auto", "cpu", "cuda"]
-    num_cpu_threads: PositiveInt | None  # null = leave torch's default
+    num_cpu_threads: PositiveInt | None  # null = leave torch's default (per process / per Ray worker)
+    backend: Literal["local", "ray"]  # local = one process; ray = one trainer+rollout worker per GPU / CPU worker
+    cpu_workers_per_node: PositiveInt  # Ray workers per node when gpus_per_node == 0
+    ray_address: str | None  # null = $RAY_ADDRESS (set by ray.sub) or a fresh local Ray
+    rollout_seed_shards: PositiveInt | None  # rollout RNG streams per step; null = one per worker
+
+    @model_validator(mode="after")
+    def _check_cluster(self) -> ClusterConfig:
+        if self.backend == "local" and self.num_nodes > 1:
+            raise KeyedValueError(
+                f"cluster.num_nodes ({self.num_nodes}) > 1 requires cluster.backend: ray (local is one process)"
+            )
+        if self.backend == "ray" and self.gpus_per_node > 0 and self.device == "cpu":
+            raise KeyedValueError("cluster.device: 'cpu' contradicts cluster.gpus_per_node > 0 with cluster.backend: ray")
+        if self.backend == "ray" and self.gpus_per_node == 0 and self.device == "cuda":
+            raise KeyedValueError("cluster.device: 'cuda' with cluster.backend: ray requires cluster.gpus_per_node > 0")
+        return self
 
 
 class MasterConfig(Section):

@@ -117,11 +117,14 @@ def _self_attention(
     q, k, v = q.to(attn_dtype), k.to(attn_dtype), v.to(attn_dtype)
     if attn_hook is not None:
         q, k, v = attn_hook(layer_idx, q, k, v)
-    if kv_cache is not None:
-        k, v = kv_cache.update(layer_idx, k, v, cache_start)  # [B, H_kv, S_k, D]
-    n_rep = q.shape[1] // k.shape[1]
-    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # [B, H, S_k, D]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # [B, H, S, D]
+    if kv_cache is not None and kv_cache.uses_fused_decode(q):  # CUDA decode: attends over the stored cache
+        out = kv_cache.decode_attention(layer_idx, q, k, v, cache_start, mask, attn.scaling)  # [B, H, 1, D]
+    else:
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer_idx, k, v, cache_start)  # [B, H_kv, S_k, D]
+        n_rep = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # [B, H, S_k, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # [B, H, S, D]
     out = out.transpose(1, 2).reshape(bsz, seq, -1)  # [B, S, H * D]
     return attn.o_proj(out)
 

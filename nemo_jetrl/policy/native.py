@@ -18,6 +18,7 @@ from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,7 +54,10 @@ class NativePolicy(PolicyInterface):
         device: torch.device,
         *,
         seed: int = 0,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
     ) -> None:
+        """`model` / `tokenizer`: use these (e.g. a random-weight benchmark model) instead of loading model_name."""
         self.cfg = policy_cfg
         self.recipe = recipe
         self.device = device
@@ -61,9 +65,15 @@ class NativePolicy(PolicyInterface):
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         self.temperature = float(policy_cfg["generation"]["temperature"])
         torch.manual_seed(seed)
-        model, self.tokenizer = load_model_and_tokenizer(
-            policy_cfg["model_name"], device=device, dtype=DTYPES[policy_cfg["master_dtype"]]
-        )
+        if model is None:
+            model, tokenizer = load_model_and_tokenizer(
+                policy_cfg["model_name"],
+                device=device,
+                dtype=DTYPES[policy_cfg["master_dtype"]],
+                fp8_block=recipe.block_size if recipe.linear_fp8 else None,  # refuse unblockable dims before loading
+                first_fp8_layer=recipe.num_first_layers_in_bf16,
+            )
+        self.tokenizer = tokenizer
         self.reference_model = None
         if self.loss_cfg.reference_policy_kl_penalty > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -80,10 +90,23 @@ class NativePolicy(PolicyInterface):
             eps=float(opt["eps"]),
         )
         self.step = 0
+        # FP8 KV cache: per-step QKV calibration (docs/mismatch.md). `kv_scales` = the scales the rollout runs with
+        # (set_kv_scales); the calibrator observes Q/K/V in the step's logprob forward ("fused", pre-update weights,
+        # one step stale) or in an extra forward over the training batch after the optimizer step ("post_step";
+        # forced in deterministic mode, whose logprobs come from the rollout replay, not from get_logprobs).
+        gen_cfg = policy_cfg["generation"]
+        self.kv_scales: KVScales | None = None
+        self.kv_calibrator = (
+            QKVCalibrator(model.config.num_hidden_layers, recipe.kv_calibration) if recipe.kv_fp8 else None
+        )
+        self.kv_calibration_pass = (
+            "post_step" if gen_cfg.get("deterministic") else gen_cfg.get("kv_cache_calibration_pass", "fused")
+        )
+        self._last_train_batch: TrainBatch | None = None  # for the post_step pass
 
     # ---------------------------------------------------------------- logprobs
     @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+    def _logprobs(self, model: torch.nn.Module, batch: TrainBatch, attn_hook=None) -> torch.Tensor:
         out = []
         mbs = int(self.cfg["logprob_batch_size"])
         for start in range(0, len(batch), mbs):
@@ -95,12 +118,39 @@ class NativePolicy(PolicyInterface):
                     mb.attention_mask,
                     temperature=self.temperature,
                     compute_dtype=self.compute_dtype,
+                    attn_hook=attn_hook,
                 ).float()
             )
         return torch.cat(out).cpu()  # [B, S]
 
     def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        return self._logprobs(self.model, batch)
+        fused = self.kv_calibrator is not None and self.kv_calibration_pass == "fused"
+        if fused:
+            self.kv_calibrator.reset()
+        return self._logprobs(self.model, batch, self._attn_hook(calibrate=fused))
+
+    # ---------------------------------------------------------------- FP8 KV scales
+    def _attn_hook(self, calibrate: bool):
+        """The trainer's attention hook: QKV observation and/or K/V fake-quant with the rollout's scales."""
+        fake = self.kv_scales if self.recipe.train_kv_fake_quant else None
+        if fake is None and self.recipe.train_kv_fake_quant and self.kv_calibrator is not None:
+            raise ValueError("train_kv_fake_quant needs KV scales first: call calibrate_kv_scales / set_kv_scales")
+        return make_attn_hook(self.kv_calibrator if calibrate else None, fake)
+
+    def set_kv_scales(self, scales: KVScales) -> None:
+        """The scales the rollout runs with from now on (the trainer's K/V fake-quant mirrors them)."""
+        self.kv_scales = scales.to(self.device)
+
+    @torch.no_grad()
+    def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
+        """A separate no-grad forward over `batch` observing Q/K/V; returns (and sets) the new scales."""
+        if self.kv_calibrator is None:
+            raise ValueError("calibrate_kv_scales needs policy.generation.kv_cache_dtype: fp8")
+        self.kv_calibrator.reset()
+        hook = make_attn_hook(self.kv_calibrator, self.kv_scales if self.recipe.train_kv_fake_quant else None)
+        self._logprobs(self.model, batch, hook)
+        self.set_kv_scales(self.kv_calibrator.scales())
+        return self.kv_scales
 
     def get_reference_policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         if self.reference_model is None:
@@ -119,6 +169,7 @@ class NativePolicy(PolicyInterface):
             normalizer = float((mask.sum(-1) > 0).sum())
         normalizer = max(normalizer, 1.0)
         mbs = int(self.cfg["train_micro_batch_size"])
+        self._last_train_batch = batch if self.kv_calibration_pass == "post_step" else None
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         bad_fp8 = self._first_nonfinite_fp8_weight()
@@ -134,6 +185,7 @@ class NativePolicy(PolicyInterface):
                 mb.attention_mask,
                 temperature=self.temperature,
                 compute_dtype=self.compute_dtype,
+                attn_hook=self._attn_hook(calibrate=False),
             )  # [b, S]
             loss, metrics = clipped_pg_loss(
                 logp.float(),
@@ -202,13 +254,32 @@ class NativePolicy(PolicyInterface):
             if isinstance(module, Fp8Linear) and (module.rollout_fp8 or module.train_fp8):
                 module.quantized_weight()
                 n += 1
-        return {"num_fp8_weights": float(n)}
+        metrics = {"num_fp8_weights": float(n)}
+        if self.kv_calibrator is not None:
+            metrics.update(self._recalibrate_kv())
+        return metrics
+
+    def _recalibrate_kv(self) -> dict[str, float]:
+        """New KV scales for the next rollout: from this step's fused observations, or a post-step forward."""
+        if self.kv_calibration_pass == "post_step" and self._last_train_batch is not None:
+            self.calibrate_kv_scales(self._last_train_batch)
+        elif self.kv_calibration_pass != "post_step" and self.kv_calibrator.num_micro_batches:
+            self.set_kv_scales(self.kv_calibrator.scales())
+        else:
+            return {}
+        self._last_train_batch = None
+        return {f"kv_{k}": v for k, v in self.kv_scales.metrics().items()}
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
+        if self.kv_scales is not None:  # the next rollout's FP8 KV scales: a resume continues bit for bit
+            state["kv_scales"] = {n: getattr(self.kv_scales, n).cpu() for n in ("q", "k", "v")}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
+        if state.get("kv_scales") is not None and self.kv_calibrator is not None:
+            self.set_kv_scales(KVScales(**state["kv_scales"]))

@@ -96,8 +96,8 @@ def test_unified_rollout_runs_on_the_trainers_fp8_tensors(tmp_path, monkeypatch)
         m.register_forward_pre_hook(lambda mod, args, n=n: seen[n].append((mod.mode, mod.quantized_weight())))
         for n, m in fp8_modules.items()
     ]
-    from nemo_jetrl.utils.timers import Timer
     from nemo_jetrl.utils.progress import RunProgress
+    from nemo_jetrl.utils.timers import Timer
 
     # Stop right before the optimizer step: generation, reward, logprobs and the training forward/backward.
     monkeypatch.setattr(run.policy.optimizer, "step", lambda *a, **k: None)

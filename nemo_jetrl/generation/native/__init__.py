@@ -2,7 +2,7 @@
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine, resolve_kv_cache_dtype
 from nemo_jetrl.generation.native.kv_cache import KVCache
-from nemo_jetrl.generation.native.sampler import SamplingParams, filter_logits, sample
+from nemo_jetrl.generation.native.sampler import SamplingParams, filter_logits, sample, token_logprobs
 
 __all__ = [
     "KVCache",
@@ -11,4 +11,5 @@ __all__ = [
     "filter_logits",
     "resolve_kv_cache_dtype",
     "sample",
+    "token_logprobs",
 ]

@@ -4,29 +4,32 @@ Colocated by design: the engine holds the trainer's module objects (weights by r
 step the rollout sees the new weights (and, in unified FP8, the very FP8 weight bits and scales the trainer cached)
 with no copy. Generation runs under `torch.no_grad()` (not inference_mode: the trainer later runs autograd on the
 same parameters) and inside the precision package's `rollout_mode(model)`.
+
+CUDA fast path (`cuda_graphs=True` on a CUDA model): static-shape decode over a pre-allocated cache, the step
+captured once per rollout in a CUDA graph (`cuda_graph.py`), attention reading the stored (optionally FP8) cache
+directly (`decode_attention.py`), sampling on the device, and the host checks for "all finished" only every
+`sync_every` steps. Rows that finish early keep decoding pad tokens until then; outputs are trimmed to the longest
+response, so the layout is the same as with a check at every step.
+
+Deterministic scoring (`score`): the rollout's own computation replayed with the generated tokens forced, i.e.
+the same batch, the same prefill/decode shapes and kernels, so its logprobs equal `generate`'s bit for bit
+(gen_kl_error == 0) on any device whose kernels are deterministic for a fixed shape.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.generation.native.cuda_graph import CapturedStep
+from nemo_jetrl.generation.native.decode_attention import triton_decode_available
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
-from nemo_jetrl.generation.native.sampler import SamplingParams, sample
+from nemo_jetrl.generation.native.sampler import SamplingParams, sample, token_logprobs
 from nemo_jetrl.models.decoder import AttnHook, compute_logits, decoder_forward, position_ids_from_mask
-
-try:
-    from nemo_jetrl.precision import rollout_mode
-except ImportError:  # TODO(lead): drop this fallback once nemo_jetrl.precision exports rollout_mode.
-    rollout_mode = None
-
-
-def _rollout_context(model: nn.Module):
-    return rollout_mode(model) if rollout_mode is not None else contextlib.nullcontext()
+from nemo_jetrl.precision import rollout_mode
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str | torch.dtype | None, attention_dtype: torch.dtype) -> torch.dtype:
@@ -48,6 +51,9 @@ class NativeGenerationEngine(GenerationInterface):
     static_decode: False (default) attends each decode step over the written cache prefix, which on CPU reproduces
     HF `generate` bit for bit in bf16 too; True attends over the whole fixed-size buffer with a mask (static shapes,
     what a CUDA graph captures; same math, last-bit differences in bf16).
+    cuda_graphs: on a CUDA model, capture the (static) decode step in a CUDA graph; ignored on CPU.
+    fused_decode: decode attention over the stored cache (Triton); None = on for CUDA models with triton.
+    sync_every: host check for "all rows finished" every N decode steps (None = 1 on CPU, 16 on CUDA).
     """
 
     def __init__(
@@ -65,11 +71,17 @@ class NativeGenerationEngine(GenerationInterface):
         attn_hook_factory: Callable[[], AttnHook | None] | None = None,
         device: torch.device | str | None = None,
         static_decode: bool = False,
+        cuda_graphs: bool = False,
+        fused_decode: bool | None = None,
+        sync_every: int | None = None,
     ) -> None:
+        self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if pad_token_id is None:
             raise ValueError("pad_token_id must be set (the tokenizer has no pad token?)")
+        if sync_every is not None and (isinstance(sync_every, bool) or int(sync_every) < 1):
+            raise ValueError(f"sync_every must be None or an int >= 1, got {sync_every!r}")
         self.model = model
         self.max_new_tokens = int(max_new_tokens)
         self.sampling = SamplingParams(float(temperature), float(top_p), None if top_k is None else int(top_k))
@@ -87,7 +99,13 @@ class NativeGenerationEngine(GenerationInterface):
             )
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, compute_dtype or param.dtype)
         self.attn_hook_factory = attn_hook_factory
-        self.static_decode = bool(static_decode)
+        on_cuda = self.device.type == "cuda"
+        self.cuda_graphs = bool(cuda_graphs) and on_cuda
+        self.static_decode = bool(static_decode) or self.cuda_graphs
+        if fused_decode and not (on_cuda and triton_decode_available()):
+            raise ValueError("fused_decode=True needs a CUDA model and triton")
+        self.fused_decode = (on_cuda and triton_decode_available()) if fused_decode is None else bool(fused_decode)
+        self.sync_every = int(sync_every) if sync_every is not None else (16 if on_cuda else 1)
         self.vocab_size = int(model.config.vocab_size)
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -116,6 +134,18 @@ class NativeGenerationEngine(GenerationInterface):
             k_scales, v_scales = kv_scales
             self._kv_scales = (k_scales.detach().float().clone(), v_scales.detach().float().clone())
 
+    def replace(self, **changes) -> NativeGenerationEngine:
+        """A new engine over the same model with some constructor arguments changed (e.g. `kv_cache_dtype=None`
+        for a high-precision calibration rollout); KV scales are carried over."""
+        engine = NativeGenerationEngine(self.model, **{**self._init_kwargs, **changes})
+        engine._kv_scales = self._kv_scales
+        return engine
+
+    @property
+    def kv_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The FP8 KV scales (k [L], v [L]) the next rollout uses, or None."""
+        return self._kv_scales
+
     def generate(
         self,
         prompt_ids: list[list[int]],
@@ -125,8 +155,37 @@ class NativeGenerationEngine(GenerationInterface):
     ) -> GenerationOutput:
         """Complete each prompt; see GenerationOutput for the layout."""
         self._check_prompts(prompt_ids)
-        with torch.no_grad(), _rollout_context(self.model):
-            return self._generate(prompt_ids, greedy, generator)
+        ids, mask = self._left_pad(prompt_ids, max(len(p) for p in prompt_ids) + self.max_new_tokens)
+        with torch.no_grad(), rollout_mode(self.model):
+            return self._run(ids, mask, max(len(p) for p in prompt_ids), greedy=greedy, generator=generator)
+
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+        """Logprobs [B, S] float32 of a `generate` output's tokens, recomputed by replaying the rollout (same batch,
+        shapes and kernels, the generated tokens forced): equal to its `generation_logprobs` bit for bit.
+
+        input_ids / attention_mask: [B, S] in the shared layout, exactly the rows (and order) of one `generate` call
+        on this engine, with the responses starting at column `prompt_length`."""
+        if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids and attention_mask must both be [B, S]; got {tuple(input_ids.shape)} and "
+                f"{tuple(attention_mask.shape)}"
+            )
+        bsz, width = input_ids.shape
+        if not 0 < prompt_length < width or width - prompt_length > self.max_new_tokens:
+            raise ValueError(
+                f"prompt_length {prompt_length} must leave 1..max_new_tokens={self.max_new_tokens} response columns "
+                f"in a width of {width}"
+            )
+        max_len = prompt_length + self.max_new_tokens
+        ids = torch.full((bsz, max_len), self.pad_token_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((bsz, max_len), dtype=torch.long, device=self.device)
+        ids[:, :width] = input_ids.to(self.device)
+        mask[:, :width] = attention_mask.to(self.device).long()
+        forced = (ids.clone(), mask.clone())
+        mask[:, prompt_length:] = 0
+        with torch.no_grad(), rollout_mode(self.model):
+            out = self._run(ids, mask, prompt_length, forced=forced, num_steps=width - prompt_length)
+        return out.generation_logprobs
 
     # ------------------------------------------------------------------ internals
     def _check_prompts(self, prompt_ids: list[list[int]]) -> None:
@@ -139,7 +198,14 @@ class NativeGenerationEngine(GenerationInterface):
                 raise ValueError(f"prompt_ids[{i}] has token ids outside [0, {self.vocab_size})")
 
     def _new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
-        cache = KVCache.for_model(self.model, batch_size, max_seq_len, dtype=self.kv_cache_dtype, device=self.device)
+        cache = KVCache.for_model(
+            self.model,
+            batch_size,
+            max_seq_len,
+            dtype=self.kv_cache_dtype,
+            device=self.device,
+            fused_decode=self.fused_decode,
+        )
         if cache.is_fp8:
             if self._kv_scales is None:
                 raise ValueError("kv_cache_dtype=fp8 needs KV scales: call update_weights(kv_scales=(k, v)) first")
@@ -195,44 +261,84 @@ class NativeGenerationEngine(GenerationInterface):
         )  # [B, 1, H]
         return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 
-    def _generate(
-        self, prompt_ids: list[list[int]], greedy: bool, generator: torch.Generator | None
+    def _decoder(self, cache: KVCache, hook: AttnHook | None, mask: torch.Tensor) -> Callable:
+        """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed."""
+        if not self.static_decode:
+            return lambda tokens, positions, col: self._decode_step(
+                cache, hook, tokens[:, None], positions[:, None], mask[:, : col + 1], col
+            )
+        cache_pos = torch.zeros((), dtype=torch.long, device=self.device)
+
+        def static_step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [B, 1] each
+            return self._decode_step(cache, hook, tokens, positions, mask, cache_pos)
+
+        if self.cuda_graphs:
+            batch = mask.shape[0]
+            static_in = tuple(torch.zeros((batch, 1), dtype=torch.long, device=self.device) for _ in range(2))
+            graphed = CapturedStep(static_step, static_in)
+
+            def run(tokens, positions, col):
+                cache_pos.fill_(col)
+                return graphed(tokens[:, None], positions[:, None])
+
+            return run
+
+        def run_static(tokens, positions, col):
+            cache_pos.fill_(col)
+            return static_step(tokens[:, None], positions[:, None])
+
+        return run_static
+
+    def _run(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        prompt_len: int,
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        forced: tuple[torch.Tensor, torch.Tensor] | None = None,
+        num_steps: int | None = None,
     ) -> GenerationOutput:
-        batch, prompt_len = len(prompt_ids), max(len(p) for p in prompt_ids)
-        max_len = prompt_len + self.max_new_tokens
-        ids, mask = self._left_pad(prompt_ids, max_len)  # [B, S_max]
+        """The rollout loop over ids/mask [B, S_max] (prompts in [0, P)). With `forced` (ids, mask [B, S_max]) the
+        tokens are taken from it instead of sampled (`score`), for exactly `num_steps` steps."""
+        batch, max_len = ids.shape
+        num_steps = self.max_new_tokens if num_steps is None else num_steps
         logprobs = torch.zeros((batch, max_len), dtype=torch.float32, device=self.device)  # [B, S_max]
         cache = self._new_cache(batch, max_len)
         hook = self.attn_hook_factory() if self.attn_hook_factory is not None else None
         stop_ids = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
         pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device)
+        decode = self._decoder(cache, hook, mask)
 
         logits = self._prefill(cache, hook, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
         lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)  # [B]
-        cache_pos = torch.zeros((), dtype=torch.long, device=self.device)
         steps = 0
-        for step in range(self.max_new_tokens):
+        for step in range(num_steps):
             col = prompt_len + step
-            tokens, token_logprobs = sample(logits, self.sampling, greedy=greedy, generator=generator)  # [B], [B]
-            active = ~finished
+            if forced is None:
+                tokens, token_logprobs_ = sample(logits, self.sampling, greedy=greedy, generator=generator)  # [B]
+                active = ~finished
+            else:
+                tokens, active = forced[0][:, col], forced[1][:, col].bool()
+                token_logprobs_ = token_logprobs(logits, tokens, self.sampling.temperature)
             tokens = torch.where(active, tokens, pad)
             ids[:, col] = tokens
             mask[:, col] = active.long()
-            logprobs[:, col] = torch.where(active, token_logprobs, torch.zeros_like(token_logprobs))
+            logprobs[:, col] = torch.where(active, token_logprobs_, torch.zeros_like(token_logprobs_))
             finished = finished | (active & torch.isin(tokens, stop_ids))
             positions = lengths.clone()  # [B]
             lengths = lengths + active.long()
             steps = step + 1
-            if steps == self.max_new_tokens or bool(finished.all()):
+            if steps == num_steps:
                 break
-            if self.static_decode:
-                cache_pos.fill_(col)
-                logits = self._decode_step(cache, hook, tokens[:, None], positions[:, None], mask, cache_pos)
-            else:
-                logits = self._decode_step(cache, hook, tokens[:, None], positions[:, None], mask[:, : col + 1], col)
+            if forced is None and steps % self.sync_every == 0 and bool(finished.all()):
+                break
+            logits = decode(tokens, positions, col)
 
-        width = prompt_len + steps
+        response_lengths = mask[:, prompt_len : prompt_len + steps].sum(-1)  # [B]
+        width = prompt_len + (int(response_lengths.max()) if forced is None else steps)
         response_mask = torch.zeros_like(mask[:, :width])  # [B, S]
         response_mask[:, prompt_len:] = mask[:, prompt_len:width]
         return GenerationOutput(
@@ -241,6 +347,6 @@ class NativeGenerationEngine(GenerationInterface):
             response_mask=response_mask,
             generation_logprobs=logprobs[:, :width].contiguous(),
             prompt_length=prompt_len,
-            response_lengths=response_mask.sum(-1),
+            response_lengths=response_lengths,
             finished=finished,
         )

@@ -8,7 +8,12 @@ Buffers are [L, B, H_kv, S_max, D]. `update(layer, k, v, start)` writes the new 
 
 FP8 storage: with `dtype=torch.float8_e4m3fn`, K and V are stored as e4m3 with one FP32 dequantization scale per layer
 (`set_scales`): quantize on write `clamp(x / scale, -448, 448).to(e4m3)`, dequantize on read `q * scale`, returned in
-the dtype of the incoming k/v. Scales come from QKV calibration on the trainer (the precision package).
+the dtype of the incoming k/v (`precision.kv`). Scales come from QKV calibration on the trainer. An FP8 token takes
+half the bytes of a bf16 one (`bytes_per_token`).
+
+Fused decode (`fused_decode=True`, CUDA + Triton, bf16/fp32 queries): `decode_attention` writes the new token and
+attends straight over the stored buffer (FP8 tiles dequantized in registers, `decode_attention.py`) instead of
+returning a dequantized copy of the cache; the CPU path stays the exact `update` + SDPA.
 """
 
 from __future__ import annotations
@@ -16,8 +21,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nemo_jetrl.generation.native.decode_attention import decode_attention, triton_decode_available
+from nemo_jetrl.precision.kv import kv_dequant, kv_quant
+from nemo_jetrl.precision.quant import E4M3_MAX as FP8_E4M3_MAX
+
 FP8_KV_DTYPE = torch.float8_e4m3fn
-FP8_E4M3_MAX = 448.0
+__all__ = ["FP8_E4M3_MAX", "FP8_KV_DTYPE", "KVCache"]
 
 
 class KVCache:
@@ -33,6 +42,7 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
+        fused_decode: bool = False,
     ) -> None:
         dims = dict(
             num_layers=num_layers,
@@ -55,6 +65,10 @@ class KVCache:
         self.k_scales: torch.Tensor | None = None  # [L] fp32, FP8 only
         self.v_scales: torch.Tensor | None = None  # [L] fp32, FP8 only
         self._positions = torch.arange(max_seq_len, device=self.k.device)  # [S_max]
+        if fused_decode and not (self.k.is_cuda and triton_decode_available()):
+            raise ValueError("fused_decode needs a CUDA cache and triton")
+        self.fused_decode = bool(fused_decode)
+        self._kv_lens: dict[int, torch.Tensor] = {}  # int prefix length -> device scalar (fused decode)
 
     @classmethod
     def for_model(
@@ -65,6 +79,7 @@ class KVCache:
         *,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
+        fused_decode: bool = False,
     ) -> KVCache:
         """A cache sized from a HF Llama/Qwen2/Qwen3 config."""
         cfg = model.config
@@ -77,6 +92,7 @@ class KVCache:
             head_dim,
             dtype=dtype,
             device=device,
+            fused_decode=fused_decode,
         )
 
     @property
@@ -111,15 +127,11 @@ class KVCache:
         self.v.zero_()
 
     def _encode(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-        if scale is None:
-            return x.to(self.dtype)
-        return torch.clamp(x.float() / scale, -FP8_E4M3_MAX, FP8_E4M3_MAX).to(self.dtype)
+        return x.to(self.dtype) if scale is None else kv_quant(x, scale)
 
     @staticmethod
     def _decode(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        if scale is None:
-            return stored.to(dtype)
-        return (stored.float() * scale).to(dtype)
+        return stored.to(dtype) if scale is None else kv_dequant(stored, scale, dtype)
 
     @staticmethod
     def _index_write(buf: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> None:
@@ -135,6 +147,45 @@ class KVCache:
 
         Returns [B, H_kv, start+S, D] for an int `start`, [B, H_kv, S_max, D] for a tensor `start`, in k's dtype.
         """
+        k_scale, v_scale = self._write(layer, k, v, start)
+        k_buf, v_buf = self.k[layer], self.v[layer]  # [B, H_kv, S_max, D]
+        if not isinstance(start, torch.Tensor):
+            end = start + k.shape[2]
+            k_buf, v_buf = k_buf[:, :, :end], v_buf[:, :, :end]
+        return self._decode(k_buf, k_scale, k.dtype), self._decode(v_buf, v_scale, v.dtype)
+
+    def uses_fused_decode(self, q: torch.Tensor) -> bool:
+        """Whether `decode_attention` serves this query: fused decode on, one new token, bf16/fp32 math."""
+        return self.fused_decode and q.shape[2] == 1 and q.dtype in (torch.bfloat16, torch.float32)
+
+    def decode_attention(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        start: int | torch.Tensor,
+        mask: torch.Tensor,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        """Write the new token's k, v [B, H_kv, 1, D] at `start`, attend q [B, H, 1, D] over keys [0, start] where
+        `mask` [B, 1, 1, S_total] (bool) allows. Returns [B, H, 1, D] in q.dtype."""
+        k_scale, v_scale = self._write(layer, k, v, start)
+        if isinstance(start, torch.Tensor):
+            kv_len = start + 1
+        else:
+            if start + 1 not in self._kv_lens:
+                self._kv_lens[start + 1] = torch.tensor(start + 1, device=self.k.device)
+            kv_len = self._kv_lens[start + 1]
+        out = decode_attention(
+            q[:, :, 0], self.k[layer], self.v[layer], mask[:, 0, 0], kv_len, sm_scale, k_scale, v_scale
+        )  # [B, H, D]
+        return out[:, :, None]
+
+    def _write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Store k, v [B, H_kv, S, D] at start..start+S-1 of `layer` (quantized for FP8); returns the scales."""
         if k.shape != v.shape or k.dim() != 4 or k.shape[0] != self.batch_size:
             raise ValueError(
                 f"k and v must both be [B={self.batch_size}, H_kv, S, D]; got {tuple(k.shape)} and {tuple(v.shape)}"
@@ -152,10 +203,10 @@ class KVCache:
             positions = start + self._positions[:seq]  # [S]
             self._index_write(k_buf, positions, self._encode(k, k_scale))
             self._index_write(v_buf, positions, self._encode(v, v_scale))
-            return self._decode(k_buf, k_scale, k.dtype), self._decode(v_buf, v_scale, v.dtype)
+            return k_scale, v_scale
         end = start + seq
         if start < 0 or end > self.max_seq_len:
             raise ValueError(f"positions [{start}, {end}) fall outside the cache's [0, {self.max_seq_len})")
         k_buf[:, :, start:end] = self._encode(k, k_scale)
         v_buf[:, :, start:end] = self._encode(v, v_scale)
-        return self._decode(k_buf[:, :, :end], k_scale, k.dtype), self._decode(v_buf[:, :, :end], v_scale, v.dtype)
+        return k_scale, v_scale

@@ -59,7 +59,6 @@ def sample(
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     scaled = logits.float() / params.temperature  # [B, V]
-    logprobs = torch.log_softmax(scaled, dim=-1)  # [B, V]
     if greedy:
         tokens = torch.argmax(scaled, dim=-1)  # [B]
     else:
@@ -67,4 +66,13 @@ def sample(
         race = torch.empty_like(probs).exponential_(1.0, generator=generator)  # [B, V] ~ Exp(1)
         race.clamp_(min=torch.finfo(torch.float32).tiny)  # an exact 0 draw would give 0/0 = NaN on p = 0
         tokens = torch.argmax(probs / race, dim=-1)  # [B]
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, token_logprobs(logits, tokens, params.temperature)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B] float32 log p(tokens) under softmax(logits [B, V] / temperature), full vocabulary.
+
+    `logit - logsumexp(logits)`, the very formula (and op order) of the trainer's `sequence_logprobs`:
+    `log_softmax` rounds differently, which alone made every token differ in the last bit."""
+    scaled = logits.float() / temperature  # [B, V]
+    return scaled.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)

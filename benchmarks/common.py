@@ -1,0 +1,166 @@
+"""Shared helpers of the rollout / train-step / GRPO-step benchmarks: model shapes, timing, tables, JSON.
+
+Only torch + transformers + nemo_jetrl's model/precision/generation/policy packages (no config system: the GPU box
+has no omegaconf / pydantic). Weights are random (speed does not depend on them); the FP8 KV scales come from the
+project's own QKV calibration over a short random batch.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+HBM_PEAK_TBS = {"H200": 4.8, "H100": 3.35}  # dense HBM peaks (DESIGN.md section 4)
+
+# Qwen3-8B: hidden 4096, FFN 12288, 36 layers, 32 query heads / 8 KV heads of 128, vocab 151936, untied lm_head.
+QWEN3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=False,
+)
+# CPU smoke shape (every linear dim a multiple of 128 for the FP8 blocks).
+TINY = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=128,
+    vocab_size=512,
+    tie_word_embeddings=False,
+)
+
+
+def policy_config(**overrides) -> dict:
+    """The `policy` section NativePolicy reads (grpo_base.yaml defaults, BF16 master for the speed runs)."""
+    generation = {
+        "temperature": 1.0,
+        "deterministic": False,
+        "kv_cache_calibration_pass": "fused",
+        **overrides.pop("generation", {}),
+    }
+    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8}
+    cfg = {
+        "model_name": "benchmark-random",
+        "master_dtype": "bfloat16",
+        "compute_dtype": "bfloat16",
+        "train_micro_batch_size": 1,
+        "logprob_batch_size": 8,
+        "max_grad_norm": 1.0,
+        "optimizer": optimizer,
+        "generation": generation,
+    }
+    return {**cfg, **overrides}
+
+
+def device_info(device: torch.device) -> dict:
+    """Device name, peak HBM bandwidth (TB/s, None when unknown) and software versions."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
+    peak = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in name), None)
+    return {"device": name, "hbm_peak_tbs": peak, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def build_model(shape: dict, num_layers: int | None, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
+    """A random-weight Qwen3ForCausalLM of `shape` (optionally fewer layers), built directly on `device`."""
+    cfg = Qwen3Config(**{**shape, **({"num_hidden_layers": num_layers} if num_layers else {})})
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    return model.to(dtype).eval()
+
+
+def linear_weight_bytes(model: torch.nn.Module, fp8: bool) -> int:
+    """Bytes one decode step reads for the decoder linears (e4m3 + fp32 128x128 scales, or bf16) and the lm_head."""
+    total = 0
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if weight is None or weight.dim() != 2 or "embed_tokens" in name:
+            continue
+        n, k = weight.shape
+        if fp8 and "lm_head" not in name:
+            total += n * k + 4 * -(-n // 128) * -(-k // 128)
+        else:
+            total += n * k * 2
+    return total
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
+    """(fn(), wall seconds) with device syncs around it."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - t0
+
+
+def print_table(title: str, headers: list[str], rows: list[list]) -> str:
+    """A fixed-width table (printed and returned)."""
+    cells = [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def write_json(path: str | Path | None, payload: dict) -> None:
+    if path is None:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {path}", flush=True)
+
+
+def plot_benchmarks(rollout: dict, train: dict, grpo: dict, path: str | Path) -> None:
+    """One figure for docs/performance.md from the three benchmarks' JSON payloads (or dicts of the same shape)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    rows = rollout["results"]
+    axes[0].bar([r["variant"] for r in rows], [r["output_tokens_per_s"] for r in rows], color="tab:blue")
+    axes[0].set_title("rollout: output tokens/s")
+    for i, r in enumerate(rows):
+        axes[0].text(i, r["output_tokens_per_s"], f"{r['decode_step_ms']:.1f} ms/step", ha="center", va="bottom")
+    rows = train["results"]
+    axes[1].bar([r["variant"] for r in rows], [r["tokens_per_s"] for r in rows], color="tab:green")
+    axes[1].set_title("train step: tokens/s")
+    rows = grpo["results"]
+    bottom = [0.0] * len(rows)
+    for phase, color in (("rollout", "tab:blue"), ("logprobs", "tab:orange"), ("train", "tab:green"), ("refit", "k")):
+        values = [r[phase] for r in rows]
+        axes[2].bar([r["variant"].split(" ")[0] for r in rows], values, bottom=bottom, color=color, label=phase)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    axes[2].set_title("GRPO step: seconds per phase")
+    axes[2].legend(fontsize=8)
+    fig.suptitle(rollout.get("device", ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")

@@ -1,0 +1,318 @@
+"""One rank of the hybrid layout: an FSDP2 shard of the FP8 trainer and a full rollout engine on refit FP8 weights.
+
+The GRPO driver never sees this class directly: Ray workers (`worker.py`) hold one each; `bench_fsdp_refit.py`
+drives it under torchrun. Every method that touches the sharded trainer is collective (all ranks, same order,
+same number of forwards: `num_steps` pads with dummy micro-batches whose loss is multiplied by zero).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nemo_jetrl.algorithms.loss import ClippedPGLossConfig, clipped_pg_loss
+from nemo_jetrl.distributed.data_split import generate_seed_shards
+from nemo_jetrl.distributed.fsdp import clip_grad_norm, invalidate_fp8_caches, shard_policy
+from nemo_jetrl.distributed.kv_sync import gather_qkv_records, scales_from_records
+from nemo_jetrl.distributed.weight_sync import Fp8Refit, RefitFormat, build_rollout_replica
+from nemo_jetrl.generation.interfaces import GenerationOutput
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_optimizer(params, opt_cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """`policy.optimizer` -> AdamW (the single-process trainer's optimizer, same hyperparameters)."""
+    if opt_cfg["name"] not in ("adamw", "adam"):
+        raise ValueError(f"policy.optimizer.name: {opt_cfg['name']!r} is not one of adamw, adam")
+    cls = torch.optim.AdamW if opt_cfg["name"] == "adamw" else torch.optim.Adam
+    return cls(
+        params,
+        lr=float(opt_cfg["lr"]),
+        weight_decay=float(opt_cfg["weight_decay"]),
+        betas=tuple(opt_cfg["betas"]),
+        eps=float(opt_cfg["eps"]),
+    )
+
+
+class DataParallelPolicy:
+    """Trainer shard + rollout engine of one rank. `model` is an unsharded HF causal LM in the master dtype."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        policy_cfg: Mapping[str, Any],
+        loss_cfg: Mapping[str, Any],
+        recipe: PrecisionRecipe,
+        device: torch.device,
+        pad_token_id: int,
+        stop_token_ids: Sequence[int],
+        other_dtype: torch.dtype | None = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise ValueError("DataParallelPolicy needs torch.distributed to be initialized")
+        self.cfg, self.recipe, self.device = policy_cfg, recipe, device
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.loss_cfg = ClippedPGLossConfig.from_dict(dict(loss_cfg))
+        self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
+        gen = policy_cfg["generation"]
+        self.temperature = float(gen["temperature"])
+        self.reference_model = None
+        if self.loss_cfg.reference_policy_kl_penalty > 0:
+            self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
+        self.model = model.train()
+        self.replica = build_rollout_replica(model)
+        self.module = shard_policy(
+            model, temperature=self.temperature, compute_dtype=self.compute_dtype, block=recipe.block_size
+        )
+        self.optimizer = build_optimizer(model.parameters(), policy_cfg["optimizer"])
+        self.refitter = Fp8Refit(model, self.replica, other_dtype=other_dtype)
+        self.engine = NativeGenerationEngine(
+            self.replica,
+            max_new_tokens=int(gen["max_new_tokens"]),
+            temperature=self.temperature,
+            top_p=float(gen["top_p"]),
+            top_k=gen["top_k"],
+            stop_token_ids=list(stop_token_ids),
+            pad_token_id=int(pad_token_id),
+            compute_dtype=self.compute_dtype,
+            kv_cache_dtype=gen.get("kv_cache_dtype", "auto"),
+            cuda_graphs=bool(gen.get("cuda_graphs", False)),
+            device=device,
+        )
+        # FP8 KV cache: this rank's per-chunk Q/K/V amax records of the last calibrating logprob pass, and the
+        # scales the rollout (and, with train_kv_fake_quant, the trainer's attention) runs with (see kv_sync).
+        self.num_layers = int(model.config.num_hidden_layers)
+        self.kv_scales: KVScales | None = None
+        self._kv_records: list[torch.Tensor] = []
+        self.step = 0
+
+    # ------------------------------------------------------------------ rollout
+    def generate(
+        self, shards: Sequence[tuple[list[list[int]], int]], greedy: bool, engine_changes: Mapping | None = None
+    ) -> list[GenerationOutput]:
+        """Run this rank's rollout seed shards on the replica (no collectives); outputs on CPU.
+
+        `engine_changes`: constructor changes for this call (e.g. {"kv_cache_dtype": None}, the calibration rollout).
+        """
+        engine = self.engine.replace(**engine_changes) if engine_changes else self.engine
+        return generate_seed_shards(engine, shards, greedy=greedy, device=self.device)
+
+    def refit(self, fmt: RefitFormat = "fp8") -> dict[str, Any]:
+        """Collective: quantize this rank's shards once, all-gather FP8 bits + scales into the replica, and the KV
+        scales of this step's calibrating pass with them. Metrics, plus "kv_scales" (CPU KVScales) when new."""
+        out: dict[str, Any] = self.refitter.refit(fmt).metrics()
+        if self.recipe.kv_fp8:
+            out.update(self.finish_kv_calibration())
+        return out
+
+    # ------------------------------------------------------------------ FP8 KV scales
+    def _attn_hook(self, calibrator: QKVCalibrator | None, strict: bool = True):
+        """As NativePolicy._attn_hook: observe Q/K/V (calibration) and/or fake-quantize K/V with the rollout scales.
+
+        strict=False (the first calibration) runs without fake-quant while there are no scales yet."""
+        fake = self.kv_scales if self.recipe.train_kv_fake_quant else None
+        if strict and fake is None and self.recipe.train_kv_fake_quant and self.recipe.kv_fp8:
+            raise ValueError("train_kv_fake_quant needs KV scales first: call calibrate_kv / set_kv_scales")
+        return make_attn_hook(calibrator, fake)
+
+    def finish_kv_calibration(self) -> dict[str, Any]:
+        """Collective: scales from every rank's records of the last calibrating pass; {} when nobody recorded."""
+        t0 = time.perf_counter()
+        records = gather_qkv_records(self._kv_records)
+        self._kv_records = []
+        if not records:
+            return {}
+        scales = scales_from_records(records, self.num_layers, self.recipe.kv_calibration, self.device)
+        self.set_kv_scales(scales)
+        metrics = {f"kv_{k}": v for k, v in scales.metrics().items()}
+        return {"kv_calibration_s": time.perf_counter() - t0, **metrics, "kv_scales": scales.to("cpu")}
+
+    def set_kv_scales(self, scales: KVScales) -> None:
+        """The scales the rollout engine (and the trainer's K/V fake-quant) use from now on."""
+        self.kv_scales = scales.to(self.device)
+        self.engine.update_weights(kv_scales=self.kv_scales.kv)
+
+    def set_engine_kv_scales(self, k_scales: torch.Tensor, v_scales: torch.Tensor) -> None:
+        self.engine.update_weights(kv_scales=(k_scales.to(self.device), v_scales.to(self.device)))
+
+    def calibrate_kv(self, chunks: Sequence[TrainBatch], num_steps: int, dummy: TrainBatch) -> KVScales:
+        """Collective: a calibrating no-grad pass over `chunks`, then new scales (as NativePolicy.calibrate_kv_scales)."""
+        self.logprobs(chunks, num_steps, dummy, calibrate=True, strict=False)
+        return self.finish_kv_calibration()["kv_scales"]
+
+    # ------------------------------------------------------------------ logprobs
+    @torch.no_grad()
+    def logprobs(
+        self,
+        chunks: Sequence[TrainBatch],
+        num_steps: int,
+        dummy: TrainBatch,
+        calibrate: bool = False,
+        strict: bool = True,
+    ) -> torch.Tensor | None:
+        """Collective: per-token logprobs [b, S] of this rank's logprob chunks (`num_steps` forwards in all).
+
+        `calibrate`: record each real chunk's per-layer Q/K/V amax for the next `finish_kv_calibration`.
+        `strict`: see `_attn_hook`.
+        """
+        if len(chunks) > num_steps:
+            raise ValueError(f"logprobs: {len(chunks)} chunks exceed num_steps={num_steps}")
+        if calibrate:
+            self._kv_records = []
+        self.module.eval()
+        out = []
+        for i in range(num_steps):
+            real = i < len(chunks)
+            mb = (chunks[i] if real else dummy).to(self.device)
+            calibrator = QKVCalibrator(self.num_layers, self.recipe.kv_calibration) if real and calibrate else None
+            hook = self._attn_hook(calibrator, strict)
+            logp = self.module(mb.input_ids, mb.attention_mask, attn_hook=hook)  # [b, S]
+            if real:
+                out.append(logp.cpu())
+            if calibrator is not None:
+                self._kv_records.append(calibrator.amax())  # this forward's [L, 3]
+        self.module.train()
+        return torch.cat(out) if out else None
+
+    @torch.no_grad()
+    def reference_logprobs(self, rows: TrainBatch) -> torch.Tensor:
+        """Logprobs [b, S] under the frozen reference (a full copy on every rank; no collectives)."""
+        if self.reference_model is None:
+            raise RuntimeError("reference logprobs need loss_fn.reference_policy_kl_penalty > 0")
+        mbs = int(self.cfg["logprob_batch_size"])
+        out = []
+        for s in range(0, len(rows), mbs):
+            mb = rows.select(slice(s, s + mbs)).to(self.device)
+            out.append(
+                sequence_logprobs(
+                    self.reference_model,
+                    mb.input_ids,
+                    mb.attention_mask,
+                    temperature=self.temperature,
+                    compute_dtype=self.compute_dtype,
+                )
+                .float()
+                .cpu()
+            )
+        return torch.cat(out)
+
+    # ------------------------------------------------------------------ training
+    def train(
+        self, micro_batches: Sequence[TrainBatch], num_steps: int, normalizer: float, dummy: TrainBatch
+    ) -> dict[str, Any]:
+        """Collective optimizer step. Returns this rank's per-micro-batch metrics, the global grad norm and lr;
+        or, when the global gradient is not finite, {"nonfinite": what, "step"} with the step skipped on all ranks."""
+        if len(micro_batches) > num_steps:
+            raise ValueError(f"train: {len(micro_batches)} micro-batches exceed num_steps={num_steps}")
+        for mb in (*micro_batches, dummy):
+            if mb.prev_logprobs is None:
+                raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        per_mb: list[dict[str, float]] = []
+        nonfinite = None  # every rank must finish the collectives: decide after the backward passes
+        for i in range(num_steps):
+            real = i < len(micro_batches)
+            mb = (micro_batches[i] if real else dummy).to(self.device)
+            logp = self.module(mb.input_ids, mb.attention_mask, attn_hook=self._attn_hook(None))  # [b, S]
+            loss, metrics = clipped_pg_loss(
+                logp,
+                mb.prev_logprobs,
+                mb.generation_logprobs,
+                mb.advantages,
+                mb.response_mask,
+                self.loss_cfg,
+                logp_ref=mb.reference_logprobs,
+                normalizer=normalizer,
+            )
+            (loss if real else loss * 0.0).backward()
+            if real:
+                per_mb.append({k: float(v) for k, v in metrics.items()})
+                if nonfinite is None and not torch.isfinite(loss.detach()):
+                    nonfinite = f"loss (rank {self.rank}, micro-batch {i}, value {loss.item()})"
+        grad_norm = clip_grad_norm(self.model.parameters(), self.cfg["max_grad_norm"])
+        if not torch.isfinite(torch.tensor(grad_norm)):  # the global norm: every rank takes this branch together
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"nonfinite": nonfinite or f"gradient (grad norm {grad_norm})", "step": self.step}
+        self.optimizer.step()
+        invalidate_fp8_caches(self.model)
+        self.step += 1
+        return {"micro_batch_metrics": per_mb, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
+
+    # ------------------------------------------------------------------ state (single-process format)
+    def full_state_dict(self) -> dict[str, Any]:
+        """Collective: {"model", "optimizer", "step"} with full CPU tensors, the `NativePolicy.state_dict()` format."""
+        model_sd = {k: _full(v) for k, v in self.model.state_dict().items()}
+        opt_sd = self.optimizer.state_dict()
+        state = {i: {k: _full(v) for k, v in s.items()} for i, s in opt_sd["state"].items()}
+        return {
+            "model": model_sd,
+            "optimizer": {"state": state, "param_groups": opt_sd["param_groups"]},
+            "step": self.step,
+        }
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: Mapping[str, Any]) -> dict[str, float]:
+        """Load a full state (either layout's checkpoint), keep this rank's shards, then refit the rollout."""
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state["model"]))
+        if missing:
+            raise ValueError(f"checkpoint lacks model tensors {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        for name, dest in own.items():
+            _local_of(dest).copy_(_shard_of(state["model"][name], dest))
+        params = list(self.model.parameters())
+        opt_state = {}
+        for i, s in state["optimizer"]["state"].items():
+            p = params[int(i)]
+            opt_state[int(i)] = {k: _like_param(v, p) for k, v in s.items()}
+        self.optimizer.load_state_dict({"state": opt_state, "param_groups": state["optimizer"]["param_groups"]})
+        self.step = int(state["step"])
+        invalidate_fp8_caches(self.model)
+        return self.refit()
+
+
+def _full(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
+    return t
+
+
+def _local_of(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _shard_of(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's FSDP2 slice of `full` for a tensor shaped like `like` (DTensor Shard(d), chunk = ceil(n/W))."""
+    placements = getattr(like, "placements", None)
+    if not placements:
+        return full
+    dim = placements[0].dim
+    world, rank = like.device_mesh.size(), like.device_mesh.get_local_rank()
+    chunk = -(-full.shape[dim] // world)
+    start = min(rank * chunk, full.shape[dim])
+    return full.narrow(dim, start, min(chunk, full.shape[dim] - start))
+
+
+def _like_param(value: Any, param: torch.Tensor) -> Any:
+    """Optimizer state entry for `param`: tensors shaped like it become DTensors of this rank's shard."""
+    if not isinstance(value, torch.Tensor) or value.shape != param.shape or not hasattr(param, "placements"):
+        return value
+    from torch.distributed.tensor import DTensor
+
+    local = _shard_of(value, param).to(param.device)
+    return DTensor.from_local(
+        local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+    )

@@ -1,0 +1,112 @@
+"""FSDP2 (`fully_shard`) over the policy: every decoder-layer linear is a unit, the rest (embeddings, norms,
+lm_head) lives in the root unit; all forwards enter through the root, `PolicyLogprobs`.
+
+Linears are sharded on a tile-aligned dim when one exists (`tile_aligned_placement`) so each rank can quantize its
+shard with whole 128x128 tiles (see weight_sync). Gradients are reduced with a plain SUM (`force_sum_reduction`,
+divide factor 1): each rank's loss already carries the global normalizer, and gloo has no PREMUL_SUM / AVG.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import Shard
+
+from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.precision.layer_map import decoder_layer_index
+from nemo_jetrl.precision.linear import Fp8Linear
+
+
+class PolicyLogprobs(nn.Module):
+    """Root FSDP unit: `forward(input_ids [B, S], attention_mask [B, S], attn_hook) -> logprobs [B, S]` (fp32)."""
+
+    def __init__(self, model: nn.Module, *, temperature: float, compute_dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.model = model
+        self.temperature = float(temperature)
+        self.compute_dtype = compute_dtype
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, attn_hook=None) -> torch.Tensor:
+        return sequence_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            temperature=self.temperature,
+            compute_dtype=self.compute_dtype,
+            attn_hook=attn_hook,
+        ).float()
+
+
+def tile_aligned_placement(param: torch.Tensor, world_size: int, block: int = 128) -> Shard:
+    """Shard(0) if each rank's row chunk is whole tiles, else Shard(1) if its column chunk is, else Shard(0)."""
+    if param.dim() == 2:
+        rows, cols = param.shape
+        if math.ceil(rows / world_size) % block == 0:
+            return Shard(0)
+        if math.ceil(cols / world_size) % block == 0:
+            return Shard(1)
+    return Shard(0)
+
+
+def _sum_reduction(module: FSDPModule) -> None:
+    module.set_force_sum_reduction_for_comms(True)
+    module.set_gradient_divide_factor(1.0)
+
+
+def shard_policy(
+    model: nn.Module,
+    *,
+    temperature: float,
+    compute_dtype: torch.dtype | None,
+    block: int = 128,
+    mesh: DeviceMesh | None = None,
+) -> PolicyLogprobs:
+    """Apply FSDP2 to `model` in place (needs an initialized process group); returns the root to call."""
+    if not dist.is_initialized():
+        raise ValueError("shard_policy needs torch.distributed to be initialized (init_process_group)")
+    device_type = next(model.parameters()).device.type
+    mesh = mesh if mesh is not None else init_device_mesh(device_type, (dist.get_world_size(),))
+    world = mesh.size()
+    # Fp8Linear returns `y.reshape(...)` (a view); decoder_forward never writes into projection outputs in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
+    units = 0
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear | Fp8Linear) and decoder_layer_index(name) is not None:
+            fully_shard(module, mesh=mesh, shard_placement_fn=lambda p: tile_aligned_placement(p, world, block))
+            _sum_reduction(module)
+            units += 1
+    if units == 0:
+        raise ValueError("shard_policy: the model has no linear layers inside `layers.<i>.` to shard")
+    root = PolicyLogprobs(model, temperature=temperature, compute_dtype=compute_dtype)
+    fully_shard(root, mesh=mesh)
+    _sum_reduction(root)
+    return root
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> float:
+    """Global grad norm over (DTensor) grads, clipping to `max_norm` (None = measure only); as a float."""
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return 0.0
+    limit = float(max_norm) if max_norm is not None else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(params, limit)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def invalidate_fp8_caches(model: nn.Module) -> int:
+    """Drop every Fp8Linear's cached FP8 weight (FSDP2 refills unsharded weights without bumping versions)."""
+    n = 0
+    for module in model.modules():
+        if isinstance(module, Fp8Linear):
+            module.invalidate_quantized_weight()
+            n += 1
+    return n

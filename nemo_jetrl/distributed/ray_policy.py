@@ -1,0 +1,236 @@
+"""The GRPO driver's view of a Ray worker group: a `PolicyInterface` and a `GenerationInterface`.
+
+Both split the global batch as `data_split` describes and gather the results, so the driver's step code is the
+same as in a single process. Metrics are combined exactly as `NativePolicy.train` combines its micro-batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from nemo_jetrl.distributed.cluster import ClusterSpec
+from nemo_jetrl.distributed.data_split import (
+    assign_contiguous,
+    merge_generation_outputs,
+    micro_batch_ranges,
+    seed_shards,
+    split_evenly,
+)
+from nemo_jetrl.distributed.worker_group import RayWorkerGroup
+from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch
+from nemo_jetrl.policy.native import NonFiniteError
+from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.precision.kv import KVScales
+
+
+class RemoteReference:
+    """Stands for the frozen reference model, which lives on the workers (truthy, so `is not None` checks work)."""
+
+    def __repr__(self) -> str:
+        return "RemoteReference(on the Ray workers)"
+
+
+class RemoteKVCalibrator:
+    """Stands for the QKV calibrators, which run on the workers (FP8 KV cache on)."""
+
+    def __repr__(self) -> str:
+        return "RemoteKVCalibrator(on the Ray workers)"
+
+
+class RayPolicy(PolicyInterface):
+    """Data-parallel FSDP2 trainer on a `RayWorkerGroup` (one shard per worker)."""
+
+    def __init__(self, group: RayWorkerGroup, cfg: Mapping[str, Any], setup_info: Mapping[str, Any]) -> None:
+        self.group = group
+        self.cfg = cfg["policy"]
+        self.recipe = PrecisionRecipe.from_config(cfg["policy"])
+        self.tokenizer = setup_info["tokenizer"]
+        self.layer_map = dict(setup_info["layer_map"])
+        kl = float(cfg["loss_fn"]["reference_policy_kl_penalty"])
+        self.reference_model = RemoteReference() if kl > 0 else None
+        self.token_level_loss = bool(cfg["loss_fn"]["token_level_loss"])
+        self.last_refit: dict[str, float] = dict(setup_info.get("refit", {}))
+        self.step = 0  # optimizer steps taken (as NativePolicy.step)
+        # FP8 KV cache, as NativePolicy: `kv_scales` (KVScales, CPU) = what the rollout runs with; calibrated in the
+        # step's logprob pass ("fused") or in a pass over the training batch after the step ("post_step").
+        gen = cfg["policy"]["generation"]
+        self.kv_calibrator = RemoteKVCalibrator() if self.recipe.kv_fp8 else None
+        self.kv_scales: KVScales | None = None
+        self.kv_calibration_pass = (
+            "post_step" if gen.get("deterministic") else gen.get("kv_cache_calibration_pass", "fused")
+        )
+        self._last_train_batch: TrainBatch | None = None
+
+    # ---------------------------------------------------------------- logprobs
+    def _row_split(self, batch: TrainBatch) -> list[TrainBatch | None]:
+        return [
+            batch.select(slice(lo, hi)) if hi > lo else None
+            for lo, hi in split_evenly(len(batch), self.group.num_workers)
+        ]
+
+    def _logprob_chunks(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], int]:
+        """The single-process logprob chunks (logprob_batch_size rows), contiguous blocks per worker; max count."""
+        ranges = micro_batch_ranges(len(batch), int(self.cfg["logprob_batch_size"]))
+        blocks = assign_contiguous(ranges, self.group.num_workers)
+        return [[batch.select(slice(lo, hi)) for lo, hi in block] for block in blocks], max(map(len, blocks))
+
+    def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        fused = self.kv_calibrator is not None and self.kv_calibration_pass == "fused"
+        chunks, steps = self._logprob_chunks(batch)
+        dummy = batch.select(slice(0, 1))
+        results = self.group.run("logprobs", "logprobs", per_worker=[(c, steps, dummy, fused) for c in chunks])
+        return torch.cat([r for r in results if r is not None])  # [B, S]
+
+    def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
+        """A calibrating no-grad pass over `batch` on the workers; returns (and sets everywhere) the new scales."""
+        if self.kv_calibrator is None:
+            raise ValueError("calibrate_kv_scales needs policy.generation.kv_cache_dtype: fp8")
+        chunks, steps = self._logprob_chunks(batch)
+        dummy = batch.select(slice(0, 1))
+        self.kv_scales = self.group.run(
+            "kv_calibration", "calibrate_kv", per_worker=[(c, steps, dummy) for c in chunks]
+        )[0]
+        return self.kv_scales
+
+    def get_reference_policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.reference_model is None:
+            raise RuntimeError("reference logprobs need loss_fn.reference_policy_kl_penalty > 0")
+        results = self.group.run(
+            "reference_logprobs", "reference_logprobs", per_worker=[(p,) for p in self._row_split(batch)]
+        )
+        return torch.cat([r for r in results if r is not None])  # [B, S]
+
+    # ---------------------------------------------------------------- training
+    def train(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step over the global batch: the single-process micro-batches, contiguous blocks per worker."""
+        if batch.prev_logprobs is None:
+            raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
+        self._last_train_batch = batch if self.kv_calibration_pass == "post_step" else None
+        mask = batch.response_mask.float()
+        normalizer = float(mask.sum()) if self.token_level_loss else float((mask.sum(-1) > 0).sum())
+        normalizer = max(normalizer, 1.0)
+        ranges = micro_batch_ranges(len(batch), int(self.cfg["train_micro_batch_size"]))
+        blocks = assign_contiguous(ranges, self.group.num_workers)
+        steps = max(len(b) for b in blocks)
+        dummy = batch.select(slice(0, 1))
+        per_worker = [([batch.select(slice(lo, hi)) for lo, hi in block], steps, normalizer, dummy) for block in blocks]
+        results = self.group.run("train", "train", per_worker=per_worker)
+        if "nonfinite" in results[0]:  # all ranks skipped the optimizer step together
+            raise NonFiniteError(results[0]["nonfinite"], self.step)
+        self.step += 1
+        sums: dict[str, float] = {}
+        n_micro = 0
+        for result in results:  # rank order == micro-batch order
+            for metrics in result["micro_batch_metrics"]:
+                n_micro += 1
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        out = {k: v / n_micro for k, v in sums.items()}
+        if "loss" in sums:  # a sum of globally-normalised micro-batch losses, as in NativePolicy.train
+            out["loss"] = sums["loss"]
+        out.update(grad_norm=results[0]["grad_norm"], lr=results[0]["lr"], num_micro_batches=float(n_micro))
+        return out
+
+    def prepare_refit(self) -> dict[str, float]:
+        """Every worker quantizes its shards once; the rollout replicas all-gather FP8 bits + scales, and the KV
+        scales of this step's calibration travel with them."""
+        kv_metrics: dict[str, float] = {}
+        if (
+            self.kv_calibrator is not None
+            and self.kv_calibration_pass == "post_step"
+            and self._last_train_batch is not None
+        ):
+            t0 = time.perf_counter()
+            scales = self.calibrate_kv_scales(self._last_train_batch)
+            kv_metrics = {"kv_calibration_s": time.perf_counter() - t0}
+            kv_metrics.update({f"kv_{k}": v for k, v in scales.metrics().items()})
+        self._last_train_batch = None
+        result = dict(self.group.run("refit", "refit")[0])
+        scales = result.pop("kv_scales", None)
+        if scales is not None:
+            self.kv_scales = scales
+        self.last_refit = {**result, **kv_metrics}
+        return dict(self.last_refit)
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Full state in the single-process layout (checkpoints move between local and Ray runs)."""
+        state = self.group.run("checkpoint", "full_state_dict")[0]
+        if self.kv_scales is not None:  # the next rollout's FP8 KV scales, as NativePolicy.state_dict
+            state["kv_scales"] = {n: getattr(self.kv_scales, n).cpu() for n in ("q", "k", "v")}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.group.run("load_checkpoint", "load_full_state_dict", common=(self.group.put(dict(state)),))
+        self.step = int(state["step"])
+        if state.get("kv_scales") is not None and self.kv_calibrator is not None:
+            self.kv_scales = KVScales(**state["kv_scales"])
+            self.group.run("kv_scales", "set_kv_scales", common=(self.kv_scales,))
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+class RayGeneration(GenerationInterface):
+    """Data-parallel rollout: seed shards (see data_split) in contiguous blocks per worker, merged in order."""
+
+    def __init__(
+        self, group: RayWorkerGroup, num_seed_shards: int, pad_token_id: int, engine_changes: Mapping | None = None
+    ) -> None:
+        self.group = group
+        self.num_seed_shards = int(num_seed_shards)
+        self.pad_token_id = int(pad_token_id)
+        self.engine_changes = dict(engine_changes or {})
+        self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def kv_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The FP8 KV scales (k [L], v [L]) last handed to the workers' engines, or None."""
+        return self._kv_scales
+
+    def replace(self, **changes) -> RayGeneration:
+        """The workers' engines with some constructor arguments changed for these calls (as
+        `NativeGenerationEngine.replace`, e.g. `kv_cache_dtype=None` for the calibration rollout)."""
+        engine = RayGeneration(self.group, self.num_seed_shards, self.pad_token_id, {**self.engine_changes, **changes})
+        engine._kv_scales = self._kv_scales
+        return engine
+
+    def generate(self, prompt_ids, *, greedy=False, generator=None) -> GenerationOutput:
+        base = generator.initial_seed() if generator is not None else torch.initial_seed()
+        shards = seed_shards(prompt_ids, self.num_seed_shards, base)
+        blocks = assign_contiguous(shards, self.group.num_workers)
+        per_worker = [(block, greedy, self.engine_changes) for block in blocks]
+        results = self.group.run("generation", "generate", per_worker=per_worker)
+        return merge_generation_outputs([out for outs in results for out in outs], self.pad_token_id)
+
+    def prepare_for_generation(self) -> bool:
+        return True
+
+    def finish_generation(self) -> bool:
+        return True
+
+    def update_weights(self, weights=None, *, kv_scales=None) -> None:
+        """FP8 KV scales (k [L], v [L]) for every worker's engine; weights come with RayPolicy.prepare_refit."""
+        if weights is not None:
+            raise ValueError(
+                "RayGeneration takes weights through RayPolicy.prepare_refit (FP8 all-gather on the workers), "
+                "not through update_weights"
+            )
+        if kv_scales is not None:
+            k, v = (t.detach().float().cpu().clone() for t in kv_scales)
+            self.group.run("kv_scales", "set_engine_kv_scales", common=(k, v))
+            self._kv_scales = (k, v)
+
+
+def build_ray_policy_and_engine(cfg: Mapping[str, Any], spec: ClusterSpec) -> tuple[RayPolicy, RayGeneration]:
+    """Start the worker group, load + shard the policy on every worker, first refit; the driver's two handles."""
+    group = RayWorkerGroup(spec)
+    info = group.run("setup", "setup", common=(group.put(dict(cfg)),))[0]
+    policy = RayPolicy(group, cfg, info)
+    engine = RayGeneration(group, spec.num_seed_shards, policy.tokenizer.pad_token_id)
+    return policy, engine

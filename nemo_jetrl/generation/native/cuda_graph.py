@@ -1,0 +1,57 @@
+"""One decode step captured in a CUDA graph (gpt-fast / vLLM style), replayed once per generated token.
+
+`CapturedStep(fn, static_inputs)` runs `fn(*static_inputs)` once eagerly on a side stream (JIT compiles, cuBLAS
+workspaces), captures it, and from then on each call copies the new inputs into the static buffers and replays the
+graph: one launch per token instead of hundreds. `fn` must be idempotent for the same inputs (the warm-up and the
+capture both run the real step: the KV cache write of the same token at the same position is repeated, harmless)
+and must not sync with the host.
+
+What the graph bakes in: every tensor address `fn` touches. Buffers updated in place between steps (the engine's
+attention mask, the cache position scalar, the KV cache) are read fresh at each replay; the model's weights too,
+as long as they change in place. The FP8 weight cache of an `Fp8Linear` is a new tensor after each optimizer step,
+so a graph lives for one `generate()` call (the engine captures again per rollout: a few ms per layer).
+
+Autocast casts are not cached while capturing (a cached cast would be freed when the autocast context exits while
+the graph still reads it); each replay casts again from the live weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class CapturedStep:
+    """`fn(*static_inputs) -> Tensor` as a CUDA graph; `__call__(*inputs)` copies inputs in and replays."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: tuple[torch.Tensor, ...]) -> None:
+        if not static_inputs or not all(isinstance(t, torch.Tensor) and t.is_cuda for t in static_inputs):
+            raise ValueError("CapturedStep: static_inputs must be CUDA tensors")
+        self.fn = fn
+        self.static_inputs = static_inputs
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.output: torch.Tensor | None = None
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if len(inputs) != len(self.static_inputs):
+            raise ValueError(f"CapturedStep: expected {len(self.static_inputs)} inputs, got {len(inputs)}")
+        for dst, src in zip(self.static_inputs, inputs):
+            if src is not dst:
+                dst.copy_(src)
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.output
+
+    def _capture(self) -> None:
+        with torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.fn(*self.static_inputs)  # warm-up (Triton JIT, cuBLAS handles)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.output = self.fn(*self.static_inputs)
+        self.graph = graph

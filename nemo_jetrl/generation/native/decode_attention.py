@@ -1,0 +1,232 @@
+"""Decode attention that reads the KV cache as stored (bf16, or e4m3 + per-layer scale): one query token per sequence.
+
+`decode_attention(q, k_buf, v_buf, key_valid, kv_len, ...)` is a flash-decoding kernel (Triton, CUDA): each program
+takes one (sequence, KV head) pair and one split of the keys, loads K/V tiles straight from the cache (FP8 tiles are
+widened to bf16 in registers, exactly; the per-layer scales multiply the scores and the output), runs an online
+softmax, and a second kernel merges the splits. No dequantized copy of the cache is ever written, so an FP8 cache
+moves half the bytes of a bf16 one. GQA: the n_rep query heads of a KV head share its K/V loads.
+
+The number of keys `kv_len` is read from device memory, so a CUDA graph captured once over the whole buffer still
+only reads the written prefix at every step. `decode_attention_ref` is the plain-torch reference (any device).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from nemo_jetrl.precision.kv import kv_dequant
+
+FP8 = torch.float8_e4m3fn
+DOT_FP32, DOT_BF16, DOT_FP16 = 0, 1, 2
+
+
+@functools.cache
+def triton_decode_available() -> bool:
+    return importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    key_valid: torch.Tensor,
+    kv_len: int,
+    sm_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference: q [B, H, D]; k_buf/v_buf [B, H_kv, S, D]; key_valid [B, S] bool. Returns [B, H, D] in q.dtype."""
+    k = k_buf[:, :, :kv_len]
+    v = v_buf[:, :, :kv_len]
+    if k.dtype == FP8:
+        k, v = kv_dequant(k, k_scale, torch.float32), kv_dequant(v, v_scale, torch.float32)
+    n_rep = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(n_rep, dim=1)  # [B, H, S, D]
+    v = v.float().repeat_interleave(n_rep, dim=1)
+    scores = torch.einsum("bhd,bhsd->bhs", q.float(), k) * sm_scale  # [B, H, S]
+    scores = scores.masked_fill(~key_valid[:, None, :kv_len], float("-inf"))
+    return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).to(q.dtype)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    key_valid: torch.Tensor,
+    kv_len: torch.Tensor,
+    sm_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Triton decode attention. q [B, H, D]; k_buf/v_buf [B, H_kv, S_max, D] (strided views of the cache are fine,
+    last dim contiguous); key_valid [B, >= S_max] bool (1 = attend); kv_len: 0-dim int64 device tensor, keys
+    [0, kv_len) are read; FP8 buffers need k_scale/v_scale (0-dim fp32). Returns [B, H, D] in q.dtype."""
+    import triton
+
+    bsz, heads, dim = q.shape
+    _, kv_heads, s_max, _ = k_buf.shape
+    if heads % kv_heads or k_buf.shape != v_buf.shape or k_buf.shape[0] != bsz or k_buf.shape[-1] != dim:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} does not fit k/v {tuple(k_buf.shape)}")
+    if dim & (dim - 1) or dim < 16:
+        raise ValueError(f"decode_attention: head_dim must be a power of two >= 16, got {dim}")
+    if k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("decode_attention: the head dim of q, k and v must be contiguous")
+    is_fp8 = k_buf.dtype == FP8
+    if is_fp8 and (k_scale is None or v_scale is None):
+        raise ValueError("decode_attention: an FP8 cache needs k_scale and v_scale")
+    n_rep = heads // kv_heads
+    # Tensor-core dots in bf16 (bf16 cache) or fp16 (FP8 cache: e4m3 -> fp16 is one exact cvt); exact fp32 dots
+    # for fp32 queries and in the Triton CPU interpreter (which has no 16-bit dot).
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    dot = DOT_FP32 if q.dtype == torch.float32 or interpret else (DOT_FP16 if is_fp8 else DOT_BF16)
+    tuning = {"BLOCK_N": 64} if interpret else {}  # on a GPU the kernel autotunes BLOCK_N / warps / stages
+    if num_splits is None:  # enough programs to fill the GPU, at least 256 keys per split
+        programs = bsz * kv_heads
+        num_splits = max(1, min(triton.cdiv(s_max, 256), triton.cdiv(4 * 132, programs)))
+    ones = torch.ones((), dtype=torch.float32, device=q.device)
+    k_scale = k_scale if is_fp8 else ones
+    v_scale = v_scale if is_fp8 else ones
+    part_out = torch.empty(bsz, heads, num_splits, dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
+    _decode_kernel[(bsz * kv_heads, num_splits)](
+        q, k_buf, v_buf, key_valid, kv_len, k_scale, v_scale, part_out, part_lse,
+        float(sm_scale), kv_heads, s_max,
+        *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
+        N_REP=n_rep, R_PAD=max(16, triton.next_power_of_2(n_rep)), D=dim, NUM_SPLITS=num_splits, DOT=dot,
+        **tuning,
+    )  # fmt: skip
+    out = torch.empty_like(q)
+    _merge_kernel[(bsz * heads,)](
+        part_out, part_lse, out, heads, *out.stride()[:2], NUM_SPLITS=num_splits,
+        S_PAD=max(2, triton.next_power_of_2(num_splits)), D=dim,
+    )  # fmt: skip
+    return out
+
+
+def _define_kernels():
+    import triton
+    import triton.language as tl
+
+    def autotuned(kernel):
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return kernel
+        configs = [
+            triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+            for bn in (64, 128)
+            for w in (4, 8)
+            for st in (2, 3)
+        ]
+        return triton.autotune(configs, key=["D", "N_REP", "NUM_SPLITS", "DOT"])(kernel)
+
+    @autotuned
+    @triton.jit
+    def decode_kernel(
+        q_ptr, k_ptr, v_ptr, valid_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, out_ptr, lse_ptr,
+        sm_scale, kv_heads, s_max,
+        sqb, sqh, skb, skh, sks, svb, svh, svs, svalb,
+        N_REP: tl.constexpr, R_PAD: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        pid_bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = pid_bh // kv_heads
+        hk = pid_bh % kv_heads
+        rows = tl.arange(0, R_PAD)  # query heads hk*N_REP + rows
+        dims = tl.arange(0, D)
+        row_ok = rows < N_REP
+        q = tl.load(q_ptr + b * sqb + (hk * N_REP + rows)[:, None] * sqh + dims[None, :], mask=row_ok[:, None])
+        if DOT == 0:
+            q = q.to(tl.float32)  # [R_PAD, D]
+        elif DOT == 1:
+            q = q.to(tl.bfloat16)
+        else:
+            q = q.to(tl.float16)
+        kv_len = tl.minimum(tl.load(kv_len_ptr).to(tl.int32), s_max)
+        per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, kv_len)
+        qk_scale = sm_scale * tl.load(k_scale_ptr)
+        m_i = tl.full([R_PAD], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([R_PAD], dtype=tl.float32)
+        acc = tl.zeros([R_PAD, D], dtype=tl.float32)
+        k_base = k_ptr + b * skb + hk * skh
+        v_base = v_ptr + b * svb + hk * svh
+        for start in range(lo, hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            in_range = cols < hi
+            valid = tl.load(valid_ptr + b * svalb + cols, mask=in_range, other=0) != 0
+            k = tl.load(k_base + cols[:, None] * sks + dims[None, :], mask=in_range[:, None], other=0.0)
+            if DOT == 0:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [R_PAD, BLOCK_N]
+            elif DOT == 1:
+                s = tl.dot(q, tl.trans(k.to(tl.bfloat16)))
+            else:
+                s = tl.dot(q, tl.trans(k.to(tl.float16)))  # e4m3 -> fp16 is exact
+            s = s * qk_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + cols[:, None] * svs + dims[None, :], mask=in_range[:, None], other=0.0)
+            if DOT == 0:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            elif DOT == 1:
+                pv = tl.dot(p.to(tl.bfloat16), v.to(tl.bfloat16))
+            else:
+                pv = tl.dot(p.to(tl.float16), v.to(tl.float16))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        acc = acc * tl.load(v_scale_ptr)
+        heads = kv_heads * N_REP
+        head = hk * N_REP + rows
+        base = (b * heads + head) * NUM_SPLITS + split
+        out = acc / tl.maximum(l_i, 1e-30)[:, None]
+        tl.store(out_ptr + base[:, None] * D + dims[None, :], out, mask=row_ok[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
+        tl.store(lse_ptr + base, lse, mask=row_ok)
+
+    @triton.jit
+    def merge_kernel(
+        part_ptr, lse_ptr, out_ptr, heads, sob, soh,
+        NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
+        pid = tl.program_id(0)
+        b = pid // heads
+        h = pid % heads
+        splits = tl.arange(0, S_PAD)
+        dims = tl.arange(0, D)
+        ok = splits < NUM_SPLITS
+        lse = tl.load(lse_ptr + pid * NUM_SPLITS + splits, mask=ok, other=float("-inf"))
+        m = tl.max(lse, axis=0)
+        w = tl.where(ok, tl.exp(lse - m), 0.0)
+        part = tl.load(part_ptr + (pid * NUM_SPLITS + splits)[:, None] * D + dims[None, :], mask=ok[:, None], other=0)
+        out = tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)
+        tl.store(out_ptr + b * sob + h * soh + dims, out.to(out_ptr.dtype.element_ty))
+
+    return decode_kernel, merge_kernel
+
+
+class _LazyKernel:
+    """Defers the `triton` import (and JIT definition) to the first launch: CPU-only installs never import it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __getitem__(self, grid):
+        return _kernels()[self.index][grid]
+
+
+@functools.cache
+def _kernels():
+    return _define_kernels()
+
+
+_decode_kernel = _LazyKernel(0)
+_merge_kernel = _LazyKernel(1)

@@ -1,0 +1,102 @@
+"""A real Slurm job: the tiny GRPO config for 2 steps through `ray.sub` with 2 CPU Ray workers.
+
+Needs the single-node cluster `.ci/slurm_setup.sh` starts (CI runs it before pytest); skipped, with the reason,
+where `sinfo` is absent or the cluster is down. The job's metrics.jsonl must equal (tolerance as in
+tests/functional/test_ray_workers.py) a single-process run of the same config in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sync --extra ray)")
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+STATUS_FILE = Path(os.environ.get("SLURM_SETUP_STATUS", "/tmp/nemo_jetrl_slurm/status"))
+JOB_TIMEOUT_S = 540
+OVERRIDES = [
+    "grpo.max_num_steps=2",
+    "grpo.num_prompts_per_step=16",
+    "policy.train_micro_batch_size=64",
+    "grpo.val_period=0",
+    "grpo.val_at_start=false",
+    "cluster.num_cpu_threads=1",
+    "cluster.rollout_seed_shards=2",
+    "logger.tensorboard_enabled=false",
+]
+
+
+def _slurm_down_reason() -> str | None:
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return "Slurm is not installed (no sinfo/sbatch); CI installs it with .ci/slurm_setup.sh"
+    try:
+        state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out: slurmctld is not answering"
+    states = state.stdout.split()
+    if state.returncode != 0 or not any(s.rstrip("*~#") in ("idle", "mixed") for s in states):
+        setup = STATUS_FILE.read_text().strip() if STATUS_FILE.is_file() else "no .ci/slurm_setup.sh status"
+        return f"no idle Slurm node (sinfo: {state.stdout.strip() or state.stderr.strip()!r}; setup: {setup})"
+    return None
+
+
+def _metrics(path: Path) -> dict[int, dict[str, float]]:
+    rows: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    return rows
+
+
+def test_tiny_grpo_through_ray_sub_matches_single_process(tmp_path):
+    reason = _slurm_down_reason()
+    if reason:
+        pytest.skip(reason)
+    logs = tmp_path / "slurm_logs"
+    submit = [
+        sys.executable, str(ROOT / "examples" / "submit_slurm.py"),
+        "--config", str(ROOT / "examples" / "configs" / "grpo_tiny.yaml"),
+        "--nodes", "1", "--gpus-per-node", "0", "--cpu-workers-per-node", "2",
+        "--python", sys.executable, "--log-dir", str(logs), "--wait",
+        f"--sbatch-arg=--output={tmp_path}/slurm-%j.out", f"--sbatch-arg=--time={JOB_TIMEOUT_S // 60 + 1}",
+        "--", *OVERRIDES, f"logger.log_dir={tmp_path / 'ray_run'}",
+    ]  # fmt: skip
+    proc = subprocess.run(submit, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT_S + 60)
+    job_id = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "?"
+    job_out = next(iter(tmp_path.glob("slurm-*.out")), None)
+    detail = f"{proc.stderr[-2000:]}\n{job_out.read_text()[-4000:] if job_out else 'no job output'}"
+    assert proc.returncode == 0, f"job {job_id} failed (status {proc.returncode}):\n{detail}"
+
+    job_logs = logs / job_id
+    assert (job_logs / "driver.log").is_file() and (job_logs / "ready").is_dir(), detail
+    assert "GRPO done: 2 steps" in (job_logs / "driver.log").read_text()
+    ray_run = _metrics(tmp_path / "ray_run" / "metrics.jsonl")
+    assert sorted(ray_run) == [1, 2]
+    for step in (1, 2):
+        assert ray_run[step]["train/refit/num_fp8_weights"] == 28
+        assert ray_run[step]["train/refit/fp8_vs_bf16_bytes"] == pytest.approx(0.5 + 1 / 8192)
+        assert ray_run[step]["train/num_micro_batches"] >= 1
+
+    from nemo_jetrl.algorithms.grpo import run_grpo
+    from nemo_jetrl.config import load_config, validate_config
+
+    cfg = load_config(
+        ROOT / "examples" / "configs" / "grpo_tiny.yaml", [*OVERRIDES, f"logger.log_dir={tmp_path / 'local'}"]
+    )
+    run_grpo(validate_config(cfg))
+    local = _metrics(tmp_path / "local" / "metrics.jsonl")
+    for step in (1, 2):
+        for key, value in local[step].items():
+            if key.startswith("timing/") or key == "step":
+                continue
+            assert ray_run[step][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (step, key)
+        assert ray_run[step]["train/reward_mean"] == local[step]["train/reward_mean"]

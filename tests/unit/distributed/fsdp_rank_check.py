@@ -1,0 +1,91 @@
+"""One rank of test_fsdp_gloo.py (launched by torchrun, 2 CPU ranks, gloo). Not collected by pytest.
+
+Runs a `PolicyWorker` (the Ray worker body, without Ray) against the single-process reference the test saved, and
+writes what it observed to `<out>/rank<r>.pt`; the test asserts on it.
+
+    python -m torch.distributed.run --nproc-per-node 2 fsdp_rank_check.py REFERENCE.pt OUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from nemo_jetrl.distributed.data_split import assign_contiguous, micro_batch_ranges
+from nemo_jetrl.distributed.fsdp import shard_policy
+from nemo_jetrl.distributed.weight_sync import Fp8Refit, Fp8RolloutLinear, build_rollout_replica
+from nemo_jetrl.distributed.worker import PolicyWorker
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
+
+
+def fp8_bits(replica: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    return {
+        n: (m.weight_fp8.view(torch.uint8).clone(), m.weight_scale.clone())
+        for n, m in replica.named_modules()
+        if isinstance(m, Fp8RolloutLinear)
+    }
+
+
+def toy_fallback_refit(rank: int) -> dict:
+    """A 128x128 FP8 weight over 2 ranks: 64-row shards straddle a tile, so refit gathers the master instead."""
+    torch.manual_seed(0)
+    toy = torch.nn.Module()
+    toy.layers = torch.nn.ModuleList([torch.nn.Module()])
+    toy.layers[0].proj = Fp8Linear(128, 128, bias=False, recipe=PrecisionRecipe.preset("jetrl"))
+    full = toy.layers[0].proj.weight.detach().clone()
+    replica = build_rollout_replica(toy)
+    shard_policy(toy, temperature=1.0, compute_dtype=None)  # root forward is never called here
+    stats = Fp8Refit(toy, replica).refit()
+    data, scale = weight_quant(full)
+    got = replica.layers[0].proj
+    return {
+        "fallback": stats.fallback_weights,
+        "equal": torch.equal(got.weight_fp8.view(torch.uint8), data.view(torch.uint8))
+        and torch.equal(got.weight_scale, scale),
+    }
+
+
+def main(reference_path: str, out_dir: str) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ref = torch.load(reference_path, weights_only=False)
+    worker = PolicyWorker(rank, world, use_gpu=False, num_cpu_threads=1)
+    worker.init_distributed(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), "gloo", 120)
+    info = worker.setup(ref["cfg"])
+    policy = worker.policy
+    result: dict = {"setup_refit": info["refit"], "bits_setup": fp8_bits(policy.replica)}
+
+    batch = ref["batch"]  # prev_logprobs unset
+    policy_cfg = ref["cfg"]["policy"]
+    # logprob chunks cut as the single process cuts them: rank 0 runs two, rank 1 one + a dummy forward
+    blocks = assign_contiguous(micro_batch_ranges(len(batch), policy_cfg["logprob_batch_size"]), world)
+    chunks = [batch.select(slice(a, b)) for a, b in blocks[rank]]
+    dummy = batch.select(slice(0, 1))
+    result["logprobs"] = worker.logprobs(chunks, 2, dummy)
+
+    batch.prev_logprobs = ref["logprobs"]
+    blocks = assign_contiguous(micro_batch_ranges(len(batch), policy_cfg["train_micro_batch_size"]), world)
+    micro = [batch.select(slice(a, b)) for a, b in blocks[rank]]  # 3 micro-batches: rank 1 runs 1 + a dummy
+    result["train"] = worker.train(micro, 2, ref["normalizer"], batch.select(slice(0, 1)))
+    result["refit"] = worker.refit()
+    result["bits_step1"] = fp8_bits(policy.replica)
+    result["state"] = worker.full_state_dict()
+
+    # resume path: load the single-process state after its step, then logprobs must equal its logprobs
+    result["load_refit"] = worker.load_full_state_dict(ref["state_step1"])
+    result["logprobs_after_load"] = worker.logprobs(chunks, 2, dummy)
+    result["bits_after_load"] = fp8_bits(policy.replica)
+
+    # the BF16 baseline refit (bytes / time), then FP8 again
+    result["bf16_refit"] = policy.refit("bf16")
+    result["fp8_refit"] = policy.refit("fp8")
+    result["toy"] = toy_fallback_refit(rank)
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    worker.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

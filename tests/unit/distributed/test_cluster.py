@@ -1,0 +1,79 @@
+"""`cluster.*`: spec derived from the config, worker counts, validation errors naming keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.distributed.cluster import ClusterSpec, ray_init_kwargs
+from nemo_jetrl.distributed.fsdp import tile_aligned_placement
+
+BASE = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_base.yaml"
+
+
+def _cluster(*overrides: str) -> dict:
+    return validate_config(load_config(BASE, list(overrides))).model_dump()["cluster"]
+
+
+def test_base_config_is_local_single_process():
+    spec = ClusterSpec.from_config(_cluster())
+    assert (spec.backend, spec.num_workers, spec.num_seed_shards, spec.torch_backend) == ("local", 1, 1, "gloo")
+
+
+def test_ray_worker_counts_and_seed_shards():
+    cpu = ClusterSpec.from_config(
+        _cluster("cluster.backend=ray", "cluster.cpu_workers_per_node=3", "cluster.num_nodes=2")
+    )
+    assert (cpu.num_workers, cpu.num_seed_shards, cpu.torch_backend, cpu.uses_gpus) == (6, 6, "gloo", False)
+    assert cpu.worker_resources() == {"CPU": 1.0}
+    gpu = ClusterSpec.from_config(
+        _cluster(
+            "cluster.backend=ray", "cluster.gpus_per_node=8", "cluster.num_nodes=2", "cluster.rollout_seed_shards=4"
+        )
+    )
+    assert (gpu.num_workers, gpu.num_seed_shards, gpu.torch_backend) == (16, 4, "nccl")
+    assert gpu.worker_resources() == {"CPU": 1.0, "GPU": 1.0}
+    local = ClusterSpec.from_config(_cluster("cluster.rollout_seed_shards=2"))
+    assert (local.num_workers, local.num_seed_shards) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["cluster.num_nodes=2"], r"cluster.num_nodes \(2\) > 1 requires cluster.backend: ray"),
+        (["cluster.backend=ray", "cluster.gpus_per_node=2", "cluster.device=cpu"], "cluster.device: 'cpu' contradicts"),
+        (["cluster.backend=ray", "cluster.device=cuda"], "cluster.device: 'cuda' with cluster.backend: ray"),
+        (["cluster.backend=slurm"], "cluster.backend"),
+        (["cluster.rollout_seed_shards=0"], "cluster.rollout_seed_shards"),
+    ],
+)
+def test_bad_cluster_config_names_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _cluster(*overrides)
+
+
+def test_spec_rejects_bad_values_directly():
+    with pytest.raises(ValueError, match="cluster: unknown keys"):
+        ClusterSpec.from_config({"backend": "ray", "gpus": 2})
+    with pytest.raises(ValueError, match="cluster.cpu_workers_per_node must be >= 1"):
+        ClusterSpec(backend="ray", cpu_workers_per_node=0)
+
+
+def test_ray_init_joins_an_address_or_starts_locally(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local = ray_init_kwargs(ClusterSpec(backend="ray", cpu_workers_per_node=2))
+    assert "address" not in local and local["num_cpus"] >= 2 and local["include_dashboard"] is False
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert ray_init_kwargs(ClusterSpec(backend="ray"))["address"] == "10.0.0.1:6379"
+    assert ray_init_kwargs(ClusterSpec(backend="ray", ray_address="auto"))["address"] == "auto"
+
+
+def test_tile_aligned_placement_prefers_whole_tiles():
+    import torch
+
+    assert tile_aligned_placement(torch.empty(768, 256), 2).dim == 0  # 384 rows per rank = 3 tiles
+    assert tile_aligned_placement(torch.empty(128, 256), 2).dim == 1  # 64 rows would split a tile; 128 cols do not
+    assert tile_aligned_placement(torch.empty(128, 128), 2).dim == 0  # neither: Shard(0), refit falls back
+    assert tile_aligned_placement(torch.empty(256), 2).dim == 0

@@ -1,0 +1,146 @@
+"""FSDP2 on 2 CPU ranks (gloo) vs the single-process trainer: same logprobs, same step, FP8 refit bits == trainer's.
+
+The 2 ranks run `fsdp_rank_check.py` under torchrun (PyTorch's launcher; no Ray here). Tolerances: logprobs,
+per-micro-batch metrics and FP8 refit bits are bitwise; the gradient is a sum over micro-batches in another order
+(reduce-scatter), so grad_norm agrees to 1e-6 relative and master weights after the step to 1e-6 absolute.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nemo_jetrl.algorithms.grpo import setup
+from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.precision import Fp8Linear
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE.parents[2] / "examples" / "configs" / "grpo_tiny.yaml"
+ROWS = 40  # chunks of 16: [0,16) [16,32) [32,40) -> rank 0 runs two, rank 1 one + a dummy step
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp")
+    overrides = [
+        f"logger.log_dir={tmp / 'logs'}",
+        "logger.tensorboard_enabled=false",
+        "grpo.num_prompts_per_step=8",
+        "policy.train_micro_batch_size=16",
+        "policy.logprob_batch_size=16",
+        "policy.generation.kv_cache_dtype=auto",  # FSDP + weight refit here; FP8 KV: tests/functional
+        "policy.fp8_cfg.train_kv_fake_quant=false",
+        "cluster.num_cpu_threads=1",
+    ]
+    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
+    run = setup(cfg)
+    tok, policy = run.policy.tokenizer, run.policy
+    problems = run.task.train_batch(0, 5)
+    prompts = [tok(p.prompt)["input_ids"] for p in problems for _ in range(8)]
+    out = run.engine.generate(prompts, generator=torch.Generator().manual_seed(3))
+    adv = torch.randn(ROWS, generator=torch.Generator().manual_seed(4))
+    batch = TrainBatch(out.input_ids, out.attention_mask, out.response_mask, adv, out.generation_logprobs.float())
+    ref = {"cfg": cfg, "batch": batch}
+    bits0 = {n: policy.model.get_submodule(n).quantized_weight() for n in _fp8_names(policy.model)}
+    ref["logprobs"] = policy.get_logprobs(batch)
+    batch.prev_logprobs = ref["logprobs"]
+    mask = batch.response_mask.float()
+    ref["normalizer"] = float(mask.sum())
+    metrics = policy.train(batch)
+    policy.prepare_refit()
+    bits1 = {n: policy.model.get_submodule(n).quantized_weight() for n in _fp8_names(policy.model)}
+    ref["state_step1"] = policy.state_dict()
+    ref["logprobs_step1"] = policy.get_logprobs(batch)
+    batch.prev_logprobs = None
+    torch.save(ref, tmp / "reference.pt")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+        f"--master-port={_free_port()}", str(HERE / "fsdp_rank_check.py"), str(tmp / "reference.pt"), str(tmp),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return {"ref": ref, "metrics": metrics, "bits0": bits0, "bits1": bits1, "ranks": ranks}
+
+
+def _fp8_names(model) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, Fp8Linear) and m.rollout_fp8]
+
+
+def _same_bits(replica_bits: dict, trainer_bits: dict) -> int:
+    """How many FP8 weights differ (bits or scales) between the refit replica and the trainer's cache."""
+    assert replica_bits.keys() == trainer_bits.keys() and len(trainer_bits) == 28
+    return sum(
+        not (torch.equal(d, q.data.view(torch.uint8)) and torch.equal(s, q.scale))
+        for (d, s), q in ((replica_bits[n], trainer_bits[n]) for n in trainer_bits)
+    )
+
+
+def test_setup_refit_gives_the_trainers_fp8_bits_at_half_the_bytes(observed):
+    for rank in observed["ranks"]:
+        assert _same_bits(rank["bits_setup"], observed["bits0"]) == 0
+        stats = rank["setup_refit"]
+        assert stats["num_fp8_weights"] == 28 and stats["fallback_weights"] == 0
+        # 1 byte per weight + 4 bytes per 128x128 tile, vs 2 bytes per weight
+        assert stats["fp8_vs_bf16_bytes"] == 0.5 + 4 / (2 * 128 * 128)
+        assert stats["fp8_weight_bytes"] == 3_146_496 and stats["bf16_weight_bytes"] == 6_291_456
+
+
+def test_logprobs_are_bitwise_those_of_the_single_process_trainer(observed):
+    got = torch.cat([r["logprobs"] for r in observed["ranks"]])
+    assert torch.equal(got, observed["ref"]["logprobs"])
+
+
+def test_train_step_matches_single_process(observed):
+    ranks, single = observed["ranks"], observed["metrics"]
+    per_mb = [m for r in ranks for m in r["train"]["micro_batch_metrics"]]
+    assert [len(r["train"]["micro_batch_metrics"]) for r in ranks] == [2, 1]
+    assert single["num_micro_batches"] == 3.0
+    assert sum(m["loss"] for m in per_mb) == single["loss"]  # bitwise: same micro-batches, same order
+    for key in ("approx_entropy", "probs_ratio", "clip_fraction"):
+        assert sum(m[key] for m in per_mb) / 3 == single[key]
+    for r in ranks:
+        assert r["train"]["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-6)
+    state, ref_state = ranks[0]["state"], observed["ref"]["state_step1"]
+    assert ranks[1]["state"] is None  # only rank 0 ships the full state
+    assert state["model"].keys() == ref_state["model"].keys() and state["step"] == 1
+    for name, value in ref_state["model"].items():
+        torch.testing.assert_close(state["model"][name], value, rtol=0, atol=1e-6, msg=name)
+    for i, s in ref_state["optimizer"]["state"].items():
+        torch.testing.assert_close(state["optimizer"]["state"][i]["exp_avg"], s["exp_avg"], rtol=0, atol=1e-8)
+
+
+def test_refit_after_the_step_matches_the_trainers_new_fp8_bits(observed):
+    for rank in observed["ranks"]:
+        assert _same_bits(rank["bits_step1"], observed["bits1"]) <= 1  # an ulp in the master may flip one tile
+        assert _same_bits(rank["bits_after_load"], observed["bits1"]) == 0  # same master -> same bits, exactly
+
+
+def test_loading_a_single_process_checkpoint_restores_its_logprobs(observed):
+    got = torch.cat([r["logprobs_after_load"] for r in observed["ranks"]])
+    assert torch.equal(got, observed["ref"]["logprobs_step1"])
+
+
+def test_bf16_baseline_refit_moves_twice_the_bytes(observed):
+    for rank in observed["ranks"]:
+        bf16, fp8 = rank["bf16_refit"], rank["fp8_refit"]
+        assert bf16["fp8_weight_bytes"] == bf16["bf16_weight_bytes"] == 6_291_456
+        assert fp8["fp8_weight_bytes"] / bf16["fp8_weight_bytes"] == pytest.approx(0.50012207, abs=1e-8)
+        assert fp8["seconds"] > 0 and bf16["seconds"] > 0
+
+
+def test_untiled_shards_fall_back_to_gathering_the_master(observed):
+    for rank in observed["ranks"]:
+        assert rank["toy"] == {"fallback": 1, "equal": True}
