@@ -213,9 +213,10 @@ def worker(args: argparse.Namespace) -> None:
     mine = batch.select(slice(rank * per_rank, (rank + 1) * per_rank))
     steps_per_rank = per_rank // args.micro_batch
     dummy = batch.select(slice(0, 1))
+    chunks = [mine.select(slice(i, i + args.micro_batch)) for i in range(0, per_rank, args.micro_batch)]
     _sync(device)
     t0 = time.perf_counter()
-    mine.prev_logprobs = policy.logprobs(mine, steps_per_rank, dummy)
+    mine.prev_logprobs = policy.logprobs(chunks, steps_per_rank, dummy)
     _sync(device)
     logprob_s = time.perf_counter() - t0
     dummy.prev_logprobs = mine.prev_logprobs[:1]

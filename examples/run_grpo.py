@@ -10,6 +10,7 @@ YAML-like (`x=[1,2]`, `x=null`, `x=1e-5`). User errors exit with status 2 and a 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -18,7 +19,6 @@ from nemo_jetrl.config import ConfigError, load_config, validate_config
 from nemo_jetrl.config.display import print_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_base.yaml"
-GRPO_MODULE = "nemo_jetrl.algorithms.grpo"
 USER_ERROR = 2
 
 EPILOG = """\
@@ -70,18 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     print_config(resolved, title=f"config: {args.config}")
     if args.validate_only:
         return 0
-    try:
-        from nemo_jetrl.algorithms.grpo import run_grpo
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (GRPO_MODULE == exc.name or GRPO_MODULE.startswith(exc.name + ".")):
-            raise
-        print(
-            f"error: {GRPO_MODULE} is not available in this checkout (the GRPO loop is not built yet)", file=sys.stderr
-        )
-        return USER_ERROR
-    run_grpo(master_cfg, resolved)
-    return 0
+    from nemo_jetrl.algorithms.grpo import run_grpo
+    from nemo_jetrl.distributed.errors import WorkerGroupError
+    from nemo_jetrl.policy.native import NonFiniteError
 
+    try:
+        run_grpo(master_cfg, resolved)
+    except (ValueError, FileNotFoundError, NonFiniteError, WorkerGroupError) as exc:
+        # Bad inputs found at run time (model dir, dataset rows, a dead worker, a non-finite step): one line.
+        if os.environ.get("NEMO_JETRL_TRACEBACK"):
+            raise
+        print(f"error: {exc} (set NEMO_JETRL_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 1
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

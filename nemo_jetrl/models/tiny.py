@@ -23,9 +23,9 @@ TINY_ARITH_DIR = Path(__file__).resolve().parent / "assets" / TINY_ARITH_NAME  #
 ATTN_IMPLEMENTATION = "sdpa"
 
 
-def tiny_arith_config() -> Qwen3Config:
-    """Qwen3 config of the tiny model; special ids match `build_arith_tokenizer()`."""
-    return Qwen3Config(
+def tiny_arith_config(**overrides) -> Qwen3Config:
+    """Qwen3 config of the tiny model; special ids match `build_arith_tokenizer()`. `overrides` replace fields."""
+    fields = dict(
         architectures=["Qwen3ForCausalLM"],
         vocab_size=VOCAB_SIZE,
         hidden_size=256,
@@ -42,6 +42,7 @@ def tiny_arith_config() -> Qwen3Config:
         dtype="float32",
         attn_implementation=ATTN_IMPLEMENTATION,
     )
+    return Qwen3Config(**{**fields, **overrides})
 
 
 def build_tiny_model(seed: int) -> Qwen3ForCausalLM:
@@ -53,3 +54,18 @@ def build_tiny_model(seed: int) -> Qwen3ForCausalLM:
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(tiny_arith_config())
     return model.to(torch.float32)
+
+
+def random_tiny_qwen3(seed: int = 0, *, num_layers: int = 2, initializer_range: float = 0.2) -> Qwen3ForCausalLM:
+    """A random tiny Qwen3 (the tiny-arith shape, `num_layers` deep) in eval mode, for tests and smoke benchmarks.
+
+    initializer_range 0.2 (HF default 0.02) so greedy outputs vary instead of repeating one token, which makes
+    token-for-token checks meaningful.
+    """
+    cfg = tiny_arith_config(num_hidden_layers=num_layers, initializer_range=initializer_range)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(cfg)
+    return model.to(torch.float32).eval()
+

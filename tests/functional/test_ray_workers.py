@@ -163,6 +163,12 @@ def test_a_worker_raising_inside_a_collective_is_one_error_and_the_checkpoint_su
 def test_a_dead_worker_is_named_with_its_phase(ray_cluster):
     group = RayWorkerGroup(ClusterSpec(backend="ray", cpu_workers_per_node=2, num_cpu_threads=1))
     ray.kill(group.actors[1], no_restart=True)
+    for _ in range(100):  # ray.kill is asynchronous: wait until the actor is really gone
+        try:
+            ray.get(group.actors[1].info.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
     with pytest.raises(
         WorkerGroupError, match=r"worker 1 \(node .*\) failed during phase 'ping': the worker process died"
     ):

@@ -4,10 +4,11 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 pytestmark = pytest.mark.gpu
 
@@ -15,19 +16,7 @@ PAD, VOCAB, MAX_NEW = 0, 32, 24
 
 
 def tiny_qwen3() -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        vocab_size=VOCAB,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+    return random_tiny_qwen3(0)
 
 
 def prompts() -> list[list[int]]:

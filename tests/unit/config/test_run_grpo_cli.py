@@ -117,22 +117,18 @@ def test_calls_run_grpo_with_validated_and_resolved_config(run_grpo_main, monkey
     assert "seed=3" in capsys.readouterr().out
 
 
-def test_missing_grpo_module_exits_2(run_grpo_main, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "nemo_jetrl.algorithms.grpo", None)  # import now raises ModuleNotFoundError
-    assert run_grpo_main(["--config", str(BASE)]) == 2
-    err = capsys.readouterr().err
-    assert err.strip().splitlines() == [
-        "error: nemo_jetrl.algorithms.grpo is not available in this checkout (the GRPO loop is not built yet)"
-    ]
-
-
-def test_other_missing_modules_are_not_swallowed(run_grpo_main, monkeypatch):
+def test_run_time_user_error_is_one_line_exit_1(run_grpo_main, monkeypatch, capsys):
     fake = types.ModuleType("nemo_jetrl.algorithms.grpo")
 
-    def missing_dependency(name):
-        raise ModuleNotFoundError("No module named 'ray'", name="ray")
+    def bad_model_dir(master_cfg, resolved):
+        raise ValueError("policy.model_name: /nope is not a directory")
 
-    fake.__getattr__ = missing_dependency
+    fake.run_grpo = bad_model_dir
     monkeypatch.setitem(sys.modules, "nemo_jetrl.algorithms.grpo", fake)
-    with pytest.raises(ModuleNotFoundError, match="ray"):
+    monkeypatch.delenv("NEMO_JETRL_TRACEBACK", raising=False)
+    assert run_grpo_main(["--config", str(BASE)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: policy.model_name: /nope is not a directory (set NEMO_JETRL_TRACEBACK=1 for the traceback)"]
+    monkeypatch.setenv("NEMO_JETRL_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="/nope"):
         run_grpo_main(["--config", str(BASE)])

@@ -2,28 +2,16 @@
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
+
+from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 VOCAB = 32
 PAD = 0
 
 
 def build_tiny_qwen3(seed: int = 0) -> Qwen3ForCausalLM:
-    """hidden 256, 2 layers, 2 heads x 128, 1 KV head, vocab 32, tied embeddings. initializer_range 0.2 (HF default
-    0.02) so greedy outputs vary instead of repeating one token, which makes token-for-token checks meaningful."""
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        vocab_size=VOCAB,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+    return random_tiny_qwen3(seed)
 
 
 @pytest.fixture(scope="module")

@@ -7,32 +7,20 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
     Qwen3ForCausalLM,
 )
 
 from nemo_jetrl.generation.native.kv_cache import KVCache
 from nemo_jetrl.models import decoder
 from nemo_jetrl.models.decoder import compute_logits, decoder_forward, position_ids_from_mask, sequence_logprobs
+from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 VOCAB = 32
 FP32_TOL = 1e-4  # max |ours - HF| on real-token logits, fp32
 
 
 def tiny_qwen3() -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        vocab_size=VOCAB,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+    return random_tiny_qwen3(0)
 
 
 def tiny_llama() -> LlamaForCausalLM:
