@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QWEN3_8B, TINY, build_model, device_info, policy_config, print_table, timed, write_json  # noqa: E402
+from common import QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
@@ -153,17 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "variant", "total", "speedup_vs_bf16", "rollout", "logprobs", "train", "refit", "calibration_share_pct",
         "token_mult_prob_error",
     ]  # fmt: skip
-    table = print_table(title, headers, [[r.get(k, "-") for k in keys] for r in results])
-    write_json(
-        args.out,
-        {
-            **info,
-            "shape": {**shape, "num_hidden_layers": n_layers},
-            "args": vars(args),
-            "results": results,
-            "table": table,
-        },
-    )
+    report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0
 
 

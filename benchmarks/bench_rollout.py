@@ -27,9 +27,8 @@ from common import (  # noqa: E402
     build_model,
     device_info,
     linear_weight_bytes,
-    print_table,
+    report,
     timed,
-    write_json,
 )
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
@@ -132,18 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         "variant", "output_tokens_per_s", "speedup_vs_bf16", "prefill_s", "decode_step_ms", "eager_decode_step_ms",
         "bytes_per_step_gb", "decode_tbs", "hbm_roofline_pct",
     ]  # fmt: skip
-    table = print_table(title, headers, [[r.get(k, "-") for k in keys] for r in results])
-    write_json(
-        args.out,
-        {
-            **info,
-            "shape": {**shape, "num_hidden_layers": n_layers},
-            "args": vars(args),
-            "kv_bytes_per_token": {"bf16": kv_bytes[torch.bfloat16], "fp8": kv_bytes[torch.float8_e4m3fn]},
-            "results": results,
-            "table": table,
-        },
-    )
+    kv_per_token = {"bf16": kv_bytes[torch.bfloat16], "fp8": kv_bytes[torch.float8_e4m3fn]}
+    report(
+        title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers,
+        kv_bytes_per_token=kv_per_token,
+    )  # fmt: skip
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QWEN3_8B, TINY, build_model, device_info, policy_config, print_table, timed, write_json  # noqa: E402
+from common import QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
 
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
@@ -84,19 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         "tokens, fwd+bwd+AdamW+requant"
     )
     keys = ["variant", "tokens_per_s", "speedup_vs_bf16", "step_s", "peak_mem_gb"]
-    table = print_table(
-        title, ["variant", "tok/s", "x bf16", "step s", "peak GB"], [[r.get(k, "-") for k in keys] for r in results]
-    )
-    write_json(
-        args.out,
-        {
-            **info,
-            "shape": {**shape, "num_hidden_layers": n_layers},
-            "args": vars(args),
-            "results": results,
-            "table": table,
-        },
-    )
+    headers = ["variant", "tok/s", "x bf16", "step s", "peak GB"]
+    report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0
 
 

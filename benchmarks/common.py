@@ -136,6 +136,25 @@ def write_json(path: str | Path | None, payload: dict) -> None:
     print(f"wrote {path}", flush=True)
 
 
+def report(
+    title: str,
+    headers: list[str],
+    keys: list[str],
+    results: list[dict],
+    *,
+    args,
+    info: dict,
+    shape: dict,
+    n_layers: int,
+    **extra,
+) -> str:
+    """Print the ratio table (one row per variant, columns `keys`) and write the run's JSON to `args.out`."""
+    table = print_table(title, headers, [[r.get(k, "-") for k in keys] for r in results])
+    payload = {**info, "shape": {**shape, "num_hidden_layers": n_layers}, "args": vars(args), **extra}
+    write_json(args.out, {**payload, "results": results, "table": table})
+    return table
+
+
 def plot_benchmarks(rollout: dict, train: dict, grpo: dict, path: str | Path) -> None:
     """One figure for docs/performance.md from the three benchmarks' JSON payloads (or dicts of the same shape)."""
     import matplotlib
