@@ -25,10 +25,9 @@ from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.native import DTYPES
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def build_optimizer(params, opt_cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
