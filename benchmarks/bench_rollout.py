@@ -15,6 +15,7 @@ Decode bandwidth = (weight bytes + mean KV bytes read per step) / decode step ti
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -74,6 +75,10 @@ def run_variant(name: str, engine: NativeGenerationEngine, prompts: list[list[in
         eager = engine.replace(cuda_graphs=False, static_decode=True, max_new_tokens=args.eager_steps + 1)
         _, t_eager = timed(lambda: eager.generate(prompts, generator=gen.manual_seed(3)), device)
         r["eager_decode_step_ms"] = 1e3 * max(t_eager - t_prefill, 1e-9) / args.eager_steps
+    del out
+    if device.type == "cuda":  # hand the freed KV cache back: the next variant's must not fit around fragments
+        gc.collect()
+        torch.cuda.empty_cache()
     return r
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,17 @@ def device_info(device: torch.device) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
     peak = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in name), None)
     return {"device": name, "hbm_peak_tbs": peak, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def parse_gpu_bench(parser, argv: list[str] | None):
+    """Add --out, parse; (args, cuda device, device_info) on a CUDA machine, None (after a message) elsewhere."""
+    parser.add_argument("--out", default=None, help="JSON output path")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{parser.prog}: needs a CUDA GPU", file=sys.stderr)
+        return None
+    device = torch.device("cuda")
+    return args, device, device_info(device)
 
 
 def build_model(shape: dict, num_layers: int | None, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:

@@ -280,7 +280,9 @@ class ClusterConfig(Section):
                 f"cluster.num_nodes ({self.num_nodes}) > 1 requires cluster.backend: ray (local is one process)"
             )
         if self.backend == "ray" and self.gpus_per_node > 0 and self.device == "cpu":
-            raise KeyedValueError("cluster.device: 'cpu' contradicts cluster.gpus_per_node > 0 with cluster.backend: ray")
+            raise KeyedValueError(
+                "cluster.device: 'cpu' contradicts cluster.gpus_per_node > 0 with cluster.backend: ray"
+            )
         if self.backend == "ray" and self.gpus_per_node == 0 and self.device == "cuda":
             raise KeyedValueError("cluster.device: 'cuda' with cluster.backend: ray requires cluster.gpus_per_node > 0")
         return self

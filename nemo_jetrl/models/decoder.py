@@ -6,6 +6,10 @@ projections, q/k-norm, MLP, rotary embedding), so whatever the precision package
 is ours: `F.scaled_dot_product_attention` with an explicit boolean mask (causal AND key-not-padding), which lets the
 same code serve full sequences and KV-cached chunks.
 
+Rollout fast path (`fused=True`, the engine's fused decode on CUDA): the residual-add + RMSNorm, q/k-norm + RoPE and
+SiLU * up glue run as single Triton kernels (`fused_ops.py`, same per-op roundings as the HF modules), and the
+FP8 linears that share an input (q/k/v, gate/up) quantize it once (`quantize_shared_input`, bitwise the same).
+
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
 """
@@ -21,8 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nemo_jetrl.precision.linear import quantize_shared_input
+
 if TYPE_CHECKING:
     from nemo_jetrl.generation.native.kv_cache import KVCache
+
+try:  # the fused rollout kernels need triton (absent on some CPU-only installs: then `fused` is ignored)
+    from nemo_jetrl.models import fused_ops
+except ImportError:  # pragma: no cover
+    fused_ops = None
 
 # attn_hook(layer_idx, q, k, v) -> (q, k, v); q: [B, H, S, D], k/v: [B, H_kv, S, D] of the new tokens only, after
 # RoPE and q/k-norm, cast to the attention dtype, before the KV cache write.
@@ -99,19 +110,26 @@ def _self_attention(
     cache_start: int | torch.Tensor,
     attn_hook: AttnHook | None,
     compute_dtype: torch.dtype | None,
+    fused: bool = False,
 ) -> torch.Tensor:
     """One attention block over the layer's own projections; x: [B, S, hidden] -> [B, S, hidden]."""
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
     bsz, seq, _ = x.shape
     head_dim = attn.head_dim
-    q = attn.q_proj(x).view(bsz, seq, -1, head_dim)  # [B, S, H, D]
-    k = attn.k_proj(x).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
-    v = attn.v_proj(x).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
-    if getattr(attn, "q_norm", None) is not None:  # Qwen3
-        q = attn.q_norm(q)
-        k = attn.k_norm(k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H(_kv), S, D]
-    q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+    xin = quantize_shared_input(x, (attn.q_proj, attn.k_proj, attn.v_proj))  # x, or Q(x) once for all three
+    q = attn.q_proj(xin).view(bsz, seq, -1, head_dim)  # [B, S, H, D]
+    k = attn.k_proj(xin).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
+    v = attn.v_proj(xin).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
+    if fused and fused_ops.qk_norm_rope_supported(q, q_norm) and fused_ops.qk_norm_rope_supported(k, k_norm):
+        q = fused_ops.qk_norm_rope(q, *_norm_args(q_norm), *cos_sin).transpose(1, 2)  # [B, H, S, D]
+        k = fused_ops.qk_norm_rope(k, *_norm_args(k_norm), *cos_sin).transpose(1, 2)  # [B, H_kv, S, D]
+        v = v.transpose(1, 2)  # [B, H_kv, S, D]
+    else:
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H(_kv), S, D]
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
     # Attention math runs in one dtype: the compute dtype, else the value projection's output dtype.
     attn_dtype = compute_dtype if compute_dtype is not None else v.dtype
     q, k, v = q.to(attn_dtype), k.to(attn_dtype), v.to(attn_dtype)
@@ -129,6 +147,22 @@ def _self_attention(
     return attn.o_proj(out)
 
 
+def _norm_args(norm: nn.Module | None) -> tuple[torch.Tensor | None, float]:
+    """(weight, eps) of a HF Llama/Qwen RMSNorm for the fused kernels; (None, 0.0) for no norm."""
+    return (None, 0.0) if norm is None else (norm.weight, float(norm.variance_epsilon))
+
+
+def _mlp(mlp: nn.Module, h: torch.Tensor, fused: bool) -> torch.Tensor:
+    """The gated MLP `down(act(gate(h)) * up(h))` (Llama/Qwen), gate/up sharing one FP8 input quantization."""
+    if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return mlp(h)
+    hin = quantize_shared_input(h, (mlp.gate_proj, mlp.up_proj))
+    gate, up = mlp.gate_proj(hin), mlp.up_proj(hin)  # [B, S, F] each
+    if fused and isinstance(mlp.act_fn, nn.SiLU) and fused_ops.fused_ops_supported(gate):
+        return mlp.down_proj(fused_ops.silu_mul(gate, up))
+    return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
 def decoder_forward(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -138,8 +172,11 @@ def decoder_forward(
     cache_start: int | torch.Tensor = 0,
     attn_hook: AttnHook | None = None,
     compute_dtype: torch.dtype | None = None,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Hidden states after the final norm, [B, S, H].
+
+    fused: the Triton glue kernels of the rollout fast path (module docstring); needs tensors Triton can run.
 
     input_ids / position_ids: [B, S]; attention_mask: [B, S_total] (1 real, 0 pad) over every key the queries may
     see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions
@@ -168,6 +205,9 @@ def decoder_forward(
         x = backbone.embed_tokens(input_ids)  # [B, S, H]
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
         mask = _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
+        fused = fused and fused_ops is not None and fused_ops.fused_ops_supported(x)
+        if fused:
+            return _fused_layers(backbone, x, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype)
         for layer_idx, layer in enumerate(backbone.layers):
             attn_out = _self_attention(
                 layer.self_attn,
@@ -181,8 +221,28 @@ def decoder_forward(
                 compute_dtype,
             )
             x = x + attn_out
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x), fused=False)
         return backbone.norm(x)  # [B, S, H]
+
+
+def _fused_layers(backbone, x, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype) -> torch.Tensor:
+    """The layer loop of `decoder_forward` with each residual add fused into the next RMSNorm (fused_ops)."""
+
+    def add_norm(x, delta, norm):  # -> (x + delta, norm(x + delta))
+        if not fused_ops.fusable_rms_norm(norm):
+            x = x if delta is None else x + delta
+            return x, norm(x)
+        return fused_ops.add_rms_norm(x, delta, norm.weight, float(norm.variance_epsilon))
+
+    delta = None  # the residual branch output not yet added into x
+    for layer_idx, layer in enumerate(backbone.layers):
+        x, h = add_norm(x, delta, layer.input_layernorm)
+        attn_out = _self_attention(
+            layer.self_attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, fused=True
+        )
+        x, h = add_norm(x, attn_out, layer.post_attention_layernorm)
+        delta = _mlp(layer.mlp, h, fused=True)
+    return add_norm(x, delta, backbone.norm)[1]  # [B, S, H]
 
 
 def compute_logits(model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:

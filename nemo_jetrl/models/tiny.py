@@ -68,4 +68,3 @@ def random_tiny_qwen3(seed: int = 0, *, num_layers: int = 2, initializer_range: 
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(cfg)
     return model.to(torch.float32).eval()
-

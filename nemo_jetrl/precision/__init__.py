@@ -3,7 +3,14 @@
 from nemo_jetrl.precision.convert import convert_to_fp8
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm, fp8_wgrad_mm, gemm_backend
 from nemo_jetrl.precision.layer_map import build_layer_map, decoder_layer_index
-from nemo_jetrl.precision.linear import Fp8Linear, Fp8LinearFunction, QuantizedWeight, rollout_mode
+from nemo_jetrl.precision.linear import (
+    Fp8Linear,
+    Fp8LinearFunction,
+    QuantizedInput,
+    QuantizedWeight,
+    quantize_shared_input,
+    rollout_mode,
+)
 from nemo_jetrl.precision.quant import (
     act_dequant,
     act_quant,
@@ -19,6 +26,7 @@ __all__ = [
     "Fp8LinearFunction",
     "KVCalibration",
     "PrecisionRecipe",
+    "QuantizedInput",
     "QuantizedWeight",
     "act_dequant",
     "act_quant",
@@ -30,6 +38,7 @@ __all__ = [
     "fp8_blockwise_mm",
     "fp8_wgrad_mm",
     "gemm_backend",
+    "quantize_shared_input",
     "rollout_mode",
     "weight_dequant",
     "weight_quant",

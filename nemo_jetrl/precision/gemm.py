@@ -12,7 +12,10 @@ groups along K (`w_blocks="1x128"`, scale [N, K/128]; the exact DeepSeek/Jet-RL 
     WGrad  dW [N, K] = Q(dY^T) [N, M]      @ Q(X^T)^T    (groups of 128 along the tokens M; `fp8_wgrad_mm`)
 
 The emulation dequantizes the same FP8 bits with the same scales, multiplies in FP32, then casts. The backend is
-chosen once per device by `gemm_backend(device)` (a probe checks scaled_mm's layouts against the emulation).
+chosen once per device by `gemm_backend(device)` (a probe checks scaled_mm's layouts against the emulation). On
+Hopper, products with at most `SMALL_M_MAX` rows (the rollout's decode batches) may go to a split-K Triton kernel
+(`kernels/triton_gemm.py`): each such shape is timed once against cuBLAS and the faster is kept (at M = 128 on an
+H200 the Triton kernel wins for q/k/v/o/down, cuBLAS for gate/up).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ logger = logging.getLogger(__name__)
 GemmBackend = Literal["scaled_mm", "emulated"]
 WBlocks = Literal["128x128", "1x128"]
 _FP8 = torch.float8_e4m3fn
+# Rows up to which the Triton split-K kernel beats cuBLAS blockwise scaled_mm on H100/H200 (bench_fp8_linear.py).
+SMALL_M_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,14 @@ def fp8_blockwise_mm(
     bias: torch.Tensor | None = None,
     w_blocks: WBlocks = "128x128",
     block: int = 128,
-    backend: Literal["auto", "scaled_mm", "emulated"] = "auto",
+    backend: Literal["auto", "scaled_mm", "triton", "emulated"] = "auto",
     w_dequant: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y [M, N] = dequant(x_fp8, x_scale) @ dequant(w_fp8, w_scale)^T (+ bias), in `out_dtype`.
 
-    `w_dequant` ([N, K] fp32, optional) is a cached `dequant(w_fp8, w_scale)` the emulation may reuse.
+    `w_dequant` ([N, K] fp32, optional) is a cached `dequant(w_fp8, w_scale)` the emulation may reuse. backend
+    "auto": on sm90, for <= SMALL_M_MAX rows with 128x128 weight tiles, the faster of the Triton kernel and
+    scaled_mm for the shape (timed once); scaled_mm for larger products; the emulation off sm90.
     """
     _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block)
     if w_dequant is not None and (w_dequant.shape != w_fp8.shape or w_dequant.dtype != torch.float32):
@@ -83,8 +90,16 @@ def fp8_blockwise_mm(
     caps = scaled_mm_caps(x_fp8.device)
     if backend == "scaled_mm" and caps is None:
         raise ValueError(f"fp8_blockwise_mm: backend='scaled_mm' is not available on {x_fp8.device}")
-    if backend not in ("auto", "scaled_mm", "emulated"):
-        raise ValueError(f"fp8_blockwise_mm: backend must be auto|scaled_mm|emulated, got {backend!r}")
+    if backend not in ("auto", "scaled_mm", "triton", "emulated"):
+        raise ValueError(f"fp8_blockwise_mm: backend must be auto|scaled_mm|triton|emulated, got {backend!r}")
+    if backend == "triton" or (backend == "auto" and _triton_fits(x_fp8, w_fp8, w_blocks, block, caps)):
+        if backend == "triton" and not (w_blocks == "128x128" and block == 128 and x_fp8.device.type == "cuda"):
+            raise ValueError("fp8_blockwise_mm: backend='triton' needs CUDA operands and 128x128 weight tiles")
+        from nemo_jetrl.precision.kernels import triton_gemm
+
+        config = triton_gemm.best_config(x_fp8, w_fp8, out_dtype, bias is not None, with_scaled_mm=backend == "auto")
+        if config is not None:  # else cuBLAS measured faster for this shape
+            return triton_gemm.fp8_gemm_small_m(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, config)
     use_scaled = backend != "emulated" and caps is not None and _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps)
     if backend == "scaled_mm" and not use_scaled:
         raise ValueError(
@@ -151,6 +166,21 @@ def _emulated_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, bloc
 # ----------------------------------------------------------------------------------------------------------------
 # Hopper: torch scaled_mm, DeepSeek-style blockwise recipes
 # ----------------------------------------------------------------------------------------------------------------
+def _triton_fits(x_fp8, w_fp8, w_blocks, block, caps: ScaledMMCaps | None) -> bool:
+    """Decode-sized products on sm90 (where `caps` exists) with 128x128 weight tiles and row-contiguous operands."""
+    (m, k), n = x_fp8.shape, w_fp8.shape[0]
+    return (
+        caps is not None
+        and 0 < m <= SMALL_M_MAX
+        and w_blocks == "128x128"
+        and block == 128
+        and k % 128 == 0
+        and n % 128 == 0
+        and x_fp8.stride(1) == 1
+        and w_fp8.stride(1) == 1
+    )
+
+
 def _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps: ScaledMMCaps) -> bool:
     k, n = x_fp8.shape[1], w_fp8.shape[0]
     if block != 128 or k % 128 or n % 128 or x_fp8.shape[0] == 0:

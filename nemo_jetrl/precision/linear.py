@@ -54,6 +54,42 @@ class QuantizedWeight:
         return wd.t() if transposed else wd
 
 
+@dataclass(frozen=True, eq=False)
+class QuantizedInput:
+    """An activation quantized once for several rollout-mode FP8 linears that read it (q/k/v, gate/up).
+
+    data: e4m3 [M, K] and scale: fp32 [M, K/128], bitwise `act_quant(x)` of x [*lead, K]; out_dtype: the dtype
+    the linears return (what they would have returned for x).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    lead_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+
+
+def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> torch.Tensor | QuantizedInput:
+    """x quantized once when every module in `linears` is an FP8 rollout-mode `Fp8Linear` of one activation recipe
+    (each would compute the same `act_quant(x)`); otherwise x itself, for the modules' own forwards."""
+    first = linears[0]
+    shared = all(
+        isinstance(m, Fp8Linear)
+        and m.mode == "rollout"
+        and m.rollout_fp8
+        and m.in_features == x.shape[-1]
+        and (m.recipe.block_size, m.recipe.pow2_activation_scales)
+        == (first.recipe.block_size, first.recipe.pow2_activation_scales)
+        for m in linears
+    )
+    if not shared:
+        return x
+    with torch.no_grad(), no_autocast(x.device.type):
+        data, scale = act_quant(
+            x.reshape(-1, x.shape[-1]), first.recipe.block_size, first.recipe.pow2_activation_scales
+        )
+    return QuantizedInput(data, scale, tuple(x.shape[:-1]), output_dtype(x))
+
+
 def output_dtype(x: torch.Tensor) -> torch.dtype:
     """The autocast dtype when autocast is on for x's device type, else x's dtype."""
     device_type = x.device.type
@@ -232,7 +268,13 @@ class Fp8Linear(nn.Module):
         """Drop the cache (for weight writes that bypass the version counter, e.g. through `.data`)."""
         self._qweight, self._qweight_key = None, None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
+        if isinstance(x, QuantizedInput):
+            if self.mode != "rollout" or not self.rollout_fp8 or x.data.shape[-1] != self.in_features:
+                raise ValueError("Fp8Linear: a QuantizedInput is only for FP8 rollout mode with matching in_features")
+            with torch.no_grad(), no_autocast(x.data.device.type):
+                y2 = _fprop_mm(x.data, x.scale, self.quantized_weight(), self.bias, x.out_dtype)
+            return y2.reshape(*x.lead_shape, self.out_features)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8

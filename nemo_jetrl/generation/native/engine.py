@@ -52,7 +52,8 @@ class NativeGenerationEngine(GenerationInterface):
     HF `generate` bit for bit in bf16 too; True attends over the whole fixed-size buffer with a mask (static shapes,
     what a CUDA graph captures; same math, last-bit differences in bf16).
     cuda_graphs: on a CUDA model, capture the (static) decode step in a CUDA graph; ignored on CPU.
-    fused_decode: decode attention over the stored cache (Triton); None = on for CUDA models with triton.
+    fused_decode: decode attention over the stored cache and the fused glue kernels of `decoder_forward` (Triton);
+    None = on for CUDA models with triton.
     sync_every: host check for "all rows finished" every N decode steps (None = 1 on CPU, 16 on CUDA).
     """
 
@@ -233,6 +234,7 @@ class NativeGenerationEngine(GenerationInterface):
             cache_start=0,
             attn_hook=hook,
             compute_dtype=self.compute_dtype,
+            fused=self.fused_decode,
         )  # [B, P, H]
         return compute_logits(self.model, hidden[:, -1:], compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 
@@ -258,6 +260,7 @@ class NativeGenerationEngine(GenerationInterface):
             cache_start=cache_start,
             attn_hook=hook,
             compute_dtype=self.compute_dtype,
+            fused=self.fused_decode,
         )  # [B, 1, H]
         return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 

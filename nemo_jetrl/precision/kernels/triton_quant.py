@@ -113,7 +113,7 @@ def quant_groups(
 
 def _on_device(x: torch.Tensor):
     """Launch on x's GPU; skip the (host-costly) device switch in the common single-device case."""
-    if x.device.index == torch.cuda.current_device():
+    if not x.is_cuda or x.device.index == torch.cuda.current_device():  # (CPU: the Triton interpreter in tests)
         return contextlib.nullcontext()
     return torch.cuda.device(x.device)
 

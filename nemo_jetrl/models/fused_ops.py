@@ -1,0 +1,226 @@
+"""Fused rollout kernels for the decoder's elementwise glue: residual add + RMSNorm, q/k-norm + RoPE, SiLU * up.
+
+A decode step of an 8B model is ~50 small kernels per layer in eager PyTorch (HF RMSNorm alone is 6, RoPE 4 per
+tensor); each costs 2-3 us even inside a CUDA graph, ~30% of the step. These Triton kernels do each group in one
+pass with the SAME per-op roundings as the HF modules they replace (every intermediate rounded to the dtype
+PyTorch's type promotion gives it), so the only differences from the eager path are the FP32 reduction order
+of the RMSNorm variance and the `rsqrt`/`exp` implementations (last-bit effects; tests bound them).
+
+Twins: `add_rms_norm_ref`, `qk_norm_rope_ref`, `silu_mul_ref` are the eager HF formulas. `decoder_forward` uses
+the kernels only where the caller asks for them (the rollout engine's fused decode path on CUDA); the trainer's
+forward and the CPU path stay the eager twins. Runs on CPU under `TRITON_INTERPRET=1` (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# HF norms computing exactly `rms_norm_ref` (weight * normalized, eps in `variance_epsilon`).
+RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+
+
+def _promote(*dtypes: torch.dtype) -> torch.dtype:
+    out = dtypes[0]
+    for d in dtypes[1:]:
+        out = torch.promote_types(out, d)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# eager twins (the HF modules' math)
+# ----------------------------------------------------------------------------------------------------------------
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama/Qwen RMSNorm: weight * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)).to(x.dtype)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm_ref(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)); x + delta is skipped when delta is None."""
+    if delta is not None:
+        x = x + delta
+    return x, rms_norm_ref(x, weight, eps)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def qk_norm_rope_ref(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """x [B, S, H, D] -> optional per-head RMSNorm (Qwen3 q/k-norm), then RoPE with cos/sin [B, S, D]."""
+    if weight is not None:
+        x = rms_norm_ref(x, weight, eps)
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    return (x * cos) + (rotate_half(x) * sin)
+
+
+def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _round(x, DT: tl.constexpr):
+    """fp32 x rounded to DT (nearest even) and widened back to fp32, as one eager PyTorch op's output would be.
+
+    Written on the bits for bf16: the compiler may fold a `.to(bf16).to(fp32)` round trip into nothing (and the
+    CPU interpreter truncates), which would skip the rounding the eager ops do between steps. Stores of bf16
+    values go through it too, so the final narrowing cast is exact."""
+    if DT == tl.float32:
+        return x
+    elif DT == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+    else:
+        return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, N, stride_x, stride_d, eps,
+    HAS_DELTA: tl.constexpr, RES: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # One program per row: res = x + d (rounded to RES), out = w * (res * rsqrt(mean(res^2) + eps)).to(RES) -> OUT
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        d = tl.load(d_ptr + row * stride_d + cols, mask=ok, other=0.0).to(tl.float32)
+        x = _round(x + d, RES)
+        tl.store(res_ptr + row * N + cols, x.to(RES), mask=ok)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    h = _round(x * rstd, RES)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, _round(w * h, OUT).to(OUT), mask=ok)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xt, stride_xh, stride_ct, eps,
+    HAS_NORM: tl.constexpr, XD: tl.constexpr, ND: tl.constexpr, RD: tl.constexpr,
+    D: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    # One program per token t: x [H, D] (row t of [T, H, D]) -> out [H, D]; the rotated half is loaded directly.
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, BLOCK_H)
+    cols = tl.arange(0, D)
+    half: tl.constexpr = D // 2
+    rot_cols = (cols + half) % D  # rotate_half(x)[j] = -x[j + D/2] (j < D/2), x[j - D/2] (j >= D/2)
+    sign = tl.where(cols < half, -1.0, 1.0)
+    ok = (heads < H)[:, None]
+    base = x_ptr + t * stride_xt + heads[:, None] * stride_xh
+    x = tl.load(base + cols[None, :], mask=ok, other=0.0).to(tl.float32)  # x: [BH, D]
+    xr = tl.load(base + rot_cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]  # [BH, 1]
+        w = tl.load(w_ptr + cols).to(tl.float32)[None, :]
+        wr = tl.load(w_ptr + rot_cols).to(tl.float32)[None, :]
+        x = _round(w * _round(x * rstd, XD), ND)
+        xr = _round(wr * _round(xr * rstd, XD), ND)
+    cos = tl.load(cos_ptr + t * stride_ct + cols).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + t * stride_ct + cols).to(tl.float32)[None, :]
+    a = _round(x * cos, RD)
+    b = _round(sign[None, :] * xr * sin, RD)
+    out_ptrs = out_ptr + t * H * D + heads[:, None] * D + cols[None, :]
+    tl.store(out_ptrs, _round(a + b, RD).to(RD), mask=ok)
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, N, G: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):
+    # out = silu(g) (rounded to g's dtype) * u (rounded to OUT); flat contiguous tensors
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    s = _round(g / (1.0 + tl.exp(-g)), G)
+    tl.store(out_ptr + offs, _round(s * u, OUT).to(OUT), mask=ok)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# wrappers
+# ----------------------------------------------------------------------------------------------------------------
+def fused_ops_supported(x: torch.Tensor) -> bool:
+    """Dtypes the kernels handle (the tensor's device must run Triton: CUDA, or CPU under the interpreter)."""
+    return x.dtype in _TL_DTYPES
+
+
+def fusable_rms_norm(norm: torch.nn.Module | None) -> bool:
+    """Whether `norm` is a HF RMSNorm whose math `rms_norm_ref` reproduces."""
+    return norm is not None and type(norm).__name__ in RMS_NORM_CLASSES and hasattr(norm, "variance_epsilon")
+
+
+def qk_norm_rope_supported(x: torch.Tensor, norm: torch.nn.Module | None) -> bool:
+    """x [B, S, H, D] with a power-of-two head dim, and no norm or a fusable one."""
+    dim = x.shape[-1]
+    return fused_ops_supported(x) and dim >= 2 and dim & (dim - 1) == 0 and (norm is None or fusable_rms_norm(norm))
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused `add_rms_norm_ref`: x, delta [..., N] -> (residual [..., N], normed [..., N])."""
+    n = x.shape[-1]
+    res_dtype = _promote(x.dtype, delta.dtype) if delta is not None else x.dtype
+    out_dtype = _promote(weight.dtype, res_dtype)
+    x2 = x.reshape(-1, n)
+    d2 = delta.reshape(-1, n) if delta is not None else x2
+    if x2.stride(-1) != 1 or d2.stride(-1) != 1 or not weight.is_contiguous():
+        raise ValueError("add_rms_norm: the last dim of x, delta and weight must be contiguous")
+    res = torch.empty(x2.shape, dtype=res_dtype, device=x.device) if delta is not None else x2
+    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    block = triton.next_power_of_2(n)
+    if x2.shape[0]:
+        _add_rms_norm_kernel[(x2.shape[0],)](
+            x2, d2, weight, res, out, n, x2.stride(0), d2.stride(0), eps,
+            HAS_DELTA=delta is not None, RES=_TL_DTYPES[res_dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
+        )  # fmt: skip
+    return res.view(*x.shape[:-1], n), out.view(*x.shape[:-1], n)
+
+
+def qk_norm_rope(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Fused `qk_norm_rope_ref`: x [B, S, H, D] (last dim contiguous), cos/sin [B, S, D] -> [B, S, H, D]."""
+    bsz, seq, heads, dim = x.shape
+    if x.stride(-1) != 1 or x.stride(0) != seq * x.stride(1) or cos.shape != (bsz, seq, dim) or dim % 2:
+        raise ValueError(f"qk_norm_rope: unsupported x {tuple(x.shape)} / cos {tuple(cos.shape)}")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    norm_dtype = _promote(weight.dtype, x.dtype) if weight is not None else x.dtype
+    rope_dtype = _promote(norm_dtype, cos.dtype)
+    out = torch.empty((bsz, seq, heads, dim), dtype=rope_dtype, device=x.device)
+    tokens = bsz * seq
+    if tokens:
+        _qk_norm_rope_kernel[(tokens,)](
+            x, weight if weight is not None else cos, cos, sin, out, heads, x.stride(1), x.stride(2), dim, eps,
+            HAS_NORM=weight is not None, XD=_TL_DTYPES[x.dtype], ND=_TL_DTYPES[norm_dtype],
+            RD=_TL_DTYPES[rope_dtype], D=dim, BLOCK_H=triton.next_power_of_2(heads), num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Fused `silu_mul_ref` for same-shape contiguous gate/up."""
+    if gate.shape != up.shape or not (gate.is_contiguous() and up.is_contiguous()):
+        raise ValueError(f"silu_mul: gate and up must be same-shape contiguous, got {gate.shape}, {up.shape}")
+    out_dtype = _promote(gate.dtype, up.dtype)
+    out = torch.empty(gate.shape, dtype=out_dtype, device=gate.device)
+    n, block = gate.numel(), 2048
+    if n:
+        _silu_mul_kernel[(triton.cdiv(n, block),)](
+            gate, up, out, n, G=_TL_DTYPES[gate.dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block, num_warps=8
+        )
+    return out

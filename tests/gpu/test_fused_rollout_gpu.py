@@ -1,0 +1,122 @@
+"""The rollout fast path on CUDA: Triton small-M FP8 GEMM vs its emulated twin, fused glue kernels vs the HF math
+(bf16 roundings on the real hardware), fused decoder forward vs eager, shared q/k/v quantization bitwise."""
+
+import pytest
+import torch
+
+from nemo_jetrl.models import fused_ops
+from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.precision import (
+    PrecisionRecipe,
+    act_quant,
+    convert_to_fp8,
+    fp8_blockwise_mm,
+    rollout_mode,
+    weight_quant,
+)
+from nemo_jetrl.precision.gemm import SMALL_M_MAX, gemm_backend
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 128, 200])
+@pytest.mark.parametrize(("n", "k"), [(256, 512), (1024, 4096), (384, 1280)])
+def test_triton_gemm_matches_emulation(m, n, k):
+    gen = torch.Generator(device=DEV).manual_seed(m * 7 + n)
+    x = torch.randn(m, k, device=DEV, generator=gen)
+    w = torch.randn(n, k, device=DEV, generator=gen) * 0.05
+    bias = torch.randn(n, device=DEV, generator=gen)
+    (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
+    for b in (None, bias):
+        ref = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, bias=b, backend="emulated")
+        out = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, bias=b, backend="triton")
+        assert rel_err(out, ref) < 1e-3  # the same FP8 bits; Hopper FP8 MMA accumulation + FP32 order differ
+        again = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, bias=b, backend="triton")
+        assert torch.equal(out, again)  # split-K partials summed in a fixed order
+    ref = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, backend="emulated")
+    out16 = fp8_blockwise_mm(xq, xs, wq, ws, torch.bfloat16, backend="triton")
+    assert out16.dtype == torch.bfloat16 and rel_err(out16, ref) < 5e-3
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 8])
+def test_triton_gemm_every_config_matches(split_k):
+    from nemo_jetrl.precision.kernels.triton_gemm import fp8_gemm_small_m
+
+    gen = torch.Generator(device=DEV).manual_seed(split_k)
+    x, w = torch.randn(33, 2048, device=DEV, generator=gen), torch.randn(512, 2048, device=DEV, generator=gen)
+    (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
+    ref = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, backend="emulated")
+    for block_n in (64, 128):
+        out = fp8_gemm_small_m(xq, xs, wq, ws, torch.float32, None, (block_n, split_k, 8, 3))
+        assert rel_err(out, ref) < 1e-3
+
+
+def test_auto_backend_takes_the_faster_kernel_for_small_m():
+    if gemm_backend(DEV) != "scaled_mm":
+        pytest.skip("needs sm90 (scaled_mm present)")
+    from nemo_jetrl.precision.kernels.triton_gemm import best_config
+
+    x, w = torch.randn(SMALL_M_MAX + 1, 4096, device=DEV), torch.randn(1024, 4096, device=DEV)
+    (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
+    small = fp8_blockwise_mm(xq[:64], xs[:64], wq, ws, torch.float32)
+    choice = best_config(xq[:64], wq, torch.float32, False, with_scaled_mm=True)
+    want = "scaled_mm" if choice is None else "triton"
+    assert torch.equal(small, fp8_blockwise_mm(xq[:64], xs[:64], wq, ws, torch.float32, backend=want))
+    big = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32)  # beyond SMALL_M_MAX: always cuBLAS
+    assert torch.equal(big, fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, backend="scaled_mm"))
+
+
+def test_fused_add_norm_rope_silu_bf16_roundings():
+    """On the GPU (real bf16 rounding) the add, RoPE and SiLU*up are bitwise the eager ops; the RMSNorm differs
+    only by its FP32 reduction order (<= 1 bf16 ulp on a few elements)."""
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    bf = torch.bfloat16
+    x, d = (
+        torch.randn(64, 4096, device=DEV, generator=gen).to(bf),
+        torch.randn(64, 4096, device=DEV, generator=gen).to(bf),
+    )
+    w = (1 + 0.1 * torch.randn(4096, device=DEV, generator=gen)).to(bf)
+    r_ref, o_ref = fused_ops.add_rms_norm_ref(x, d, w, 1e-6)
+    r, o = fused_ops.add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(r, r_ref)
+    assert (o != o_ref).float().mean().item() < 0.02 and rel_err(o, o_ref) < 4e-3
+    q = torch.randn(8, 3, 32, 128, device=DEV, generator=gen).to(bf)
+    cos, sin = (
+        torch.randn(8, 3, 128, device=DEV, generator=gen).to(bf),
+        torch.randn(8, 3, 128, device=DEV, generator=gen).to(bf),
+    )
+    assert torch.equal(
+        fused_ops.qk_norm_rope(q, None, 0.0, cos, sin), fused_ops.qk_norm_rope_ref(q, None, 0.0, cos, sin)
+    )
+    wn = (1 + 0.1 * torch.randn(128, device=DEV, generator=gen)).to(bf)
+    out, ref = fused_ops.qk_norm_rope(q, wn, 1e-6, cos, sin), fused_ops.qk_norm_rope_ref(q, wn, 1e-6, cos, sin)
+    assert (out != ref).float().mean().item() < 0.02 and rel_err(out, ref) < 4e-3
+    g, u = (
+        torch.randn(64, 12288, device=DEV, generator=gen).to(bf),
+        torch.randn(64, 12288, device=DEV, generator=gen).to(bf),
+    )
+    s_out, s_ref = fused_ops.silu_mul(g, u), fused_ops.silu_mul_ref(g, u)
+    assert (s_out != s_ref).float().mean().item() < 0.01 and rel_err(s_out, s_ref) < 2e-3
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_fused_decoder_forward_matches_eager(fp8):
+    model = random_tiny_qwen3(0, num_layers=2).to(DEV, torch.bfloat16)
+    if fp8:
+        convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 30, (16, 24), generator=gen).to(DEV)
+    mask = torch.ones_like(ids)
+    mask[:4, :5] = 0
+    pos = position_ids_from_mask(mask)
+    with torch.no_grad(), rollout_mode(model):
+        eager = decoder_forward(model, ids, pos, mask)
+        fused = decoder_forward(model, ids, pos, mask, fused=True)
+    assert fused.dtype == eager.dtype == torch.bfloat16
+    assert rel_err(fused, eager) < (5e-2 if fp8 else 5e-3)  # rsqrt/exp last bits, amplified by FP8 rounding

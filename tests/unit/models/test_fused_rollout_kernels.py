@@ -1,0 +1,117 @@
+"""The rollout fast path's Triton kernels on CPU, through Triton's interpreter (TRITON_INTERPRET=1, in a child
+process: the flag is read when kernels are defined): fused glue vs the eager HF math, the small-M FP8 GEMM vs its
+emulated twin, the fused decoder forward vs the eager one. Plus the shared q/k/v input quantization (in-process)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.precision import PrecisionRecipe, QuantizedInput, convert_to_fp8, quantize_shared_input, rollout_mode
+
+pytest.importorskip("triton")
+
+CHILD = textwrap.dedent(
+    """
+    import json, torch
+    from nemo_jetrl.models import fused_ops as F
+    from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+    from nemo_jetrl.models.tiny import random_tiny_qwen3
+    from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant
+    from nemo_jetrl.precision.kernels.triton_gemm import fp8_gemm_small_m
+
+    def rel(a, b):
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    torch.manual_seed(0)
+    r = {}
+    for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        x, d = torch.randn(6, 256).to(dt), torch.randn(6, 256).to(dt)
+        w = (1 + 0.1 * torch.randn(256)).to(dt)
+        (r1, o1), (r2, o2) = F.add_rms_norm_ref(x, d, w, 1e-6), F.add_rms_norm(x, d, w, 1e-6)
+        r[name + "_add_equal"] = torch.equal(r1, r2)
+        r[name + "_norm_equal"], r[name + "_norm_rel"] = torch.equal(o1, o2), rel(o2, o1)
+        q, wn = torch.randn(2, 3, 4, 32).to(dt), (1 + 0.1 * torch.randn(32)).to(dt)
+        cos, sin = torch.randn(2, 3, 32).to(dt), torch.randn(2, 3, 32).to(dt)
+        r[name + "_rope_equal"] = torch.equal(F.qk_norm_rope(q, None, 0.0, cos, sin), F.qk_norm_rope_ref(q, None, 0.0, cos, sin))
+        a, b = F.qk_norm_rope(q, wn, 1e-6, cos, sin), F.qk_norm_rope_ref(q, wn, 1e-6, cos, sin)
+        r[name + "_norm_rope_equal"], r[name + "_norm_rope_rel"] = torch.equal(a, b), rel(a, b)
+        g, u = torch.randn(5, 64).to(dt), torch.randn(5, 64).to(dt)
+        r[name + "_silu_rel"] = rel(F.silu_mul(g, u), F.silu_mul_ref(g, u))
+        r[name + "_silu_equal"] = torch.equal(F.silu_mul(g, u), F.silu_mul_ref(g, u))
+    gemm = []
+    for m, n, k, with_bias in ((5, 256, 384, False), (40, 512, 256, True)):
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
+        bias = torch.randn(n) if with_bias else None
+        ref = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, bias=bias, backend="emulated")
+        for config in ((64, 1, 8, 3), (128, 2, 8, 4), (64, 3, 8, 3)):
+            gemm.append(rel(fp8_gemm_small_m(xq, xs, wq, ws, torch.float32, bias, config), ref))
+    r["gemm_rel"] = gemm
+    for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        model = random_tiny_qwen3(0, num_layers=2).to(dt)
+        ids = torch.randint(3, 30, (3, 7))
+        mask = torch.ones_like(ids)
+        mask[0, :2] = 0
+        pos = position_ids_from_mask(mask)
+        with torch.no_grad():
+            eager, fused = decoder_forward(model, ids, pos, mask), decoder_forward(model, ids, pos, mask, fused=True)
+        r[name + "_decoder_rel"] = rel(fused, eager)
+    print(json.dumps(r))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_bf16_glue_is_bitwise_the_eager_math(interpreted):
+    # with every intermediate rounded as the eager ops round it, bf16 outputs are the same bits
+    for key in ("add", "norm", "rope", "norm_rope", "silu"):
+        assert interpreted[f"bf16_{key}_equal"], key
+
+
+def test_fp32_glue_matches_to_rsqrt_rounding(interpreted):
+    assert interpreted["fp32_add_equal"] and interpreted["fp32_rope_equal"]
+    assert interpreted["fp32_norm_rel"] < 1e-6 and interpreted["fp32_norm_rope_rel"] < 1e-6
+    assert interpreted["fp32_silu_rel"] < 1e-6
+
+
+def test_small_m_gemm_matches_emulation_for_every_config(interpreted):
+    assert len(interpreted["gemm_rel"]) == 6
+    assert max(interpreted["gemm_rel"]) < 1e-6  # same FP8 bits, FP32 accumulation order only
+
+
+def test_fused_decoder_forward_matches_eager(interpreted):
+    assert interpreted["fp32_decoder_rel"] < 1e-5
+    assert interpreted["bf16_decoder_rel"] < 1e-2
+
+
+def test_shared_input_quantization_is_bitwise_each_linears_own():
+    model = random_tiny_qwen3(0, num_layers=1)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(3, 5, model.config.hidden_size)
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj)
+    assert quantize_shared_input(x, linears) is x  # train mode: each linear keeps its autograd path
+    with torch.no_grad(), rollout_mode(model):
+        shared = quantize_shared_input(x, linears)
+        assert isinstance(shared, QuantizedInput)
+        for linear in linears:
+            assert torch.equal(linear(shared), linear(x))
+        mask = torch.ones(3, 5, dtype=torch.long)
+        out = decoder_forward(model, x.new_zeros(3, 5).long() + 4, position_ids_from_mask(mask), mask)
+        assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="QuantizedInput"):
+        attn.q_proj(shared)  # outside rollout mode
