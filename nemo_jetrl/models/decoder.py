@@ -152,6 +152,16 @@ def _norm_args(norm: nn.Module | None) -> tuple[torch.Tensor | None, float]:
     return (None, 0.0) if norm is None else (norm.weight, float(norm.variance_epsilon))
 
 
+def _add_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module, fused: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, norm(x + delta)), delta None = no add; one Triton kernel when fused and `norm` is fusable."""
+    if fused and fused_ops.fusable_rms_norm(norm):
+        return fused_ops.add_rms_norm(x, delta, *_norm_args(norm))
+    x = x if delta is None else x + delta
+    return x, norm(x)
+
+
 def _mlp(mlp: nn.Module, h: torch.Tensor, fused: bool) -> torch.Tensor:
     """The gated MLP `down(act(gate(h)) * up(h))` (Llama/Qwen), gate/up sharing one FP8 input quantization."""
     if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
@@ -206,43 +216,15 @@ def decoder_forward(
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
         mask = _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
         fused = fused and fused_ops is not None and fused_ops.fused_ops_supported(x)
-        if fused:
-            return _fused_layers(backbone, x, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype)
+        delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
+            x, h = _add_norm(x, delta, layer.input_layernorm, fused)
             attn_out = _self_attention(
-                layer.self_attn,
-                layer_idx,
-                layer.input_layernorm(x),
-                cos_sin,
-                mask,
-                kv_cache,
-                cache_start,
-                attn_hook,
-                compute_dtype,
+                layer.self_attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, fused
             )
-            x = x + attn_out
-            x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x), fused=False)
-        return backbone.norm(x)  # [B, S, H]
-
-
-def _fused_layers(backbone, x, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype) -> torch.Tensor:
-    """The layer loop of `decoder_forward` with each residual add fused into the next RMSNorm (fused_ops)."""
-
-    def add_norm(x, delta, norm):  # -> (x + delta, norm(x + delta))
-        if not fused_ops.fusable_rms_norm(norm):
-            x = x if delta is None else x + delta
-            return x, norm(x)
-        return fused_ops.add_rms_norm(x, delta, norm.weight, float(norm.variance_epsilon))
-
-    delta = None  # the residual branch output not yet added into x
-    for layer_idx, layer in enumerate(backbone.layers):
-        x, h = add_norm(x, delta, layer.input_layernorm)
-        attn_out = _self_attention(
-            layer.self_attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, fused=True
-        )
-        x, h = add_norm(x, attn_out, layer.post_attention_layernorm)
-        delta = _mlp(layer.mlp, h, fused=True)
-    return add_norm(x, delta, backbone.norm)[1]  # [B, S, H]
+            x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, fused)
+            delta = _mlp(layer.mlp, h, fused)
+        return _add_norm(x, delta, backbone.norm, fused)[1]  # [B, S, H]
 
 
 def compute_logits(model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:

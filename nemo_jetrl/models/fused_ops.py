@@ -13,6 +13,8 @@ forward and the CPU path stay the eager twins. Runs on CPU under `TRITON_INTERPR
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -23,10 +25,7 @@ RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 
 
 def _promote(*dtypes: torch.dtype) -> torch.dtype:
-    out = dtypes[0]
-    for d in dtypes[1:]:
-        out = torch.promote_types(out, d)
-    return out
+    return functools.reduce(torch.promote_types, dtypes)
 
 
 # ----------------------------------------------------------------------------------------------------------------

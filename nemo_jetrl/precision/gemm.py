@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 GemmBackend = Literal["scaled_mm", "emulated"]
 WBlocks = Literal["128x128", "1x128"]
 _FP8 = torch.float8_e4m3fn
-# Rows up to which the Triton split-K kernel beats cuBLAS blockwise scaled_mm on H100/H200 (bench_fp8_linear.py).
+# Most rows for which the Triton split-K kernel is a candidate (timed against scaled_mm per shape; decode batches).
 SMALL_M_MAX = 256
 
 
@@ -168,14 +168,11 @@ def _emulated_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, bloc
 # ----------------------------------------------------------------------------------------------------------------
 def _triton_fits(x_fp8, w_fp8, w_blocks, block, caps: ScaledMMCaps | None) -> bool:
     """Decode-sized products on sm90 (where `caps` exists) with 128x128 weight tiles and row-contiguous operands."""
-    (m, k), n = x_fp8.shape, w_fp8.shape[0]
     return (
         caps is not None
-        and 0 < m <= SMALL_M_MAX
+        and x_fp8.shape[0] <= SMALL_M_MAX
         and w_blocks == "128x128"
-        and block == 128
-        and k % 128 == 0
-        and n % 128 == 0
+        and _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps)
         and x_fp8.stride(1) == 1
         and w_fp8.stride(1) == 1
     )

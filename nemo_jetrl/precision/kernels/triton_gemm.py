@@ -3,7 +3,8 @@
     Y [M, N] = dequant(x_fp8 [M, K], x_scale [M, K/128]) @ dequant(w_fp8 [N, K], w_scale [N/128, K/128])^T (+ bias)
 
 cuBLAS's blockwise `scaled_mm` streams weights at well under half of HBM speed when M is a decode batch (64-256
-rows): 4096x12288 takes 60 us in FP8 against 41 us for the BF16 GEMM on an H200. Here each program owns one
+rows): on an H200 at M = 128, 4096x12288 (down) takes 40 us in FP8 against 41 us for the BF16 GEMM
+(`benchmarks/bench_decode_gemm.py`). Here each program owns one
 BLOCK_M x BLOCK_N output tile and one contiguous range of the K blocks (split-K, so that a 4096-wide N still
 keeps every SM streaming), and per 128-wide K block does one FP8 tensor-core dot, promoted to FP32 with the two
 scales (DeepSeek-V3 `fp8_gemm` accumulation: `acc += dot(a, b) * (sa * sb)`). Split-K partials go to an FP32
@@ -11,7 +12,8 @@ workspace [SPLIT_K, M, N] that a second kernel sums in a fixed order (determinis
 the bias and casting. The pure-torch twin is `gemm._emulated_mm` (same FP8 bits, FP32 math); the two agree to
 FP32 accumulation order (tests: relative error, GPU).
 
-Configurations are autotuned once per (M bucket, N, K) on first use; a CUDA-graph capture must be preceded by an
+Configurations are timed once per (M bucket, N, K) on first use, and `fp8_blockwise_mm` keeps cuBLAS where it is
+faster; a CUDA-graph capture must be preceded by an
 eager call with the same shapes (the engine's `CapturedStep` warm-up does this).
 """
 
