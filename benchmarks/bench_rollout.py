@@ -15,7 +15,9 @@ Decode bandwidth = (weight bytes + mean KV bytes read per step) / decode step ti
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +73,12 @@ def run_variant(name: str, engine: NativeGenerationEngine, prompts: list[list[in
         "output_tokens_per_s": args.batch * args.gen_len / t_total,
         "decode_tokens_per_s": args.batch * steps / t_decode,
     }
+    if args.profile_steps and device.type == "cuda":
+        context = args.prompt_len + args.gen_len // 2  # the rollout's mean context
+        r["profile"] = kernel_profile(engine, args.batch, context, args.profile_steps, device)
+        print(f"  {name} kernels, ms per decode step: {r['profile']['categories_ms']}", flush=True)
+        for kernel, ms in r["profile"]["top_kernels_ms"]:
+            print(f"    {ms:7.3f}  {kernel}", flush=True)
     if args.eager_steps and device.type == "cuda":  # the same decode without CUDA graphs, a few steps
         eager = engine.replace(cuda_graphs=False, static_decode=True, max_new_tokens=args.eager_steps + 1)
         _, t_eager = timed(lambda: eager.generate(prompts, generator=gen.manual_seed(3)), device)
@@ -82,6 +90,57 @@ def run_variant(name: str, engine: NativeGenerationEngine, prompts: list[list[in
     return r
 
 
+# Kernel-name patterns of the decode-step profile (`--profile-steps`), first match wins.
+KERNEL_CATEGORIES = (
+    ("fp8 gemm (triton)", re.compile(r"_fp8_gemm_kernel|_split_k_reduce")),
+    ("attention", re.compile(r"decode_kernel|merge_kernel|attention|fmha|flash")),
+    ("fused glue", re.compile(r"_add_rms_norm|_qk_norm_rope|_silu_mul")),
+    ("act quant", re.compile(r"quant")),
+    ("gemm (cuBLAS)", re.compile(r"gemm|nvjet|xmma|cutlass|sm90_|cublas", re.IGNORECASE)),
+)
+
+
+def kernel_profile(engine: NativeGenerationEngine, batch: int, context: int, steps: int, device) -> dict:
+    """GPU time per decode step by kernel category and by kernel, at the rollout's mean context: `steps` eager
+    static decode steps + sampling of `batch` sequences attending over `context` cached keys, under the profiler.
+    Kernel durations are those of the captured step (only launch gaps differ) and do not depend on the cached
+    values, so the cache is left as allocated (zeros) instead of prefilled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nemo_jetrl.generation.native.sampler import sample
+
+    eager = engine.replace(cuda_graphs=False, static_decode=True, max_new_tokens=steps + 1)
+    gen = torch.Generator(device=device).manual_seed(4)
+    width = context + steps + 1
+    mask = torch.ones((batch, width), dtype=torch.long, device=device)
+    with torch.no_grad(), rollout_mode(eager.model):
+        cache = eager._new_cache(batch, width)
+        logits = torch.randn((batch, engine.vocab_size), generator=gen, device=device)
+        decode = eager._decoder(cache, None, mask)
+        positions = torch.full((batch,), context, dtype=torch.long, device=device)
+        torch.cuda.synchronize(device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for step in range(steps):
+                tokens, _ = sample(logits, eager.sampling, generator=gen)
+                logits = decode(tokens, positions + step, context + step)
+            torch.cuda.synchronize(device)
+    per_step = collections.Counter()  # ms per decode step by kernel name
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            per_step[evt.name] += evt.time_range.elapsed_us() / steps / 1e3
+    categories = collections.Counter()
+    for name, ms in per_step.items():
+        label = next((label for label, pattern in KERNEL_CATEGORIES if pattern.search(name)), "other")
+        categories[label] += ms
+    del cache
+    return {
+        "context": context,
+        "ms_per_step": sum(per_step.values()),
+        "categories_ms": dict(categories.most_common()),
+        "top_kernels_ms": [[name[:160], ms] for name, ms in per_step.most_common(12)],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: all 36 of Qwen3-8B)")
@@ -89,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--gen-len", type=int, default=2048)
     p.add_argument("--eager-steps", type=int, default=16, help="also time N eager (non-graph) decode steps; 0 = off")
+    p.add_argument(
+        "--profile-steps", type=int, default=0, help="GPU: profile N eager decode steps per variant (kernel breakdown)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)

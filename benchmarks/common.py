@@ -168,30 +168,48 @@ def report(
 
 
 def plot_benchmarks(rollout: dict, train: dict, grpo: dict, path: str | Path) -> None:
-    """One figure for docs/performance.md from the three benchmarks' JSON payloads (or dicts of the same shape)."""
+    """One figure for docs/performance.md from the three benchmarks' JSON payloads (or dicts of the same shape);
+    a fourth panel stacks the decode step's kernel time by category when the rollout ran with --profile-steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     rows = rollout["results"]
+    profiled = all("profile" in r for r in rows)
+    fig, axes = plt.subplots(1, 4 if profiled else 3, figsize=(17 if profiled else 13, 3.8))
     axes[0].bar([r["variant"] for r in rows], [r["output_tokens_per_s"] for r in rows], color="tab:blue")
-    axes[0].set_title("rollout: output tokens/s")
+    axes[0].set_title(f"rollout (batch {rollout.get('args', {}).get('batch', '?')}): output tokens/s")
+    axes[0].set_ylim(0, 1.15 * max(r["output_tokens_per_s"] for r in rows))
     for i, r in enumerate(rows):
         axes[0].text(i, r["output_tokens_per_s"], f"{r['decode_step_ms']:.1f} ms/step", ha="center", va="bottom")
     rows = train["results"]
     axes[1].bar([r["variant"] for r in rows], [r["tokens_per_s"] for r in rows], color="tab:green")
     axes[1].set_title("train step: tokens/s")
     rows = grpo["results"]
-    bottom = [0.0] * len(rows)
-    for phase, color in (("rollout", "tab:blue"), ("logprobs", "tab:orange"), ("train", "tab:green"), ("refit", "k")):
-        values = [r[phase] for r in rows]
-        axes[2].bar([r["variant"].split(" ")[0] for r in rows], values, bottom=bottom, color=color, label=phase)
-        bottom = [b + v for b, v in zip(bottom, values)]
+    _stacked(axes[2], [r["variant"].split(" ")[0] for r in rows], [{p: r[p] for p in GRPO_PHASES} for r in rows])
     axes[2].set_title("GRPO step: seconds per phase")
-    axes[2].legend(fontsize=8)
+    if profiled:
+        rows = rollout["results"]
+        context = rows[0]["profile"]["context"]
+        _stacked(axes[3], [r["variant"] for r in rows], [r["profile"]["categories_ms"] for r in rows])
+        axes[3].set_title(f"decode step at {context} keys: kernel ms")
     fig.suptitle(rollout.get("device", ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
+
+
+GRPO_PHASES = ("rollout", "logprobs", "train", "refit")
+
+
+def _stacked(ax, labels: list[str], parts: list[dict[str, float]]) -> None:
+    """Stacked bars: one per label, one segment per key (keys in first-seen order), with a legend."""
+    keys = list(dict.fromkeys(k for p in parts for k in p))
+    bottom = [0.0] * len(labels)
+    for key in keys:
+        values = [p.get(key, 0.0) for p in parts]
+        ax.bar(labels, values, bottom=bottom, label=key)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylim(0, 1.45 * max(bottom))  # room for the legend above the bars
+    ax.legend(fontsize=7, loc="upper center", ncol=3)

@@ -8,7 +8,8 @@ same code serve full sequences and KV-cached chunks.
 
 Rollout fast path (`fused=True`, the engine's fused decode on CUDA): the residual-add + RMSNorm, q/k-norm + RoPE and
 SiLU * up glue run as single Triton kernels (`fused_ops.py`, same per-op roundings as the HF modules), and the
-FP8 linears that share an input (q/k/v, gate/up) quantize it once (`quantize_shared_input`, bitwise the same).
+FP8 linears that share an input (q/k/v, gate/up) run as one GEMM over their shared FP8 weight buffer
+(`precision.weight_group`). On every path those linears quantize their common input once (bitwise the same).
 
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.precision.linear import quantize_shared_input
+from nemo_jetrl.precision.weight_group import project_shared_input
 
 if TYPE_CHECKING:
     from nemo_jetrl.generation.native.kv_cache import KVCache
@@ -116,10 +117,11 @@ def _self_attention(
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
     bsz, seq, _ = x.shape
     head_dim = attn.head_dim
-    xin = quantize_shared_input(x, (attn.q_proj, attn.k_proj, attn.v_proj))  # x, or Q(x) once for all three
-    q = attn.q_proj(xin).view(bsz, seq, -1, head_dim)  # [B, S, H, D]
-    k = attn.k_proj(xin).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
-    v = attn.v_proj(xin).view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
+    # FP8: x quantized once for all three; fused: one GEMM over the shared q/k/v FP8 buffer (column views)
+    q, k, v = project_shared_input(x, (attn.q_proj, attn.k_proj, attn.v_proj), grouped=fused)
+    q = q.view(bsz, seq, -1, head_dim)  # [B, S, H, D]
+    k = k.view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
+    v = v.view(bsz, seq, -1, head_dim)  # [B, S, H_kv, D]
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
     if fused and fused_ops.qk_norm_rope_supported(q, q_norm) and fused_ops.qk_norm_rope_supported(k, k_norm):
         q = fused_ops.qk_norm_rope(q, *_norm_args(q_norm), *cos_sin).transpose(1, 2)  # [B, H, S, D]
@@ -166,9 +168,8 @@ def _mlp(mlp: nn.Module, h: torch.Tensor, fused: bool) -> torch.Tensor:
     """The gated MLP `down(act(gate(h)) * up(h))` (Llama/Qwen), gate/up sharing one FP8 input quantization."""
     if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return mlp(h)
-    hin = quantize_shared_input(h, (mlp.gate_proj, mlp.up_proj))
-    gate, up = mlp.gate_proj(hin), mlp.up_proj(hin)  # [B, S, F] each
-    if fused and isinstance(mlp.act_fn, nn.SiLU) and fused_ops.fused_ops_supported(gate):
+    gate, up = project_shared_input(h, (mlp.gate_proj, mlp.up_proj), grouped=fused)  # [B, S, F] each
+    if fused and fused_ops.is_silu(mlp.act_fn) and fused_ops.fused_ops_supported(gate):
         return mlp.down_proj(fused_ops.silu_mul(gate, up))
     return mlp.down_proj(mlp.act_fn(gate) * up)
 

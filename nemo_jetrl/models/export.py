@@ -74,8 +74,9 @@ def fp8_state_dict(
         else:
             with torch.no_grad():
                 data, scale = weight_quant(module.weight.detach(), recipe.block_size, recipe.pow2_weight_scales)
-        state[f"{name}.weight"] = data.cpu().contiguous()  # [N, K] e4m3
-        state[f"{name}.{SCALE_SUFFIX}"] = scale.float().cpu().contiguous()  # [N/128, K/128] fp32
+        # own copies: a grouped layer's bits are views of its group's shared buffer (`precision.weight_group`)
+        state[f"{name}.weight"] = data.to("cpu", copy=True)  # [N, K] e4m3
+        state[f"{name}.{SCALE_SUFFIX}"] = scale.to("cpu", torch.float32, copy=True)  # [N/128, K/128] fp32
     not_converted = sorted(name for name, kind in layer_map.items() if kind != "fp8")
     return state, not_converted
 

@@ -22,6 +22,8 @@ import triton.language as tl
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # HF norms computing exactly `rms_norm_ref` (weight * normalized, eps in `variance_epsilon`).
 RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+# Activation modules whose forward is `F.silu` (transformers 5 wraps it as `SiLUActivation`, not `nn.SiLU`).
+SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 
 
 def _promote(*dtypes: torch.dtype) -> torch.dtype:
@@ -138,14 +140,17 @@ def _qk_norm_rope_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, N, G: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):
-    # out = silu(g) (rounded to g's dtype) * u (rounded to OUT); flat contiguous tensors
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < N
-    g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+def _silu_mul_kernel(
+    g_ptr, u_ptr, out_ptr, N, stride_g, stride_u, G: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr
+):
+    # out [M, N] (contiguous) = silu(g) (rounded to g's dtype) * u (rounded to OUT); g/u [M, N] with row strides
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    g = tl.load(g_ptr + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
     s = _round(g / (1.0 + tl.exp(-g)), G)
-    tl.store(out_ptr + offs, _round(s * u, OUT).to(OUT), mask=ok)
+    tl.store(out_ptr + row * N + cols, _round(s * u, OUT).to(OUT), mask=ok)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -159,6 +164,11 @@ def fused_ops_supported(x: torch.Tensor) -> bool:
 def fusable_rms_norm(norm: torch.nn.Module | None) -> bool:
     """Whether `norm` is a HF RMSNorm whose math `rms_norm_ref` reproduces."""
     return norm is not None and type(norm).__name__ in RMS_NORM_CLASSES and hasattr(norm, "variance_epsilon")
+
+
+def is_silu(act: torch.nn.Module) -> bool:
+    """Whether the MLP activation `act` is SiLU (what `silu_mul` fuses with the up projection)."""
+    return type(act).__name__ in SILU_CLASSES
 
 
 def qk_norm_rope_supported(x: torch.Tensor, norm: torch.nn.Module | None) -> bool:
@@ -195,7 +205,10 @@ def qk_norm_rope(
 ) -> torch.Tensor:
     """Fused `qk_norm_rope_ref`: x [B, S, H, D] (last dim contiguous), cos/sin [B, S, D] -> [B, S, H, D]."""
     bsz, seq, heads, dim = x.shape
-    if x.stride(-1) != 1 or x.stride(0) != seq * x.stride(1) or cos.shape != (bsz, seq, dim) or dim % 2:
+    # token t = b * S + s sits at t * stride_t: needs B and S to collapse (a size-1 S may carry any stride)
+    stride_t = x.stride(0) if seq == 1 else x.stride(1)
+    collapses = bsz == 1 or x.stride(0) == seq * stride_t
+    if x.stride(-1) != 1 or not collapses or cos.shape != (bsz, seq, dim) or dim % 2:
         raise ValueError(f"qk_norm_rope: unsupported x {tuple(x.shape)} / cos {tuple(cos.shape)}")
     cos, sin = cos.contiguous(), sin.contiguous()
     norm_dtype = _promote(weight.dtype, x.dtype) if weight is not None else x.dtype
@@ -204,7 +217,7 @@ def qk_norm_rope(
     tokens = bsz * seq
     if tokens:
         _qk_norm_rope_kernel[(tokens,)](
-            x, weight if weight is not None else cos, cos, sin, out, heads, x.stride(1), x.stride(2), dim, eps,
+            x, weight if weight is not None else cos, cos, sin, out, heads, stride_t, x.stride(2), dim, eps,
             HAS_NORM=weight is not None, XD=_TL_DTYPES[x.dtype], ND=_TL_DTYPES[norm_dtype],
             RD=_TL_DTYPES[rope_dtype], D=dim, BLOCK_H=triton.next_power_of_2(heads), num_warps=4,
         )  # fmt: skip
@@ -212,14 +225,20 @@ def qk_norm_rope(
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """Fused `silu_mul_ref` for same-shape contiguous gate/up."""
-    if gate.shape != up.shape or not (gate.is_contiguous() and up.is_contiguous()):
-        raise ValueError(f"silu_mul: gate and up must be same-shape contiguous, got {gate.shape}, {up.shape}")
+    """Fused `silu_mul_ref` for same-shape gate/up [..., F] whose rows are contiguous (e.g. the column views of
+    one grouped gate/up GEMM output); returns a contiguous [..., F]."""
+    if gate.shape != up.shape or gate.dim() == 0:
+        raise ValueError(f"silu_mul: gate and up must have one shape, got {tuple(gate.shape)}, {tuple(up.shape)}")
+    f = gate.shape[-1]
+    g2, u2 = gate.reshape(-1, f), up.reshape(-1, f)  # views where the leading dims collapse, else copies
+    if g2.stride(-1) != 1 or u2.stride(-1) != 1:
+        raise ValueError("silu_mul: the last dim of gate and up must be contiguous")
     out_dtype = _promote(gate.dtype, up.dtype)
     out = torch.empty(gate.shape, dtype=out_dtype, device=gate.device)
-    n, block = gate.numel(), 2048
-    if n:
-        _silu_mul_kernel[(triton.cdiv(n, block),)](
-            gate, up, out, n, G=_TL_DTYPES[gate.dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block, num_warps=8
-        )
+    block = min(2048, triton.next_power_of_2(max(f, 1)))
+    if out.numel():
+        _silu_mul_kernel[(g2.shape[0], triton.cdiv(f, block))](
+            g2, u2, out, f, g2.stride(0), u2.stride(0), G=_TL_DTYPES[gate.dtype], OUT=_TL_DTYPES[out_dtype],
+            BLOCK=block, num_warps=8 if block >= 1024 else 4,
+        )  # fmt: skip
     return out

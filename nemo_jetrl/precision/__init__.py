@@ -20,10 +20,12 @@ from nemo_jetrl.precision.quant import (
     weight_quant,
 )
 from nemo_jetrl.precision.recipe import KVCalibration, PrecisionRecipe
+from nemo_jetrl.precision.weight_group import Fp8WeightGroup, group_sibling_linears, project_shared_input
 
 __all__ = [
     "Fp8Linear",
     "Fp8LinearFunction",
+    "Fp8WeightGroup",
     "KVCalibration",
     "PrecisionRecipe",
     "QuantizedInput",
@@ -38,6 +40,8 @@ __all__ = [
     "fp8_blockwise_mm",
     "fp8_wgrad_mm",
     "gemm_backend",
+    "group_sibling_linears",
+    "project_shared_input",
     "quantize_shared_input",
     "rollout_mode",
     "weight_dequant",

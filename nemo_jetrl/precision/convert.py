@@ -9,6 +9,7 @@ from torch import nn
 from nemo_jetrl.precision.layer_map import LayerPrecision, build_layer_map
 from nemo_jetrl.precision.linear import Fp8Linear
 from nemo_jetrl.precision.recipe import PrecisionRecipe
+from nemo_jetrl.precision.weight_group import group_sibling_linears
 
 
 def convert_to_fp8(
@@ -17,7 +18,8 @@ def convert_to_fp8(
     """Convert the layers mapped "fp8" (train_fp8 = recipe.train == "fp8", rollout_fp8 = recipe.rollout == "fp8").
 
     The Parameter objects move into the new modules (no copy). Layers that already are `Fp8Linear` get the
-    recipe and flags updated. Returns the map used.
+    recipe and flags updated. Sibling FP8 projections (q/k/v, gate/up) are then grouped to keep their FP8 weights
+    in one buffer (`weight_group.py`). Returns the map used.
     """
     layer_map = dict(build_layer_map(model, recipe) if layer_map is None else layer_map)
     for name, kind in layer_map.items():
@@ -38,4 +40,5 @@ def convert_to_fp8(
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, Fp8Linear.from_linear(module, recipe))
+    group_sibling_linears(model)
     return layer_map

@@ -218,6 +218,7 @@ class Fp8Linear(nn.Module):
                 nn.init.uniform_(self.bias, -bound, bound)
         self._qweight: QuantizedWeight | None = None
         self._qweight_key: tuple | None = None
+        self.weight_group = None  # an `Fp8WeightGroup` holding this layer's FP8 weight in a shared buffer, if any
 
     @classmethod
     def from_linear(
@@ -253,20 +254,34 @@ class Fp8Linear(nn.Module):
             raise ValueError(f"Fp8Linear.mode must be one of {_MODES}, got {value!r}")
         self._mode = value
 
+    def weight_key(self) -> tuple:
+        """What the cached FP8 weight depends on: the master weight's version, storage, shape, dtype; scale rule."""
+        w = self.weight
+        return (w._version, w.data_ptr(), w.device, w.dtype, tuple(w.shape), self.recipe.pow2_weight_scales)
+
+    def quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh (e4m3 [N, K], fp32 scale [N/128, K/128]) of the master weight (the 128x128-tile recipe)."""
+        with torch.no_grad():
+            return weight_quant(self.weight.detach(), self.recipe.block_size, self.recipe.pow2_weight_scales)
+
     def quantized_weight(self) -> QuantizedWeight:
         """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""
-        w = self.weight
-        key = (w._version, w.data_ptr(), w.device, w.dtype, tuple(w.shape), self.recipe.pow2_weight_scales)
+        if self.weight_group is not None:  # the group re-quantizes its members together into one buffer
+            self.weight_group.refresh()
+        key = self.weight_key()
         if self._qweight is None or key != self._qweight_key:
-            with torch.no_grad():
-                data, scale = weight_quant(w.detach(), self.recipe.block_size, self.recipe.pow2_weight_scales)
-            self._qweight = QuantizedWeight(data, scale, w._version, self.recipe.block_size)
-            self._qweight_key = key
+            self.set_quantized_weight(*self.quantize_weight(), key)
         return self._qweight
+
+    def set_quantized_weight(self, data: torch.Tensor, scale: torch.Tensor, key: tuple) -> None:
+        self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size)
+        self._qweight_key = key
 
     def invalidate_quantized_weight(self) -> None:
         """Drop the cache (for weight writes that bypass the version counter, e.g. through `.data`)."""
         self._qweight, self._qweight_key = None, None
+        if self.weight_group is not None:
+            self.weight_group.invalidate()
 
     def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
         if isinstance(x, QuantizedInput):

@@ -117,6 +117,32 @@ def test_triton_decode_attention_matches_reference(fp8):
         assert err.item() < 1e-2, (splits, err.item())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_fused_kv_write_is_bitwise_the_cache_update(dtype):
+    """One-launch K/V write (`write_decode_kv`) == `KVCache.update`: same bytes, e4m3 rounding and saturation."""
+    from nemo_jetrl.generation.native.decode_attention import write_decode_kv
+    from nemo_jetrl.generation.native.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    ref, fused = (KVCache(2, 6, 8, 40, 128, dtype=dtype, device="cuda") for _ in range(2))
+    if dtype != torch.bfloat16:
+        for cache in (ref, fused):
+            cache.set_scales(torch.tensor([0.01, 0.023], device="cuda"), torch.tensor([0.031, 0.004], device="cuda"))
+    for pos in (0, 17, 39):
+        for layer in (0, 1):
+            k = (3 * torch.randn(6, 1, 8, 128, device="cuda")).bfloat16().transpose(1, 2)  # [B, H_kv, 1, D] view
+            v = (3 * torch.randn(6, 1, 1200, device="cuda")).bfloat16()[..., 100:1124].view(6, 1, 8, 128)
+            k[0, 0, 0, :3] = torch.tensor([1e4, -1e4, 0.0])  # saturates in e4m3
+            ref.update(layer, k, v.transpose(1, 2), torch.tensor(pos, device="cuda"))
+            scales = fused._scales(layer)
+            write_decode_kv(
+                fused.k[layer], fused.v[layer], k, v.transpose(1, 2), torch.tensor(pos + 1, device="cuda"), *scales
+            )
+    assert torch.equal(ref.k.view(torch.uint8), fused.k.view(torch.uint8))
+    assert torch.equal(ref.v.view(torch.uint8), fused.v.view(torch.uint8))
+    assert fused.k.float().ne(0).sum() > 0.9 * 3 * 2 * 6 * 8 * 128
+
+
 def test_fp32_master_autocast_graph():
     """FP32 weights + bf16 autocast (the GRPO trainer's setting) under a captured graph == eager."""
     model = tiny_qwen3(torch.float32)

@@ -109,6 +109,36 @@ def decode_attention(
     return out
 
 
+def write_decode_kv(
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_len: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Store one new token per sequence at cache position kv_len - 1, K and V in one launch (Triton).
+
+    k_buf/v_buf [B, H_kv, S_max, D] (one layer of the cache, last dim contiguous); k/v [B, H_kv, 1, D]; kv_len a
+    0-dim int64 device tensor. FP8 buffers get `clamp(x / scale, -448, 448)` rounded to e4m3 (bitwise
+    `precision.kv.kv_quant`), other buffers `x.to(buffer dtype)`: what `KVCache.update` writes, in one kernel
+    instead of ~10 small ones."""
+    bsz, kv_heads, _, dim = k_buf.shape
+    if k.shape != (bsz, kv_heads, 1, dim) or v.shape != k.shape or v_buf.shape != k_buf.shape:
+        raise ValueError(f"write_decode_kv: k/v {tuple(k.shape)} do not fit the cache {tuple(k_buf.shape)}")
+    if dim & (dim - 1) or k.stride(-1) != 1 or v.stride(-1) != 1 or k_buf.stride() != v_buf.stride():
+        raise ValueError("write_decode_kv: needs a power-of-two head dim, contiguous last dims, equal buffer strides")
+    is_fp8 = k_buf.dtype == FP8
+    if is_fp8 and (k_scale is None or v_scale is None):
+        raise ValueError("write_decode_kv: an FP8 cache needs k_scale and v_scale")
+    ones = torch.ones((), dtype=torch.float32, device=k.device) if not is_fp8 else None
+    _write_kernel[(bsz * kv_heads,)](
+        k, v, k_buf, v_buf, kv_len, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones, kv_heads,
+        *k.stride()[:2], *v.stride()[:2], *k_buf.stride()[:3], D=dim, FP8=is_fp8,
+    )  # fmt: skip
+
+
 def _define_kernels():
     import triton
     import triton.language as tl
@@ -210,7 +240,30 @@ def _define_kernels():
         out = tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)
         tl.store(out_ptr + b * sob + h * soh + dims, out.to(out_ptr.dtype.element_ty))
 
-    return decode_kernel, merge_kernel
+    global _to_e4m3  # a module global: Triton resolves a kernel's callees among its module's globals
+    from nemo_jetrl.precision.kernels.triton_quant import _to_e4m3
+
+    @triton.jit
+    def write_kernel(
+        k_ptr, v_ptr, kbuf_ptr, vbuf_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, kv_heads,
+        skb, skh, svb, svh, sbb, sbh, sbs,
+        D: tl.constexpr, FP8: tl.constexpr,
+    ):  # fmt: skip
+        # one program per (sequence, KV head): k/v [D] -> cache[b, h, kv_len - 1, :]
+        pid = tl.program_id(0)
+        b, h = pid // kv_heads, pid % kv_heads
+        dims = tl.arange(0, D)
+        pos = tl.load(kv_len_ptr).to(tl.int64) - 1
+        k = tl.load(k_ptr + b * skb + h * skh + dims)
+        v = tl.load(v_ptr + b * svb + h * svh + dims)
+        if FP8:
+            k = _to_e4m3(k.to(tl.float32), tl.load(k_scale_ptr))
+            v = _to_e4m3(v.to(tl.float32), tl.load(v_scale_ptr))
+        dst = b.to(tl.int64) * sbb + h * sbh + pos * sbs + dims
+        tl.store(kbuf_ptr + dst, k.to(kbuf_ptr.dtype.element_ty))
+        tl.store(vbuf_ptr + dst, v.to(vbuf_ptr.dtype.element_ty))
+
+    return decode_kernel, merge_kernel, write_kernel
 
 
 class _LazyKernel:
@@ -230,3 +283,4 @@ def _kernels():
 
 _decode_kernel = _LazyKernel(0)
 _merge_kernel = _LazyKernel(1)
+_write_kernel = _LazyKernel(2)

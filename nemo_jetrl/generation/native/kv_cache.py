@@ -11,8 +11,9 @@ FP8 storage: with `dtype=torch.float8_e4m3fn`, K and V are stored as e4m3 with o
 the dtype of the incoming k/v (`precision.kv`). Scales come from QKV calibration on the trainer. An FP8 token takes
 half the bytes of a bf16 one (`bytes_per_token`).
 
-Fused decode (`fused_decode=True`, CUDA + Triton, bf16/fp32 queries): `decode_attention` writes the new token and
-attends straight over the stored buffer (FP8 tiles dequantized in registers, `decode_attention.py`) instead of
+Fused decode (`fused_decode=True`, CUDA + Triton, bf16/fp32 queries): `decode_attention` writes the new token (K
+and V, FP8-quantized where the cache is FP8, in one kernel: `write_decode_kv`) and attends straight over the stored
+buffer (FP8 tiles dequantized in registers, `decode_attention.py`) instead of
 returning a dequantized copy of the cache; the CPU path stays the exact `update` + SDPA.
 """
 
@@ -21,7 +22,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nemo_jetrl.generation.native.decode_attention import decode_attention, triton_decode_available
+from nemo_jetrl.generation.native.decode_attention import (
+    decode_attention,
+    triton_decode_available,
+    write_decode_kv,
+)
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 from nemo_jetrl.precision.quant import E4M3_MAX as FP8_E4M3_MAX
 
@@ -170,33 +175,46 @@ class KVCache:
     ) -> torch.Tensor:
         """Write the new token's k, v [B, H_kv, 1, D] at `start`, attend q [B, H, 1, D] over keys [0, start] where
         `mask` [B, 1, 1, S_total] (bool) allows. Returns [B, H, 1, D] in q.dtype."""
-        k_scale, v_scale = self._write(layer, k, v, start)
+        self._check_write(layer, k, v)
+        if k.shape[2] != 1:
+            raise ValueError(f"decode_attention takes one new token per sequence, got k {tuple(k.shape)}")
+        k_scale, v_scale = self._scales(layer)
         if isinstance(start, torch.Tensor):
             kv_len = start + 1
         else:
+            if not 0 <= start < self.max_seq_len:
+                raise ValueError(f"position {start} falls outside the cache's [0, {self.max_seq_len})")
             if start + 1 not in self._kv_lens:
                 self._kv_lens[start + 1] = torch.tensor(start + 1, device=self.k.device)
             kv_len = self._kv_lens[start + 1]
+        write_decode_kv(self.k[layer], self.v[layer], k, v, kv_len, k_scale, v_scale)  # one launch for K and V
         out = decode_attention(
             q[:, :, 0], self.k[layer], self.v[layer], mask[:, 0, 0], kv_len, sm_scale, k_scale, v_scale
         )  # [B, H, D]
         return out[:, :, None]
 
-    def _write(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Store k, v [B, H_kv, S, D] at start..start+S-1 of `layer` (quantized for FP8); returns the scales."""
+    def _check_write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if k.shape != v.shape or k.dim() != 4 or k.shape[0] != self.batch_size:
             raise ValueError(
                 f"k and v must both be [B={self.batch_size}, H_kv, S, D]; got {tuple(k.shape)} and {tuple(v.shape)}"
             )
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} out of range for a {self.num_layers}-layer cache")
-        k_scale = v_scale = None
-        if self.is_fp8:
-            if self.k_scales is None or self.v_scales is None:
-                raise ValueError("an FP8 KVCache needs set_scales(k_scales, v_scales) before update()")
-            k_scale, v_scale = self.k_scales[layer], self.v_scales[layer]
+
+    def _scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This layer's (k, v) dequantization scales (0-dim fp32) for an FP8 cache, (None, None) otherwise."""
+        if not self.is_fp8:
+            return None, None
+        if self.k_scales is None or self.v_scales is None:
+            raise ValueError("an FP8 KVCache needs set_scales(k_scales, v_scales) before update()")
+        return self.k_scales[layer], self.v_scales[layer]
+
+    def _write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Store k, v [B, H_kv, S, D] at start..start+S-1 of `layer` (quantized for FP8); returns the scales."""
+        self._check_write(layer, k, v)
+        k_scale, v_scale = self._scales(layer)
         seq = k.shape[2]
         k_buf, v_buf = self.k[layer], self.v[layer]  # [B, H_kv, S_max, D]
         if isinstance(start, torch.Tensor):

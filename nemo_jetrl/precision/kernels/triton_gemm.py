@@ -24,7 +24,6 @@ import functools
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
 from nemo_jetrl.precision.kernels.triton_quant import _on_device
 
@@ -152,7 +151,8 @@ def best_config(
 def tuned_config(
     m_bucket: int, n: int, k: int, out_dtype: torch.dtype, has_bias: bool, device_index: int, with_scaled_mm: bool
 ) -> Config | None:
-    """Times every candidate (and cuBLAS blockwise `scaled_mm` when asked) once on random operands of the shape.
+    """Times every candidate (and cuBLAS blockwise `scaled_mm` when asked) once on random operands of the shape,
+    as the rollout runs them: inside a CUDA graph (no launch overhead) with weights cold in L2 (`time_in_graph`).
 
     Must not run inside a CUDA-graph capture: the first call of a shape happens in the eager warm-up.
     """
@@ -162,17 +162,55 @@ def tuned_config(
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m_bucket, k, device=device, generator=gen).to(torch.float8_e4m3fn)
     xs = torch.rand(k // BLOCK_K, m_bucket, device=device, generator=gen).t()  # R-major, as act_quant writes it
-    w = torch.randn(n, k, device=device, generator=gen).to(torch.float8_e4m3fn)
-    ws = torch.rand(n // BLOCK_K, k // BLOCK_K, device=device, generator=gen)
+    copies = cold_copies(n * k, device)
+    ws = [torch.randn(n, k, device=device, generator=gen).to(torch.float8_e4m3fn) for _ in range(copies)]
+    wss = [torch.rand(n // BLOCK_K, k // BLOCK_K, device=device, generator=gen) for _ in range(copies)]
     bias = torch.zeros(n, device=device, dtype=out_dtype) if has_bias else None
-
-    def bench(fn) -> float:
-        return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+    operands = list(zip(ws, wss))
 
     timings: dict[Config | None, float] = {}
     for config in CANDIDATES:
         if config[1] <= k // BLOCK_K:
-            timings[config] = bench(lambda c=config: fp8_gemm_small_m(x, xs, w, ws, out_dtype, bias, c))
+            calls = [lambda w=w, s=s, c=config: fp8_gemm_small_m(x, xs, w, s, out_dtype, bias, c) for w, s in operands]
+            timings[config] = time_in_graph(calls)
     if with_scaled_mm:
-        timings[None] = bench(lambda: fp8_blockwise_mm(x, xs, w, ws, out_dtype, bias=bias, backend="scaled_mm"))
+        calls = [
+            lambda w=w, s=s: fp8_blockwise_mm(x, xs, w, s, out_dtype, bias=bias, backend="scaled_mm")
+            for w, s in operands
+        ]
+        timings[None] = time_in_graph(calls)
     return min(timings, key=timings.get)
+
+
+def cold_copies(weight_bytes: int, device: torch.device, most: int = 32) -> int:
+    """How many distinct weights to cycle through so that each call finds its weight out of L2 (as in a decode
+    step, where every other layer's weights pass through L2 in between): about twice the L2 size in all."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    return max(2, min(most, -(-2 * l2 // max(weight_bytes, 1))))
+
+
+def time_in_graph(calls: list, replays: int = 7) -> float:
+    """Median milliseconds per call of `calls` run back to back inside one CUDA graph (no CPU launch overhead in
+    the figure, as in the rollout's captured decode step). The calls run once eagerly first (JIT, allocations)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(calls))
+    del graph
+    return sorted(times)[len(times) // 2]

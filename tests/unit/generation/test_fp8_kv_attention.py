@@ -1,5 +1,6 @@
 """FP8 KV attention vs BF16 attention (error bound), the Triton decode kernel in the CPU interpreter, KV memory."""
 
+import json
 import os
 import subprocess
 import sys
@@ -107,3 +108,45 @@ def test_engine_fp8_kv_logprobs_close_to_bf16_kv(tiny_model, prompts):
     scored = fp8.score(out.input_ids, out.attention_mask, out.prompt_length)  # the same tokens, FP8 cache
     diff = (scored - out.generation_logprobs)[out.response_mask.bool()].abs()
     assert 1e-4 < diff.mean().item() < 0.2 and diff.max().item() < 1.5  # measured mean 0.10, max 0.52
+
+
+def test_fused_kv_write_is_bitwise_the_cache_update_in_the_cpu_interpreter():
+    """`write_decode_kv` (one Triton launch for K and V) stores the bits `KVCache.update` stores, bf16 and e4m3."""
+    script = textwrap.dedent(
+        """
+        import json, torch
+        from nemo_jetrl.generation.native.decode_attention import write_decode_kv
+        from nemo_jetrl.generation.native.kv_cache import KVCache
+        torch.manual_seed(0)
+        ok = []
+        for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+            ref, fused = (KVCache(2, 3, 2, 9, 32, dtype=dtype) for _ in range(2))
+            ks, vs = torch.tensor([2.0**-7, 2.0**-5]), torch.tensor([2.0**-4, 2.0**-8])
+            if dtype != torch.bfloat16:
+                for c in (ref, fused):
+                    c.set_scales(ks, vs)
+            for pos in (0, 4, 8):
+                for layer in (0, 1):
+                    # the interpreter's own e4m3 cast rounds differently from the GPU's cvt.rn (tests/gpu checks
+                    # arbitrary values bitwise there), so here x / scale is an e4m3 value already: no rounding
+                    # e4m3 normals, times the power-of-two scales below
+                    e4m3 = lambda *shape: (torch.randn(*shape) * 60).to(torch.float8_e4m3fn).float().clamp(-448, 448)
+                    kq, vq = e4m3(3, 1, 2, 32), e4m3(3, 1, 80)
+                    kq, vq = torch.where(kq.abs() < 2**-6, 0.0, kq), torch.where(vq.abs() < 2**-6, 0.0, vq)
+                    # k as the fused path makes it ([B, S, H, D] transposed), v a column view of a wider output
+                    k = (kq * ks[layer]).bfloat16().transpose(1, 2)
+                    v = (vq * vs[layer]).bfloat16()[..., :64].view(3, 1, 2, 32).transpose(1, 2)
+                    ref.update(layer, k, v, torch.tensor(pos))
+                    s = fused._scales(layer)
+                    write_decode_kv(fused.k[layer], fused.v[layer], k, v, torch.tensor(pos + 1), *s)
+            for a, b in ((ref.k, fused.k), (ref.v, fused.v)):
+                ok.append([torch.equal(a.view(torch.uint8), b.view(torch.uint8)), int(b.float().ne(0).sum())])
+        print(json.dumps(ok))
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])  # [bitwise equal, nonzero values] for k, v of each
+    assert all(equal for equal, _ in results)
+    assert all(written > 1000 for _, written in results)  # 3 positions x 2 layers x 3 sequences x 2 heads x 32

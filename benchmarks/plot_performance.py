@@ -1,0 +1,31 @@
+"""The figure of docs/performance.md from the benchmarks' JSON outputs (CPU is fine).
+
+    python3 benchmarks/plot_performance.py --rollout docs/assets/bench_rollout_h200.json \\
+        --train docs/assets/bench_train_step_h200.json --grpo docs/assets/bench_grpo_step_h200.json \\
+        --out docs/assets/performance_h200.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import plot_benchmarks  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("rollout", "train", "grpo"):
+        p.add_argument(f"--{name}", required=True, type=Path, help=f"JSON written by bench_{name}*.py --out")
+    p.add_argument("--out", required=True, type=Path, help="PNG path")
+    args = p.parse_args(argv)
+    payloads = [json.loads(path.read_text()) for path in (args.rollout, args.train, args.grpo)]
+    plot_benchmarks(*payloads, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""FP8 weights of sibling linears (q/k/v, gate/up) in one buffer, and the projections that read one input.
+
+Linears that read the same activation can share one FP8 weight buffer: `Fp8WeightGroup` quantizes its members
+together into e4m3 [sum N_i, K] (+ fp32 scales [sum N_i / 128, K / 128]) and gives each member a row-slice view
+as its `QuantizedWeight`. Every 128x128 tile lies inside one member (each N_i is a multiple of 128), so the bits
+are exactly those each member would quantize alone; the trainer's per-linear FProp/DGrad/WGrad read the views
+and the rollout's fast path reads the whole buffer in ONE GEMM (`project_shared_input(..., grouped=True)`): no
+copy of any weight, one launch instead of three (q/k/v) or two (gate/up) per layer. At decode sizes (M = 64-256
+rows) a launch streams the weights well below HBM speed, so one wide GEMM beats several narrow ones.
+
+Grouping is decided once, at conversion (`group_sibling_linears`): members must be FP8 `Fp8Linear`s of one
+recipe and flags, one input width, all with or all without bias, and each N a multiple of the 128 block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from nemo_jetrl.precision.gemm import no_autocast
+from nemo_jetrl.precision.linear import (
+    Fp8Linear,
+    QuantizedInput,
+    QuantizedWeight,
+    _fprop_mm,
+    quantize_shared_input,
+)
+
+# Sibling projections of HF Llama / Qwen2 / Qwen3 (attention and gated MLP), grouped in this order.
+SIBLING_NAMES: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class Fp8WeightGroup:
+    """Sibling `Fp8Linear`s (in output order) whose FP8 weights live in one buffer; see the module docstring."""
+
+    def __init__(self, members: Sequence[Fp8Linear]) -> None:
+        members = tuple(members)
+        problem = grouping_problem(members)
+        if problem:
+            raise ValueError(f"Fp8WeightGroup: {problem}")
+        self.members = members
+        self.splits = tuple(m.out_features for m in members)  # N_i
+        self._keys: tuple | None = None
+        self._qweight: QuantizedWeight | None = None  # the whole buffer; None while members hold their own
+        self._bias: torch.Tensor | None = None
+        self._bias_key: tuple | None = None
+        for m in members:
+            m.weight_group = self
+
+    def refresh(self) -> None:
+        """Re-quantize every member into a fresh shared buffer when any master weight changed."""
+        keys = tuple(m.weight_key() for m in self.members)
+        if keys == self._keys:
+            return
+        pieces = [m.quantize_weight() for m in self.members]  # [(e4m3 [N_i, K], fp32 [N_i/128, K/128])]
+        if all(type(t) is torch.Tensor for piece in pieces for t in piece):
+            with torch.no_grad(), no_autocast(pieces[0][0].device.type):  # byte copies (autocast rejects e4m3)
+                data = torch.cat([d.view(torch.uint8) for d, _ in pieces]).view(pieces[0][0].dtype)  # [sum N_i, K]
+                scale = torch.cat([s for _, s in pieces])  # [sum N_i / 128, K / 128]
+            self._qweight = QuantizedWeight(data, scale, version=0, block=self.members[0].recipe.block_size)
+            block = self._qweight.block
+            row = 0
+            for m, n, key in zip(self.members, self.splits, keys):
+                m.set_quantized_weight(data[row : row + n], scale[row // block : (row + n) // block], key)
+                row += n
+        else:  # e.g. sharded (DTensor) master weights: each member keeps its own tensors, no grouped GEMM
+            self._qweight = None
+            for m, (d, s), key in zip(self.members, pieces, keys):
+                m.set_quantized_weight(d, s, key)
+        self._keys = keys
+
+    def invalidate(self) -> None:
+        self._keys, self._qweight = None, None
+        for m in self.members:
+            m._qweight, m._qweight_key = None, None
+
+    def quantized_weight(self) -> QuantizedWeight | None:
+        """The shared FP8 buffer e4m3 [sum N_i, K] + scales, up to date; None when the members could not share."""
+        self.refresh()
+        return self._qweight
+
+    def bias(self) -> torch.Tensor | None:
+        """The members' biases concatenated [sum N_i] (cached until one changes), or None without biases."""
+        biases = [m.bias for m in self.members]
+        if biases[0] is None:
+            return None
+        key = tuple((b._version, b.data_ptr()) for b in biases)
+        if key != self._bias_key:
+            with torch.no_grad(), no_autocast(biases[0].device.type):
+                self._bias = torch.cat([b.detach() for b in biases])
+            self._bias_key = key
+        return self._bias
+
+
+def grouping_problem(members: Sequence[nn.Module]) -> str | None:
+    """Why `members` cannot share one FP8 buffer, or None when they can."""
+    if len(members) < 2:
+        return "needs at least two members"
+    if not all(isinstance(m, Fp8Linear) for m in members):
+        return "every member must be an Fp8Linear"
+    first = members[0]
+    if not (first.train_fp8 or first.rollout_fp8):
+        return "members are not FP8"
+    same = ("in_features", "recipe", "train_fp8", "rollout_fp8")
+    if any(getattr(m, a) != getattr(first, a) for m in members for a in same):
+        return f"members differ in one of {same}"
+    if len({m.bias is None for m in members}) > 1:
+        return "members must all have a bias or all have none"
+    if len({(m.weight.device, m.weight.dtype) for m in members}) > 1:
+        return "members' master weights differ in device or dtype"
+    if any(m.out_features % first.recipe.block_size for m in members):
+        return f"every out_features must be a multiple of {first.recipe.block_size}"
+    if any(m.weight_group is not None for m in members):
+        return "a member already belongs to a group"
+    return None
+
+
+def group_sibling_linears(model: nn.Module, names: tuple[tuple[str, ...], ...] = SIBLING_NAMES) -> int:
+    """(Re)group the FP8 sibling projections of every attention / MLP block of `model`: existing groups are
+    dissolved first (a re-conversion may have changed recipes or flags). Returns the number of groups made."""
+    for m in model.modules():
+        if isinstance(m, Fp8Linear) and m.weight_group is not None:
+            m.invalidate_quantized_weight()
+            m.weight_group = None
+    made = 0
+    for parent in model.modules():
+        for group_names in names:
+            members = [getattr(parent, name, None) for name in group_names]
+            if all(isinstance(m, Fp8Linear) for m in members) and grouping_problem(members) is None:
+                Fp8WeightGroup(members)
+                made += 1
+    return made
+
+
+def project_shared_input(x: torch.Tensor, linears: Sequence[nn.Module], *, grouped: bool = False) -> list[torch.Tensor]:
+    """[m(x) for m in linears] for linears that read one input x [*lead, K].
+
+    FP8 rollout-mode linears quantize x once (`quantize_shared_input`, bitwise each one's own `act_quant`). With
+    `grouped` (the rollout's fast path) and `linears` exactly one `Fp8WeightGroup`, the projections are ONE GEMM
+    over the shared buffer, returned as column views [*lead, N_i] of its [*lead, sum N_i] output (same products
+    per output element; the accumulation order may differ from separate GEMMs in the last bits).
+    """
+    linears = tuple(linears)
+    xin = quantize_shared_input(x, linears)
+    group = getattr(linears[0], "weight_group", None)
+    if grouped and isinstance(xin, QuantizedInput) and group is not None and group.members == linears:
+        qweight = group.quantized_weight()
+        if qweight is not None:
+            y2 = _fprop_mm(xin.data, xin.scale, qweight, group.bias(), xin.out_dtype)  # [M, sum N_i]
+            return [y.view(*xin.lead_shape, y.shape[-1]) for y in y2.split(group.splits, dim=-1)]
+    return [m(xin) for m in linears]
