@@ -25,9 +25,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_jetrl.precision.linear import Fp8Linear, QuantizedWeight, fp8_linear_forward, output_dtype
+from nemo_jetrl.precision.linear import (
+    Fp8Linear,
+    QuantizedInput,
+    QuantizedWeight,
+    fp8_linear_forward,
+    output_dtype,
+    quantized_input_forward,
+)
 from nemo_jetrl.precision.quant import FP8_DTYPE, weight_quant
 from nemo_jetrl.precision.recipe import PrecisionRecipe
+from nemo_jetrl.precision.weight_group import SIBLING_NAMES
 
 RefitFormat = Literal["fp8", "bf16"]
 DEFAULT_BUCKET_BYTES = 256 << 20
@@ -54,6 +62,9 @@ class Fp8RolloutLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.num_loads = 0
         self._qweight: QuantizedWeight | None = None
+        self.weight_group: Fp8RolloutGroup | None = None
+
+    fp8_rollout_active = True  # always the FP8 rollout forward (takes a QuantizedInput too)
 
     @classmethod
     def from_fp8_linear(cls, module: Fp8Linear) -> Fp8RolloutLinear:
@@ -85,8 +96,10 @@ class Fp8RolloutLinear(nn.Module):
     def quantized_weight(self) -> QuantizedWeight:
         return self._qweight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., K] -> [..., N]
+    def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
+        # x: [..., K] (or the same quantized once for several linears) -> [..., N]
+        if isinstance(x, QuantizedInput):
+            return quantized_input_forward(x, self._qweight, self.bias, self.out_features)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8RolloutLinear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         with torch.no_grad():
@@ -99,8 +112,52 @@ class Fp8RolloutLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Fp8RolloutGroup:
+    """Sibling `Fp8RolloutLinear`s (q/k/v, gate/up) whose FP8 bits, scales and biases live in one buffer each.
+
+    The members' `weight_fp8` / `weight_scale` / `bias` buffers become row views of the group's, so every `load`
+    and refit copy lands in the shared buffer and the fused decode runs one GEMM over it (`project_shared_input`),
+    as the trainer-side `Fp8WeightGroup` does.
+    """
+
+    def __init__(self, members: list[Fp8RolloutLinear]) -> None:
+        first = members[0]
+        self.members, self.splits = tuple(members), tuple(m.out_features for m in members)
+        block = first.recipe.block_size
+        self._data = torch.cat([m.weight_fp8.view(torch.uint8) for m in members]).view(FP8_DTYPE)  # [sum N, K]
+        self._scale = torch.cat([m.weight_scale for m in members])  # [sum N / 128, K / 128]
+        self._bias = torch.cat([m.bias for m in members]) if first.bias is not None else None  # [sum N]
+        row = 0
+        for m, n in zip(members, self.splits):
+            m.weight_fp8, m.weight_scale = self._data[row : row + n], self._scale[row // block : (row + n) // block]
+            if self._bias is not None:
+                m.bias = self._bias[row : row + n]
+            m._qweight = QuantizedWeight(m.weight_fp8, m.weight_scale, m.num_loads, block)
+            m.weight_group = self
+            row += n
+        self._qweight = QuantizedWeight(self._data, self._scale, 0, block)
+
+    @staticmethod
+    def compatible(members: list[nn.Module]) -> bool:
+        first = members[0]
+        return (
+            all(isinstance(m, Fp8RolloutLinear) and m.weight_group is None for m in members)
+            and all(m.in_features == first.in_features and m.recipe == first.recipe for m in members)
+            and len({m.bias is None for m in members}) == 1
+            and len({m.weight_fp8.device for m in members}) == 1
+            and all(m.out_features % first.recipe.block_size == 0 for m in members)
+        )
+
+    def quantized_weight(self) -> QuantizedWeight:
+        return self._qweight
+
+    def bias(self) -> torch.Tensor | None:
+        return self._bias
+
+
 def build_rollout_replica(model: nn.Module) -> nn.Module:
     """A rollout copy of an (unsharded) policy: FP8-rollout linears become `Fp8RolloutLinear`, the rest is copied.
+    Sibling FP8 projections (q/k/v, gate/up) share one buffer per block (`Fp8RolloutGroup`).
 
     Call before FSDP sharding. The replica has no trainable parameters (requires_grad off) and is in eval mode.
     """
@@ -110,6 +167,11 @@ def build_rollout_replica(model: nn.Module) -> nn.Module:
         parent_name, _, child = name.rpartition(".")
         parent = replica.get_submodule(parent_name) if parent_name else replica
         setattr(parent, child, Fp8RolloutLinear.from_fp8_linear(module))
+    for parent in replica.modules():
+        for names in SIBLING_NAMES:
+            members = [getattr(parent, name, None) for name in names]
+            if all(isinstance(m, Fp8RolloutLinear) for m in members) and Fp8RolloutGroup.compatible(members):
+                Fp8RolloutGroup(members)
     return replica.requires_grad_(False).eval()
 
 

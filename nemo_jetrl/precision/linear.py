@@ -69,13 +69,12 @@ class QuantizedInput:
 
 
 def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> torch.Tensor | QuantizedInput:
-    """x quantized once when every module in `linears` is an FP8 rollout-mode `Fp8Linear` of one activation recipe
-    (each would compute the same `act_quant(x)`); otherwise x itself, for the modules' own forwards."""
+    """x quantized once when every module in `linears` runs the FP8 rollout forward now (`fp8_rollout_active`: an
+    `Fp8Linear` in rollout mode, or a rollout replica's `Fp8RolloutLinear`) with one activation recipe (each would
+    compute the same `act_quant(x)`); otherwise x itself, for the modules' own forwards."""
     first = linears[0]
     shared = all(
-        isinstance(m, Fp8Linear)
-        and m.mode == "rollout"
-        and m.rollout_fp8
+        getattr(m, "fp8_rollout_active", False)
         and m.in_features == x.shape[-1]
         and (m.recipe.block_size, m.recipe.pow2_activation_scales)
         == (first.recipe.block_size, first.recipe.pow2_activation_scales)
@@ -109,6 +108,15 @@ def fp8_linear_forward(
     with no_autocast(x2.device.type):
         x_fp8, x_scale = act_quant(x2, recipe.block_size, recipe.pow2_activation_scales)  # [M, K], [M, K/128]
         return _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype)
+
+
+def quantized_input_forward(
+    x: QuantizedInput, qweight: QuantizedWeight, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """The FP8 rollout forward on an already-quantized input: [*lead, K] -> [*lead, N]."""
+    with torch.no_grad(), no_autocast(x.data.device.type):
+        y2 = _fprop_mm(x.data, x.scale, qweight, bias, x.out_dtype)  # [M, N]
+    return y2.reshape(*x.lead_shape, out_features)
 
 
 def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype) -> torch.Tensor:
@@ -248,6 +256,11 @@ class Fp8Linear(nn.Module):
     def mode(self) -> Mode:
         return self._mode
 
+    @property
+    def fp8_rollout_active(self) -> bool:
+        """Whether the forward is the FP8 rollout one now (so it also takes a `QuantizedInput`)."""
+        return self.mode == "rollout" and self.rollout_fp8
+
     @mode.setter
     def mode(self, value: Mode) -> None:
         if value not in _MODES:
@@ -285,11 +298,9 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
         if isinstance(x, QuantizedInput):
-            if self.mode != "rollout" or not self.rollout_fp8 or x.data.shape[-1] != self.in_features:
+            if not self.fp8_rollout_active or x.data.shape[-1] != self.in_features:
                 raise ValueError("Fp8Linear: a QuantizedInput is only for FP8 rollout mode with matching in_features")
-            with torch.no_grad(), no_autocast(x.data.device.type):
-                y2 = _fprop_mm(x.data, x.scale, self.quantized_weight(), self.bias, x.out_dtype)
-            return y2.reshape(*x.lead_shape, self.out_features)
+            return quantized_input_forward(x, self.quantized_weight(), self.bias, self.out_features)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8

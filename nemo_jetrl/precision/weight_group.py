@@ -24,8 +24,8 @@ from nemo_jetrl.precision.linear import (
     Fp8Linear,
     QuantizedInput,
     QuantizedWeight,
-    _fprop_mm,
     quantize_shared_input,
+    quantized_input_forward,
 )
 
 # Sibling projections of HF Llama / Qwen2 / Qwen3 (attention and gated MLP), grouped in this order.
@@ -137,10 +137,12 @@ def group_sibling_linears(model: nn.Module, names: tuple[tuple[str, ...], ...] =
 def project_shared_input(x: torch.Tensor, linears: Sequence[nn.Module], *, grouped: bool = False) -> list[torch.Tensor]:
     """[m(x) for m in linears] for linears that read one input x [*lead, K].
 
-    FP8 rollout-mode linears quantize x once (`quantize_shared_input`, bitwise each one's own `act_quant`). With
-    `grouped` (the rollout's fast path) and `linears` exactly one `Fp8WeightGroup`, the projections are ONE GEMM
-    over the shared buffer, returned as column views [*lead, N_i] of its [*lead, sum N_i] output (same products
-    per output element; the accumulation order may differ from separate GEMMs in the last bits).
+    FP8 rollout linears quantize x once (`quantize_shared_input`, bitwise each one's own `act_quant`). With
+    `grouped` (the rollout's fast path) and `linears` exactly the members of one weight group (`Fp8WeightGroup`,
+    or a rollout replica's `Fp8RolloutGroup`: anything with `members`, `splits`, `quantized_weight()`, `bias()`),
+    the projections are ONE GEMM over the shared buffer, returned as column views [*lead, N_i] of its
+    [*lead, sum N_i] output (same products per output element; the accumulation order may differ from separate
+    GEMMs in the last bits).
     """
     linears = tuple(linears)
     xin = quantize_shared_input(x, linears)
@@ -148,6 +150,6 @@ def project_shared_input(x: torch.Tensor, linears: Sequence[nn.Module], *, group
     if grouped and isinstance(xin, QuantizedInput) and group is not None and group.members == linears:
         qweight = group.quantized_weight()
         if qweight is not None:
-            y2 = _fprop_mm(xin.data, xin.scale, qweight, group.bias(), xin.out_dtype)  # [M, sum N_i]
-            return [y.view(*xin.lead_shape, y.shape[-1]) for y in y2.split(group.splits, dim=-1)]
+            y = quantized_input_forward(xin, qweight, group.bias(), sum(group.splits))  # [*lead, sum N_i]
+            return list(y.split(group.splits, dim=-1))
     return [m(xin) for m in linears]

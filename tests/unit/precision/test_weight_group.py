@@ -135,3 +135,32 @@ def test_incompatible_members_are_left_ungrouped():
     model.model.layers[1].mlp.up_proj.train_fp8 = False
     assert group_sibling_linears(model) == 3  # 2 attention groups + the first MLP; regrouping dissolves the old
     assert model.model.layers[1].mlp.gate_proj.weight_group is None
+
+
+def test_rollout_replica_siblings_share_one_buffer_that_loads_update():
+    from nemo_jetrl.distributed.weight_sync import Fp8RolloutGroup, build_rollout_replica
+
+    model = fp8_tiny(seed=2)
+    replica = build_rollout_replica(model)
+    attn, r_attn = model.model.layers[0].self_attn, replica.model.layers[0].self_attn
+    members = (r_attn.q_proj, r_attn.k_proj, r_attn.v_proj)
+    group = r_attn.q_proj.weight_group
+    assert isinstance(group, Fp8RolloutGroup) and group.members == members
+    assert isinstance(replica.model.layers[1].mlp.up_proj.weight_group, Fp8RolloutGroup)
+    buffer = group.quantized_weight()
+    for trainer, rollout in zip((attn.q_proj, attn.k_proj, attn.v_proj), members):
+        assert torch.equal(rollout.weight_fp8.view(torch.uint8), trainer.quantized_weight().data.view(torch.uint8))
+        assert rollout.weight_fp8.untyped_storage().data_ptr() == buffer.data.untyped_storage().data_ptr()
+    # a refit-style load into one member lands in the shared buffer the grouped GEMM reads
+    new_data, new_scale = weight_quant(torch.randn(128, 256), 128)
+    r_attn.k_proj.load(new_data, new_scale)
+    assert torch.equal(buffer.data[256:384].view(torch.uint8), new_data.view(torch.uint8))
+    assert torch.equal(buffer.scale[2:3], new_scale)
+    x = torch.randn(2, 3, 256)
+    with torch.no_grad():
+        separate = project_shared_input(x, members)
+        fused = project_shared_input(x, members, grouped=True)
+        own = [m(x) for m in members]  # each linear quantizes x itself
+    for a, b, c in zip(fused, separate, own):
+        assert torch.equal(b, c)  # the shared quantization is bitwise each one's own
+        assert ((a - b).norm() / b.norm()).item() < 1e-6
