@@ -35,7 +35,7 @@ from nemo_jetrl.precision.linear import (
 )
 from nemo_jetrl.precision.quant import FP8_DTYPE, weight_quant
 from nemo_jetrl.precision.recipe import PrecisionRecipe
-from nemo_jetrl.precision.weight_group import SIBLING_NAMES
+from nemo_jetrl.precision.weight_group import layout_problem, sibling_sets, stack_rows
 
 RefitFormat = Literal["fp8", "bf16"]
 DEFAULT_BUCKET_BYTES = 256 << 20
@@ -63,8 +63,6 @@ class Fp8RolloutLinear(nn.Module):
         self.num_loads = 0
         self._qweight: QuantizedWeight | None = None
         self.weight_group: Fp8RolloutGroup | None = None
-
-    fp8_rollout_active = True  # always the FP8 rollout forward (takes a QuantizedInput too)
 
     @classmethod
     def from_fp8_linear(cls, module: Fp8Linear) -> Fp8RolloutLinear:
@@ -120,32 +118,26 @@ class Fp8RolloutGroup:
     as the trainer-side `Fp8WeightGroup` does.
     """
 
-    def __init__(self, members: list[Fp8RolloutLinear]) -> None:
-        first = members[0]
+    def __init__(self, members: tuple[Fp8RolloutLinear, ...]) -> None:
         self.members, self.splits = tuple(members), tuple(m.out_features for m in members)
-        block = first.recipe.block_size
-        self._data = torch.cat([m.weight_fp8.view(torch.uint8) for m in members]).view(FP8_DTYPE)  # [sum N, K]
-        self._scale = torch.cat([m.weight_scale for m in members])  # [sum N / 128, K / 128]
-        self._bias = torch.cat([m.bias for m in members]) if first.bias is not None else None  # [sum N]
-        row = 0
-        for m, n in zip(members, self.splits):
-            m.weight_fp8, m.weight_scale = self._data[row : row + n], self._scale[row // block : (row + n) // block]
-            if self._bias is not None:
-                m.bias = self._bias[row : row + n]
+        block = members[0].recipe.block_size
+        data, data_views = stack_rows([m.weight_fp8 for m in members])  # [sum N, K]
+        scale, scale_views = stack_rows([m.weight_scale for m in members])  # [sum N / 128, K / 128]
+        self._bias, bias_views = stack_rows([m.bias for m in members]) if members[0].bias is not None else (None, None)
+        for i, m in enumerate(members):
+            m.weight_fp8, m.weight_scale = data_views[i], scale_views[i]
+            if bias_views is not None:
+                m.bias = bias_views[i]
             m._qweight = QuantizedWeight(m.weight_fp8, m.weight_scale, m.num_loads, block)
             m.weight_group = self
-            row += n
-        self._qweight = QuantizedWeight(self._data, self._scale, 0, block)
+        self._qweight = QuantizedWeight(data, scale, 0, block)
 
     @staticmethod
-    def compatible(members: list[nn.Module]) -> bool:
-        first = members[0]
+    def compatible(members: tuple[nn.Module, ...]) -> bool:
         return (
-            all(isinstance(m, Fp8RolloutLinear) and m.weight_group is None for m in members)
-            and all(m.in_features == first.in_features and m.recipe == first.recipe for m in members)
-            and len({m.bias is None for m in members}) == 1
+            all(isinstance(m, Fp8RolloutLinear) for m in members)
+            and layout_problem(members) is None
             and len({m.weight_fp8.device for m in members}) == 1
-            and all(m.out_features % first.recipe.block_size == 0 for m in members)
         )
 
     def quantized_weight(self) -> QuantizedWeight:
@@ -167,11 +159,9 @@ def build_rollout_replica(model: nn.Module) -> nn.Module:
         parent_name, _, child = name.rpartition(".")
         parent = replica.get_submodule(parent_name) if parent_name else replica
         setattr(parent, child, Fp8RolloutLinear.from_fp8_linear(module))
-    for parent in replica.modules():
-        for names in SIBLING_NAMES:
-            members = [getattr(parent, name, None) for name in names]
-            if all(isinstance(m, Fp8RolloutLinear) for m in members) and Fp8RolloutGroup.compatible(members):
-                Fp8RolloutGroup(members)
+    for members in sibling_sets(replica):
+        if Fp8RolloutGroup.compatible(members):
+            Fp8RolloutGroup(members)
     return replica.requires_grad_(False).eval()
 
 

@@ -256,16 +256,16 @@ class Fp8Linear(nn.Module):
     def mode(self) -> Mode:
         return self._mode
 
-    @property
-    def fp8_rollout_active(self) -> bool:
-        """Whether the forward is the FP8 rollout one now (so it also takes a `QuantizedInput`)."""
-        return self.mode == "rollout" and self.rollout_fp8
-
     @mode.setter
     def mode(self, value: Mode) -> None:
         if value not in _MODES:
             raise ValueError(f"Fp8Linear.mode must be one of {_MODES}, got {value!r}")
         self._mode = value
+
+    @property
+    def fp8_rollout_active(self) -> bool:
+        """Whether the forward is the FP8 rollout one now (so it also takes a `QuantizedInput`)."""
+        return self.mode == "rollout" and self.rollout_fp8
 
     def weight_key(self) -> tuple:
         """What the cached FP8 weight depends on: the master weight's version, storage, shape, dtype; scale rule."""
@@ -287,6 +287,7 @@ class Fp8Linear(nn.Module):
         return self._qweight
 
     def set_quantized_weight(self, data: torch.Tensor, scale: torch.Tensor, key: tuple) -> None:
+        """Cache (data, scale) as the FP8 weight for master-weight state `key` (a `weight_key()`)."""
         self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size)
         self._qweight_key = key
 

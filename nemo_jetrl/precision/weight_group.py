@@ -56,15 +56,11 @@ class Fp8WeightGroup:
             return
         pieces = [m.quantize_weight() for m in self.members]  # [(e4m3 [N_i, K], fp32 [N_i/128, K/128])]
         if all(type(t) is torch.Tensor for piece in pieces for t in piece):
-            with torch.no_grad(), no_autocast(pieces[0][0].device.type):  # byte copies (autocast rejects e4m3)
-                data = torch.cat([d.view(torch.uint8) for d, _ in pieces]).view(pieces[0][0].dtype)  # [sum N_i, K]
-                scale = torch.cat([s for _, s in pieces])  # [sum N_i / 128, K / 128]
+            data, data_views = stack_rows([d for d, _ in pieces])  # [sum N_i, K]
+            scale, scale_views = stack_rows([s for _, s in pieces])  # [sum N_i / 128, K / 128]
             self._qweight = QuantizedWeight(data, scale, version=0, block=self.members[0].recipe.block_size)
-            block = self._qweight.block
-            row = 0
-            for m, n, key in zip(self.members, self.splits, keys):
-                m.set_quantized_weight(data[row : row + n], scale[row // block : (row + n) // block], key)
-                row += n
+            for m, d, s, key in zip(self.members, data_views, scale_views, keys):
+                m.set_quantized_weight(d, s, key)
         else:  # e.g. sharded (DTensor) master weights: each member keeps its own tensors, no grouped GEMM
             self._qweight = None
             for m, (d, s), key in zip(self.members, pieces, keys):
@@ -88,28 +84,40 @@ class Fp8WeightGroup:
             return None
         key = tuple((b._version, b.data_ptr()) for b in biases)
         if key != self._bias_key:
-            with torch.no_grad(), no_autocast(biases[0].device.type):
-                self._bias = torch.cat([b.detach() for b in biases])
+            self._bias = stack_rows([b.detach() for b in biases])[0]
             self._bias_key = key
         return self._bias
 
 
-def grouping_problem(members: Sequence[nn.Module]) -> str | None:
-    """Why `members` cannot share one FP8 buffer, or None when they can."""
+def stack_rows(parts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One new buffer holding `parts` stacked along dim 0 (e4m3 copied as bytes), and each part's row view of it."""
+    dtype = parts[0].dtype
+    fp8 = dtype == torch.float8_e4m3fn
+    with torch.no_grad(), no_autocast(parts[0].device.type):  # autocast rejects e4m3 in cat
+        buffer = torch.cat([p.view(torch.uint8) if fp8 else p for p in parts])
+    buffer = buffer.view(dtype) if fp8 else buffer
+    return buffer, list(buffer.split([p.shape[0] for p in parts]))
+
+
+def sibling_sets(model: nn.Module, names: tuple[tuple[str, ...], ...] = SIBLING_NAMES):
+    """Each block's sibling projections (q/k/v, gate/up) as a tuple, for every block of `model` that has them."""
+    for parent in model.modules():
+        for group_names in names:
+            members = tuple(getattr(parent, name, None) for name in group_names)
+            if all(m is not None for m in members):
+                yield members
+
+
+def layout_problem(members: Sequence[nn.Module], same: tuple[str, ...] = ("in_features", "recipe")) -> str | None:
+    """Why FP8 linears `members` (with in_features / out_features / recipe / bias / weight_group) cannot stack their
+    FP8 weights into one buffer, or None when they can."""
     if len(members) < 2:
         return "needs at least two members"
-    if not all(isinstance(m, Fp8Linear) for m in members):
-        return "every member must be an Fp8Linear"
     first = members[0]
-    if not (first.train_fp8 or first.rollout_fp8):
-        return "members are not FP8"
-    same = ("in_features", "recipe", "train_fp8", "rollout_fp8")
     if any(getattr(m, a) != getattr(first, a) for m in members for a in same):
         return f"members differ in one of {same}"
     if len({m.bias is None for m in members}) > 1:
         return "members must all have a bias or all have none"
-    if len({(m.weight.device, m.weight.dtype) for m in members}) > 1:
-        return "members' master weights differ in device or dtype"
     if any(m.out_features % first.recipe.block_size for m in members):
         return f"every out_features must be a multiple of {first.recipe.block_size}"
     if any(m.weight_group is not None for m in members):
@@ -117,7 +125,21 @@ def grouping_problem(members: Sequence[nn.Module]) -> str | None:
     return None
 
 
-def group_sibling_linears(model: nn.Module, names: tuple[tuple[str, ...], ...] = SIBLING_NAMES) -> int:
+def grouping_problem(members: Sequence[nn.Module]) -> str | None:
+    """Why `members` cannot form an `Fp8WeightGroup`, or None when they can."""
+    if len(members) < 2:
+        return "needs at least two members"
+    if not all(isinstance(m, Fp8Linear) for m in members):
+        return "every member must be an Fp8Linear"
+    if not (members[0].train_fp8 or members[0].rollout_fp8):
+        return "members are not FP8"
+    problem = layout_problem(members, same=("in_features", "recipe", "train_fp8", "rollout_fp8"))
+    if problem is None and len({(m.weight.device, m.weight.dtype) for m in members}) > 1:
+        return "members' master weights differ in device or dtype"
+    return problem
+
+
+def group_sibling_linears(model: nn.Module) -> int:
     """(Re)group the FP8 sibling projections of every attention / MLP block of `model`: existing groups are
     dissolved first (a re-conversion may have changed recipes or flags). Returns the number of groups made."""
     for m in model.modules():
@@ -125,12 +147,10 @@ def group_sibling_linears(model: nn.Module, names: tuple[tuple[str, ...], ...] =
             m.invalidate_quantized_weight()
             m.weight_group = None
     made = 0
-    for parent in model.modules():
-        for group_names in names:
-            members = [getattr(parent, name, None) for name in group_names]
-            if all(isinstance(m, Fp8Linear) for m in members) and grouping_problem(members) is None:
-                Fp8WeightGroup(members)
-                made += 1
+    for members in sibling_sets(model):
+        if grouping_problem(members) is None:
+            Fp8WeightGroup(members)
+            made += 1
     return made
 
 

@@ -132,9 +132,9 @@ def write_decode_kv(
     is_fp8 = k_buf.dtype == FP8
     if is_fp8 and (k_scale is None or v_scale is None):
         raise ValueError("write_decode_kv: an FP8 cache needs k_scale and v_scale")
-    ones = torch.ones((), dtype=torch.float32, device=k.device) if not is_fp8 else None
+    # the kernel reads the scales only for FP8 buffers: otherwise any pointer fills their slots
     _write_kernel[(bsz * kv_heads,)](
-        k, v, k_buf, v_buf, kv_len, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones, kv_heads,
+        k, v, k_buf, v_buf, kv_len, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len, kv_heads,
         *k.stride()[:2], *v.stride()[:2], *k_buf.stride()[:3], D=dim, FP8=is_fp8,
     )  # fmt: skip
 
