@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -60,6 +61,32 @@ def test_decode_reference_matches_sdpa_over_the_dequantized_cache():
         q[:, :, None], kd.repeat_interleave(2, 1), vd.repeat_interleave(2, 1), attn_mask=mask, scale=0.1
     )[:, :, 0]
     assert torch.allclose(ref, sdpa, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("programs", "s_max", "slots", "splits"),
+    [(1024, 2560, 528, 1), (792, 2560, 528, 2), (512, 2560, 528, 1), (792, 300, 528, 1), (100, 4096, 528, 4)],
+)
+def test_cuda_kernel_splits_fill_the_last_wave(programs, s_max, slots, splits):
+    """792 CTAs on 528 slots are 1.5 waves (75% busy): two splits make 3 full waves; 1024 are 1.94 waves already."""
+    from nemo_jetrl.generation.native.fp8_decode_cuda import balanced_splits
+
+    assert balanced_splits(programs, s_max, slots) == splits
+
+
+def test_cuda_decode_kernel_refuses_what_it_cannot_serve():
+    """impl="cuda" off a GPU (or with a bf16 cache) is a clear error, never a silent fallback; "auto" falls back."""
+    pytest.importorskip("triton")
+    from nemo_jetrl.generation.native.decode_attention import decode_attention
+    from nemo_jetrl.generation.native.fp8_decode_cuda import cuda_kernel_problem
+
+    q, k = torch.zeros(1, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 2, 16, 128, dtype=torch.float8_e4m3fn)
+    args = (q, k, k, torch.ones(1, 16, dtype=torch.bool), torch.tensor(3), 0.1, torch.tensor(1.0), torch.tensor(1.0))
+    assert "CUDA" in cuda_kernel_problem(q, k, k, 2)
+    with pytest.raises(ValueError, match="the CUDA kernel needs CUDA"):
+        decode_attention(*args, impl="cuda")
+    with pytest.raises(ValueError, match="impl must be"):
+        decode_attention(*args, impl="cudnn")
 
 
 def test_triton_decode_kernel_in_the_cpu_interpreter():
