@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from nemo_jetrl.generation.native.fp8_decode_cuda import cuda_kernel_problem, fp8_decode_attention
+from nemo_jetrl.generation.native import fp8_decode_cuda
 from nemo_jetrl.precision.kv import kv_dequant
 
 FP8 = torch.float8_e4m3fn
@@ -90,32 +90,39 @@ def decode_attention(
     n_rep = heads // kv_heads
     if impl not in ("auto", "triton", "cuda"):
         raise ValueError(f"decode_attention: impl must be auto, triton or cuda, got {impl!r}")
+    on_cuda_kernel = False
     if impl != "triton":
-        problem = cuda_kernel_problem(q, k_buf, v_buf, n_rep)
-        if problem is None:
-            return fp8_decode_attention(q, k_buf, v_buf, key_valid, kv_len, sm_scale, k_scale, v_scale, num_splits)
-        if impl == "cuda":
+        problem = fp8_decode_cuda.cuda_kernel_problem(q, k_buf, v_buf, key_valid, n_rep)
+        if impl == "cuda" and problem is not None:
             raise ValueError(f"decode_attention: the CUDA kernel {problem}")
-    if num_splits is None:  # enough programs to fill the GPU, at least 256 keys per split
+        on_cuda_kernel = problem is None
+    if num_splits is None and on_cuda_kernel:
+        num_splits = fp8_decode_cuda.default_splits(q, kv_heads, s_max)
+    elif num_splits is None:  # enough programs to fill the GPU, at least 256 keys per split
         num_splits = max(1, min(triton.cdiv(s_max, 256), triton.cdiv(4 * 132, bsz * kv_heads)))
-    # Tensor-core dots in bf16 (bf16 cache) or fp16 (FP8 cache: e4m3 -> fp16 is one exact cvt); exact fp32 dots
-    # for fp32 queries and in the Triton CPU interpreter (which has no 16-bit dot).
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    dot = DOT_FP32 if q.dtype == torch.float32 or interpret else (DOT_FP16 if is_fp8 else DOT_BF16)
-    tuning = {"BLOCK_N": 64} if interpret else {}  # on a GPU the kernel autotunes BLOCK_N / warps / stages
-    ones = torch.ones((), dtype=torch.float32, device=q.device)
-    k_scale = k_scale if is_fp8 else ones
-    v_scale = v_scale if is_fp8 else ones
-    part_out = torch.empty(bsz, heads, num_splits, dim, dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
-    _decode_kernel[(bsz * kv_heads, num_splits)](
-        q, k_buf, v_buf, key_valid, kv_len, k_scale, v_scale, part_out, part_lse,
-        float(sm_scale), kv_heads, s_max,
-        *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
-        N_REP=n_rep, R_PAD=max(16, triton.next_power_of_2(n_rep)), D=dim, NUM_SPLITS=num_splits, DOT=dot,
-        **tuning,
-    )  # fmt: skip
     out = torch.empty_like(q)
+    part_out = part_lse = None  # the CUDA kernel writes `out` itself when it runs one split
+    if num_splits > 1 or not on_cuda_kernel:
+        part_out = torch.empty(bsz, heads, num_splits, dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
+    if on_cuda_kernel:
+        fp8_decode_cuda.launch(q, k_buf, v_buf, key_valid, kv_len, sm_scale, k_scale, v_scale, out, part_out, part_lse)
+        if part_out is None:
+            return out
+    else:
+        # Tensor-core dots in bf16 (bf16 cache) or fp16 (FP8 cache: e4m3 -> fp16 is one exact cvt); exact fp32
+        # dots for fp32 queries and in the Triton CPU interpreter (which has no 16-bit dot).
+        interpret = os.environ.get("TRITON_INTERPRET") == "1"
+        dot = DOT_FP32 if q.dtype == torch.float32 or interpret else (DOT_FP16 if is_fp8 else DOT_BF16)
+        tuning = {"BLOCK_N": 64} if interpret else {}  # on a GPU the kernel autotunes BLOCK_N / warps / stages
+        ones = torch.ones((), dtype=torch.float32, device=q.device)
+        _decode_kernel[(bsz * kv_heads, num_splits)](
+            q, k_buf, v_buf, key_valid, kv_len, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones,
+            part_out, part_lse, float(sm_scale), kv_heads, s_max,
+            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
+            N_REP=n_rep, R_PAD=max(16, triton.next_power_of_2(n_rep)), D=dim, NUM_SPLITS=num_splits, DOT=dot,
+            **tuning,
+        )  # fmt: skip
     merge_splits(part_out, part_lse, out)
     return out
 

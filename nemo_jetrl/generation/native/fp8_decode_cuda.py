@@ -14,10 +14,11 @@ loads, straight from HBM into registers, exactly the bytes its `mma.sync.m16n8k1
   register reuse); V fragments pair two keys of one dim, so a thread reads 16 contiguous bytes of 4 keys and
   `prmt` interleaves them before the widening cvt. Output dims come out permuted and are stored in place.
 
-One CTA per (sequence, KV head, split of the keys); its warps take 16-key tiles round-robin (the next tile's
-loads issue before the current tile's math), keep their own online-softmax state and merge it through shared
-memory at the end. One split writes the bf16 output directly; several write fp32 partials + LSE for the merge
-kernel. Needs head_dim 128, n_rep <= 8, bf16 queries.
+One CTA per (sequence, KV head, split of the keys); its warps take 16-key tiles round-robin, keep their own
+online-softmax state and merge it through shared memory at the end. One split writes the bf16 output directly;
+several write fp32 partials + LSE, which `decode_attention` merges. Needs head_dim 128, n_rep <= 8, bf16 queries.
+`decode_attention(..., impl="auto"|"cuda")` is the entry point: it checks the arguments, allocates the outputs
+and calls `launch` here.
 """
 
 from __future__ import annotations
@@ -226,14 +227,19 @@ def cuda_decode_available() -> bool:
     return torch.cuda.get_device_capability() >= (8, 9)
 
 
-def cuda_kernel_problem(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, n_rep: int) -> str | None:
-    """Why this kernel cannot serve the call (None: it can). q [B, H, D]; k_buf/v_buf [B, H_kv, S_max, D]."""
+def cuda_kernel_problem(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, key_valid: torch.Tensor, n_rep: int
+) -> str | None:
+    """Why this kernel cannot serve the call (None: it can). q [B, H, D]; k_buf/v_buf [B, H_kv, S_max, D];
+    key_valid [B, >= S_max] bool."""
     if not (q.is_cuda and cuda_decode_available()):
         return "needs CUDA sm_89+ and torch.cuda._compile_kernel (NVRTC)"
     if k_buf.dtype != torch.float8_e4m3fn or q.dtype != torch.bfloat16:
         return "needs an e4m3 cache and bf16 queries"
     if q.shape[-1] != HEAD_DIM or n_rep > 8:
         return f"needs head_dim {HEAD_DIM} and at most 8 query heads per KV head"
+    if key_valid.dtype != torch.bool:
+        return f"needs a bool key mask, got {key_valid.dtype}"
     strides = (*q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3])
     if max(strides) >= 2**31 or any(t.stride(2) % 16 or t.data_ptr() % 16 for t in (k_buf, v_buf)):
         return "needs 16-byte aligned cache rows and int32 strides"
@@ -253,7 +259,13 @@ def balanced_splits(programs: int, s_max: int, slots: int) -> int:
     return next(s for s in candidates if efficiency(s) >= 0.95 * best)
 
 
-def fp8_decode_attention(
+def default_splits(q: torch.Tensor, kv_heads: int, s_max: int, min_blocks: int = 4) -> int:
+    """`balanced_splits` for this GPU at `min_blocks` resident CTAs per multiprocessor."""
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    return balanced_splits(q.shape[0] * kv_heads, s_max, sms * min_blocks)
+
+
+def launch(
     q: torch.Tensor,
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
@@ -262,36 +274,25 @@ def fp8_decode_attention(
     sm_scale: float,
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
-    num_splits: int | None = None,
+    out: torch.Tensor,
+    part_out: torch.Tensor | None,
+    part_lse: torch.Tensor | None,
     *,
     num_warps: int = 4,
     min_blocks: int = 4,
-) -> torch.Tensor:
-    """Launch on arguments `decode_attention` has checked (see `cuda_kernel_problem`). Returns [B, H, D] bf16."""
-    from nemo_jetrl.generation.native.decode_attention import merge_splits  # the module that imports this one
-
-    if key_valid.dtype != torch.bool:
-        raise ValueError(f"key_valid must be bool, got {key_valid.dtype}")
-    bsz, heads, dim = q.shape
+) -> None:
+    """Run the kernel on arguments `decode_attention` has checked (`cuda_kernel_problem`). out [B, H, D] bf16 is
+    written directly with one split; with S splits part_out [B, H, S, D] / part_lse [B, H, S] (fp32) are."""
+    bsz, heads, _ = q.shape
     kv_heads = k_buf.shape[1]
-    if num_splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        num_splits = balanced_splits(bsz * kv_heads, k_buf.shape[2], sms * min_blocks)
-    out = torch.empty_like(q)
-    if num_splits > 1:
-        part_out = torch.empty(bsz, heads, num_splits, dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part_out = part_lse = out  # not written
+    num_splits = 1 if part_out is None else part_out.shape[2]
     _compiled(num_warps, min_blocks)(
         grid=(bsz * kv_heads, num_splits, 1),
         block=(32 * num_warps, 1, 1),
         args=[
-            q, k_buf, v_buf, key_valid, kv_len, k_scale, v_scale, part_out, part_lse, out,
+            q, k_buf, v_buf, key_valid, kv_len, k_scale, v_scale,
+            out if part_out is None else part_out, out if part_lse is None else part_lse, out,
             float(sm_scale), kv_heads, k_buf.shape[2], heads // kv_heads, num_splits,
             *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0), *out.stride()[:2],
         ],
     )  # fmt: skip
-    if num_splits > 1:
-        merge_splits(part_out, part_lse, out)
-    return out

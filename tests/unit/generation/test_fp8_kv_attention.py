@@ -82,7 +82,7 @@ def test_cuda_decode_kernel_refuses_what_it_cannot_serve():
 
     q, k = torch.zeros(1, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 2, 16, 128, dtype=torch.float8_e4m3fn)
     args = (q, k, k, torch.ones(1, 16, dtype=torch.bool), torch.tensor(3), 0.1, torch.tensor(1.0), torch.tensor(1.0))
-    assert "CUDA" in cuda_kernel_problem(q, k, k, 2)
+    assert "CUDA" in cuda_kernel_problem(q, k, k, args[3], 2)
     with pytest.raises(ValueError, match="the CUDA kernel needs CUDA"):
         decode_attention(*args, impl="cuda")
     with pytest.raises(ValueError, match="impl must be"):
