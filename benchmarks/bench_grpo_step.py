@@ -78,6 +78,7 @@ def calibration_overhead(policy: NativePolicy, batch: TrainBatch, device) -> dic
 
 def run_variant(name: str, model, recipe: PrecisionRecipe, prompts, args, device) -> dict:
     cfg = policy_config(
+        train_causal_attention=args.causal_attention,
         train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch * 2,
         generation={"kv_cache_calibration_pass": "fused"},
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument(
+        "--causal-attention", action="store_true", help="policy.train_causal_attention: true (faster, not bit-exact)"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -38,7 +38,7 @@ def make_batch(batch: int, seq_len: int, vocab: int) -> TrainBatch:
 
 
 def run_variant(name: str, model, recipe: PrecisionRecipe, batch: TrainBatch, args, device) -> dict:
-    policy = NativePolicy(policy_config(), {}, recipe, device, model=model)
+    policy = NativePolicy(policy_config(train_causal_attention=args.causal_attention), {}, recipe, device, model=model)
 
     def step():
         policy.train(batch)
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument(
+        "--causal-attention", action="store_true", help="policy.train_causal_attention: true (faster, not bit-exact)"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -163,6 +163,8 @@ class PolicyConfig(Section):
     logprob_batch_size: PositiveInt
     max_total_sequence_length: PositiveInt
     max_grad_norm: PositiveFloat | None  # null = no clipping
+    fused_train_kernels: bool = True  # CUDA trainer: RMSNorm / q-k-norm+RoPE / SiLU*up as fused fwd+bwd kernels
+    train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
     optimizer: OptimizerConfig
     fp8_cfg: Fp8Config
     generation: GenerationConfig

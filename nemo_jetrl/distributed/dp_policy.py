@@ -25,23 +25,9 @@ from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.policy.interfaces import TrainBatch
-from nemo_jetrl.policy.native import DTYPES
+from nemo_jetrl.policy.native import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
-
-
-def build_optimizer(params, opt_cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """`policy.optimizer` -> AdamW (the single-process trainer's optimizer, same hyperparameters)."""
-    if opt_cfg["name"] not in ("adamw", "adam"):
-        raise ValueError(f"policy.optimizer.name: {opt_cfg['name']!r} is not one of adamw, adam")
-    cls = torch.optim.AdamW if opt_cfg["name"] == "adamw" else torch.optim.Adam
-    return cls(
-        params,
-        lr=float(opt_cfg["lr"]),
-        weight_decay=float(opt_cfg["weight_decay"]),
-        betas=tuple(opt_cfg["betas"]),
-        eps=float(opt_cfg["eps"]),
-    )
 
 
 class DataParallelPolicy:
@@ -67,6 +53,7 @@ class DataParallelPolicy:
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         gen = policy_cfg["generation"]
         self.temperature = float(gen["temperature"])
+        self.kernels = trainer_kernels(policy_cfg)
         self.reference_model = None
         if self.loss_cfg.reference_policy_kl_penalty > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -74,7 +61,11 @@ class DataParallelPolicy:
         self.model = model.train()
         self.replica = build_rollout_replica(model)
         self.module = shard_policy(
-            model, temperature=self.temperature, compute_dtype=self.compute_dtype, block=recipe.block_size
+            model,
+            temperature=self.temperature,
+            compute_dtype=self.compute_dtype,
+            block=recipe.block_size,
+            kernels=self.kernels,
         )
         self.optimizer = build_optimizer(model.parameters(), policy_cfg["optimizer"])
         self.refitter = Fp8Refit(model, self.replica, other_dtype=other_dtype)
@@ -202,6 +193,7 @@ class DataParallelPolicy:
                     mb.attention_mask,
                     temperature=self.temperature,
                     compute_dtype=self.compute_dtype,
+                    **self.kernels,
                 )
                 .float()
                 .cpu()

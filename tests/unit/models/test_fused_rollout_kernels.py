@@ -2,10 +2,6 @@
 process: the flag is read when kernels are defined): fused glue vs the eager HF math, the small-M FP8 GEMM vs its
 emulated twin, the fused decoder forward vs the eager one. Plus the shared q/k/v input quantization (in-process)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -91,11 +87,8 @@ CHILD = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def interpreted() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def interpreted(run_interpreted) -> dict:
+    return run_interpreted(CHILD)
 
 
 def test_bf16_glue_is_bitwise_the_eager_math(interpreted):
