@@ -9,7 +9,8 @@ same code serve full sequences and KV-cached chunks.
 Rollout fast path (`fused=True`, the engine's fused decode on CUDA): the residual-add + RMSNorm, q/k-norm + RoPE and
 SiLU * up glue run as single Triton kernels (`fused_ops.py`, same per-op roundings as the HF modules), and the
 FP8 linears that share an input (q/k/v, gate/up) run as one GEMM over their shared FP8 weight buffer
-(`precision.weight_group`). On every path those linears quantize their common input once (bitwise the same).
+(`precision.weight_group`). On every path those linears quantize their common input once (bitwise the same); on
+the fast path the norm / SiLU*up kernel that produces an FP8 linear's input writes it quantized (same bits).
 
 Trainer fast path (`fused_train=True`, `sequence_logprobs`' default on CUDA): the same glue kernels with their
 backward (`fused_train_ops.py`); the CPU path keeps the eager twins. Opt-in (`causal_attention=True`): without a
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
 if TYPE_CHECKING:
@@ -134,12 +136,12 @@ def _self_attention(
     glue=None,
     grouped: bool = False,
 ) -> torch.Tensor:
-    """One attention block over the layer's own projections; x: [B, S, hidden] -> [B, S, hidden].
+    """One attention block over the layer's own projections; x: [B, S, hidden] (or its QuantizedInput) -> [B, S, hidden].
 
     glue: a fused-kernel module (`fused_ops`, `fused_train_ops`) or None (eager); grouped: one GEMM over the
     shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows)."""
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
-    bsz, seq, _ = x.shape
+    bsz, seq = x.lead_shape if isinstance(x, QuantizedInput) else x.shape[:2]
     head_dim = attn.head_dim
     # FP8: x quantized once for all three; grouped: one GEMM over the shared q/k/v FP8 buffer (column views)
     q, k, v = project_shared_input(x, (attn.q_proj, attn.k_proj, attn.v_proj), grouped=grouped)
@@ -180,9 +182,18 @@ def _norm_args(norm: nn.Module | None) -> tuple[torch.Tensor | None, float]:
     return (None, 0.0) if norm is None else (norm.weight, float(norm.variance_epsilon))
 
 
-def _add_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module, glue) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta, norm(x + delta)), delta None = no add; one kernel of `glue` when given and `norm` is fusable."""
+def _add_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module, glue, consumers: tuple[nn.Module, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor | QuantizedInput]:
+    """(x + delta, norm(x + delta)), delta None = no add; one kernel of `glue` when given and `norm` is fusable.
+    consumers (rollout fast path): the FP8 linears reading the normed output, which then leaves the kernel
+    quantized as their shared input."""
     if glue is not None and fused_ops.fusable_rms_norm(norm):
+        quant = shared_input_quant(x.shape[-1], consumers)
+        if quant is not None:
+            res, data, scale = fused_ops.add_rms_norm_fp8(x, delta, *_norm_args(norm), *quant)
+            out_dtype = output_dtype(x, fused_ops.normed_dtype(res.dtype, norm.weight.dtype))
+            return res, QuantizedInput(data, scale, tuple(x.shape[:-1]), out_dtype)
         return glue.add_rms_norm(x, delta, *_norm_args(norm))
     x = x if delta is None else x + delta
     return x, norm(x)
@@ -194,6 +205,11 @@ def _mlp(mlp: nn.Module, h: torch.Tensor, glue, grouped: bool) -> torch.Tensor:
         return mlp(h)
     gate, up = project_shared_input(h, (mlp.gate_proj, mlp.up_proj), grouped=grouped)  # [B, S, F] each
     if glue is not None and fused_ops.is_silu(mlp.act_fn) and fused_ops.fused_ops_supported(gate):
+        quant = shared_input_quant(gate.shape[-1], (mlp.down_proj,)) if grouped else None
+        if quant is not None:  # the rollout: SiLU*up leaves the kernel as down_proj's FP8 input
+            data, scale = fused_ops.silu_mul_fp8(gate, up, *quant)
+            out_dtype = output_dtype(gate, fused_ops.normed_dtype(gate.dtype, up.dtype))
+            return mlp.down_proj(QuantizedInput(data, scale, tuple(gate.shape[:-1]), out_dtype))
         return mlp.down_proj(glue.silu_mul(gate, up))
     return mlp.down_proj(mlp.act_fn(gate) * up)
 
@@ -250,12 +266,15 @@ def decoder_forward(
         glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
-            x, h = _add_norm(x, delta, layer.input_layernorm, glue)
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if grouped else ()
+            x, h = _add_norm(x, delta, layer.input_layernorm, glue, qkv)
             attn_out = _self_attention(
                 layer.self_attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype,
                 glue, grouped,
             )  # fmt: skip
-            x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, glue)
+            gate_up = (mlp.gate_proj, mlp.up_proj) if grouped and hasattr(mlp, "gate_proj") else ()
+            x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, glue, gate_up)
             delta = _mlp(layer.mlp, h, glue, grouped)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
 

@@ -14,10 +14,13 @@ forward and the CPU path stay the eager twins. Runs on CPU under `TRITON_INTERPR
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
+
+from nemo_jetrl.precision.kernels.triton_quant import quant_vector_groups
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # HF norms computing exactly `rms_norm_ref` (weight * normalized, eps in `variance_epsilon`).
@@ -89,9 +92,24 @@ def _round(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, group0,
+               OUT: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    # y [BLOCK] fp32 (already rounded to OUT) at columns `cols` of row `row` of a [R, N] output: stored in OUT, or
+    # (QUANT) as e4m3 [R, N] + fp32 scales (column-major [R, N / QB], group index group0 + g) like `act_quant`.
+    if QUANT:
+        q, scale = quant_vector_groups(y, BLOCK, QB, POW2)
+        tl.store(q_ptr + row * N + cols, q, mask=ok)
+        groups = group0 + tl.arange(0, BLOCK // QB)
+        tl.store(s_ptr + row + groups * stride_sg, scale, mask=groups * QB < N)
+    else:
+        tl.store(out_ptr + row * N + cols, y.to(OUT), mask=ok)
+
+
+@triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, N, stride_x, stride_d, eps,
+    x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, q_ptr, s_ptr, N, stride_x, stride_d, stride_sg, eps,
     HAS_DELTA: tl.constexpr, RES: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
+    QUANT: tl.constexpr = False, QB: tl.constexpr = 128, POW2: tl.constexpr = False,
 ):  # fmt: skip
     # One program per row: res = x + d (rounded to RES), out = w * (res * rsqrt(mean(res^2) + eps)).to(RES) -> OUT
     row = tl.program_id(0).to(tl.int64)
@@ -105,7 +123,8 @@ def _add_rms_norm_kernel(
     rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     h = _round(x * rstd, RES)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, _round(w * h, OUT).to(OUT), mask=ok)
+    y = tl.where(ok, _round(w * h, OUT), 0.0)
+    _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, 0, OUT, QUANT, QB, POW2, BLOCK)
 
 
 @triton.jit
@@ -141,8 +160,10 @@ def _qk_norm_rope_kernel(
 
 @triton.jit
 def _silu_mul_kernel(
-    g_ptr, u_ptr, out_ptr, N, stride_g, stride_u, G: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr
-):
+    g_ptr, u_ptr, out_ptr, q_ptr, s_ptr, N, stride_g, stride_u, stride_sg,
+    G: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
+    QUANT: tl.constexpr = False, QB: tl.constexpr = 128, POW2: tl.constexpr = False,
+):  # fmt: skip
     # out [M, N] (contiguous) = silu(g) (rounded to g's dtype) * u (rounded to OUT); g/u [M, N] with row strides
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -150,12 +171,19 @@ def _silu_mul_kernel(
     g = tl.load(g_ptr + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
     s = _round(g / (1.0 + tl.exp(-g)), G)
-    tl.store(out_ptr + row * N + cols, _round(s * u, OUT).to(OUT), mask=ok)
+    y = tl.where(ok, _round(s * u, OUT), 0.0)
+    group0 = tl.program_id(1) * (BLOCK // QB)
+    _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, group0, OUT, QUANT, QB, POW2, BLOCK)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # wrappers
 # ----------------------------------------------------------------------------------------------------------------
+def normed_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype the glue kernels return for these input dtypes (PyTorch's type promotion, as eager)."""
+    return _promote(*dtypes)
+
+
 def fused_ops_supported(x: torch.Tensor) -> bool:
     """Dtypes the kernels handle (the tensor's device must run Triton: CUDA, or CPU under the interpreter)."""
     return x.dtype in _TL_DTYPES
@@ -177,10 +205,36 @@ def qk_norm_rope_supported(x: torch.Tensor, norm: torch.nn.Module | None) -> boo
     return fused_ops_supported(x) and dim >= 2 and dim & (dim - 1) == 0 and (norm is None or fusable_rms_norm(norm))
 
 
+def _outputs(shape: tuple[int, ...], out_dtype: torch.dtype, quant: tuple[int, bool] | None, device):
+    """(out, q, scale) of a glue kernel: an empty `shape` output in `out_dtype` (q, scale alias it, unused), or
+    with `quant` = (block, pow2) the e4m3 [R, N] data and fp32 [R, N / block] column-major scales, the layout
+    `act_quant` returns (out aliases the data, unused)."""
+    if quant is None:
+        out = torch.empty(shape, dtype=out_dtype, device=device)
+        return out, out, out
+    rows, n = math.prod(shape[:-1]), shape[-1]
+    if n % quant[0]:
+        raise ValueError(f"fused FP8 output: the width {n} is not a multiple of the quantization block {quant[0]}")
+    data = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=device)
+    return data, data, torch.empty((n // quant[0], rows), dtype=torch.float32, device=device).t()
+
+
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused `add_rms_norm_ref`: x, delta [..., N] -> (residual [..., N], normed [..., N])."""
+    return _add_rms_norm(x, delta, weight, eps, None)
+
+
+def add_rms_norm_fp8(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, block: int, pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`add_rms_norm` with the normed output quantized in the same kernel: (residual [..., N], e4m3 [R, N],
+    scales [R, N / block]), bitwise `act_quant(normed.reshape(R, N), block, pow2)`."""
+    return _add_rms_norm(x, delta, weight, eps, (block, pow2))
+
+
+def _add_rms_norm(x, delta, weight, eps, quant: tuple[int, bool] | None):
     n = x.shape[-1]
     res_dtype = _promote(x.dtype, delta.dtype) if delta is not None else x.dtype
     out_dtype = _promote(weight.dtype, res_dtype)
@@ -189,15 +243,17 @@ def add_rms_norm(
     if x2.stride(-1) != 1 or d2.stride(-1) != 1 or not weight.is_contiguous():
         raise ValueError("add_rms_norm: the last dim of x, delta and weight must be contiguous")
     res = torch.empty(x2.shape, dtype=res_dtype, device=x.device) if delta is not None else x2
-    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
-    block = triton.next_power_of_2(n)
+    out, q, scale = _outputs(x2.shape, out_dtype, quant, x.device)
+    block = max(triton.next_power_of_2(n), quant[0] if quant else 1)
     if x2.shape[0]:
         _add_rms_norm_kernel[(x2.shape[0],)](
-            x2, d2, weight, res, out, n, x2.stride(0), d2.stride(0), eps,
+            x2, d2, weight, res, out, q, scale, n, x2.stride(0), d2.stride(0), scale.stride(-1), eps,
             HAS_DELTA=delta is not None, RES=_TL_DTYPES[res_dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block,
+            QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]),
             num_warps=min(16, max(1, block // 256)),
         )  # fmt: skip
-    return res.view(*x.shape[:-1], n), out.view(*x.shape[:-1], n)
+    res = res.view(*x.shape[:-1], n)
+    return (res, q, scale) if quant is not None else (res, out.view(*x.shape[:-1], n))
 
 
 def qk_norm_rope(
@@ -227,6 +283,16 @@ def qk_norm_rope(
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Fused `silu_mul_ref` for same-shape gate/up [..., F] whose rows are contiguous (e.g. the column views of
     one grouped gate/up GEMM output); returns a contiguous [..., F]."""
+    return _silu_mul(gate, up, None)
+
+
+def silu_mul_fp8(gate: torch.Tensor, up: torch.Tensor, block: int, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`silu_mul` quantized in the same kernel: (e4m3 [R, F], scales [R, F / block]), bitwise
+    `act_quant(silu_mul(gate, up).reshape(R, F), block, pow2)`."""
+    return _silu_mul(gate, up, (block, pow2))
+
+
+def _silu_mul(gate, up, quant: tuple[int, bool] | None):
     if gate.shape != up.shape or gate.dim() == 0:
         raise ValueError(f"silu_mul: gate and up must have one shape, got {tuple(gate.shape)}, {tuple(up.shape)}")
     f = gate.shape[-1]
@@ -234,11 +300,14 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if g2.stride(-1) != 1 or u2.stride(-1) != 1:
         raise ValueError("silu_mul: the last dim of gate and up must be contiguous")
     out_dtype = _promote(gate.dtype, up.dtype)
-    out = torch.empty(gate.shape, dtype=out_dtype, device=gate.device)
+    out, q, scale = _outputs(gate.shape, out_dtype, quant, gate.device)
     block = min(2048, triton.next_power_of_2(max(f, 1)))
+    block = max(block, quant[0]) if quant else block  # whole quantization groups per program (f % group == 0)
     if out.numel():
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(f, block))](
-            g2, u2, out, f, g2.stride(0), u2.stride(0), G=_TL_DTYPES[gate.dtype], OUT=_TL_DTYPES[out_dtype],
-            BLOCK=block, num_warps=8 if block >= 1024 else 4,
+            g2, u2, out, q, scale, f, g2.stride(0), u2.stride(0), scale.stride(-1),
+            G=_TL_DTYPES[gate.dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block,
+            QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]),
+            num_warps=8 if block >= 1024 else 4,
         )  # fmt: skip
-    return out
+    return (q, scale) if quant is not None else out

@@ -68,33 +68,41 @@ class QuantizedInput:
     out_dtype: torch.dtype
 
 
-def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> torch.Tensor | QuantizedInput:
-    """x quantized once when every module in `linears` runs the FP8 rollout forward now (`fp8_rollout_active`: an
-    `Fp8Linear` in rollout mode, or a rollout replica's `Fp8RolloutLinear`) with one activation recipe (each would
-    compute the same `act_quant(x)`); otherwise x itself, for the modules' own forwards."""
+def shared_input_quant(in_features: int, linears: tuple[nn.Module, ...]) -> tuple[int, bool] | None:
+    """(block, pow2) of the activation recipe when every module in `linears` runs the FP8 rollout forward now
+    (`fp8_rollout_active`: an `Fp8Linear` in rollout mode, or a rollout replica's `Fp8RolloutLinear`) on
+    `in_features` inputs with that one recipe (each would compute the same `act_quant(x)`); else None."""
+    if not linears:
+        return None
     first = linears[0]
+
+    def recipe(m: nn.Module) -> tuple[int, bool]:
+        return m.recipe.block_size, m.recipe.pow2_activation_scales
+
     shared = all(
-        getattr(m, "fp8_rollout_active", False)
-        and m.in_features == x.shape[-1]
-        and (m.recipe.block_size, m.recipe.pow2_activation_scales)
-        == (first.recipe.block_size, first.recipe.pow2_activation_scales)
+        getattr(m, "fp8_rollout_active", False) and m.in_features == in_features and recipe(m) == recipe(first)
         for m in linears
     )
-    if not shared:
+    return recipe(first) if shared else None
+
+
+def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> torch.Tensor | QuantizedInput:
+    """x quantized once when every module in `linears` runs the FP8 rollout forward now with one activation
+    recipe (`shared_input_quant`); otherwise x itself, for the modules' own forwards."""
+    quant = shared_input_quant(x.shape[-1], linears)
+    if quant is None:
         return x
     with torch.no_grad(), no_autocast(x.device.type):
-        data, scale = act_quant(
-            x.reshape(-1, x.shape[-1]), first.recipe.block_size, first.recipe.pow2_activation_scales
-        )
+        data, scale = act_quant(x.reshape(-1, x.shape[-1]), *quant)
     return QuantizedInput(data, scale, tuple(x.shape[:-1]), output_dtype(x))
 
 
-def output_dtype(x: torch.Tensor) -> torch.dtype:
-    """The autocast dtype when autocast is on for x's device type, else x's dtype."""
+def output_dtype(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.dtype:
+    """The autocast dtype when autocast is on for x's device type, else `dtype` (default: x's dtype)."""
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
-    return x.dtype
+    return x.dtype if dtype is None else dtype
 
 
 def fp8_linear_forward(

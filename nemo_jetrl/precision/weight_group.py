@@ -154,8 +154,10 @@ def group_sibling_linears(model: nn.Module) -> int:
     return made
 
 
-def project_shared_input(x: torch.Tensor, linears: Sequence[nn.Module], *, grouped: bool = False) -> list[torch.Tensor]:
-    """[m(x) for m in linears] for linears that read one input x [*lead, K].
+def project_shared_input(
+    x: torch.Tensor | QuantizedInput, linears: Sequence[nn.Module], *, grouped: bool = False
+) -> list[torch.Tensor]:
+    """[m(x) for m in linears] for linears that read one input x [*lead, K] (or its `QuantizedInput`).
 
     FP8 rollout linears quantize x once (`quantize_shared_input`, bitwise each one's own `act_quant`). With
     `grouped` (the rollout's fast path) and `linears` exactly the members of one weight group (`Fp8WeightGroup`,
@@ -165,7 +167,7 @@ def project_shared_input(x: torch.Tensor, linears: Sequence[nn.Module], *, group
     GEMMs in the last bits).
     """
     linears = tuple(linears)
-    xin = quantize_shared_input(x, linears)
+    xin = x if isinstance(x, QuantizedInput) else quantize_shared_input(x, linears)
     group = getattr(linears[0], "weight_group", None)
     if grouped and isinstance(xin, QuantizedInput) and group is not None and group.members == linears:
         qweight = group.quantized_weight()

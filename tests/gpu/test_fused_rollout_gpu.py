@@ -105,6 +105,28 @@ def test_fused_add_norm_rope_silu_bf16_roundings():
     assert (s_out != s_ref).float().mean().item() < 0.01 and rel_err(s_out, s_ref) < 2e-3
 
 
+@pytest.mark.parametrize("pow2", [False, True])
+def test_glue_kernels_write_fp8_inputs_bitwise_act_quant(pow2):
+    """The decode step's norms and SiLU*up write the next linears' FP8 input: the bits and scales act_quant (the
+    trainer's quantizer, Triton and pure torch alike) gives for their bf16 output."""
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    bf = torch.bfloat16
+    x, d = (torch.randn(128, 4096, device=DEV, generator=gen).to(bf) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(4096, device=DEV, generator=gen)).to(bf)
+    res, normed = fused_ops.add_rms_norm(x, d, w, 1e-6)
+    res_q, q, s = fused_ops.add_rms_norm_fp8(x, d, w, 1e-6, 128, pow2)
+    gu = torch.randn(128, 2 * 12288, device=DEV, generator=gen).to(bf)  # column views of the grouped output
+    g, u = gu[:, :12288], gu[:, 12288:]
+    qs, ss = fused_ops.silu_mul_fp8(g, u, 128, pow2)
+    for backend in ("triton", "torch"):
+        q0, s0 = act_quant(normed, 128, pow2, backend=backend)
+        assert torch.equal(res_q, res)
+        assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
+        assert backend == "torch" or s.stride() == s0.stride()  # the R-major scale layout scaled_mm takes
+        q0, s0 = act_quant(fused_ops.silu_mul(g, u), 128, pow2, backend=backend)
+        assert torch.equal(qs.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(ss, s0)
+
+
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_fused_decoder_forward_matches_eager(fp8):
     model = random_tiny_qwen3(0, num_layers=2).to(DEV, torch.bfloat16)

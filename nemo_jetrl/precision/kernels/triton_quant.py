@@ -9,6 +9,7 @@ NaN explicitly (PTX min/max drop it); the e4m3 cast rounds to nearest even. CUDA
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import triton
@@ -43,6 +44,15 @@ def _to_e4m3(x, scale):
     q = tl.math.div_rn(x, scale)
     q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX))
     return q.to(tl.float8e4nv)
+
+
+@triton.jit
+def quant_vector_groups(x, N: tl.constexpr, BLOCK: tl.constexpr, POW2: tl.constexpr):
+    """Inside a kernel: x [N] fp32 -> (e4m3 [N], fp32 scales [N // BLOCK]), the 1xBLOCK groups and the very math
+    of `_quant_groups_kernel` (so a fused producer writes the bits `act_quant` would)."""
+    xg = tl.reshape(x, (N // BLOCK, BLOCK))
+    scale = _scale_from_amax(tl.max(_finite_abs(xg), axis=1), POW2)  # scale: [N // BLOCK]
+    return tl.reshape(_to_e4m3(xg, scale[:, None]), (N,)), scale
 
 
 @triton.jit
@@ -82,7 +92,8 @@ def _quant_tiles_kernel(
 
 
 def _check(x: torch.Tensor) -> None:
-    if not x.is_cuda or x.dim() != 2:
+    # CUDA, or any device under TRITON_INTERPRET=1 (tests); callers pick Triton only for CUDA tensors
+    if x.dim() != 2 or not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise ValueError(f"triton quantizers take a 2-D CUDA tensor, got {tuple(x.shape)} on {x.device}")
 
 

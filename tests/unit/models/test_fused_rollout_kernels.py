@@ -21,6 +21,8 @@ CHILD = textwrap.dedent(
     from nemo_jetrl.models.tiny import random_tiny_qwen3
     from nemo_jetrl.precision import PrecisionRecipe, act_quant, convert_to_fp8, fp8_blockwise_mm, rollout_mode, weight_quant
     from nemo_jetrl.precision.kernels.triton_gemm import fp8_gemm_small_m
+    from nemo_jetrl.precision.kernels.triton_quant import quant_groups
+    import nemo_jetrl.precision.linear as L
 
     def rel(a, b):
         return float((a.float() - b.float()).norm() / b.float().norm())
@@ -73,13 +75,36 @@ CHILD = textwrap.dedent(
         with torch.no_grad():
             eager, fused = decoder_forward(model, ids, pos, mask), decoder_forward(model, ids, pos, mask, fused=True)
         r[name + "_decoder_rel"] = rel(fused, eager)
+    # norm / SiLU*up kernels writing the next linear's FP8 input: bitwise the Triton quantizer of their output
+    fp8_out = []
+    for dt in (torch.bfloat16, torch.float32):
+        for pow2 in (False, True):
+            x, d = torch.randn(5, 384).to(dt), torch.randn(5, 384).to(dt)
+            w = (1 + 0.1 * torch.randn(384)).to(dt)
+            res, normed = F.add_rms_norm(x, d, w, 1e-6)
+            res_q, q, s = F.add_rms_norm_fp8(x, d, w, 1e-6, 128, pow2)
+            q0, s0 = quant_groups(normed, 128, pow2)
+            fp8_out.append(torch.equal(res_q, res) and torch.equal(q.view(torch.uint8), q0.view(torch.uint8)))
+            fp8_out.append(torch.equal(s, s0) and s.stride() == s0.stride())
+            g, u = torch.randn(3, 2304).to(dt), torch.randn(3, 2304).to(dt)  # 18 groups over 2 programs per row
+            q, s = F.silu_mul_fp8(g, u, 128, pow2)
+            q0, s0 = quant_groups(F.silu_mul(g, u), 128, pow2)
+            fp8_out.append(torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0))
+    r["fp8_out_equal"] = fp8_out
+    # the interpreter's fp32 -> e4m3 cast does not round to nearest even: the per-linear path quantizes with the
+    # same (Triton) quantizer as the fused kernels here, so that the comparison below sees only real differences
+    quantized = []
+    L.act_quant = lambda x, block=128, pow2=False, backend="auto": quantized.append(1) or quant_groups(x, block, pow2)
     model = random_tiny_qwen3(1, num_layers=2)
     convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))  # q/k/v and gate/up grouped
     calls, act_calls = [], []
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: calls.append(1))
     model.model.layers[0].mlp.act_fn.register_forward_hook(lambda *a: act_calls.append(1))
     with torch.no_grad(), rollout_mode(model):
-        eager, fused = decoder_forward(model, ids, pos, mask), decoder_forward(model, ids, pos, mask, fused=True)
+        eager = decoder_forward(model, ids, pos, mask)
+        r["eager_act_quants"] = len(quantized)
+        fused = decoder_forward(model, ids, pos, mask, fused=True)
+        r["fused_act_quants"] = len(quantized) - r["eager_act_quants"]
     r["fp8_decoder_rel"], r["fp8_q_proj_calls"], r["act_calls"] = rel(fused, eager), len(calls), len(act_calls)
     print(json.dumps(r))
     """
@@ -121,9 +146,16 @@ def test_grouped_projections_match_the_per_linear_path(interpreted):
     # FP8 rollout: fused glue + grouped q/k/v and gate/up GEMMs vs the eager per-linear forward
     assert interpreted["fp8_q_proj_calls"] == 1  # the eager pass only: the fused one ran the grouped GEMM
     assert interpreted["act_calls"] == 1  # ... and silu_mul, not the model's SiLU module (transformers 5 naming)
+    # per layer the eager path quantizes the q/k/v, o, gate/up and down inputs; the fused one only o's (the
+    # attention output): the norms and SiLU*up wrote the others quantized
+    assert interpreted["eager_act_quants"] == 8 and interpreted["fused_act_quants"] == 2
     # (fp32 glue differs from eager in the last bits, which can flip single e4m3 roundings of the next linear's
     # input; a wrong split of the grouped output would be O(1))
     assert interpreted["fp8_decoder_rel"] < 1e-3
+
+
+def test_glue_kernels_write_the_next_linears_fp8_input_bitwise(interpreted):
+    assert len(interpreted["fp8_out_equal"]) == 12 and all(interpreted["fp8_out_equal"])
 
 
 def test_shared_input_quantization_is_bitwise_each_linears_own():
