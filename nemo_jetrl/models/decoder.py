@@ -126,7 +126,7 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 def _self_attention(
     attn: nn.Module,
     layer_idx: int,
-    x: torch.Tensor,
+    x: torch.Tensor | QuantizedInput,
     cos_sin: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor | None,
     kv_cache: KVCache | None,
@@ -199,7 +199,7 @@ def _add_norm(
     return x, norm(x)
 
 
-def _mlp(mlp: nn.Module, h: torch.Tensor, glue, grouped: bool) -> torch.Tensor:
+def _mlp(mlp: nn.Module, h: torch.Tensor | QuantizedInput, glue, grouped: bool) -> torch.Tensor:
     """The gated MLP `down(act(gate(h)) * up(h))` (Llama/Qwen), gate/up sharing one FP8 input quantization."""
     if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return mlp(h)
@@ -270,12 +270,11 @@ def decoder_forward(
             qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if grouped else ()
             x, h = _add_norm(x, delta, layer.input_layernorm, glue, qkv)
             attn_out = _self_attention(
-                layer.self_attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype,
-                glue, grouped,
-            )  # fmt: skip
+                attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, glue, grouped
+            )
             gate_up = (mlp.gate_proj, mlp.up_proj) if grouped and hasattr(mlp, "gate_proj") else ()
             x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, glue, gate_up)
-            delta = _mlp(layer.mlp, h, glue, grouped)
+            delta = _mlp(mlp, h, glue, grouped)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
 
 
