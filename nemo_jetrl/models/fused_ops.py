@@ -159,6 +159,12 @@ def _qk_norm_rope_kernel(
 
 
 @triton.jit
+def _silu(g, G: tl.constexpr):
+    """silu(g) of fp32 g rounded to G: F.silu's value, which SiLU*up multiplies (and its backward reuses)."""
+    return _round(g / (1.0 + tl.exp(-g)), G)
+
+
+@triton.jit
 def _silu_mul_kernel(
     g_ptr, u_ptr, out_ptr, q_ptr, s_ptr, N, stride_g, stride_u, stride_sg,
     G: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
@@ -170,7 +176,7 @@ def _silu_mul_kernel(
     ok = cols < N
     g = tl.load(g_ptr + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
-    s = _round(g / (1.0 + tl.exp(-g)), G)
+    s = _silu(g, G)
     y = tl.where(ok, _round(s * u, OUT), 0.0)
     group0 = tl.program_id(1) * (BLOCK // QB)
     _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, group0, OUT, QUANT, QB, POW2, BLOCK)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from nemo_jetrl.models import fused_ops
-from nemo_jetrl.models.fused_ops import _TL_DTYPES, _promote, _round
+from nemo_jetrl.models.fused_ops import _TL_DTYPES, _promote, _round, _silu
 
 # Programs per backward launch with a weight gradient (rows are spread over them; partials [programs, N]).
 _DW_PROGRAMS = 512
@@ -110,7 +110,7 @@ def _silu_mul_bwd_kernel(
     u = tl.load(u_ptr + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=ok, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-g))
-    s = _round(g * sig, G)
+    s = _silu(g, G)  # the forward's silu(g), bit for bit: du = dy * s as autograd computes it
     ds = _round(dy * u, OUT)
     tl.store(dg_ptr + row * N + cols, _round(ds * sig * (1.0 + g * (1.0 - sig)), G).to(G), mask=ok)
     tl.store(du_ptr + row * N + cols, _round(dy * s, OUT).to(U), mask=ok)

@@ -47,12 +47,18 @@ def _to_e4m3(x, scale):
 
 
 @triton.jit
+def _quant_rows(x, POW2: tl.constexpr):
+    """x [R, G] fp32, one quantization group per row -> (e4m3 [R, G], fp32 scales [R])."""
+    scale = _scale_from_amax(tl.max(_finite_abs(x), axis=1), POW2)  # scale: [R]
+    return _to_e4m3(x, scale[:, None]), scale
+
+
+@triton.jit
 def quant_vector_groups(x, N: tl.constexpr, BLOCK: tl.constexpr, POW2: tl.constexpr):
-    """Inside a kernel: x [N] fp32 -> (e4m3 [N], fp32 scales [N // BLOCK]), the 1xBLOCK groups and the very math
-    of `_quant_groups_kernel` (so a fused producer writes the bits `act_quant` would)."""
-    xg = tl.reshape(x, (N // BLOCK, BLOCK))
-    scale = _scale_from_amax(tl.max(_finite_abs(xg), axis=1), POW2)  # scale: [N // BLOCK]
-    return tl.reshape(_to_e4m3(xg, scale[:, None]), (N,)), scale
+    """Inside a kernel: x [N] fp32 -> (e4m3 [N], fp32 scales [N // BLOCK]), the 1xBLOCK groups of
+    `_quant_groups_kernel` through the same `_quant_rows` (so a fused producer writes the bits `act_quant` would)."""
+    q, scale = _quant_rows(tl.reshape(x, (N // BLOCK, BLOCK)), POW2)
+    return tl.reshape(q, (N,)), scale
 
 
 @triton.jit
@@ -66,9 +72,7 @@ def _quant_groups_kernel(
     rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(x_ptr + rows64[:, None] * stride_r + cols64[None, :] * stride_c, mask=mask, other=0.0)
-    x = x.to(tl.float32)  # x: [ROWS, BLOCK]
-    scale = _scale_from_amax(tl.max(_finite_abs(x), axis=1), POW2)  # scale: [ROWS]
-    q = _to_e4m3(x, scale[:, None])
+    q, scale = _quant_rows(x.to(tl.float32), POW2)  # q: [ROWS, BLOCK] e4m3, scale: [ROWS]
     tl.store(y_ptr + rows64[:, None] * C + cols[None, :], q, mask=mask)
     tl.store(s_ptr + rows64 * stride_sr + tl.program_id(1) * stride_sg, scale, mask=rows < R)
 
