@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from nemo_jetrl.config import ConfigError, load_config, validate_config
 from nemo_jetrl.config.display import print_config
+from nemo_jetrl.precision.config import precision_line
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_base.yaml"
 USER_ERROR = 2
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR
     print_config(resolved, title=f"config: {args.config}")
+    print(precision_line(master_cfg.policy))
     if args.validate_only:
         return 0
     from nemo_jetrl.algorithms.grpo import run_grpo

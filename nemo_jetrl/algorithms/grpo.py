@@ -21,11 +21,12 @@ from nemo_jetrl.algorithms.mismatch import mismatch_metrics
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.environments import make_task
-from nemo_jetrl.generation.interfaces import GenerationOutput
+from nemo_jetrl.generation.interfaces import GenerationOutput, max_prompt_length
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, truncate_metrics_jsonl
 from nemo_jetrl.utils.logger import Logger
 from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
@@ -76,6 +77,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         engine = NativeGenerationEngine(
             policy.model,
             max_new_tokens=int(gen["max_new_tokens"]),
+            max_total_length=int(cfg["policy"]["max_total_sequence_length"]),
             temperature=float(gen["temperature"]),
             top_p=float(gen["top_p"]),
             top_k=gen["top_k"],
@@ -89,7 +91,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         )
         if spec.num_seed_shards > 1:  # the Ray run's rollout seed shards, run in this one process
             engine = ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id)
-    max_prompt_tokens = int(cfg["policy"]["max_total_sequence_length"]) - int(gen["max_new_tokens"])
+    max_prompt_tokens = max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"])
     if task is None:
         task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
     logger = Logger(cfg["logger"])
@@ -333,10 +335,11 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     run = setup(cfg, task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = _restore(run, resume) if resume is not None else 0
+    if hasattr(master_cfg, "policy"):
+        console.print(precision_line(master_cfg.policy), highlight=False)
     console.print(
-        f"precision: train={run.policy.recipe.train} rollout={run.policy.recipe.rollout} "
-        f"kv={run.policy.recipe.kv_cache_dtype} | fp8 layers: "
-        f"{sum(v == 'fp8' for v in run.policy.layer_map.values())}/{len(run.policy.layer_map)} | device {run.device}"
+        f"fp8 layers: {sum(v == 'fp8' for v in run.policy.layer_map.values())}/{len(run.policy.layer_map)} | "
+        f"device {run.device}"
     )
     history: list[dict[str, float]] = []
     val_history: list[dict[str, float]] = []

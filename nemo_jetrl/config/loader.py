@@ -94,7 +94,7 @@ def _load_recursive(path: Path, shown: str, chain: list[tuple[Path, str]], inclu
     data = read_yaml(path, included_from)
     defaults = data.pop(DEFAULTS_KEY, None)
     if defaults is None:
-        return data
+        return deep_merge({}, data)  # drops `_override_` markers
     if isinstance(defaults, str):
         defaults = [defaults]
     if not isinstance(defaults, list) or not all(isinstance(d, str) and d for d in defaults):

@@ -25,10 +25,22 @@ from nemo_jetrl.config.errors import ConfigError, format_value
 _SYNTAX_HELP = "expected key=value, +key=value, ++key=value or ~key"
 
 
+OVERRIDE_MARKER = "_override_"
+
+
 def deep_merge(base: dict, update: dict) -> dict:
-    """New dict: `update` merged into `base`; nested dicts merge, anything else (lists included) is replaced."""
+    """New dict: `update` merged into `base`; nested dicts merge, anything else (lists included) is replaced.
+
+    A mapping of `update` holding `_override_: true` (NeMo-RL's marker, honoured at any depth) replaces the
+    inherited mapping instead of merging into it; the marker itself is dropped."""
     merged = copy.deepcopy(base)
     for key, value in update.items():
+        if isinstance(value, dict) and OVERRIDE_MARKER in value:
+            replace = value[OVERRIDE_MARKER] is True
+            value = {k: v for k, v in value.items() if k != OVERRIDE_MARKER}
+            if replace:
+                merged[key] = deep_merge({}, value)
+                continue
         if isinstance(merged.get(key), dict) and isinstance(value, dict):
             merged[key] = deep_merge(merged[key], value)
         else:

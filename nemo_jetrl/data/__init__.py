@@ -1,15 +1,15 @@
 """Datasets for the real-model path: read jsonl / parquet / HF datasets, render prompts, split, shuffle by seed."""
 
-from nemo_jetrl.data.dataset_task import BadRowsWarning, DatasetTask, build_dataset_task
-from nemo_jetrl.data.prompts import PromptFormatter
-from nemo_jetrl.data.readers import DataSource, RowReport, read_rows
+from nemo_jetrl._lazy import lazy_exports
 
-__all__ = [
-    "BadRowsWarning",
-    "DataSource",
-    "DatasetTask",
-    "PromptFormatter",
-    "RowReport",
-    "build_dataset_task",
-    "read_rows",
-]
+_EXPORTS = {
+    "BadRowsWarning": "dataset_task",
+    "DatasetTask": "dataset_task",
+    "build_dataset_task": "dataset_task",
+    "PromptFormatter": "prompts",
+    "DataSource": "readers",
+    "RowReport": "readers",
+    "read_rows": "readers",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -117,32 +117,32 @@ def build_dataset_task(
 ) -> DatasetTask:
     """Read, render, split and report a dataset from the `data` config section; see the module docstring.
 
-    `max_prompt_tokens` applies when `data.max_input_seq_length` is null (the GRPO loop passes
-    `max_total_sequence_length - max_new_tokens`).
+    `max_prompt_tokens`: the prompt-length limit (the GRPO loop passes `generation.interfaces.max_prompt_length`,
+    which folds in `data.max_input_seq_length`); None = `data.max_input_seq_length`.
     """
-    keys = {"input_key": data_cfg.get("input_key", "problem"), "output_key": data_cfg.get("output_key", "answer")}
-    config_name = data_cfg.get("dataset_config")
+    keys = {"input_key": data_cfg["input_key"], "output_key": data_cfg["output_key"]}
+    config_name = data_cfg["dataset_config"]
     train_source = DataSource(
-        data_cfg["dataset_name"], split=data_cfg.get("train_split"), config_name=config_name, **keys
+        data_cfg["dataset_name"], split=data_cfg["train_split"], config_name=config_name, **keys
     )
     rows, train_report = read_rows(train_source)
     formatter = PromptFormatter(
         tokenizer,
-        template=data_cfg.get("prompt_template"),
-        system_prompt=data_cfg.get("system_prompt"),
-        use_chat_template=data_cfg.get("use_chat_template", True),
+        template=data_cfg["prompt_template"],
+        system_prompt=data_cfg["system_prompt"],
+        use_chat_template=data_cfg["use_chat_template"],
     )
-    limit = data_cfg.get("max_input_seq_length") or max_prompt_tokens
+    limit = max_prompt_tokens if max_prompt_tokens is not None else data_cfg["max_input_seq_length"]
     problems = _render(rows, formatter, tokenizer, limit, train_report)
     if not problems:
         raise ValueError(f"data source {train_source.name}: no usable row left ({train_report.summary()})")
     reports = [train_report]
-    seed = int(data_cfg.get("seed", 0))
-    val_size = int(data_cfg.get("val_size", 0))
-    if data_cfg.get("val_dataset_name"):
+    seed = int(data_cfg["seed"])
+    val_size = int(data_cfg["val_size"])
+    if data_cfg["val_dataset_name"]:
         val_source = DataSource(
             data_cfg["val_dataset_name"],
-            split=data_cfg.get("val_split"),
+            split=data_cfg["val_split"],
             config_name=config_name,
             config_key="data.val_dataset_name",
             **keys,
@@ -164,4 +164,4 @@ def build_dataset_task(
     bad = [r for r in reports if r.skipped]
     if bad:
         warnings.warn("; ".join(r.summary() for r in bad), BadRowsWarning, stacklevel=2)
-    return DatasetTask(train, validation, scorer, seed=seed, shuffle=data_cfg.get("shuffle", True))
+    return DatasetTask(train, validation, scorer, seed=seed, shuffle=data_cfg["shuffle"])

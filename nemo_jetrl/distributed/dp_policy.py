@@ -72,14 +72,15 @@ class DataParallelPolicy:
         self.engine = NativeGenerationEngine(
             self.replica,
             max_new_tokens=int(gen["max_new_tokens"]),
+            max_total_length=int(policy_cfg["max_total_sequence_length"]),
             temperature=self.temperature,
             top_p=float(gen["top_p"]),
             top_k=gen["top_k"],
             stop_token_ids=list(stop_token_ids),
             pad_token_id=int(pad_token_id),
             compute_dtype=self.compute_dtype,
-            kv_cache_dtype=gen.get("kv_cache_dtype", "auto"),
-            cuda_graphs=bool(gen.get("cuda_graphs", False)),
+            kv_cache_dtype=gen["kv_cache_dtype"],
+            cuda_graphs=bool(gen["cuda_graphs"]),
             device=device,
         )
         # FP8 KV cache: this rank's per-chunk Q/K/V amax records of the last calibrating logprob pass, and the

@@ -1,7 +1,13 @@
 """Verifiable tasks: prompts, held-out sets and rewards computed from decoded text."""
 
-from nemo_jetrl.environments.arithmetic import ArithmeticTask
-from nemo_jetrl.environments.factory import KNOWN_TASKS, make_task
-from nemo_jetrl.environments.interfaces import Problem, VerifiableTask
+from nemo_jetrl._lazy import lazy_exports
 
-__all__ = ["KNOWN_TASKS", "ArithmeticTask", "Problem", "VerifiableTask", "make_task"]
+_EXPORTS = {
+    "ArithmeticTask": "arithmetic",
+    "KNOWN_TASKS": "factory",
+    "make_task": "factory",
+    "Problem": "interfaces",
+    "VerifiableTask": "interfaces",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

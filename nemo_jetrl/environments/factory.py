@@ -38,21 +38,21 @@ def make_task(
     """
     data = _as_mapping("data", data_cfg)
     env = _as_mapping("env", env_cfg)
-    name = data.get("dataset_name")
+    name = data["dataset_name"]
     if isinstance(name, str) and name and name != "arithmetic":
         # imported here: nemo_jetrl.data imports this package's interfaces
         from nemo_jetrl.data import build_dataset_task
         from nemo_jetrl.environments.math_env import MathEnvConfig, MathEnvironment
 
-        scorer = MathEnvironment(MathEnvConfig.from_mapping(_as_mapping("env.math", env.get("math"))))
+        scorer = MathEnvironment(MathEnvConfig.from_mapping(_as_mapping("env.math", env["math"])))
         return build_dataset_task(data, scorer, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
     if name == "arithmetic":
-        rewards = _as_mapping("env.arithmetic", env.get("arithmetic"))
+        rewards = _as_mapping("env.arithmetic", env["arithmetic"])
         return ArithmeticTask(
-            num_digits=data.get("num_digits", 2),
-            val_size=data.get("val_size", 512),
-            seed=data.get("seed", 1234),
-            correct_reward=rewards.get("correct_reward", 1.0),
-            wrong_reward=rewards.get("wrong_reward", 0.0),
+            num_digits=data["num_digits"],
+            val_size=data["val_size"],
+            seed=data["seed"],
+            correct_reward=rewards["correct_reward"],
+            wrong_reward=rewards["wrong_reward"],
         )
     raise ValueError(f"data.dataset_name={name!r} is not a known task; known: {list(KNOWN_TASKS)}")

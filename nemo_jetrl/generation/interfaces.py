@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -63,3 +64,15 @@ class GenerationInterface(ABC):
     ) -> None:
         """Refit hook after a training step: new weights (engines that hold a copy) and per-layer FP8 KV scales
         (k_scales [L], v_scales [L]) from the trainer's QKV calibration."""
+
+
+def max_prompt_length(policy: Mapping[str, Any], max_input_seq_length: int | None) -> int:
+    """Prompt-length limit of a validated `policy` section: `data.max_input_seq_length` when set, else
+    max_total_sequence_length - max_new_tokens (total - 1 when max_new_tokens is the total, NeMo-RL's spelling).
+    At least one response token always fits; the engine caps each row's prompt + response at the total."""
+    total, new = int(policy["max_total_sequence_length"]), int(policy["generation"]["max_new_tokens"])
+    if max_input_seq_length is not None:
+        limit = int(max_input_seq_length)
+    else:
+        limit = total - new if new < total else total - 1
+    return max(1, min(limit, total - 1))

@@ -1,49 +1,31 @@
 """FP8 precision core: one blockwise E4M3 recipe for the trainer's GEMMs and the rollout engine."""
 
-from nemo_jetrl.precision.convert import convert_to_fp8
-from nemo_jetrl.precision.gemm import fp8_blockwise_mm, fp8_wgrad_mm, gemm_backend
-from nemo_jetrl.precision.layer_map import build_layer_map, decoder_layer_index
-from nemo_jetrl.precision.linear import (
-    Fp8Linear,
-    Fp8LinearFunction,
-    QuantizedInput,
-    QuantizedWeight,
-    quantize_shared_input,
-    rollout_mode,
-)
-from nemo_jetrl.precision.quant import (
-    act_dequant,
-    act_quant,
-    act_quant_dual,
-    act_quant_t,
-    weight_dequant,
-    weight_quant,
-)
-from nemo_jetrl.precision.recipe import KVCalibration, PrecisionRecipe
-from nemo_jetrl.precision.weight_group import Fp8WeightGroup, group_sibling_linears, project_shared_input
+from nemo_jetrl._lazy import lazy_exports
 
-__all__ = [
-    "Fp8Linear",
-    "Fp8LinearFunction",
-    "Fp8WeightGroup",
-    "KVCalibration",
-    "PrecisionRecipe",
-    "QuantizedInput",
-    "QuantizedWeight",
-    "act_dequant",
-    "act_quant",
-    "act_quant_dual",
-    "act_quant_t",
-    "build_layer_map",
-    "convert_to_fp8",
-    "decoder_layer_index",
-    "fp8_blockwise_mm",
-    "fp8_wgrad_mm",
-    "gemm_backend",
-    "group_sibling_linears",
-    "project_shared_input",
-    "quantize_shared_input",
-    "rollout_mode",
-    "weight_dequant",
-    "weight_quant",
-]
+_EXPORTS = {
+    "convert_to_fp8": "convert",
+    "fp8_blockwise_mm": "gemm",
+    "fp8_wgrad_mm": "gemm",
+    "gemm_backend": "gemm",
+    "build_layer_map": "layer_map",
+    "decoder_layer_index": "layer_map",
+    "Fp8Linear": "linear",
+    "Fp8LinearFunction": "linear",
+    "QuantizedInput": "linear",
+    "QuantizedWeight": "linear",
+    "quantize_shared_input": "linear",
+    "rollout_mode": "linear",
+    "act_dequant": "quant",
+    "act_quant": "quant",
+    "act_quant_dual": "quant",
+    "act_quant_t": "quant",
+    "weight_dequant": "quant",
+    "weight_quant": "quant",
+    "KVCalibration": "recipe",
+    "PrecisionRecipe": "recipe",
+    "Fp8WeightGroup": "weight_group",
+    "group_sibling_linears": "weight_group",
+    "project_shared_input": "weight_group",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -3,9 +3,15 @@
 Plots live in `nemo_jetrl.utils.plots` (imported on demand: matplotlib is not needed to train).
 """
 
-from nemo_jetrl.utils.logger import Logger, LoggerConfig, console_summary
-from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
-from nemo_jetrl.utils.progress import RunProgress
-from nemo_jetrl.utils.timers import Timer
+from nemo_jetrl._lazy import lazy_exports
 
-__all__ = ["Logger", "LoggerConfig", "RunProgress", "Timer", "console_summary", "read_metrics_jsonl"]
+_EXPORTS = {
+    "Logger": "logger",
+    "LoggerConfig": "logger",
+    "console_summary": "logger",
+    "read_metrics_jsonl": "metrics_jsonl",
+    "RunProgress": "progress",
+    "Timer": "timers",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -62,6 +62,7 @@ class NativeGenerationEngine(GenerationInterface):
         model: nn.Module,
         *,
         max_new_tokens: int,
+        max_total_length: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int | None = None,
@@ -85,6 +86,7 @@ class NativeGenerationEngine(GenerationInterface):
             raise ValueError(f"sync_every must be None or an int >= 1, got {sync_every!r}")
         self.model = model
         self.max_new_tokens = int(max_new_tokens)
+        self.max_total_length = None if max_total_length is None else int(max_total_length)
         self.sampling = SamplingParams(float(temperature), float(top_p), None if top_k is None else int(top_k))
         self.stop_token_ids = [int(t) for t in stop_token_ids]
         self.pad_token_id = int(pad_token_id)
@@ -156,9 +158,13 @@ class NativeGenerationEngine(GenerationInterface):
     ) -> GenerationOutput:
         """Complete each prompt; see GenerationOutput for the layout."""
         self._check_prompts(prompt_ids)
-        ids, mask = self._left_pad(prompt_ids, max(len(p) for p in prompt_ids) + self.max_new_tokens)
+        prompt_len = max(len(p) for p in prompt_ids)
+        num_steps = self.max_new_tokens
+        if self.max_total_length is not None:  # each row: prompt + response <= max_total_length
+            num_steps = min(num_steps, self.max_total_length - min(len(p) for p in prompt_ids))
+        ids, mask = self._left_pad(prompt_ids, prompt_len + num_steps)
         with torch.no_grad(), rollout_mode(self.model):
-            return self._run(ids, mask, max(len(p) for p in prompt_ids), greedy=greedy, generator=generator)
+            return self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, num_steps=num_steps)
 
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
         """Logprobs [B, S] float32 of a `generate` output's tokens, recomputed by replaying the rollout (same batch,
@@ -189,9 +195,17 @@ class NativeGenerationEngine(GenerationInterface):
         return out.generation_logprobs
 
     # ------------------------------------------------------------------ internals
+    def _done(self, finished: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """[B] rows that take no more tokens: stopped, or at max_total_length real tokens."""
+        if self.max_total_length is None:
+            return finished
+        return finished | (lengths >= self.max_total_length)
+
     def _check_prompts(self, prompt_ids: list[list[int]]) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
+        if self.max_total_length is not None and max(len(p) for p in prompt_ids) >= self.max_total_length:
+            raise ValueError(f"a prompt leaves no room for a response within max_total_length={self.max_total_length}")
         for i, prompt in enumerate(prompt_ids):
             if len(prompt) == 0:
                 raise ValueError(f"prompt_ids[{i}] is empty")
@@ -323,6 +337,8 @@ class NativeGenerationEngine(GenerationInterface):
             if forced is None:
                 tokens, token_logprobs_ = sample(logits, self.sampling, greedy=greedy, generator=generator)  # [B]
                 active = ~finished
+                if self.max_total_length is not None:  # rows at the total stop (truncated, not finished)
+                    active = active & (lengths < self.max_total_length)
             else:
                 tokens, active = forced[0][:, col], forced[1][:, col].bool()
                 token_logprobs_ = token_logprobs(logits, tokens, self.sampling.temperature)
@@ -336,7 +352,7 @@ class NativeGenerationEngine(GenerationInterface):
             steps = step + 1
             if steps == num_steps:
                 break
-            if forced is None and steps % self.sync_every == 0 and bool(finished.all()):
+            if forced is None and steps % self.sync_every == 0 and bool(self._done(finished, lengths).all()):
                 break
             logits = decode(tokens, positions, col)
 

@@ -1,0 +1,161 @@
+"""The three kinds of NeMo-RL key (honoured by mapping, accepted without effect, refused by value) and the pass
+that applies config/nemo_rl_keys.py to a plain config tree before the schema validates it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_jetrl.config.errors import format_value
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`kind`: honoured (moved to `target`, value through `values`), no_effect (dropped), refused (unless the
+    value is one of `allowed`, which is then dropped as the neutral setting)."""
+
+    kind: str
+    reason: str = ""
+    target: str | None = None
+    values: Mapping[Any, Any] | None = None
+    allowed: tuple = ()
+    instead: str = ""
+    read_file: bool = False
+
+    def refusal(self, key: str, value: Any) -> str | None:
+        """The one-line error for `key: value`, or None when the value is accepted."""
+        if self.kind == "refused" and not _is_in(value, self.allowed):
+            return f"{key}: {format_value(value)} is not supported here ({self.reason}); {self.instead}"
+        if self.kind == "honoured" and self.values is not None and not _is_in(value, tuple(self.values)):
+            allowed = ", ".join(format_value(v) for v in self.values)
+            return f"{key}: {format_value(value)} is not supported here (one of {allowed})"
+        return None
+
+    def mapped(self, value: Any) -> Any:
+        """The value for `target` (`_UNSET` when this value says nothing about it)."""
+        if self.values is not None:
+            value = next(v for k, v in self.values.items() if _same(k, value))
+            return _UNSET if value is None else value
+        if self.read_file and value is not None:
+            try:
+                return Path(value).read_text()
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror or exc}") from None
+        return value
+
+    @property
+    def docs(self) -> str:
+        if self.kind == "honoured":
+            return f"-> `{self.target}`" + (f" ({self.reason})" if self.reason else "")
+        if self.kind == "no_effect":
+            return self.reason
+        allowed = ", ".join(f"`{format_value(v)}`" for v in self.allowed)
+        return f"{allowed} accepted; other values refused ({self.reason}): {self.instead}"
+
+
+def alias(target: str, values: Mapping[Any, Any] | None = None, *, read_file: bool = False, reason: str = "") -> Rule:
+    return Rule("honoured", reason, target=target, values=values, read_file=read_file)
+
+
+def no_effect(reason: str) -> Rule:
+    return Rule("no_effect", reason)
+
+
+def only(allowed: list, reason: str, instead: str) -> Rule:
+    return Rule("refused", reason, allowed=tuple(allowed), instead=instead)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+def _is_in(value: Any, allowed: tuple) -> bool:
+    return any(_same(value, a) for a in allowed)
+
+
+@dataclass
+class Translation:
+    """Result of one pass: the tree in our spelling, the honoured targets (key -> source), the errors."""
+
+    tree: dict = field(default_factory=dict)
+    sources: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def leaves(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every non-mapping value and every empty mapping."""
+    out = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.extend(leaves(value, path + "."))
+        else:
+            out.append((path, value))
+    return out
+
+
+def get_path(tree: Mapping[str, Any], path: str, default: Any = _UNSET) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_path(tree: dict, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def apply_rules(
+    data: Mapping[str, Any], rule_for: Callable[[str], Rule | None], is_field: Callable[[str], bool]
+) -> Translation:
+    """Keys that are schema fields (or that no rule names) are copied; the rest go through their rule."""
+    result = Translation()
+    honoured = []
+    for key, value in leaves(data):
+        rule = None if is_field(key) else rule_for(key)
+        if rule is None:
+            set_path(result.tree, key, value)
+            continue
+        error = rule.refusal(key, value)
+        if error:
+            result.errors.append(error)
+        elif rule.kind == "honoured":
+            honoured.append((key, value, rule))
+    for key, value, rule in honoured:
+        try:
+            mapped = rule.mapped(value)
+        except ValueError as exc:
+            result.errors.append(f"{key}: {exc}")
+            continue
+        if mapped is not _UNSET:
+            _set_agreeing(result, rule.target, mapped, key, value)
+    return result
+
+
+def _set_agreeing(result: Translation, target: str, mapped: Any, key: str, value: Any) -> None:
+    """Set `target`; a value already there (our own key, or another NeMo-RL key) must agree."""
+    current = get_path(result.tree, target)
+    if current is not _UNSET and not _equal(current, mapped):
+        source, shown = result.sources.get(target, (target, current))
+        result.errors.append(
+            f"{key}: {format_value(value)} disagrees with {source}: {format_value(shown)}; set one of them"
+        )
+        return
+    set_path(result.tree, target, mapped)
+    result.sources.setdefault(target, (key, value))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return _same(a, b)

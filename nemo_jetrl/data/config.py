@@ -1,0 +1,23 @@
+"""`data:` — the prompts: the builtin `arithmetic` task or a dataset (.jsonl / .json / .parquet, datasets dir, HF)."""
+
+from __future__ import annotations
+
+from nemo_jetrl.config.section import NonEmptyStr, NonNegativeInt, PositiveInt, Section
+
+
+class DataConfig(Section):
+    dataset_name: NonEmptyStr = "arithmetic"  # builtin task name, or a file / HF dataset
+    num_digits: PositiveInt = 2  # arithmetic only
+    val_size: PositiveInt = 512  # held-out problems (rows held out of the training data when val_dataset_name is null)
+    seed: NonNegativeInt = 1234  # held-out split + shuffling
+    val_dataset_name: NonEmptyStr | None = None
+    dataset_config: NonEmptyStr | None = None  # HF datasets config (subset)
+    train_split: NonEmptyStr | None = None
+    val_split: NonEmptyStr | None = None
+    input_key: NonEmptyStr = "problem"
+    output_key: NonEmptyStr = "answer"
+    prompt_template: str | None = None  # str.format template with one {} for the problem
+    system_prompt: str | None = None
+    use_chat_template: bool = True
+    shuffle: bool = True
+    max_input_seq_length: PositiveInt | None = None  # null = max_total_sequence_length - max_new_tokens

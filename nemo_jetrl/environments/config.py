@@ -1,0 +1,28 @@
+"""`env:` — one section per environment (reward values of the arithmetic task, math-verify settings)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from nemo_jetrl.config.section import FiniteFloat, PositiveFloat, Section
+
+
+class ArithmeticEnvConfig(Section):
+    correct_reward: FiniteFloat = 1.0
+    wrong_reward: FiniteFloat = 0.0
+
+
+class MathEnvSection(Section):
+    """math-verify rewards (environments/math_env.py)."""
+
+    correct_reward: FiniteFloat = 1.0
+    wrong_reward: FiniteFloat = 0.0
+    no_answer_reward: FiniteFloat = 0.0  # no extractable final answer (format penalty when < 0)
+    format_reward: FiniteFloat = 0.0  # bonus for a final answer in the required format, right or wrong
+    answer_format: Literal["boxed", "any"] = "boxed"
+    verify_timeout_s: PositiveFloat | None = 5.0
+
+
+class EnvConfig(Section):
+    arithmetic: ArithmeticEnvConfig = ArithmeticEnvConfig()
+    math: MathEnvSection = MathEnvSection()

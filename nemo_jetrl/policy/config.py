@@ -1,0 +1,80 @@
+"""`policy:` — the trainer's config section (model, batch sizes, optimizer); it holds `fp8_cfg` and `generation`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from nemo_jetrl.config.errors import KeyedValueError
+from nemo_jetrl.config.section import FiniteFloat, NonEmptyStr, NonNegativeFloat, PositiveFloat, PositiveInt, Section
+from nemo_jetrl.generation.config import GenerationConfig
+from nemo_jetrl.precision.config import Fp8Config, Precision
+
+Beta = Annotated[FiniteFloat, Field(ge=0, lt=1)]
+
+
+class TokenizerConfig(Section):
+    name: NonEmptyStr | None = None  # null = policy.model_name
+
+
+class OptimizerConfig(Section):
+    """AdamW / Adam. NeMo-RL's spelling (`name: torch.optim.AdamW` + `kwargs:`) is read by config/nemo_rl.py."""
+
+    name: Literal["adamw", "adam"] = "adamw"
+    lr: PositiveFloat = 5.0e-5
+    weight_decay: NonNegativeFloat = 0.0
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    eps: PositiveFloat = 1.0e-8
+
+
+class PolicyConfig(Section):
+    """`train_global_batch_size: null` = grpo.num_prompts_per_step * grpo.num_generations_per_prompt."""
+
+    model_name: NonEmptyStr = "tiny-arith"  # builtin tiny model, or a local HF causal-LM directory
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    precision: Precision = "fp8"  # training GEMMs (FProp, DGrad, WGrad)
+    master_dtype: Literal["float32", "bfloat16"] = "float32"  # master weights + optimizer state
+    compute_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # activations / non-FP8 math
+    train_global_batch_size: PositiveInt | None = None
+    train_micro_batch_size: PositiveInt = 64
+    logprob_batch_size: PositiveInt = 64
+    max_total_sequence_length: PositiveInt = 32  # prompt + response
+    max_grad_norm: PositiveFloat | None = 1.0  # null = no clipping
+    fused_train_kernels: bool = True  # CUDA trainer: RMSNorm / q-k-norm+RoPE / SiLU*up as fused fwd+bwd kernels
+    train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
+    optimizer: OptimizerConfig = OptimizerConfig()
+    fp8_cfg: Fp8Config = Fp8Config()
+    generation: GenerationConfig = GenerationConfig()
+
+    @model_validator(mode="after")
+    def _check_policy(self) -> PolicyConfig:
+        # Fill the documented defaults without re-triggering validate_assignment.
+        if self.tokenizer.name is None:
+            self.tokenizer.__dict__["name"] = self.model_name
+        if self.generation.precision is None:
+            self.generation.__dict__["precision"] = self.precision
+        problems = []
+        if self.generation.kv_cache_dtype == "fp8" and self.generation.precision != "fp8":
+            problems.append(
+                "policy.generation.kv_cache_dtype: 'fp8' requires policy.generation.precision: fp8 "
+                f"(got '{self.generation.precision}')"
+            )
+        if self.generation.max_new_tokens > self.max_total_sequence_length:
+            problems.append(
+                f"policy.generation.max_new_tokens ({self.generation.max_new_tokens}) must be <= "
+                f"policy.max_total_sequence_length ({self.max_total_sequence_length})"
+            )
+        if self.train_global_batch_size is not None and self.train_global_batch_size % self.train_micro_batch_size:
+            problems.append(
+                f"policy.train_global_batch_size ({self.train_global_batch_size}) must be divisible by "
+                f"policy.train_micro_batch_size ({self.train_micro_batch_size})"
+            )
+        if self.fp8_cfg.train_kv_fake_quant and self.generation.kv_cache_dtype != "fp8":
+            problems.append(
+                "policy.fp8_cfg.train_kv_fake_quant: true requires policy.generation.kv_cache_dtype: fp8 "
+                f"(got '{self.generation.kv_cache_dtype}')"
+            )
+        if problems:
+            raise KeyedValueError("; ".join(problems))
+        return self

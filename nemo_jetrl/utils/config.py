@@ -1,0 +1,32 @@
+"""`logger:` and `checkpointing:` config sections."""
+
+from __future__ import annotations
+
+from nemo_jetrl.config.section import NonNegativeInt, PositiveInt, Section
+
+
+class WandbConfig(Section):
+    project: str = "nemo-jetrl"
+    name: str = "grpo"
+
+
+class MlflowConfig(Section):
+    experiment_name: str = "nemo-jetrl"
+    tracking_uri: str | None = None
+
+
+class LoggerSection(Section):
+    log_dir: str = "logs/grpo"
+    tensorboard_enabled: bool = True
+    wandb_enabled: bool = False
+    wandb: WandbConfig = WandbConfig()
+    mlflow_enabled: bool = False
+    mlflow: MlflowConfig = MlflowConfig()
+    plot_period: NonNegativeInt = 5  # refresh PNG plots every N steps (0 = only at the end)
+
+
+class CheckpointingConfig(Section):
+    enabled: bool = False
+    checkpoint_dir: str = "results/grpo"
+    save_period: PositiveInt = 10
+    keep_top_k: PositiveInt | None = 3  # null = keep all
