@@ -11,6 +11,8 @@ import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from nemo_jetrl.data.config import DataConfig
+from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.data import BadRowsWarning, DatasetTask, PromptFormatter, build_dataset_task
 from nemo_jetrl.environments import Problem, VerifiableTask, make_task
 from nemo_jetrl.environments.math_env import MathEnvironment
@@ -46,7 +48,7 @@ def write_rows(path, n=20, extra=()):
 def data_cfg(path, **kw):
     cfg = {"dataset_name": str(path), "val_size": 4, "seed": 7, "use_chat_template": False, "shuffle": True}
     cfg.update(kw)
-    return cfg
+    return DataConfig(**cfg).to_dict()
 
 
 def test_template_and_chat_rendering():
@@ -176,4 +178,4 @@ def test_make_task_builds_a_math_task_for_files_and_keeps_arithmetic(tmp_path):
     task = make_task(data_cfg(path, input_key="problem", output_key="answer"), env, tokenizer=None)
     assert isinstance(task, DatasetTask)
     assert task.score(["\\boxed{3}", "x"], ["3", "3"]).tolist() == [2.0, -1.0]
-    assert type(make_task({"dataset_name": "arithmetic"}, {})).__name__ == "ArithmeticTask"
+    assert type(make_task(DataConfig().to_dict(), EnvConfig().to_dict())).__name__ == "ArithmeticTask"

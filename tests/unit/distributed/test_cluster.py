@@ -42,7 +42,8 @@ def test_ray_worker_counts_and_seed_shards():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["cluster.num_nodes=2"], r"cluster.num_nodes \(2\) > 1 requires cluster.backend: ray"),
+        (["cluster.backend=local", "cluster.num_nodes=2"], r"cluster.backend: 'local' is one process on one device"),
+        (["cluster.backend=local", "cluster.gpus_per_node=8"], r"cluster.gpus_per_node \(8\) asks for 8 devices"),
         (["cluster.backend=ray", "cluster.gpus_per_node=2", "cluster.device=cpu"], "cluster.device: 'cpu' contradicts"),
         (["cluster.backend=ray", "cluster.device=cuda"], "cluster.device: 'cuda' with cluster.backend: ray"),
         (["cluster.backend=slurm"], "cluster.backend"),

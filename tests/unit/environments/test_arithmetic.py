@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments import ArithmeticTask, Problem, VerifiableTask, make_task
+from nemo_jetrl.environments.config import EnvConfig
 
 
 def _pairs(problems):
@@ -112,13 +114,13 @@ def test_make_task_from_master_config_sections():
             "env": {"arithmetic": {"correct_reward": 1.0, "wrong_reward": -1.0}},
         }
     )
-    task = make_task(cfg.data, cfg.env)
+    task = make_task(DataConfig(**cfg.data).to_dict(), EnvConfig(**cfg.env).to_dict())
     assert isinstance(task, VerifiableTask) and isinstance(task, ArithmeticTask)
     assert task.validation() == ArithmeticTask(val_size=64, seed=5).validation()
     assert task.score(["1", "2"], ["1", "3"]).tolist() == [1.0, -1.0]
-    assert make_task({"dataset_name": "arithmetic"}, {}).reward("7", "7") == 1.0
+    assert make_task(DataConfig().to_dict(), EnvConfig().to_dict()).reward("7", "7") == 1.0
 
 
 def test_make_task_unknown_dataset_names_the_key():
     with pytest.raises(ValueError, match=r"data\.dataset_name='gsm8k'.*arithmetic"):
-        make_task({"dataset_name": "gsm8k"}, {})
+        make_task(DataConfig(dataset_name="gsm8k").to_dict(), EnvConfig().to_dict())

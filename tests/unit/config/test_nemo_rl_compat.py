@@ -1,0 +1,165 @@
+"""NeMo-RL's config tree as input: honoured keys change the resolved config as NeMo-RL would, refused keys give one
+line naming key and value (exit 2), re-expressed shipped recipes resolve to identical effective configs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_jetrl.config import ConfigError, MasterConfig, load_config, validate_config
+from nemo_jetrl.config.nemo_rl import is_schema_field, rule_for
+from nemo_jetrl.config.nemo_rl_keys import KEY_RULES
+from nemo_jetrl.precision.config import precision_line
+
+ROOT = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent / "nemo_rl_yaml"
+CONFIGS = ROOT / "examples" / "configs"
+LIKE_1B = HERE / "grpo_math_1B_like.yaml"
+
+
+def resolved(*overrides: str, config: Path = LIKE_1B) -> MasterConfig:
+    return validate_config(load_config(config, overrides))
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        resolved(*overrides)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("ours", "nemo_rl"),
+    [("grpo_tiny.yaml", "grpo_tiny.yaml"), ("grpo_tiny_bf16.yaml", "grpo_tiny_bf16.yaml"),
+     ("grpo_math_8B_fp8_kv.yaml", "grpo_math_8B_fp8_kv.yaml")],
+)
+def test_shipped_recipes_in_nemo_rl_spelling_resolve_identically(ours, nemo_rl):
+    assert resolved(config=HERE / nemo_rl).to_dict() == resolved(config=CONFIGS / ours).to_dict()
+
+
+def test_grpo_base_yaml_equals_the_types_defaults():
+    assert resolved(config=CONFIGS / "grpo_base.yaml").to_dict() == validate_config({}).to_dict()
+
+
+def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
+    cfg = resolved()
+    assert (cfg.policy.precision, cfg.policy.compute_dtype, cfg.policy.generation.precision) == ("fp8", "bfloat16", "fp8")
+    assert cfg.policy.generation.kv_cache_dtype == "fp8"  # fp8_e4m3
+    assert (cfg.policy.fp8_cfg.num_first_layers_in_bf16, cfg.policy.fp8_cfg.num_last_layers_in_bf16) == (1, 1)
+    assert cfg.policy.optimizer.model_dump() == {
+        "name": "adamw", "lr": 5.0e-6, "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1.0e-8
+    }
+    assert cfg.policy.generation.backend == "native" and cfg.policy.generation.cuda_graphs is True
+    assert cfg.policy.generation.max_new_tokens == cfg.policy.max_total_sequence_length == 16
+    assert cfg.policy.logprob_batch_size == 4 and cfg.policy.train_global_batch_size == 16
+    assert cfg.grpo.val_period == -1 and cfg.loss_fn.truncated_importance_sampling_ratio_min == 0.0
+    assert precision_line(cfg.policy) == (
+        "precision: train=fp8 rollout=fp8 kv=fp8 bf16_first=1 bf16_last=1 "
+        "recipe=blockwise-e4m3(w128x128,a1x128,wgrad_x=1x128)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["policy.precision=float32", "policy.megatron_cfg.fp8_cfg.enabled=false",
+          "policy.generation.vllm_cfg.precision=bfloat16", "policy.generation.vllm_cfg.kv_cache_dtype=auto"],
+         {"policy.precision": "bf16", "policy.compute_dtype": "float32", "policy.generation.precision": "bf16"}),
+        (["policy.megatron_cfg.fp8_cfg.enabled=false", "policy.generation.vllm_cfg.kv_cache_dtype=auto"],
+         {"policy.precision": "bf16", "policy.generation.precision": "fp8"}),  # FP8 rollout only
+        (["policy.generation.vllm_cfg.enforce_eager=true"], {"policy.generation.cuda_graphs": False}),
+        (["policy.generation.vllm_cfg.pow2_weight_scaling_factors=true"],
+         {"policy.fp8_cfg.pow2_weight_scaling_factors": True}),
+        (["policy.optimizer.name=torch.optim.Adam", "policy.optimizer.kwargs.lr=2e-5"],
+         {"policy.optimizer.name": "adam", "policy.optimizer.lr": 2e-5}),
+        (["policy.train_global_batch_size=8", "policy.train_micro_batch_size=4"], {"policy.train_global_batch_size": 8}),
+        (["data.train.dataset_name=/d/train.jsonl", "data.validation={dataset_name: /d/val.jsonl}"],
+         {"data.dataset_name": "/d/train.jsonl", "data.val_dataset_name": "/d/val.jsonl"}),
+        (["cluster.gpus_per_node=8"], {"cluster.backend": "ray"}),
+    ],
+)
+def test_honoured_keys_change_the_resolved_config(overrides, expected):
+    cfg = resolved(*overrides)
+    for key, value in expected.items():
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == value, key
+
+
+def test_prompt_file_is_read_into_the_template(tmp_path):
+    (tmp_path / "cot.txt").write_text("Think. {}")
+    assert resolved(f"data.default.prompt_file={tmp_path}/cot.txt").data.prompt_template == "Think. {}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["policy.generation.precision=bf16"],
+         "policy.generation.vllm_cfg.precision: 'fp8' disagrees with policy.generation.precision: 'bf16'"),
+        (["+policy.optimizer.lr=1e-3"], "policy.optimizer.kwargs.lr: 5e-06 disagrees with policy.optimizer.lr: 0.001"),
+        (["policy.compute_dtype=float32"], "policy.precision: 'bfloat16' disagrees with policy.compute_dtype: 'float32'"),
+    ],
+)
+def test_both_spellings_must_agree(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        resolved(*["++" + o.lstrip("+") for o in overrides])
+    assert expected in str(err.value)
+
+
+REFUSED = {
+    "pipeline": ("policy.megatron_cfg.pipeline_model_parallel_size=2",
+                 "policy.megatron_cfg.pipeline_model_parallel_size: 2 is not supported here (pipeline parallelism)"),
+    "context": ("policy.dtensor_cfg.context_parallel_size=2", "policy.dtensor_cfg.context_parallel_size: 2"),
+    "async": ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: true is not supported here (async GRPO)"),
+    "noncolocated": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled: false"),
+    "megatron": ("policy.megatron_cfg.enabled=true", "policy.megatron_cfg.enabled: true is not supported here"),
+    "tensorwise": ("policy.megatron_cfg.fp8_cfg.fp8_recipe=tensorwise", "fp8_recipe: 'tensorwise' is not supported"),
+    "hybrid": ("policy.megatron_cfg.fp8_cfg.fp8=hybrid", "policy.megatron_cfg.fp8_cfg.fp8: 'hybrid' is not supported"),
+    "e5m2_kv": ("policy.generation.vllm_cfg.kv_cache_dtype=fp8_e5m2", "kv_cache_dtype: 'fp8_e5m2' is not supported"),
+    "float16": ("policy.precision=float16", "policy.precision: 'float16' is not supported here"),
+    "sgd": ("policy.optimizer.name=torch.optim.SGD", "policy.optimizer.name: 'torch.optim.SGD' is not supported"),
+    "local_8_gpus": ("+cluster.backend=local", None),
+    "inf_kl": ("loss_fn.reference_policy_kl_penalty=inf", "loss_fn.reference_policy_kl_penalty: inf is invalid"),
+}
+
+
+def test_neutral_values_of_refusable_keys_are_accepted():
+    cfg = resolved("policy.megatron_cfg.pipeline_model_parallel_size=1", "grpo.async_grpo.enabled=false")
+    assert cfg.cluster.backend == "local"
+
+
+@pytest.fixture(scope="module")
+def cli_refusals() -> dict[str, tuple[int, str, str]]:
+    procs = {}
+    for name, (override, _) in REFUSED.items():
+        extra = ["cluster.gpus_per_node=8"] if name == "local_8_gpus" else []
+        argv = [sys.executable, str(ROOT / "examples" / "run_grpo.py"), "--config", str(LIKE_1B), "--validate-only"]
+        procs[name] = subprocess.Popen(argv + [override, *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+    return {name: (p.wait(timeout=300), *p.communicate()) for name, p in procs.items()}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_keys_give_one_line_and_exit_2(cli_refusals, case):
+    rc, out, err = cli_refusals[case]
+    expected = REFUSED[case][1] or "cluster.backend: 'local' is one process on one device"
+    assert rc == 2 and out == "" and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and expected in err, err
+
+
+def test_override_marker_replaces_the_inherited_mapping(tmp_path):
+    (tmp_path / "child.yaml").write_text(
+        f"defaults: {CONFIGS / 'grpo_base.yaml'}\nenv:\n  math:\n    _override_: true\n    correct_reward: 3.0\n"
+        "policy:\n  optimizer:\n    _override_: false\n    lr: 1.0e-3\n"
+    )
+    cfg = validate_config(load_config(tmp_path / "child.yaml"))
+    assert cfg.env.math.correct_reward == 3.0 and cfg.env.math.verify_timeout_s == 5.0  # type default, not merged
+    assert cfg.policy.optimizer.lr == 1e-3 and cfg.policy.optimizer.eps == 1e-8
+
+
+def test_no_table_line_shadows_a_schema_field():
+    shadowed = [p for p in KEY_RULES if "*" not in p and is_schema_field(p) and KEY_RULES[p].kind != "honoured"]
+    assert shadowed == []  # a key the schema honours must not also be documented as no-effect / refused
+    assert rule_for("policy.megatron_cfg.moe_router_dtype").kind == "no_effect"
+    assert rule_for("policy.megatron_cfg.pipeline_model_parallel_size").kind == "refused"
