@@ -149,13 +149,14 @@ def test_refused_keys_give_one_line_and_exit_2(cli_refusals, case):
 
 
 def test_override_marker_replaces_the_inherited_mapping(tmp_path):
+    (tmp_path / "parent.yaml").write_text("env:\n  math:\n    format_reward: 0.5\npolicy:\n  optimizer:\n    eps: 1.0e-6\n")
     (tmp_path / "child.yaml").write_text(
-        f"defaults: {CONFIGS / 'grpo_base.yaml'}\nenv:\n  math:\n    _override_: true\n    correct_reward: 3.0\n"
+        "defaults: parent.yaml\nenv:\n  math:\n    _override_: true\n    correct_reward: 3.0\n"
         "policy:\n  optimizer:\n    _override_: false\n    lr: 1.0e-3\n"
     )
     cfg = validate_config(load_config(tmp_path / "child.yaml"))
-    assert cfg.env.math.correct_reward == 3.0 and cfg.env.math.verify_timeout_s == 5.0  # type default, not merged
-    assert cfg.policy.optimizer.lr == 1e-3 and cfg.policy.optimizer.eps == 1e-8
+    assert cfg.env.math.correct_reward == 3.0 and cfg.env.math.format_reward == 0.0  # replaced: type default
+    assert cfg.policy.optimizer.lr == 1e-3 and cfg.policy.optimizer.eps == 1e-6  # merged
 
 
 def test_no_table_line_shadows_a_schema_field():

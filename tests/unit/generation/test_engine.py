@@ -247,3 +247,19 @@ def test_bad_inputs_raise(tiny_model):
         engine(tiny_model, temperature=0.0)
     with pytest.raises(ValueError, match="does not move"):
         engine(tiny_model, device="meta")
+
+
+def test_prompt_plus_response_is_capped_at_max_total_length(tiny_model, prompts):
+    """NeMo-RL's max_new_tokens == max_total_sequence_length: each row stops at the total (truncated, not finished);
+    a total that never binds changes nothing."""
+    total = max(len(p) for p in prompts) + 2
+    capped = engine(tiny_model, max_new_tokens=total, max_total_length=total, stop_token_ids=[]).generate(
+        prompts, greedy=True
+    )
+    real = capped.attention_mask.sum(-1)  # [B] prompt + response tokens of each row
+    assert real.tolist() == [total] * len(prompts)
+    assert capped.response_lengths.tolist() == [total - len(p) for p in prompts]
+    assert not capped.finished.any()
+    free = engine(tiny_model, max_new_tokens=MAX_NEW, stop_token_ids=[]).generate(prompts, greedy=True)
+    loose = engine(tiny_model, max_new_tokens=MAX_NEW, max_total_length=10_000, stop_token_ids=[])
+    assert torch.equal(loose.generate(prompts, greedy=True).input_ids, free.input_ids)
