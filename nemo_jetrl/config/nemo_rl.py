@@ -28,8 +28,9 @@ def rule_for(key: str) -> Rule | None:
     """The first line of KEY_RULES whose pattern matches `key` (exact keys first)."""
     if key in KEY_RULES:
         return KEY_RULES[key]
-    return next((rule for pattern, rule in KEY_RULES.items() if "*" in pattern and fnmatch.fnmatchcase(key, pattern)),
-                None)
+    return next(
+        (rule for pattern, rule in KEY_RULES.items() if "*" in pattern and fnmatch.fnmatchcase(key, pattern)), None
+    )
 
 
 @functools.cache

@@ -15,6 +15,7 @@ MEMORY = "memory / speed tuning of an engine this implementation does not use"
 VLLM = "vLLM engine setting; the rollout runs on the native engine (same sampling, logprobs and FP8 recipe)"
 MEGATRON_OFF = "read by NeMo-RL only with policy.megatron_cfg.enabled: true"
 DATA_PLANE = "NeMo-RL's data plane / transport; one process or Ray workers exchange tensors directly here"
+BOTH_SIDES = "one layer map: these layers stay BF16 on trainer AND rollout (NeMo-RL: rollout only)"
 ONE_TRAINER = "use cluster.num_nodes / gpus_per_node (data-parallel FSDP2 workers)"
 
 KEY_RULES: dict[str, Rule] = {
@@ -98,10 +99,12 @@ KEY_RULES: dict[str, Rule] = {
     ),
     "policy.megatron_cfg.fp8_cfg.enabled": alias("policy.precision", {True: "fp8", False: None}),
     "policy.megatron_cfg.fp8_cfg.fp8": only(["e4m3"], "FP8 formats other than E4M3", "set e4m3"),
-    "policy.megatron_cfg.fp8_cfg.fp8_recipe": only(["blockwise"], "FP8 recipes other than blockwise (rowwise / "
-                                                   "tensorwise / mxfp8)", "set blockwise"),
-    "policy.megatron_cfg.fp8_cfg.fp8_param": only([False], "FP8 parameter storage", "set false (FP32 master "
-                                                  "weights, policy.master_dtype)"),
+    "policy.megatron_cfg.fp8_cfg.fp8_recipe": only(
+        ["blockwise"], "FP8 recipes other than blockwise (rowwise / tensorwise / mxfp8)", "set blockwise"
+    ),
+    "policy.megatron_cfg.fp8_cfg.fp8_param": only(
+        [False], "FP8 parameter storage", "set false (FP32 master weights, policy.master_dtype)"
+    ),
     "policy.megatron_cfg.tensor_model_parallel_size": only([1], "tensor parallelism", ONE_TRAINER),
     "policy.megatron_cfg.pipeline_model_parallel_size": only([1], "pipeline parallelism", ONE_TRAINER),
     "policy.megatron_cfg.context_parallel_size": only([1], "context parallelism", ONE_TRAINER),
@@ -116,8 +119,12 @@ KEY_RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.kv_cache_dtype": alias(
         "policy.generation.kv_cache_dtype", {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"}
     ),
-    "policy.generation.vllm_cfg.num_first_layers_in_bf16": alias("policy.fp8_cfg.num_first_layers_in_bf16"),
-    "policy.generation.vllm_cfg.num_last_layers_in_bf16": alias("policy.fp8_cfg.num_last_layers_in_bf16"),
+    "policy.generation.vllm_cfg.num_first_layers_in_bf16": alias(
+        "policy.fp8_cfg.num_first_layers_in_bf16", reason=BOTH_SIDES
+    ),
+    "policy.generation.vllm_cfg.num_last_layers_in_bf16": alias(
+        "policy.fp8_cfg.num_last_layers_in_bf16", reason=BOTH_SIDES
+    ),
     "policy.generation.vllm_cfg.pow2_weight_scaling_factors": alias("policy.fp8_cfg.pow2_weight_scaling_factors"),
     "policy.generation.vllm_cfg.pow2_activation_scaling_factors": alias(
         "policy.fp8_cfg.pow2_activation_scaling_factors"
@@ -129,16 +136,18 @@ KEY_RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.pipeline_parallel_size": only([1], "rollout pipeline parallelism", ONE_TRAINER),
     "policy.generation.vllm_cfg.expert_parallel_size": only([1], "expert parallelism", ONE_TRAINER),
     "policy.generation.vllm_cfg.logprobs_mode": only(["processed_logprobs"], "raw logprobs", "set processed_logprobs"),
-    "policy.generation.vllm_cfg.max_model_len": no_effect("each row's prompt + response is capped at "
-                                                          "policy.max_total_sequence_length"),
+    "policy.generation.vllm_cfg.max_model_len": no_effect(
+        "each row's prompt + response is capped at policy.max_total_sequence_length"
+    ),
     "policy.generation.vllm_cfg.*": no_effect(VLLM),
     "policy.generation.vllm_kwargs*": no_effect(VLLM),
     "policy.generation.stop_strings": only([None, []], "stop strings", "use policy.generation.stop_token_ids"),
     "policy.generation.val_temperature": no_effect("validation samples at policy.generation.temperature"),
     "policy.generation.val_top_p": no_effect("validation samples at policy.generation.top_p"),
     "policy.generation.val_top_k": no_effect("validation samples at policy.generation.top_k"),
-    "policy.generation.colocated.enabled": only([True], "non-colocated generation", "set true (each worker "
-                                                "trains and generates)"),
+    "policy.generation.colocated.enabled": only(
+        [True], "non-colocated generation", "set true (each worker trains and generates)"
+    ),
     "policy.generation.colocated.*": no_effect("read only with colocated.enabled: false"),
     "policy.generation.port_range_*": no_effect(DATA_PLANE),
     "policy.generation.refit_*": no_effect(DATA_PLANE),
@@ -160,8 +169,9 @@ KEY_RULES: dict[str, Rule] = {
     "data.default.output_key": alias("data.output_key"),
     "data.*.prompt_file": alias("data.prompt_template", read_file=True),
     "data.*.system_prompt_file": alias("data.system_prompt", read_file=True),
-    "data.*.processor": only(["math_hf_data_processor", "math_data_processor"], "other data processors",
-                             "use math_hf_data_processor"),
+    "data.*.processor": only(
+        ["math_hf_data_processor", "math_data_processor"], "other data processors", "use math_hf_data_processor"
+    ),
     "data.*.env_name": only(["math"], "environments other than math", "set math"),
     "data.train.split_validation_size": no_effect("data.val_size rows are held out (a count, default 512)"),
     "data.num_workers": no_effect("data loading speed only"),
@@ -182,8 +192,9 @@ KEY_RULES: dict[str, Rule] = {
     "checkpointing.metric_name": no_effect("checkpointing.keep_top_k keeps the latest checkpoints"),
     "checkpointing.higher_is_better": no_effect("checkpointing.keep_top_k keeps the latest checkpoints"),
     "checkpointing.checkpoint_must_save_by": only([None], "time-limited saves", "set null"),
-    "checkpointing.model_save_format": no_effect("checkpoints hold torch tensors; examples/export_hf.py writes "
-                                                 "safetensors"),
+    "checkpointing.model_save_format": no_effect(
+        "checkpoints hold torch tensors; examples/export_hf.py writes safetensors"
+    ),
     "checkpointing.save_consolidated": no_effect("examples/export_hf.py writes a consolidated HF model"),
     "checkpointing.save_optimizer": only([True], "weights-only checkpoints", "set true (resume needs the optimizer)"),
     "cluster.master_port_range_*": no_effect("Ray / torch.distributed choose ports"),

@@ -122,9 +122,7 @@ def build_dataset_task(
     """
     keys = {"input_key": data_cfg["input_key"], "output_key": data_cfg["output_key"]}
     config_name = data_cfg["dataset_config"]
-    train_source = DataSource(
-        data_cfg["dataset_name"], split=data_cfg["train_split"], config_name=config_name, **keys
-    )
+    train_source = DataSource(data_cfg["dataset_name"], split=data_cfg["train_split"], config_name=config_name, **keys)
     rows, train_report = read_rows(train_source)
     formatter = PromptFormatter(
         tokenizer,

@@ -30,8 +30,11 @@ def refusal(*overrides: str) -> str:
 
 @pytest.mark.parametrize(
     ("ours", "nemo_rl"),
-    [("grpo_tiny.yaml", "grpo_tiny.yaml"), ("grpo_tiny_bf16.yaml", "grpo_tiny_bf16.yaml"),
-     ("grpo_math_8B_fp8_kv.yaml", "grpo_math_8B_fp8_kv.yaml")],
+    [
+        ("grpo_tiny.yaml", "grpo_tiny.yaml"),
+        ("grpo_tiny_bf16.yaml", "grpo_tiny_bf16.yaml"),
+        ("grpo_math_8B_fp8_kv.yaml", "grpo_math_8B_fp8_kv.yaml"),
+    ],
 )
 def test_shipped_recipes_in_nemo_rl_spelling_resolve_identically(ours, nemo_rl):
     assert resolved(config=HERE / nemo_rl).to_dict() == resolved(config=CONFIGS / ours).to_dict()
@@ -43,11 +46,19 @@ def test_grpo_base_yaml_equals_the_types_defaults():
 
 def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
     cfg = resolved()
-    assert (cfg.policy.precision, cfg.policy.compute_dtype, cfg.policy.generation.precision) == ("fp8", "bfloat16", "fp8")
+    assert (cfg.policy.precision, cfg.policy.compute_dtype, cfg.policy.generation.precision) == (
+        "fp8",
+        "bfloat16",
+        "fp8",
+    )
     assert cfg.policy.generation.kv_cache_dtype == "fp8"  # fp8_e4m3
     assert (cfg.policy.fp8_cfg.num_first_layers_in_bf16, cfg.policy.fp8_cfg.num_last_layers_in_bf16) == (1, 1)
     assert cfg.policy.optimizer.model_dump() == {
-        "name": "adamw", "lr": 5.0e-6, "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1.0e-8
+        "name": "adamw",
+        "lr": 5.0e-6,
+        "weight_decay": 0.01,
+        "betas": (0.9, 0.999),
+        "eps": 1.0e-8,
     }
     assert cfg.policy.generation.backend == "native" and cfg.policy.generation.cuda_graphs is True
     assert cfg.policy.generation.max_new_tokens == cfg.policy.max_total_sequence_length == 16
@@ -62,19 +73,36 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["policy.precision=float32", "policy.megatron_cfg.fp8_cfg.enabled=false",
-          "policy.generation.vllm_cfg.precision=bfloat16", "policy.generation.vllm_cfg.kv_cache_dtype=auto"],
-         {"policy.precision": "bf16", "policy.compute_dtype": "float32", "policy.generation.precision": "bf16"}),
-        (["policy.megatron_cfg.fp8_cfg.enabled=false", "policy.generation.vllm_cfg.kv_cache_dtype=auto"],
-         {"policy.precision": "bf16", "policy.generation.precision": "fp8"}),  # FP8 rollout only
+        (
+            [
+                "policy.precision=float32",
+                "policy.megatron_cfg.fp8_cfg.enabled=false",
+                "policy.generation.vllm_cfg.precision=bfloat16",
+                "policy.generation.vllm_cfg.kv_cache_dtype=auto",
+            ],
+            {"policy.precision": "bf16", "policy.compute_dtype": "float32", "policy.generation.precision": "bf16"},
+        ),
+        (
+            ["policy.megatron_cfg.fp8_cfg.enabled=false", "policy.generation.vllm_cfg.kv_cache_dtype=auto"],
+            {"policy.precision": "bf16", "policy.generation.precision": "fp8"},
+        ),  # FP8 rollout only
         (["policy.generation.vllm_cfg.enforce_eager=true"], {"policy.generation.cuda_graphs": False}),
-        (["policy.generation.vllm_cfg.pow2_weight_scaling_factors=true"],
-         {"policy.fp8_cfg.pow2_weight_scaling_factors": True}),
-        (["policy.optimizer.name=torch.optim.Adam", "policy.optimizer.kwargs.lr=2e-5"],
-         {"policy.optimizer.name": "adam", "policy.optimizer.lr": 2e-5}),
-        (["policy.train_global_batch_size=8", "policy.train_micro_batch_size=4"], {"policy.train_global_batch_size": 8}),
-        (["data.train.dataset_name=/d/train.jsonl", "data.validation={dataset_name: /d/val.jsonl}"],
-         {"data.dataset_name": "/d/train.jsonl", "data.val_dataset_name": "/d/val.jsonl"}),
+        (
+            ["policy.generation.vllm_cfg.pow2_weight_scaling_factors=true"],
+            {"policy.fp8_cfg.pow2_weight_scaling_factors": True},
+        ),
+        (
+            ["policy.optimizer.name=torch.optim.Adam", "policy.optimizer.kwargs.lr=2e-5"],
+            {"policy.optimizer.name": "adam", "policy.optimizer.lr": 2e-5},
+        ),
+        (
+            ["policy.train_global_batch_size=8", "policy.train_micro_batch_size=4"],
+            {"policy.train_global_batch_size": 8},
+        ),
+        (
+            ["data.train.dataset_name=/d/train.jsonl", "data.validation={dataset_name: /d/val.jsonl}"],
+            {"data.dataset_name": "/d/train.jsonl", "data.val_dataset_name": "/d/val.jsonl"},
+        ),
         (["cluster.gpus_per_node=8"], {"cluster.backend": "ray"}),
     ],
 )
@@ -95,10 +123,15 @@ def test_prompt_file_is_read_into_the_template(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["policy.generation.precision=bf16"],
-         "policy.generation.vllm_cfg.precision: 'fp8' disagrees with policy.generation.precision: 'bf16'"),
+        (
+            ["policy.generation.precision=bf16"],
+            "policy.generation.vllm_cfg.precision: 'fp8' disagrees with policy.generation.precision: 'bf16'",
+        ),
         (["+policy.optimizer.lr=1e-3"], "policy.optimizer.kwargs.lr: 5e-06 disagrees with policy.optimizer.lr: 0.001"),
-        (["policy.compute_dtype=float32"], "policy.precision: 'bfloat16' disagrees with policy.compute_dtype: 'float32'"),
+        (
+            ["policy.compute_dtype=float32"],
+            "policy.precision: 'bfloat16' disagrees with policy.compute_dtype: 'float32'",
+        ),
     ],
 )
 def test_both_spellings_must_agree(overrides, expected):
@@ -108,8 +141,10 @@ def test_both_spellings_must_agree(overrides, expected):
 
 
 REFUSED = {
-    "pipeline": ("policy.megatron_cfg.pipeline_model_parallel_size=2",
-                 "policy.megatron_cfg.pipeline_model_parallel_size: 2 is not supported here (pipeline parallelism)"),
+    "pipeline": (
+        "policy.megatron_cfg.pipeline_model_parallel_size=2",
+        "policy.megatron_cfg.pipeline_model_parallel_size: 2 is not supported here (pipeline parallelism)",
+    ),
     "context": ("policy.dtensor_cfg.context_parallel_size=2", "policy.dtensor_cfg.context_parallel_size: 2"),
     "async": ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: true is not supported here (async GRPO)"),
     "noncolocated": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled: false"),
@@ -135,8 +170,9 @@ def cli_refusals() -> dict[str, tuple[int, str, str]]:
     for name, (override, _) in REFUSED.items():
         extra = ["cluster.gpus_per_node=8"] if name == "local_8_gpus" else []
         argv = [sys.executable, str(ROOT / "examples" / "run_grpo.py"), "--config", str(LIKE_1B), "--validate-only"]
-        procs[name] = subprocess.Popen(argv + [override, *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
+        procs[name] = subprocess.Popen(
+            argv + [override, *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     return {name: (p.wait(timeout=300), *p.communicate()) for name, p in procs.items()}
 
 
@@ -149,7 +185,9 @@ def test_refused_keys_give_one_line_and_exit_2(cli_refusals, case):
 
 
 def test_override_marker_replaces_the_inherited_mapping(tmp_path):
-    (tmp_path / "parent.yaml").write_text("env:\n  math:\n    format_reward: 0.5\npolicy:\n  optimizer:\n    eps: 1.0e-6\n")
+    (tmp_path / "parent.yaml").write_text(
+        "env:\n  math:\n    format_reward: 0.5\npolicy:\n  optimizer:\n    eps: 1.0e-6\n"
+    )
     (tmp_path / "child.yaml").write_text(
         "defaults: parent.yaml\nenv:\n  math:\n    _override_: true\n    correct_reward: 3.0\n"
         "policy:\n  optimizer:\n    _override_: false\n    lr: 1.0e-3\n"
@@ -164,3 +202,13 @@ def test_no_table_line_shadows_a_schema_field():
     assert shadowed == []  # a key the schema honours must not also be documented as no-effect / refused
     assert rule_for("policy.megatron_cfg.moe_router_dtype").kind == "no_effect"
     assert rule_for("policy.megatron_cfg.pipeline_model_parallel_size").kind == "refused"
+
+
+def test_docs_table_lists_every_key_rule():
+    docs = (ROOT / "docs" / "nemo_rl.md").read_text()
+    missing = [
+        f"{key}: {rule.docs}"
+        for key, rule in KEY_RULES.items()
+        if f"| `{key}` | {rule.docs.replace('|', '/')} |" not in docs
+    ]
+    assert missing == []  # regenerate the table from nemo_rl_keys.py

@@ -85,12 +85,27 @@ def test_optional_literal_lists_null(base_yaml):
         ),
         ("policy.tokenizer=3", "policy.tokenizer: expected a mapping of keys, got 3"),
         ("policy.optimizer.lr=inf", "policy.optimizer.lr: inf is invalid: input should be a finite number"),
-        ("loss_fn.reference_policy_kl_penalty=inf", "loss_fn.reference_policy_kl_penalty: inf is invalid: input should be a finite number"),
-        ("policy.generation.temperature=0", "policy.generation.temperature: 0 is invalid: input should be greater than or equal to 1e-06"),
-        ("env.arithmetic.correct_reward=nan", "env.arithmetic.correct_reward: nan is invalid: input should be a finite number"),
+        (
+            "loss_fn.reference_policy_kl_penalty=inf",
+            "loss_fn.reference_policy_kl_penalty: inf is invalid: input should be a finite number",
+        ),
+        (
+            "policy.generation.temperature=0",
+            "policy.generation.temperature: 0 is invalid: input should be greater than or equal to 1e-06",
+        ),
+        (
+            "env.arithmetic.correct_reward=nan",
+            "env.arithmetic.correct_reward: nan is invalid: input should be a finite number",
+        ),
         ("grpo.max_num_steps=true", "grpo.max_num_steps: true is invalid: input should be a valid integer"),
-        ("policy.train_micro_batch_size=2.0", "policy.train_micro_batch_size: 2.0 is invalid: input should be a valid integer"),
-        ("policy.optimizer.lr=true", "policy.optimizer.lr: true is invalid: value error, expected a number, got a boolean"),
+        (
+            "policy.train_micro_batch_size=2.0",
+            "policy.train_micro_batch_size: 2.0 is invalid: input should be a valid integer",
+        ),
+        (
+            "policy.optimizer.lr=true",
+            "policy.optimizer.lr: true is invalid: value error, expected a number, got a boolean",
+        ),
         ("+policy.optimzer.lr=1", "policy.optimzer: unknown key; did you mean 'policy.optimizer'?"),
         ("policy.optimizer.betas=[0.9,1.0]", "policy.optimizer.betas[1]: 1.0 is invalid: input should be less than 1"),
         ("loss_fn.ratio_clip_c=1.0", "loss_fn.ratio_clip_c: 1.0 is invalid: input should be greater than 1"),

@@ -11,10 +11,10 @@ import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from nemo_jetrl.data.config import DataConfig
-from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.data import BadRowsWarning, DatasetTask, PromptFormatter, build_dataset_task
+from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments import Problem, VerifiableTask, make_task
+from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.environments.math_env import MathEnvironment
 from nemo_jetrl.models.tokenizer import build_arith_tokenizer
 
