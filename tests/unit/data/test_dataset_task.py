@@ -129,11 +129,11 @@ def test_separate_validation_file_and_too_long_prompts(tmp_path):
         task = build_dataset_task(cfg, MathEnvironment(), tokenizer=tok, max_prompt_tokens=40)
     assert len(task.train_problems) == 6 and [p.answer for p in task.validation()] == ["0", "1", "2"]
     assert task.validation()[0].prompt.startswith("<|im_start|>user\np0")
-    # an explicit data.max_input_seq_length wins over the loop's limit
+    # without the loop's limit (generation.interfaces.max_prompt_length folds it in), data.max_input_seq_length
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         task = build_dataset_task(
-            {**cfg, "max_input_seq_length": 200}, MathEnvironment(), tokenizer=tok, max_prompt_tokens=40
+            {**cfg, "max_input_seq_length": 200}, MathEnvironment(), tokenizer=tok, max_prompt_tokens=None
         )
     assert len(task.train_problems) == 7
 
