@@ -212,3 +212,16 @@ def test_docs_table_lists_every_key_rule():
         if f"| `{key}` | {rule.docs.replace('|', '/')} |" not in docs
     ]
     assert missing == []  # regenerate the table from nemo_rl_keys.py
+
+
+@pytest.mark.parametrize(
+    ("config", "limit"),
+    [(CONFIGS / "grpo_tiny.yaml", 11), (CONFIGS / "grpo_math_8B_fp8.yaml", 512), (LIKE_1B, 11)],
+)
+def test_prompt_limit_of_shipped_and_nemo_rl_configs(config, limit):
+    from nemo_jetrl.generation.interfaces import max_prompt_length
+
+    cfg = resolved(config=config).to_dict()
+    assert max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"]) == limit
+    policy = {**cfg["policy"], "generation": {"max_new_tokens": cfg["policy"]["max_total_sequence_length"]}}
+    assert max_prompt_length(policy, None) == cfg["policy"]["max_total_sequence_length"] - 1  # NeMo-RL spelling
