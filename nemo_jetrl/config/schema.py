@@ -123,6 +123,22 @@ class Fp8Config(Section):
         return value
 
 
+class DtensorConfig(Section):
+    """NeMo-RL's `policy.dtensor_cfg` parallel keys: DTensor tensor parallel composed with FSDP2 (docs/cluster.md)."""
+
+    tensor_parallel_size: PositiveInt  # ranks per TP group; data-parallel size = workers / tensor_parallel_size
+    sequence_parallel: bool  # NeMo-RL: shard norm / residual activations along the sequence inside the TP group
+
+    @model_validator(mode="after")
+    def _check_dtensor(self) -> DtensorConfig:
+        if self.sequence_parallel:
+            raise KeyedValueError(
+                "policy.dtensor_cfg.sequence_parallel: true is not supported (tensor parallel runs with replicated "
+                "norm / residual activations); set it to false"
+            )
+        return self
+
+
 class KvCacheCalibrationConfig(Section):
     percentile: Annotated[float, Field(gt=0, le=100)]  # of per-micro-batch amax values
     margin: Annotated[float, Field(ge=1)]  # scale = amax * margin / 448
@@ -167,6 +183,7 @@ class PolicyConfig(Section):
     train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
     optimizer: OptimizerConfig
     fp8_cfg: Fp8Config
+    dtensor_cfg: DtensorConfig
     generation: GenerationConfig
 
     @model_validator(mode="after")
@@ -301,6 +318,25 @@ class MasterConfig(Section):
     logger: LoggerConfig
     checkpointing: CheckpointingConfig
     cluster: ClusterConfig
+
+    @model_validator(mode="after")
+    def _check_tensor_parallel(self) -> MasterConfig:
+        tp, cluster = self.policy.dtensor_cfg.tensor_parallel_size, self.cluster
+        if tp == 1:
+            return self
+        if cluster.backend != "ray":
+            raise KeyedValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size ({tp}) > 1 requires cluster.backend: ray (local is one "
+                "process)"
+            )
+        per_node = cluster.gpus_per_node if cluster.gpus_per_node > 0 else cluster.cpu_workers_per_node
+        workers = cluster.num_nodes * per_node
+        if workers % tp:
+            raise KeyedValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size ({tp}) must divide the number of workers ({workers} = "
+                "cluster.num_nodes * cluster.gpus_per_node, or * cluster.cpu_workers_per_node on CPU)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_global_batch(self) -> MasterConfig:

@@ -203,3 +203,19 @@ def test_non_mapping_config_is_refused():
         validate_config(OmegaConf.create([1, 2]))
     with pytest.raises(ConfigError, match="config must be a mapping"):
         validate_config(3)
+
+
+def test_tensor_parallel_keys_and_their_rules(base_yaml):
+    master = check(base_yaml, "cluster.backend=ray", "cluster.cpu_workers_per_node=4",
+                   "policy.dtensor_cfg.tensor_parallel_size=2")  # fmt: skip
+    assert master.policy.dtensor_cfg.tensor_parallel_size == 2
+    assert master.policy.dtensor_cfg.sequence_parallel is False
+    assert error_of(base_yaml, "policy.dtensor_cfg.tensor_parallel_size=2") == (
+        "policy.dtensor_cfg.tensor_parallel_size (2) > 1 requires cluster.backend: ray (local is one process)"
+    )
+    message = error_of(base_yaml, "cluster.backend=ray", "cluster.cpu_workers_per_node=3",
+                       "policy.dtensor_cfg.tensor_parallel_size=2")  # fmt: skip
+    assert message.startswith("policy.dtensor_cfg.tensor_parallel_size (2) must divide the number of workers (3 = ")
+    assert error_of(base_yaml, "policy.dtensor_cfg.sequence_parallel=true").startswith(
+        "policy.dtensor_cfg.sequence_parallel: true is not supported"
+    )
