@@ -20,11 +20,14 @@ from nemo_jetrl.precision.quant import (
     weight_quant,
 )
 from nemo_jetrl.precision.recipe import KVCalibration, PrecisionRecipe
+from nemo_jetrl.precision.rollout_layers import Fp8RolloutGroup, Fp8RolloutLinear, build_rollout_replica
 from nemo_jetrl.precision.weight_group import Fp8WeightGroup, group_sibling_linears, project_shared_input
 
 __all__ = [
     "Fp8Linear",
     "Fp8LinearFunction",
+    "Fp8RolloutGroup",
+    "Fp8RolloutLinear",
     "Fp8WeightGroup",
     "KVCalibration",
     "PrecisionRecipe",
@@ -35,6 +38,7 @@ __all__ = [
     "act_quant_dual",
     "act_quant_t",
     "build_layer_map",
+    "build_rollout_replica",
     "convert_to_fp8",
     "decoder_layer_index",
     "fp8_blockwise_mm",
