@@ -36,7 +36,8 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 @dataclass
 class RefitStats:
-    """One refit. Bytes are those of the assembled full tensors (each rank receives (W-1)/W of them)."""
+    """One refit. Bytes are those of the tensors each rank's replica assembles (its TP shard under tensor parallel;
+    each rank receives (D-1)/D of them over a data-parallel group of D)."""
 
     format: str
     num_fp8_weights: int
@@ -52,10 +53,10 @@ class RefitStats:
         return out
 
 
-def _world() -> tuple[int, int]:
+def _group_size(group) -> int:
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+        return dist.get_world_size(group)
+    return 1
 
 
 def _shard_dim(param: torch.Tensor) -> int | None:
@@ -91,7 +92,7 @@ class _Gather:
         return torch.cat([self.local, self.local.new_zeros(shape)], dim=self.dim).contiguous()
 
 
-def _all_gather(items: list[_Gather], world: int, bucket_bytes: int) -> list[torch.Tensor]:
+def _all_gather(items: list[_Gather], world: int, bucket_bytes: int, group=None) -> list[torch.Tensor]:
     """Assemble every item's full tensor: flat uint8 buckets, one all-gather each."""
     if world == 1:
         return [item.local.narrow(item.dim, 0, item.full_size) for item in items]
@@ -105,7 +106,7 @@ def _all_gather(items: list[_Gather], world: int, bucket_bytes: int) -> list[tor
         pieces = [items[i].padded() for i in range(start, end)]
         flat = torch.cat([p.view(torch.uint8).reshape(-1) for p in pieces])  # [L] this rank's bytes
         out = flat.new_empty(world, flat.numel())  # [W, L]
-        _ALL_GATHER(out.view(-1), flat)
+        _ALL_GATHER(out.view(-1), flat, group=group)
         offset = 0
         for i, piece in zip(range(start, end), pieces):
             n = piece.numel() * piece.element_size()
@@ -122,19 +123,22 @@ def _nbytes(item: _Gather) -> int:
     return int(torch.Size(shape).numel()) * item.local.element_size()
 
 
-def _gather_item(param: torch.Tensor, dtype: torch.dtype | None, world: int) -> _Gather:
+def _gather_item(param: torch.Tensor, dtype: torch.dtype | None, world: int, dest: torch.Tensor) -> _Gather:
+    """`dest`: the replica tensor the gathered one fills (with tensor parallel: this TP rank's shard)."""
     dim = _shard_dim(param)
     local = _local(param).detach()
     if dtype is not None:
         local = local.to(dtype)
-    full_size = param.shape[dim]
+    full_size = dest.shape[dim]
     return _Gather(local, dim, full_size, -(-full_size // world))
 
 
 class Fp8Refit:
     """Refit plan between a (possibly FSDP2-sharded) policy and its rollout replica; built once, run per step.
 
-    `refit()` is collective: every rank of the default process group calls it, in the same order.
+    `refit()` is collective: every rank of `group` (the data-parallel group; default: every rank) calls it, in the
+    same order. With tensor parallel the replica holds this TP rank's shards (`build_tp_rollout_replica`): the
+    gather runs over the DP group only, and with one DP rank each rank quantizes its TP shard with no gather.
     """
 
     def __init__(
@@ -144,8 +148,9 @@ class Fp8Refit:
         *,
         other_dtype: torch.dtype | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        group=None,
     ) -> None:
-        self.other_dtype = other_dtype
+        self.other_dtype, self.group = other_dtype, group
         self.bucket_bytes = int(bucket_bytes)
         self.fp8: list[tuple[str, Fp8Linear, Fp8RolloutLinear]] = []
         fp8_weight_ids = set()
@@ -171,47 +176,47 @@ class Fp8Refit:
         if fmt not in ("fp8", "bf16"):
             raise ValueError(f"refit format must be 'fp8' or 'bf16', got {fmt!r}")
         t0 = time.perf_counter()
-        _, world = _world()
+        world = _group_size(self.group)
         items: list[_Gather] = []
         plan: list[tuple] = []  # how to use the gathered tensors, in order
         fp8_bytes = bf16_bytes = other_bytes = fallback = 0
         for _name, module, target in self.fp8:
             weight, recipe = module.weight, module.recipe
             block, pow2 = recipe.block_size, recipe.pow2_weight_scales
-            bf16_bytes += weight.numel() * 2
+            bf16_bytes += target.weight_fp8.numel() * 2  # per rank: this TP rank's shard
             dim = _shard_dim(weight)
             if fmt == "bf16":
                 if dim is not None:
-                    items.append(_gather_item(weight, torch.bfloat16, world))
-                full = weight.detach().to(torch.bfloat16) if dim is None else None
+                    items.append(_gather_item(weight, torch.bfloat16, world, target.weight_fp8))
+                full = _local(weight).detach().to(torch.bfloat16) if dim is None else None
                 plan.append(("quantize", target, full, block, pow2))
-                fp8_bytes += weight.numel() * 2
+                fp8_bytes += target.weight_fp8.numel() * 2
                 continue
-            chunk = -(-weight.shape[dim] // world) if dim is not None else 0
+            chunk = -(-target.weight_fp8.shape[dim] // world) if dim is not None else 0
             if dim is not None and chunk % block:
                 fallback += 1
-                items.append(_gather_item(weight, None, world))
+                items.append(_gather_item(weight, None, world, target.weight_fp8))
                 plan.append(("quantize", target, None, block, pow2))
-                fp8_bytes += weight.numel() * weight.element_size()
+                fp8_bytes += target.weight_fp8.numel() * weight.element_size()
                 continue
             if dim is None:  # not sharded: quantize the whole weight here (== Fp8Linear.quantized_weight)
-                data, scale = weight_quant(weight.detach(), block, pow2)
+                data, scale = weight_quant(_local(weight).detach(), block, pow2)
                 plan.append(("load", target, data, scale))
             else:
                 data, scale = weight_quant(_local(weight).detach(), block, pow2)  # this rank's tiles only
-                items.append(_Gather(data, dim, weight.shape[dim], chunk))
+                items.append(_Gather(data, dim, target.weight_fp8.shape[dim], chunk))
                 items.append(_Gather(scale, dim, target.weight_scale.shape[dim], chunk // block))
                 plan.append(("gathered_fp8", target))
             fp8_bytes += target.weight_fp8.numel() + target.weight_scale.numel() * 4
         for _name, param, dest in self.other:
             dtype = self.other_dtype or param.dtype
-            other_bytes += param.numel() * torch.empty((), dtype=dtype).element_size()
+            other_bytes += dest.numel() * torch.empty((), dtype=dtype).element_size()
             if _shard_dim(param) is None:
-                plan.append(("copy", dest, param.detach()))
+                plan.append(("copy", dest, _local(param).detach()))
             else:
-                items.append(_gather_item(param, self.other_dtype, world))
+                items.append(_gather_item(param, self.other_dtype, world, dest))
                 plan.append(("copy", dest, None))
-        gathered = iter(_all_gather(items, world, self.bucket_bytes))
+        gathered = iter(_all_gather(items, world, self.bucket_bytes, self.group))
         for step in plan:
             kind = step[0]
             if kind == "load":

@@ -8,6 +8,7 @@ trainer's `Fp8Linear` runs in rollout mode, so equal bits give equal outputs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 from torch import nn
@@ -45,6 +46,7 @@ class Fp8RolloutLinear(nn.Module):
         self.num_loads = 0
         self._qweight: QuantizedWeight | None = None
         self.weight_group: Fp8RolloutGroup | None = None
+        self.partial_dtype: torch.dtype | None = None  # row-parallel: GEMM output dtype before the TP all-reduce
 
     @classmethod
     def from_fp8_linear(cls, module: Fp8Linear) -> Fp8RolloutLinear:
@@ -79,13 +81,14 @@ class Fp8RolloutLinear(nn.Module):
     def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
         # x: [..., K] (or the same quantized once for several linears) -> [..., N]
         if isinstance(x, QuantizedInput):
+            if self.partial_dtype is not None:
+                x = dataclasses.replace(x, out_dtype=self.partial_dtype)
             return quantized_input_forward(x, self._qweight, self.bias, self.out_features)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8RolloutLinear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         with torch.no_grad():
-            y2 = fp8_linear_forward(
-                x.reshape(-1, self.in_features), self._qweight, self.bias, self.recipe, output_dtype(x)
-            )
+            out_dtype = self.partial_dtype or output_dtype(x)
+            y2 = fp8_linear_forward(x.reshape(-1, self.in_features), self._qweight, self.bias, self.recipe, out_dtype)
         return y2.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
