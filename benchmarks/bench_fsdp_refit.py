@@ -147,9 +147,9 @@ def worker(args: argparse.Namespace) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
-    from nemo_jetrl.distributed.weight_sync import Fp8RolloutLinear
     from nemo_jetrl.policy.interfaces import TrainBatch
     from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
+    from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":

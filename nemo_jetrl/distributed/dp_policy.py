@@ -20,7 +20,7 @@ from nemo_jetrl.algorithms.loss import ClippedPGLossConfig, clipped_pg_loss
 from nemo_jetrl.distributed.data_split import generate_seed_shards
 from nemo_jetrl.distributed.fsdp import clip_grad_norm, invalidate_fp8_caches, shard_policy
 from nemo_jetrl.distributed.kv_sync import gather_qkv_records, scales_from_records
-from nemo_jetrl.distributed.weight_sync import Fp8Refit, RefitFormat, build_rollout_replica
+from nemo_jetrl.distributed.weight_sync import Fp8Refit, RefitFormat
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.decoder import sequence_logprobs
@@ -28,6 +28,7 @@ from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
+from nemo_jetrl.precision.rollout_layers import build_rollout_replica
 
 
 class DataParallelPolicy:

@@ -21,7 +21,7 @@ from torch.distributed.tensor import Shard
 
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.precision.layer_map import decoder_layer_index
-from nemo_jetrl.precision.linear import Fp8Linear
+from nemo_jetrl.precision.linear import Fp8Linear, local_tensor
 
 
 class PolicyLogprobs(nn.Module):
@@ -74,6 +74,8 @@ def shard_policy(
     kernels: Mapping | None = None,
 ) -> PolicyLogprobs:
     """Apply FSDP2 to `model` in place (needs an initialized process group); returns the root to call.
+    mesh: the data-parallel mesh (default: every rank); with tensor parallel, the "dp" dim of the (dp, tp) mesh
+    the decoder was parallelized on (`tensor_parallel.parallelize_decoder`), and FSDP2 shards each TP shard.
     kernels: `sequence_logprobs` keywords (`policy.native.trainer_kernels`)."""
     if not dist.is_initialized():
         raise ValueError("shard_policy needs torch.distributed to be initialized (init_process_group)")
@@ -85,7 +87,8 @@ def shard_policy(
     units = 0
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear | Fp8Linear) and decoder_layer_index(name) is not None:
-            fully_shard(module, mesh=mesh, shard_placement_fn=lambda p: tile_aligned_placement(p, world, block))
+            placement = lambda p: tile_aligned_placement(local_tensor(p), world, block)  # noqa: E731 - of a TP shard
+            fully_shard(module, mesh=mesh, shard_placement_fn=placement)
             _sum_reduction(module)
             units += 1
     if units == 0:
@@ -97,15 +100,30 @@ def shard_policy(
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> float:
-    """Global grad norm over (DTensor) grads, clipping to `max_norm` (None = measure only); as a float."""
+    """Global grad norm over (DTensor) grads, clipping to `max_norm` (None = measure only); as a float.
+
+    Grads on different device meshes (tensor parallel: TP-sharded linears on (dp, tp), replicated norms and
+    embeddings on dp) are normed per mesh and combined as sqrt(sum of squares)."""
     params = [p for p in parameters if p.grad is not None]
     if not params:
         return 0.0
     limit = float(max_norm) if max_norm is not None else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(params, limit)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return float(norm)
+    meshes: dict = {}
+    for p in params:
+        meshes.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
+    if len(meshes) == 1:
+        return float(_full(torch.nn.utils.clip_grad_norm_(params, limit)))
+    squares = [_full(torch.nn.utils.get_total_norm(grads)).float() ** 2 for grads in meshes.values()]
+    total = torch.stack(squares).sum().sqrt()
+    coef = float(torch.clamp(limit / (total + 1e-6), max=1.0))
+    if coef < 1.0:
+        for grads in meshes.values():
+            torch._foreach_mul_(grads, coef)
+    return float(total)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def invalidate_fp8_caches(model: nn.Module) -> int:

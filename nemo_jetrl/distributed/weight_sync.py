@@ -16,7 +16,6 @@ All collectives are batched into flat uint8 buckets (one all-gather per bucket).
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -25,17 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_jetrl.precision.linear import (
-    Fp8Linear,
-    QuantizedInput,
-    QuantizedWeight,
-    fp8_linear_forward,
-    output_dtype,
-    quantized_input_forward,
-)
-from nemo_jetrl.precision.quant import FP8_DTYPE, weight_quant
-from nemo_jetrl.precision.recipe import PrecisionRecipe
-from nemo_jetrl.precision.weight_group import layout_problem, sibling_sets, stack_rows
+from nemo_jetrl.precision.linear import Fp8Linear
+from nemo_jetrl.precision.quant import weight_quant
+from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 
 RefitFormat = Literal["fp8", "bf16"]
 DEFAULT_BUCKET_BYTES = 256 << 20
@@ -43,131 +34,10 @@ DEFAULT_BUCKET_BYTES = 256 << 20
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class Fp8RolloutLinear(nn.Module):
-    """Rollout-only linear on received FP8 bits: `weight_fp8` e4m3 [N, K], `weight_scale` fp32 [N/128, K/128].
-
-    Its forward is `fp8_linear_forward`, the same function `Fp8Linear` runs in rollout mode, so equal bits give
-    equal outputs. Holds no master weight and no autograd state.
-    """
-
-    def __init__(self, in_features: int, out_features: int, recipe: PrecisionRecipe, bias: torch.Tensor | None):
-        super().__init__()
-        self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
-        b = recipe.block_size
-        device = bias.device if bias is not None else None
-        self.register_buffer("weight_fp8", torch.zeros(out_features, in_features, dtype=FP8_DTYPE, device=device))
-        self.register_buffer(
-            "weight_scale", torch.ones(-(-out_features // b), -(-in_features // b), dtype=torch.float32, device=device)
-        )
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.num_loads = 0
-        self._qweight: QuantizedWeight | None = None
-        self.weight_group: Fp8RolloutGroup | None = None
-
-    @classmethod
-    def from_fp8_linear(cls, module: Fp8Linear) -> Fp8RolloutLinear:
-        """Same shapes and recipe; starts on `module`'s current quantized weight."""
-        bias = module.bias.detach() if module.bias is not None else None
-        new = cls(module.in_features, module.out_features, module.recipe, bias)
-        qweight = module.quantized_weight()
-        new.weight_fp8 = new.weight_fp8.to(qweight.data.device)
-        new.weight_scale = new.weight_scale.to(qweight.data.device)
-        new.load(qweight.data, qweight.scale)
-        return new
-
-    def load(self, data: torch.Tensor, scale: torch.Tensor) -> None:
-        """Take new FP8 bits [N, K] and scales (copied into the buffers)."""
-        if data.shape != self.weight_fp8.shape or data.dtype != FP8_DTYPE:
-            raise ValueError(
-                f"Fp8RolloutLinear.load: expected e4m3 {tuple(self.weight_fp8.shape)}, got {data.dtype} "
-                f"{tuple(data.shape)}"
-            )
-        if scale.shape != self.weight_scale.shape:
-            raise ValueError(
-                f"Fp8RolloutLinear.load: expected scale {tuple(self.weight_scale.shape)}, got {tuple(scale.shape)}"
-            )
-        self.weight_fp8.copy_(data)
-        self.weight_scale.copy_(scale)
-        self.num_loads += 1
-        self._qweight = QuantizedWeight(self.weight_fp8, self.weight_scale, self.num_loads, self.recipe.block_size)
-
-    def quantized_weight(self) -> QuantizedWeight:
-        return self._qweight
-
-    def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
-        # x: [..., K] (or the same quantized once for several linears) -> [..., N]
-        if isinstance(x, QuantizedInput):
-            return quantized_input_forward(x, self._qweight, self.bias, self.out_features)
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"Fp8RolloutLinear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
-        with torch.no_grad():
-            y2 = fp8_linear_forward(
-                x.reshape(-1, self.in_features), self._qweight, self.bias, self.recipe, output_dtype(x)
-            )
-        return y2.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-class Fp8RolloutGroup:
-    """Sibling `Fp8RolloutLinear`s (q/k/v, gate/up) whose FP8 bits, scales and biases live in one buffer each.
-
-    The members' `weight_fp8` / `weight_scale` / `bias` buffers become row views of the group's, so every `load`
-    and refit copy lands in the shared buffer and the fused decode runs one GEMM over it (`project_shared_input`),
-    as the trainer-side `Fp8WeightGroup` does.
-    """
-
-    def __init__(self, members: tuple[Fp8RolloutLinear, ...]) -> None:
-        self.members, self.splits = tuple(members), tuple(m.out_features for m in members)
-        block = members[0].recipe.block_size
-        data, data_views = stack_rows([m.weight_fp8 for m in members])  # [sum N, K]
-        scale, scale_views = stack_rows([m.weight_scale for m in members])  # [sum N / 128, K / 128]
-        self._bias, bias_views = stack_rows([m.bias for m in members]) if members[0].bias is not None else (None, None)
-        for i, m in enumerate(members):
-            m.weight_fp8, m.weight_scale = data_views[i], scale_views[i]
-            if bias_views is not None:
-                m.bias = bias_views[i]
-            m._qweight = QuantizedWeight(m.weight_fp8, m.weight_scale, m.num_loads, block)
-            m.weight_group = self
-        self._qweight = QuantizedWeight(data, scale, 0, block)
-
-    @staticmethod
-    def compatible(members: tuple[nn.Module, ...]) -> bool:
-        return (
-            all(isinstance(m, Fp8RolloutLinear) for m in members)
-            and layout_problem(members) is None
-            and len({m.weight_fp8.device for m in members}) == 1
-        )
-
-    def quantized_weight(self) -> QuantizedWeight:
-        return self._qweight
-
-    def bias(self) -> torch.Tensor | None:
-        return self._bias
-
-
-def build_rollout_replica(model: nn.Module) -> nn.Module:
-    """A rollout copy of an (unsharded) policy: FP8-rollout linears become `Fp8RolloutLinear`, the rest is copied.
-    Sibling FP8 projections (q/k/v, gate/up) share one buffer per block (`Fp8RolloutGroup`).
-
-    Call before FSDP sharding. The replica has no trainable parameters (requires_grad off) and is in eval mode.
-    """
-    replica = copy.deepcopy(model)
-    swaps = [(n, m) for n, m in replica.named_modules() if isinstance(m, Fp8Linear) and m.rollout_fp8]
-    for name, module in swaps:
-        parent_name, _, child = name.rpartition(".")
-        parent = replica.get_submodule(parent_name) if parent_name else replica
-        setattr(parent, child, Fp8RolloutLinear.from_fp8_linear(module))
-    for members in sibling_sets(replica):
-        if Fp8RolloutGroup.compatible(members):
-            Fp8RolloutGroup(members)
-    return replica.requires_grad_(False).eval()
-
-
 @dataclass
 class RefitStats:
-    """One refit. Bytes are those of the assembled full tensors (each rank receives (W-1)/W of them)."""
+    """One refit. Bytes are those of the tensors each rank's replica assembles (its TP shard under tensor parallel;
+    each rank receives (D-1)/D of them over a data-parallel group of D)."""
 
     format: str
     num_fp8_weights: int
@@ -183,10 +53,10 @@ class RefitStats:
         return out
 
 
-def _world() -> tuple[int, int]:
+def _group_size(group) -> int:
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+        return dist.get_world_size(group)
+    return 1
 
 
 def _shard_dim(param: torch.Tensor) -> int | None:
@@ -222,7 +92,7 @@ class _Gather:
         return torch.cat([self.local, self.local.new_zeros(shape)], dim=self.dim).contiguous()
 
 
-def _all_gather(items: list[_Gather], world: int, bucket_bytes: int) -> list[torch.Tensor]:
+def _all_gather(items: list[_Gather], world: int, bucket_bytes: int, group=None) -> list[torch.Tensor]:
     """Assemble every item's full tensor: flat uint8 buckets, one all-gather each."""
     if world == 1:
         return [item.local.narrow(item.dim, 0, item.full_size) for item in items]
@@ -236,7 +106,7 @@ def _all_gather(items: list[_Gather], world: int, bucket_bytes: int) -> list[tor
         pieces = [items[i].padded() for i in range(start, end)]
         flat = torch.cat([p.view(torch.uint8).reshape(-1) for p in pieces])  # [L] this rank's bytes
         out = flat.new_empty(world, flat.numel())  # [W, L]
-        _ALL_GATHER(out.view(-1), flat)
+        _ALL_GATHER(out.view(-1), flat, group=group)
         offset = 0
         for i, piece in zip(range(start, end), pieces):
             n = piece.numel() * piece.element_size()
@@ -253,19 +123,22 @@ def _nbytes(item: _Gather) -> int:
     return int(torch.Size(shape).numel()) * item.local.element_size()
 
 
-def _gather_item(param: torch.Tensor, dtype: torch.dtype | None, world: int) -> _Gather:
+def _gather_item(param: torch.Tensor, dtype: torch.dtype | None, world: int, dest: torch.Tensor) -> _Gather:
+    """`dest`: the replica tensor the gathered one fills (with tensor parallel: this TP rank's shard)."""
     dim = _shard_dim(param)
     local = _local(param).detach()
     if dtype is not None:
         local = local.to(dtype)
-    full_size = param.shape[dim]
+    full_size = dest.shape[dim]
     return _Gather(local, dim, full_size, -(-full_size // world))
 
 
 class Fp8Refit:
     """Refit plan between a (possibly FSDP2-sharded) policy and its rollout replica; built once, run per step.
 
-    `refit()` is collective: every rank of the default process group calls it, in the same order.
+    `refit()` is collective: every rank of `group` (the data-parallel group; default: every rank) calls it, in the
+    same order. With tensor parallel the replica holds this TP rank's shards (`build_tp_rollout_replica`): the
+    gather runs over the DP group only, and with one DP rank each rank quantizes its TP shard with no gather.
     """
 
     def __init__(
@@ -275,8 +148,9 @@ class Fp8Refit:
         *,
         other_dtype: torch.dtype | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        group=None,
     ) -> None:
-        self.other_dtype = other_dtype
+        self.other_dtype, self.group = other_dtype, group
         self.bucket_bytes = int(bucket_bytes)
         self.fp8: list[tuple[str, Fp8Linear, Fp8RolloutLinear]] = []
         fp8_weight_ids = set()
@@ -302,47 +176,47 @@ class Fp8Refit:
         if fmt not in ("fp8", "bf16"):
             raise ValueError(f"refit format must be 'fp8' or 'bf16', got {fmt!r}")
         t0 = time.perf_counter()
-        _, world = _world()
+        world = _group_size(self.group)
         items: list[_Gather] = []
         plan: list[tuple] = []  # how to use the gathered tensors, in order
         fp8_bytes = bf16_bytes = other_bytes = fallback = 0
         for _name, module, target in self.fp8:
             weight, recipe = module.weight, module.recipe
             block, pow2 = recipe.block_size, recipe.pow2_weight_scales
-            bf16_bytes += weight.numel() * 2
+            bf16_bytes += target.weight_fp8.numel() * 2  # per rank: this TP rank's shard
             dim = _shard_dim(weight)
             if fmt == "bf16":
                 if dim is not None:
-                    items.append(_gather_item(weight, torch.bfloat16, world))
-                full = weight.detach().to(torch.bfloat16) if dim is None else None
+                    items.append(_gather_item(weight, torch.bfloat16, world, target.weight_fp8))
+                full = _local(weight).detach().to(torch.bfloat16) if dim is None else None
                 plan.append(("quantize", target, full, block, pow2))
-                fp8_bytes += weight.numel() * 2
+                fp8_bytes += target.weight_fp8.numel() * 2
                 continue
-            chunk = -(-weight.shape[dim] // world) if dim is not None else 0
+            chunk = -(-target.weight_fp8.shape[dim] // world) if dim is not None else 0
             if dim is not None and chunk % block:
                 fallback += 1
-                items.append(_gather_item(weight, None, world))
+                items.append(_gather_item(weight, None, world, target.weight_fp8))
                 plan.append(("quantize", target, None, block, pow2))
-                fp8_bytes += weight.numel() * weight.element_size()
+                fp8_bytes += target.weight_fp8.numel() * weight.element_size()
                 continue
             if dim is None:  # not sharded: quantize the whole weight here (== Fp8Linear.quantized_weight)
-                data, scale = weight_quant(weight.detach(), block, pow2)
+                data, scale = weight_quant(_local(weight).detach(), block, pow2)
                 plan.append(("load", target, data, scale))
             else:
                 data, scale = weight_quant(_local(weight).detach(), block, pow2)  # this rank's tiles only
-                items.append(_Gather(data, dim, weight.shape[dim], chunk))
+                items.append(_Gather(data, dim, target.weight_fp8.shape[dim], chunk))
                 items.append(_Gather(scale, dim, target.weight_scale.shape[dim], chunk // block))
                 plan.append(("gathered_fp8", target))
             fp8_bytes += target.weight_fp8.numel() + target.weight_scale.numel() * 4
         for _name, param, dest in self.other:
             dtype = self.other_dtype or param.dtype
-            other_bytes += param.numel() * torch.empty((), dtype=dtype).element_size()
+            other_bytes += dest.numel() * torch.empty((), dtype=dtype).element_size()
             if _shard_dim(param) is None:
-                plan.append(("copy", dest, param.detach()))
+                plan.append(("copy", dest, _local(param).detach()))
             else:
-                items.append(_gather_item(param, self.other_dtype, world))
+                items.append(_gather_item(param, self.other_dtype, world, dest))
                 plan.append(("copy", dest, None))
-        gathered = iter(_all_gather(items, world, self.bucket_bytes))
+        gathered = iter(_all_gather(items, world, self.bucket_bytes, self.group))
         for step in plan:
             kind = step[0]
             if kind == "load":

@@ -56,13 +56,16 @@ def build_tiny_model(seed: int) -> Qwen3ForCausalLM:
     return model.to(torch.float32)
 
 
-def random_tiny_qwen3(seed: int = 0, *, num_layers: int = 2, initializer_range: float = 0.2) -> Qwen3ForCausalLM:
-    """A random tiny Qwen3 (the tiny-arith shape, `num_layers` deep) in eval mode, for tests and smoke benchmarks.
+def random_tiny_qwen3(
+    seed: int = 0, *, num_layers: int = 2, initializer_range: float = 0.2, **config
+) -> Qwen3ForCausalLM:
+    """A random tiny Qwen3 (the tiny-arith shape, `num_layers` deep, `config` overriding fields) in eval mode, for
+    tests and smoke benchmarks.
 
     initializer_range 0.2 (HF default 0.02) so greedy outputs vary instead of repeating one token, which makes
     token-for-token checks meaningful.
     """
-    cfg = tiny_arith_config(num_hidden_layers=num_layers, initializer_range=initializer_range)
+    cfg = tiny_arith_config(num_hidden_layers=num_layers, initializer_range=initializer_range, **config)
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)

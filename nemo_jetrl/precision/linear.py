@@ -97,6 +97,11 @@ def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> to
     return QuantizedInput(data, scale, tuple(x.shape[:-1]), output_dtype(x))
 
 
+def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's shard of a DTensor (differentiable), else `t` itself (plain tensors, None)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def output_dtype(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.dtype:
     """The autocast dtype when autocast is on for x's device type, else `dtype` (default: x's dtype)."""
     device_type = x.device.type
@@ -235,6 +240,9 @@ class Fp8Linear(nn.Module):
         self._qweight: QuantizedWeight | None = None
         self._qweight_key: tuple | None = None
         self.weight_group = None  # an `Fp8WeightGroup` holding this layer's FP8 weight in a shared buffer, if any
+        # Row-parallel (tensor parallel): the training GEMM returns its partial sums in this dtype (fp32) so that
+        # the TP all-reduce adds them before the one rounding to the output dtype. None: the output dtype.
+        self.partial_dtype: torch.dtype | None = None
 
     @classmethod
     def from_linear(
@@ -276,14 +284,17 @@ class Fp8Linear(nn.Module):
         return self.mode == "rollout" and self.rollout_fp8
 
     def weight_key(self) -> tuple:
-        """What the cached FP8 weight depends on: the master weight's version, storage, shape, dtype; scale rule."""
-        w = self.weight
+        """What the cached FP8 weight depends on: the master weight's version, storage, shape, dtype; scale rule.
+        Under tensor parallel (a DTensor weight) all of it is this rank's shard's."""
+        w = local_tensor(self.weight)
         return (w._version, w.data_ptr(), w.device, w.dtype, tuple(w.shape), self.recipe.pow2_weight_scales)
 
     def quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh (e4m3 [N, K], fp32 scale [N/128, K/128]) of the master weight (the 128x128-tile recipe)."""
+        """Fresh (e4m3 [N, K], fp32 scale [N/128, K/128]) of the master weight (the 128x128-tile recipe); of this
+        rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (its tiles never straddle a shard boundary)."""
         with torch.no_grad():
-            return weight_quant(self.weight.detach(), self.recipe.block_size, self.recipe.pow2_weight_scales)
+            w = local_tensor(self.weight).detach()
+            return weight_quant(w, self.recipe.block_size, self.recipe.pow2_weight_scales)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""
@@ -309,7 +320,7 @@ class Fp8Linear(nn.Module):
         if isinstance(x, QuantizedInput):
             if not self.fp8_rollout_active or x.data.shape[-1] != self.in_features:
                 raise ValueError("Fp8Linear: a QuantizedInput is only for FP8 rollout mode with matching in_features")
-            return quantized_input_forward(x, self.quantized_weight(), self.bias, self.out_features)
+            return quantized_input_forward(x, self.quantized_weight(), local_tensor(self.bias), self.out_features)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8
@@ -319,15 +330,18 @@ class Fp8Linear(nn.Module):
         qweight = self.quantized_weight()
         if self.mode == "rollout":
             with torch.no_grad():
-                y2 = fp8_linear_forward(x.reshape(-1, self.in_features), qweight, self.bias, self.recipe, out_dtype)
+                bias = local_tensor(self.bias)
+                y2 = fp8_linear_forward(x.reshape(-1, self.in_features), qweight, bias, self.recipe, out_dtype)
             return y2.reshape(*x.shape[:-1], self.out_features)
-        return Fp8LinearFunction.apply(x, self.weight, self.bias, qweight, self.recipe, out_dtype)
+        weight, bias = local_tensor(self.weight), local_tensor(self.bias)
+        return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, self.partial_dtype or out_dtype)
 
     def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = local_tensor(self.weight), local_tensor(self.bias)
         if torch.is_autocast_enabled(x.device.type):
-            return F.linear(x, self.weight, self.bias)  # autocast casts, as for nn.Linear
-        bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return F.linear(x, self.weight.to(x.dtype), bias)
+            return F.linear(x, weight, bias)  # autocast casts, as for nn.Linear
+        bias = bias.to(x.dtype) if bias is not None else None
+        return F.linear(x, weight.to(x.dtype), bias)
 
     def extra_repr(self) -> str:
         return (

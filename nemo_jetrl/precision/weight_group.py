@@ -55,7 +55,7 @@ class Fp8WeightGroup:
         if keys == self._keys:
             return
         pieces = [m.quantize_weight() for m in self.members]  # [(e4m3 [N_i, K], fp32 [N_i/128, K/128])]
-        if all(type(t) is torch.Tensor for piece in pieces for t in piece):
+        if not any(hasattr(m.weight, "to_local") for m in self.members):  # no member sharded (DTensor) now
             data, data_views = stack_rows([d for d, _ in pieces])  # [sum N_i, K]
             scale, scale_views = stack_rows([s for _, s in pieces])  # [sum N_i / 128, K / 128]
             self._qweight = QuantizedWeight(data, scale, version=0, block=self.members[0].recipe.block_size)

@@ -226,3 +226,11 @@ def test_non_mapping_config_is_refused():
         validate_config(OmegaConf.create([1, 2]))
     with pytest.raises(ConfigError, match="config must be a mapping"):
         validate_config(3)
+
+
+def test_tensor_parallel_size_above_one_is_refused_by_name(base_yaml):
+    """TP exists as a library (distributed/tensor_parallel.py) but no run path builds it: refuse, never run DP."""
+    assert check(base_yaml, "+policy.dtensor_cfg.tensor_parallel_size=1").policy is not None
+    message = error_of(base_yaml, "+policy.dtensor_cfg.tensor_parallel_size=2")
+    assert message.startswith("policy.dtensor_cfg.tensor_parallel_size")
+    assert "tensor parallelism" in message and "not wired" in message

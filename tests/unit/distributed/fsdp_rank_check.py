@@ -16,9 +16,10 @@ import torch.distributed as dist
 
 from nemo_jetrl.distributed.data_split import assign_contiguous, micro_batch_ranges
 from nemo_jetrl.distributed.fsdp import shard_policy
-from nemo_jetrl.distributed.weight_sync import Fp8Refit, Fp8RolloutLinear, build_rollout_replica
+from nemo_jetrl.distributed.weight_sync import Fp8Refit
 from nemo_jetrl.distributed.worker import PolicyWorker
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
+from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear, build_rollout_replica
 
 
 def fp8_bits(replica: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

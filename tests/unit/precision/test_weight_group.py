@@ -138,7 +138,7 @@ def test_incompatible_members_are_left_ungrouped():
 
 
 def test_rollout_replica_siblings_share_one_buffer_that_loads_update():
-    from nemo_jetrl.distributed.weight_sync import Fp8RolloutGroup, build_rollout_replica
+    from nemo_jetrl.precision.rollout_layers import Fp8RolloutGroup, build_rollout_replica
 
     model = fp8_tiny(seed=2)
     replica = build_rollout_replica(model)
