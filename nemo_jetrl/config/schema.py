@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nemo_jetrl.config.errors import ConfigError, KeyedValueError, format_validation_error
+from nemo_jetrl.policy.lr_scheduler import check_scheduler_config
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -36,6 +37,27 @@ class Section(BaseModel):
         return self.model_dump()
 
 
+class RewardShapingConfig(Section):
+    """DAPO overlong reward shaping (NeMo-RL `grpo.reward_shaping`; algorithms/dapo.py)."""
+
+    enabled: bool = False
+    overlong_buffer_length: PositiveInt | None = 128  # tokens before max_response_length where the penalty ramps
+    overlong_buffer_penalty: NonNegativeFloat | None = 1.0  # penalty at max_response_length
+    max_response_length: PositiveInt | None = None  # response tokens; null needs stop_properly_penalty_coef
+    stop_properly_penalty_coef: Annotated[float, Field(ge=0, le=1)] | None = None  # truncated rewards x coef
+
+    @model_validator(mode="after")
+    def _check_overlong(self) -> RewardShapingConfig:
+        if not self.enabled or self.stop_properly_penalty_coef is not None:
+            return self
+        unset = [k for k in ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
+                 if getattr(self, k) is None]
+        if unset:
+            names = ", ".join(f"grpo.reward_shaping.{k}" for k in unset)
+            raise KeyedValueError(f"grpo.reward_shaping.enabled: true needs {names} (or stop_properly_penalty_coef)")
+        return self
+
+
 class GrpoConfig(Section):
     num_prompts_per_step: PositiveInt
     num_generations_per_prompt: PositiveInt
@@ -48,6 +70,20 @@ class GrpoConfig(Section):
     max_val_samples: PositiveInt
     seed: NonNegativeInt
     on_nonfinite: Literal["skip", "stop"]  # non-finite loss / grad / FP8 scale: skip the batch or stop the run
+    # DAPO (NeMo-RL keys; algorithms/dapo.py)
+    use_dynamic_sampling: bool = False  # generate until the step holds enough groups with reward std > 0
+    batch_multiplier: Annotated[float, Field(ge=1)] = 1.0  # prompts per generation batch = num_prompts x this
+    dynamic_sampling_max_gen_batches: PositiveInt = 10  # generation batches per step before giving up
+    overlong_filtering: bool = False  # truncated responses are left out of the loss
+    reward_shaping: RewardShapingConfig = RewardShapingConfig()
+
+    @model_validator(mode="after")
+    def _multiplier_needs_dynamic_sampling(self) -> GrpoConfig:
+        if self.batch_multiplier != 1 and not self.use_dynamic_sampling:
+            raise KeyedValueError(
+                f"grpo.batch_multiplier ({self.batch_multiplier:g}) != 1 requires grpo.use_dynamic_sampling: true"
+            )
+        return self
 
 
 class LossConfig(Section):
@@ -67,6 +103,26 @@ class LossConfig(Section):
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None
     truncated_importance_sampling_ratio: PositiveFloat | None
     truncated_importance_sampling_ratio_min: NonNegativeFloat | None
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"  # Schulman's KL estimators
+    kl_input_clamp_value: PositiveFloat | None = 20.0  # clamp of log(ref / cur) before the estimator
+    kl_output_clamp_value: PositiveFloat | None = 10.0  # clamp of the per-token KL
+    use_on_policy_kl_approximation: bool = False  # KL weighted by exp(logp - logp_gen) (rollout samples)
+    sequence_level_importance_ratios: bool = False  # GSPO: one PPO ratio per sequence; needs token_level_loss false
+
+    @model_validator(mode="after")
+    def _check_sequence_ratios(self) -> LossConfig:
+        if not self.sequence_level_importance_ratios:
+            return self
+        if self.token_level_loss:
+            raise KeyedValueError(
+                "loss_fn.sequence_level_importance_ratios: true requires loss_fn.token_level_loss: false"
+            )
+        if self.truncated_importance_sampling_type == "seq-mask-tis":
+            raise KeyedValueError(
+                "loss_fn.sequence_level_importance_ratios: true does not combine with "
+                "loss_fn.truncated_importance_sampling_type: 'seq-mask-tis' (token-level IS weights)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_truncated_is(self) -> LossConfig:
@@ -166,8 +222,20 @@ class PolicyConfig(Section):
     fused_train_kernels: bool = True  # CUDA trainer: RMSNorm / q-k-norm+RoPE / SiLU*up as fused fwd+bwd kernels
     train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
     optimizer: OptimizerConfig
+    # NeMo-RL's LR schedule: [{name: torch.optim.lr_scheduler.X, kwargs: {...}}, ..., {milestones: [...]}] or one
+    # {name, kwargs}; null = constant lr. Stepped once per GRPO step (policy/lr_scheduler.py).
+    scheduler: list[dict[str, Any]] | dict[str, Any] | None = None
     fp8_cfg: Fp8Config
     generation: GenerationConfig
+
+    @field_validator("scheduler")
+    @classmethod
+    def _check_scheduler(cls, value: Any) -> Any:
+        try:
+            check_scheduler_config(value)
+        except ValueError as exc:
+            raise KeyedValueError(str(exc)) from None
+        return value
 
     @model_validator(mode="after")
     def _check_policy(self) -> PolicyConfig:
@@ -304,10 +372,12 @@ class MasterConfig(Section):
 
     @model_validator(mode="after")
     def _check_global_batch(self) -> MasterConfig:
+        """Each GRPO step takes samples / train_global_batch_size optimizer steps (NeMo-RL)."""
         samples = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
-        if self.policy.train_global_batch_size != samples:
+        gbs = self.policy.train_global_batch_size
+        if gbs > samples or samples % gbs:
             raise KeyedValueError(
-                f"policy.train_global_batch_size ({self.policy.train_global_batch_size}) must equal "
+                f"policy.train_global_batch_size ({gbs}) must divide "
                 f"grpo.num_prompts_per_step * grpo.num_generations_per_prompt "
                 f"({self.grpo.num_prompts_per_step} * {self.grpo.num_generations_per_prompt} = {samples})"
             )

@@ -122,12 +122,14 @@ def test_train_kv_fake_quant_requires_kv_fp8(base_yaml):
     check(base_yaml, "policy.fp8_cfg.train_kv_fake_quant=true", "policy.generation.kv_cache_dtype=fp8")
 
 
-def test_global_batch_must_equal_prompts_times_generations(base_yaml):
-    message = error_of(base_yaml, "policy.train_global_batch_size=128")
+def test_global_batch_must_divide_prompts_times_generations(base_yaml):
+    message = error_of(base_yaml, "policy.train_global_batch_size=192")
     assert message == (
-        "policy.train_global_batch_size (128) must equal grpo.num_prompts_per_step * "
+        "policy.train_global_batch_size (192) must divide grpo.num_prompts_per_step * "
         "grpo.num_generations_per_prompt (32 * 8 = 256)"
     )
+    assert "must divide" in error_of(base_yaml, "policy.train_global_batch_size=512")
+    assert check(base_yaml, "policy.train_global_batch_size=128").policy.train_global_batch_size == 128
 
 
 def test_global_batch_must_be_divisible_by_micro_batch(base_yaml):
