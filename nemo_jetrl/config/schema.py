@@ -50,8 +50,11 @@ class RewardShapingConfig(Section):
     def _check_overlong(self) -> RewardShapingConfig:
         if not self.enabled or self.stop_properly_penalty_coef is not None:
             return self
-        unset = [k for k in ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
-                 if getattr(self, k) is None]
+        unset = [
+            k
+            for k in ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
+            if getattr(self, k) is None
+        ]
         if unset:
             names = ", ".join(f"grpo.reward_shaping.{k}" for k in unset)
             raise KeyedValueError(f"grpo.reward_shaping.enabled: true needs {names} (or stop_properly_penalty_coef)")
