@@ -39,7 +39,12 @@ def test_every_example_config_validates(repo_root):
     paths = sorted((repo_root / "examples" / "configs").rglob("*.yaml"))
     assert paths, "no example configs found"
     for path in paths:
-        validate_config(load_config(path))
+        cfg = load_config(path)
+        if path.parent.name == "evals":  # eval configs: a GRPO config + the `eval:` section (run_eval.py)
+            from nemo_jetrl.evals.eval import EvalConfig
+
+            EvalConfig.model_validate(OmegaConf.to_container(cfg.pop("eval")))
+        validate_config(cfg)
 
 
 def test_literal_error_names_key_value_and_allowed_values(base_yaml):
