@@ -19,6 +19,27 @@ from nemo_jetrl.config.section import (
 )
 
 
+class RewardShapingConfig(Section):
+    """DAPO overlong reward shaping (NeMo-RL `grpo.reward_shaping`; algorithms/dapo.py)."""
+
+    enabled: bool = False
+    overlong_buffer_length: PositiveInt | None = 128  # tokens before max_response_length where the penalty ramps
+    overlong_buffer_penalty: NonNegativeFloat | None = 1.0  # penalty at max_response_length
+    max_response_length: PositiveInt | None = None  # response tokens; null needs stop_properly_penalty_coef
+    stop_properly_penalty_coef: UnitFloat | None = None  # truncated rewards x coef
+
+    @model_validator(mode="after")
+    def _check_overlong(self) -> RewardShapingConfig:
+        if not self.enabled or self.stop_properly_penalty_coef is not None:
+            return self
+        keys = ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
+        unset = [k for k in keys if getattr(self, k) is None]
+        if unset:
+            names = ", ".join(f"grpo.reward_shaping.{k}" for k in unset)
+            raise KeyedValueError(f"grpo.reward_shaping.enabled: true needs {names} (or stop_properly_penalty_coef)")
+        return self
+
+
 class GrpoConfig(Section):
     num_prompts_per_step: PositiveInt = 32
     num_generations_per_prompt: PositiveInt = 8
@@ -31,6 +52,20 @@ class GrpoConfig(Section):
     max_val_samples: PositiveInt = 512
     seed: NonNegativeInt = 42
     on_nonfinite: Literal["skip", "stop"] = "skip"  # non-finite loss / grad / FP8 scale: skip the batch or stop
+    # DAPO (NeMo-RL keys; algorithms/dapo.py)
+    use_dynamic_sampling: bool = False  # generate until the step holds enough groups with reward std > 0
+    batch_multiplier: Annotated[FiniteFloat, Field(ge=1)] = 1.0  # prompts per generation batch = num_prompts x this
+    dynamic_sampling_max_gen_batches: PositiveInt = 10  # generation batches per step before giving up
+    overlong_filtering: bool = False  # truncated responses are left out of the loss
+    reward_shaping: RewardShapingConfig = RewardShapingConfig()
+
+    @model_validator(mode="after")
+    def _multiplier_needs_dynamic_sampling(self) -> GrpoConfig:
+        if self.batch_multiplier != 1 and not self.use_dynamic_sampling:
+            raise KeyedValueError(
+                f"grpo.batch_multiplier ({self.batch_multiplier:g}) != 1 requires grpo.use_dynamic_sampling: true"
+            )
+        return self
 
 
 class LossConfig(Section):
@@ -50,6 +85,26 @@ class LossConfig(Section):
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
     truncated_importance_sampling_ratio: PositiveFloat | None = None
     truncated_importance_sampling_ratio_min: NonNegativeFloat | None = None
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"  # Schulman's KL estimators
+    kl_input_clamp_value: PositiveFloat | None = 20.0  # clamp of log(ref / cur) before the estimator
+    kl_output_clamp_value: PositiveFloat | None = 10.0  # clamp of the per-token KL
+    use_on_policy_kl_approximation: bool = False  # KL weighted by exp(logp - logp_gen) (rollout samples)
+    sequence_level_importance_ratios: bool = False  # GSPO: one PPO ratio per sequence; needs token_level_loss false
+
+    @model_validator(mode="after")
+    def _check_sequence_ratios(self) -> LossConfig:
+        if not self.sequence_level_importance_ratios:
+            return self
+        if self.token_level_loss:
+            raise KeyedValueError(
+                "loss_fn.sequence_level_importance_ratios: true requires loss_fn.token_level_loss: false"
+            )
+        if self.truncated_importance_sampling_type == "seq-mask-tis":
+            raise KeyedValueError(
+                "loss_fn.sequence_level_importance_ratios: true does not combine with "
+                "loss_fn.truncated_importance_sampling_type: 'seq-mask-tis' (token-level IS weights)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_truncated_is(self) -> LossConfig:

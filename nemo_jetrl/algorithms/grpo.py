@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,19 +16,21 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from nemo_jetrl.algorithms.advantages import group_advantages, zero_std_groups
+from nemo_jetrl.algorithms.dapo import Rollout, dynamic_sampling, overlong_filter, shape_rewards
+from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics
+from nemo_jetrl.algorithms.resume import checkpoint_state, load_resume_state, restore
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.generation.interfaces import GenerationOutput, max_prompt_length
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.config import precision_line
-from nemo_jetrl.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, truncate_metrics_jsonl
+from nemo_jetrl.utils.checkpoint import CheckpointManager
 from nemo_jetrl.utils.logger import Logger
-from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
@@ -47,6 +48,7 @@ class GrpoSetup:
     logger: Logger
     checkpoints: CheckpointManager | None
     device: torch.device
+    next_batch: int = 0  # the next training data batch (dynamic sampling draws several per step)
 
 
 def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
@@ -178,11 +180,50 @@ def validate(run: GrpoSetup, step: int) -> dict[str, float]:
     return metrics
 
 
+def _generate_batch(run: GrpoSetup, batch_index: int, num_prompts: int, timer: Timer) -> Rollout:
+    """One generation batch: data batch `batch_index` of `num_prompts` prompts x G samples, scored and shaped."""
+    g = run.cfg["grpo"]
+    group = int(g["num_generations_per_prompt"])
+    tok = run.policy.tokenizer
+    with timer.time("generation"):
+        problems = run.task.train_batch(batch_index, num_prompts)
+        prompt_ids = [ids for ids in _encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
+        answers = [p.answer for p in problems for _ in range(group)]
+        out = run.engine.generate(prompt_ids, generator=_step_generator(g["seed"], batch_index, run.device))
+    with timer.time("reward"):
+        raw = run.task.score(decode_responses(tok, out), answers)  # [B]
+        num_bad = int((~torch.isfinite(raw)).sum())
+        if num_bad:  # before any update: the weights stay as they are
+            raise NonFiniteError(f"rewards ({num_bad} of {len(raw)}, from the environment)", run.policy.step)
+        rewards = shape_rewards(raw, out.response_lengths.cpu(), out.finished.cpu(), g["reward_shaping"])
+    return Rollout(out, rewards, raw)
+
+
+def _collect_rollout(run: GrpoSetup, timer: Timer) -> tuple[Rollout, list[Rollout], dict[str, float]]:
+    """The step's training rows (dynamic sampling: several generation batches), every generated batch, metrics."""
+    g = run.cfg["grpo"]
+    num_prompts = int(g["num_prompts_per_step"])
+
+    def next_batch(size: int) -> Rollout:
+        run.next_batch += 1  # consumed even when its rewards turn out non-finite
+        return _generate_batch(run, run.next_batch - 1, size, timer)
+
+    if not g["use_dynamic_sampling"]:
+        rollout = next_batch(num_prompts)
+        return rollout, [rollout], {}
+    return dynamic_sampling(
+        lambda: next_batch(int(num_prompts * g["batch_multiplier"])),  # NeMo-RL: int(prompts * multiplier)
+        num_prompts,
+        int(g["num_generations_per_prompt"]),
+        int(g["dynamic_sampling_max_gen_batches"]),
+        run.policy.tokenizer.pad_token_id,
+    )
+
+
 def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) -> dict[str, float]:
     """One GRPO step; returns its metrics (train/... and timing/...)."""
     g = run.cfg["grpo"]
     group = int(g["num_generations_per_prompt"])
-    tok = run.policy.tokenizer
 
     if _needs_kv_bootstrap(run):
         progress.phase("kv_bootstrap")
@@ -190,28 +231,23 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             _bootstrap_kv_scales(run, step)
 
     progress.phase("generation")
-    with timer.time("generation"):
-        problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
-        prompt_ids = [ids for ids in _encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
-        answers = [p.answer for p in problems for _ in range(group)]
-        out = run.engine.generate(prompt_ids, generator=_step_generator(g["seed"], step, run.device))
-
-    progress.phase("reward")
-    with timer.time("reward"):
-        rewards = run.task.score(decode_responses(tok, out), answers)  # [B]
+    try:
+        train, generated, ds_metrics = _collect_rollout(run, timer)
+    except NonFiniteError as err:
         env_metrics = _env_metrics(run.task)
-        num_bad = int((~torch.isfinite(rewards)).sum())
-        if num_bad:  # before any update: the weights stay as they are
-            bad = f"rewards ({num_bad} of {len(rewards)}, from the environment)"
-            _on_nonfinite(run, step, NonFiniteError(bad, run.policy.step))
-            return {**env_metrics, "nonfinite_skipped": 1.0}
+        _on_nonfinite(run, step, err)
+        return {**env_metrics, "nonfinite_skipped": 1.0}
+    env_metrics = _env_metrics(run.task)
+    with timer.time("reward"):
         advantages = group_advantages(
-            rewards, group, leave_one_out=g["use_leave_one_out_baseline"], normalize_std=g["normalize_rewards"]
+            train.rewards, group, leave_one_out=g["use_leave_one_out_baseline"], normalize_std=g["normalize_rewards"]
         )
+    out = train.out
+    response_mask = overlong_filter(out.response_mask, out.finished) if g["overlong_filtering"] else out.response_mask
     batch = TrainBatch(
         input_ids=out.input_ids.cpu(),
         attention_mask=out.attention_mask.cpu(),
-        response_mask=out.response_mask.cpu(),
+        response_mask=response_mask.cpu(),
         advantages=advantages.float(),
         generation_logprobs=out.generation_logprobs.float().cpu(),
     )
@@ -224,28 +260,30 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             batch.prev_logprobs = run.policy.get_logprobs(batch)
         if run.policy.reference_model is not None:
             batch.reference_logprobs = run.policy.get_reference_policy_logprobs(batch)
-    metrics = {
-        "reward_mean": float(rewards.mean()),
-        "accuracy": float((rewards > 0.5).float().mean()),
-        "mean_response_length": float(out.response_lengths.float().mean()),
-        "truncated_fraction": float((~out.finished).float().mean()),
-    }
-    metrics.update(env_metrics)
+    metrics = nemo_rl_rollout_metrics(generated, train, advantages, g["use_dynamic_sampling"])
+    metrics.update(
+        reward_mean=metrics["reward"],
+        accuracy=float((torch.cat([r.raw_rewards for r in generated]) > 0.5).float().mean()),
+        mean_response_length=metrics["mean_gen_tokens_per_sample"],
+        truncated_fraction=metrics["truncation_rate"],
+        **ds_metrics,
+        **env_metrics,
+    )
     metrics.update(mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask))
 
     keep = torch.ones(len(batch), dtype=torch.bool)
     if g["drop_zero_advantage_groups"]:
-        keep = ~zero_std_groups(rewards, group)
+        keep = ~zero_std_groups(train.rewards, group)
     metrics["kept_fraction"] = float(keep.float().mean())
     progress.phase("training")
     metrics["nonfinite_skipped"] = 0.0
-    with timer.time("training"):
-        if keep.any():
-            try:
-                metrics.update(run.policy.train(batch.select(keep)))
-            except NonFiniteError as err:  # raised before the optimizer touched the weights
-                _on_nonfinite(run, step, err)
-                metrics["nonfinite_skipped"] = 1.0
+    with timer.time("training"):  # one optimizer step per train_global_batch_size rows, then one LR step
+        try:
+            steps = split_global_batches(batch, int(run.cfg["policy"]["train_global_batch_size"]), keep)
+            metrics.update(run.policy.train(steps))
+        except NonFiniteError as err:  # raised before the optimizer touched the weights (of that optimizer step)
+            _on_nonfinite(run, step, err)
+            metrics["nonfinite_skipped"] = 1.0
     progress.phase("refit")
     with timer.time("refit"):
         metrics.update({f"refit/{k}": v for k, v in run.policy.prepare_refit().items()})
@@ -270,58 +308,6 @@ def _summary(history: list[dict[str, float]], val_history: list[dict[str, float]
     )
 
 
-# settings whose change makes a resumed run a different run than the checkpointed one
-_RESUME_KEYS = (("policy", "model_name"), ("policy", "precision"), ("data",), ("grpo", "seed"))
-
-
-def _load_resume_state(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The latest valid checkpoint, or None; trims metrics.jsonl to its step (call before the Logger opens it)."""
-    ckpt = cfg["checkpointing"]
-    if not ckpt["enabled"]:
-        return None
-    state = CheckpointManager(ckpt["checkpoint_dir"], keep_top_k=ckpt["keep_top_k"]).load_latest()
-    if state is None:
-        return None
-    dropped = truncate_metrics_jsonl(Path(cfg["logger"]["log_dir"]) / METRICS_FILENAME, int(state["step"]))
-    if dropped:
-        console.print(f"metrics.jsonl: dropped {dropped} line(s) logged after step {state['step']} (resuming)")
-    return state
-
-
-def _restore(run: GrpoSetup, state: dict[str, Any]) -> int:
-    """Load model + optimizer + RNG states of a checkpoint into the run; returns its step."""
-    run.policy.load_state_dict(state["policy"])
-    if "rng" in state:
-        restore_rng_state(state["rng"])
-    saved = state.get("config") or {}
-    changed = []
-    for path in _RESUME_KEYS:
-        old, new = saved, run.cfg
-        for key in path:
-            old, new = (old or {}).get(key), (new or {}).get(key)
-        if saved and old != new:
-            changed.append(".".join(path))
-    if changed:
-        console.print(f"[yellow]warning: resuming with changed {', '.join(changed)} (checkpoint config differs)[/]")
-    step = int(state["step"])
-    console.print(f"resumed from step {step} ({run.cfg['checkpointing']['checkpoint_dir']}), data {state.get('data')}")
-    return step
-
-
-def _checkpoint_state(run: GrpoSetup, step: int) -> dict[str, Any]:
-    """What a checkpoint after `step` completed steps holds: model + optimizer, RNG, data position, step, config."""
-    n = int(run.cfg["grpo"]["num_prompts_per_step"])
-    position = getattr(run.task, "data_position", None)
-    data = position(step, n) if position is not None else {"prompts_consumed": step * n}
-    return {
-        "policy": run.policy.state_dict(),
-        "step": step,
-        "rng": capture_rng_state(),
-        "data": {"next_step": step, **data},
-        "config": run.cfg,
-    }
-
-
 def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any | None = None) -> dict[str, Any]:
     """Entry point used by examples/run_grpo.py. Returns the run's history (for tests and scripts).
 
@@ -331,10 +317,10 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     RNG states, step; metrics.jsonl trimmed to that step) and saves one every `save_period` steps.
     """
     cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
-    resume = _load_resume_state(cfg)
+    resume = load_resume_state(cfg)
     run = setup(cfg, task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
-    start_step = _restore(run, resume) if resume is not None else 0
+    start_step = restore(run, resume) if resume is not None else 0
     if hasattr(master_cfg, "policy"):
         console.print(precision_line(master_cfg.policy), highlight=False)
     console.print(
@@ -373,7 +359,8 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             with timer.time("total_step_time"):
                 metrics = grpo_step(run, step, timer, progress)
             logged = run.logger.log_metrics(metrics, step=step + 1, prefix="train/")
-            run.logger.log_metrics(timer.get_timing_metrics(), step=step + 1)
+            timing = timer.get_timing_metrics()
+            run.logger.log_metrics({**timing, **nemo_rl_timing(timing)}, step=step + 1)
             history.append(metrics)
             if val_period > 0 and (step + 1) % val_period == 0:
                 progress.phase("validation")
@@ -382,6 +369,6 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
                 logged.update(run.logger.log_metrics(val, step=step + 1, prefix="validation/"))
             if run.checkpoints is not None and (step + 1) % int(cfg["checkpointing"]["save_period"]) == 0:
                 progress.phase("checkpoint")
-                run.checkpoints.save(step + 1, _checkpoint_state(run, step + 1))
+                run.checkpoints.save(step + 1, checkpoint_state(run, step + 1))
             progress.advance(step=step + 1, metrics=logged)
             run.logger.maybe_plot(step + 1)

@@ -3,10 +3,15 @@
 Per response token t (all tensors [B, S], `mask` 1 on generated tokens):
 
     r_t     = exp(logp_t - logp_old_t)                               PPO ratio (grad flows through logp only)
+    r_t     = exp(mean_t'(logp_t' - logp_old_t'))                   with sequence_level_importance_ratios (GSPO)
     pg_t    = max(-A_t r_t, -A_t clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
     pg_t    = min(pg_t, -A_t c)            where A_t < 0             dual clip, if ratio_clip_c = c is set
     w_t     = exp(logp_old_t - logp_gen_t), NaN/inf -> 0, detached   trainer-vs-rollout IS weight (then truncated)
-    kl_t    = k3(logp_t, logp_ref_t) = exp(ref - logp) - (ref - logp) - 1   (input clamp 20, output clamp 10)
+    w       = exp(sum_t (logp_old_t - logp_gen_t)), one per sequence     with sequence_level_importance_ratios
+    kl_t    = v_t * k(logp_t, logp_ref_t), k3 = exp(ref - logp) - (ref - logp) - 1 (k1 = logp - ref,
+              k2 = (ref - logp)^2 / 2; input clamp 20 on ref - logp, output clamp 10 on kl_t)
+    v_t     = exp(logp_t - sg(logp_t)) (value 1: adds the score-function gradient of on-policy samples), or
+              exp(logp_t - logp_gen_t) with use_on_policy_kl_approximation (NeMo-RL "fix: KL backward")
     loss    = reduce(w_t pg_t) + beta * reduce(kl_t)
 
 reduce: token_level_loss -> sum over masked tokens / normalizer (default: this batch's token count);
@@ -57,6 +62,8 @@ class ClippedPGLossConfig:
     reference_policy_kl_type: str = "k3"
     kl_input_clamp_value: float | None = 20.0
     kl_output_clamp_value: float | None = 10.0
+    use_on_policy_kl_approximation: bool = False
+    sequence_level_importance_ratios: bool = False  # GSPO; needs token_level_loss False
 
     def __post_init__(self) -> None:
         p = "loss_fn."
@@ -64,7 +71,13 @@ class ClippedPGLossConfig:
             v = getattr(self, key)
             if not _is_number(v) or v < 0:
                 raise ValueError(f"{p}{key} must be a finite number >= 0, got {v!r}")
-        for key in ("token_level_loss", "use_importance_sampling_correction"):
+        bools = (
+            "token_level_loss",
+            "use_importance_sampling_correction",
+            "use_on_policy_kl_approximation",
+            "sequence_level_importance_ratios",
+        )
+        for key in bools:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{p}{key} must be a bool, got {getattr(self, key)!r}")
         c = self.ratio_clip_c
@@ -78,6 +91,10 @@ class ClippedPGLossConfig:
             v = getattr(self, key)
             if v is not None and (not _is_number(v) or v <= 0):
                 raise ValueError(f"{p}{key} must be null or a number > 0, got {v!r}")
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            raise ValueError(f"{p}sequence_level_importance_ratios needs {p}token_level_loss: false")
+        if self.sequence_level_importance_ratios and self.truncated_importance_sampling_type == "seq-mask-tis":
+            raise ValueError(f"{p}sequence_level_importance_ratios does not combine with seq-mask-tis")
         self._check_truncation()
 
     def _check_truncation(self) -> None:
@@ -141,9 +158,15 @@ def _check_inputs(mask: torch.Tensor, advantages: torch.Tensor | None, **tensors
 
 
 # --------------------------------------------------------------------------- importance weights
-def _raw_weights(logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """w = exp(logp_old - logp_gen), NaN/inf -> 0, 0 off the mask. All [B, S]."""
-    w = torch.exp(logp_old.detach().to(dtype) - logp_gen.detach().to(dtype))
+def _raw_weights(
+    logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, per_sequence: bool = False
+) -> torch.Tensor:
+    """w = exp(logp_old - logp_gen) per token, or exp(sum over the sequence's tokens) broadcast to them
+    (`per_sequence`); NaN/inf -> 0, 0 off the mask. All [B, S]."""
+    log_w = logp_old.detach().to(dtype) - logp_gen.detach().to(dtype)  # [B, S]
+    if per_sequence:
+        log_w = torch.where(m, log_w, torch.zeros_like(log_w)).sum(-1, keepdim=True).expand_as(log_w)
+    w = torch.exp(log_w)
     w = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
     return torch.where(m, w, torch.zeros_like(w))
 
@@ -183,7 +206,8 @@ def importance_weights(
     dtype = torch.promote_types(logp_old.dtype, torch.float32)
     if not cfg.use_importance_sampling_correction:
         return m.to(dtype), torch.zeros_like(m)
-    return _truncate(_raw_weights(logp_old, logp_gen, m, dtype), logp_old, logp_gen, m, cfg)
+    raw = _raw_weights(logp_old, logp_gen, m, dtype, cfg.sequence_level_importance_ratios)
+    return _truncate(raw, logp_old, logp_gen, m, cfg)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -200,6 +224,14 @@ def _reduce(values: torch.Tensor, m: torch.Tensor, token_level: bool, normalizer
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:
     return float(torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp_min(1))
+
+
+def _sampling_ratio(w: torch.Tensor, m: torch.Tensor, per_sequence: bool) -> float:
+    """Mean IS weight over tokens, or over sequences (one weight each) with sequence-level ratios."""
+    if not per_sequence:
+        return _masked_mean(w, m)
+    per_seq = (w * m).sum(-1) / m.sum(-1).clamp_min(1)  # [B]: the sequence's weight (0 without tokens)
+    return float(per_seq.sum() / m.any(-1).sum().clamp_min(1))
 
 
 def _check_normalizer(normalizer: Any) -> None:
@@ -243,13 +275,17 @@ def clipped_pg_loss(
     adv = adv.unsqueeze(-1).expand_as(cur) if adv.dim() == 1 else adv  # [B, S]
     adv = torch.where(m, adv, zero)
 
-    ratio = torch.exp(cur - old)  # [B, S]
+    log_ratio = cur - old  # [B, S]
+    if cfg.sequence_level_importance_ratios:  # GSPO: the sequence's mean log-ratio on each of its tokens
+        seq = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)  # [B, 1]
+        log_ratio = seq.expand_as(cur)
+    ratio = torch.exp(log_ratio)  # [B, S]
     ratio_clamped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
     pg = torch.maximum(-adv * ratio, -adv * ratio_clamped)  # pessimistic of unclipped / clipped
     if cfg.ratio_clip_c is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.ratio_clip_c), pg)
 
-    raw_w = _raw_weights(logp_old, logp_gen, m, dtype)  # [B, S]
+    raw_w = _raw_weights(logp_old, logp_gen, m, dtype, cfg.sequence_level_importance_ratios)  # [B, S]
     trunc_w, oob = _truncate(raw_w, logp_old, logp_gen, m, cfg)
     w = trunc_w if cfg.use_importance_sampling_correction else m.to(dtype)
     loss = _reduce(w * pg, m, cfg.token_level_loss, normalizer)
@@ -257,12 +293,18 @@ def clipped_pg_loss(
     kl_value = 0.0
     if cfg.reference_policy_kl_penalty != 0:
         ref = torch.where(m, logp_ref.detach().to(dtype), zero)
+        if cfg.use_on_policy_kl_approximation:
+            gen = torch.where(m, logp_gen.detach().to(dtype), zero)
+            kl_w = torch.nan_to_num(torch.exp(cur - gen), 0.0, 0.0, 0.0)
+        else:
+            kl_w = torch.exp(cur - cur.detach())  # value 1, gradient of the sampling probability
         kl_tok = kl_estimator(
             cur,
             ref,
             cfg.reference_policy_kl_type,
             input_clamp_value=cfg.kl_input_clamp_value,
             output_clamp_value=cfg.kl_output_clamp_value,
+            weights=kl_w,
         )  # [B, S]
         loss = loss + cfg.reference_policy_kl_penalty * _reduce(kl_tok, m, cfg.token_level_loss, normalizer)
         kl_value = float(_reduce(kl_tok.detach(), m, cfg.token_level_loss, None))
@@ -285,7 +327,7 @@ def clipped_pg_loss(
             "probs_ratio_max": float(r[m].max()) if any_tok else -math.inf,
             "clip_fraction": _masked_mean((r != rc).to(dtype), m),
             "approx_entropy": -_masked_mean(entropy_w * cur.detach(), m),
-            "sampling_importance_ratio": _masked_mean(trunc_w, m),
+            "sampling_importance_ratio": _sampling_ratio(trunc_w, m, cfg.sequence_level_importance_ratios),
             "is_oob_ratio": oob_ratio,
             "num_valid_tokens": float(m.sum()),
             "num_valid_samples": float(m.any(-1).sum()),

@@ -34,20 +34,29 @@ def kl_estimator(
     *,
     input_clamp_value: float | None = None,
     output_clamp_value: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token KL estimate with samples from `logprobs`' policy (Schulman 2020), logr = ref - logprobs:
-    k1 = -logr, k2 = logr^2 / 2, k3 = exp(logr) - logr - 1. Optional symmetric clamps on logr and on the result."""
+    k1 = -logr, k2 = logr^2 / 2, k3 = exp(logr) - logr - 1. Optional symmetric clamps on logr and on the result.
+
+    `weights` [B, S] (NeMo-RL's importance_sampling_weights) multiply the estimate before the output clamp; where
+    the input clamp bites, their gradient is cut too."""
     if kl_type not in KL_TYPES:
         raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
     logr = logprobs_reference - logprobs  # [B, S]
     if input_clamp_value is not None:
-        logr = logr.clamp(-input_clamp_value, input_clamp_value)
+        clamped = logr.clamp(-input_clamp_value, input_clamp_value)
+        if weights is not None:
+            weights = torch.where(logr == clamped, weights, weights.detach())
+        logr = clamped
     if kl_type == "k1":
         kl = -logr
     elif kl_type == "k2":
         kl = logr.square() / 2
     else:
         kl = torch.exp(logr) - logr - 1
+    if weights is not None:
+        kl = weights * kl
     if output_clamp_value is not None:
         kl = kl.clamp(-output_clamp_value, output_clamp_value)
     return kl

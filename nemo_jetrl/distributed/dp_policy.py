@@ -25,6 +25,7 @@ from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.native import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
@@ -69,6 +70,7 @@ class DataParallelPolicy:
             kernels=self.kernels,
         )
         self.optimizer = build_optimizer(model.parameters(), policy_cfg["optimizer"])
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg.get("scheduler"))
         self.refitter = Fp8Refit(model, self.replica, other_dtype=other_dtype)
         self.engine = NativeGenerationEngine(
             self.replica,
@@ -245,17 +247,26 @@ class DataParallelPolicy:
         self.step += 1
         return {"micro_batch_metrics": per_mb, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
 
+    def step_lr_scheduler(self) -> float:
+        """Once per GRPO step, after its optimizer steps (as NativePolicy.train); returns the next lr."""
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return float(self.optimizer.param_groups[0]["lr"])
+
     # ------------------------------------------------------------------ state (single-process format)
     def full_state_dict(self) -> dict[str, Any]:
         """Collective: {"model", "optimizer", "step"} with full CPU tensors, the `NativePolicy.state_dict()` format."""
         model_sd = {k: _full(v) for k, v in self.model.state_dict().items()}
         opt_sd = self.optimizer.state_dict()
         state = {i: {k: _full(v) for k, v in s.items()} for i, s in opt_sd["state"].items()}
-        return {
+        out = {
             "model": model_sd,
             "optimizer": {"state": state, "param_groups": opt_sd["param_groups"]},
             "step": self.step,
         }
+        if self.lr_scheduler is not None:
+            out["lr_scheduler"] = self.lr_scheduler.state_dict()
+        return out
 
     @torch.no_grad()
     def load_full_state_dict(self, state: Mapping[str, Any]) -> dict[str, float]:
@@ -272,6 +283,8 @@ class DataParallelPolicy:
             p = params[int(i)]
             opt_state[int(i)] = {k: _like_param(v, p) for k, v in s.items()}
         self.optimizer.load_state_dict({"state": opt_state, "param_groups": state["optimizer"]["param_groups"]})
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.step = int(state["step"])
         invalidate_fp8_caches(self.model)
         return self.refit()

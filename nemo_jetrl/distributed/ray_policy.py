@@ -7,7 +7,7 @@ same as in a single process. Metrics are combined exactly as `NativePolicy.train
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from nemo_jetrl.distributed.data_split import (
 )
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
-from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch
+from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, combine_step_metrics
 from nemo_jetrl.policy.native import NonFiniteError
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.kv import KVScales
@@ -106,11 +106,20 @@ class RayPolicy(PolicyInterface):
         return torch.cat([r for r in results if r is not None])  # [B, S]
 
     # ---------------------------------------------------------------- training
-    def train(self, batch: TrainBatch) -> dict[str, float]:
+    def train(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
+        """One optimizer step per batch, then one LR-scheduler step on every worker (as NativePolicy.train)."""
+        steps = [batch] if isinstance(batch, TrainBatch) else list(batch)
+        per_step = [self._optimizer_step(b) for b in steps]
+        if self.cfg.get("scheduler") is not None:
+            self.group.run("lr_scheduler", "step_lr_scheduler")
+        post_step = self.kv_calibration_pass == "post_step"
+        self._last_train_batch = (steps[0] if len(steps) == 1 else TrainBatch.cat(steps)) if post_step else None
+        return combine_step_metrics(per_step)
+
+    def _optimizer_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step over the global batch: the single-process micro-batches, contiguous blocks per worker."""
         if batch.prev_logprobs is None:
             raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
-        self._last_train_batch = batch if self.kv_calibration_pass == "post_step" else None
         mask = batch.response_mask.float()
         normalizer = float(mask.sum()) if self.token_level_loss else float((mask.sum(-1) > 0).sum())
         normalizer = max(normalizer, 1.0)

@@ -107,6 +107,9 @@ class PolicyWorker:
     ) -> dict[str, Any]:
         return self._policy().train(micro_batches, num_steps, normalizer, dummy)
 
+    def step_lr_scheduler(self) -> float:
+        return self._policy().step_lr_scheduler()
+
     def refit(self) -> dict[str, Any]:
         return self._policy().refit()
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import FiniteFloat, NonEmptyStr, NonNegativeFloat, PositiveFloat, PositiveInt, Section
 from nemo_jetrl.generation.config import GenerationConfig
+from nemo_jetrl.policy.lr_scheduler import check_scheduler_config
 from nemo_jetrl.precision.config import Fp8Config, Precision
 
 Beta = Annotated[FiniteFloat, Field(ge=0, lt=1)]
@@ -44,8 +45,20 @@ class PolicyConfig(Section):
     fused_train_kernels: bool = True  # CUDA trainer: RMSNorm / q-k-norm+RoPE / SiLU*up as fused fwd+bwd kernels
     train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
     optimizer: OptimizerConfig = OptimizerConfig()
+    # NeMo-RL's LR schedule: [{name: torch.optim.lr_scheduler.X, kwargs: {...}}, ..., {milestones: [...]}] or one
+    # {name, kwargs}; null = constant lr. Stepped once per GRPO step (policy/lr_scheduler.py).
+    scheduler: list[dict[str, Any]] | dict[str, Any] | None = None
     fp8_cfg: Fp8Config = Fp8Config()
     generation: GenerationConfig = GenerationConfig()
+
+    @field_validator("scheduler")
+    @classmethod
+    def _check_scheduler(cls, value: Any) -> Any:
+        try:
+            check_scheduler_config(value)
+        except ValueError as exc:
+            raise KeyedValueError(str(exc)) from None
+        return value
 
     @model_validator(mode="after")
     def _check_policy(self) -> PolicyConfig:

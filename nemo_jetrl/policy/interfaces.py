@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -31,9 +32,52 @@ class TrainBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return TrainBatch(**{k: (v[index] if v is not None else None) for k, v in values.items()})
 
+    @classmethod
+    def cat(cls, batches: Sequence[TrainBatch]) -> TrainBatch:
+        """Rows of same-width batches, in order (a field is None when it is None in the first batch)."""
+        names = [f.name for f in fields(cls)]
+        first = batches[0]
+        return cls(
+            **{n: None if getattr(first, n) is None else torch.cat([getattr(b, n) for b in batches]) for n in names}
+        )
+
     def to(self, device: torch.device | str) -> TrainBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return TrainBatch(**{k: (v.to(device) if v is not None else None) for k, v in values.items()})
+
+
+def split_global_batches(
+    batch: TrainBatch, global_batch_size: int, keep: torch.Tensor | None = None
+) -> list[TrainBatch]:
+    """One optimizer step's rows per element: contiguous chunks of `global_batch_size` rows in batch order (no
+    shuffle, as NeMo-RL's `get_batch(batch_idx, gbs)`), each reduced to its `keep` [B] rows; empty chunks dropped."""
+    if global_batch_size < 1 or len(batch) % global_batch_size:
+        raise ValueError(f"batch of {len(batch)} rows does not split into global batches of {global_batch_size}")
+    keep = torch.ones(len(batch), dtype=torch.bool) if keep is None else keep.bool()
+    chunks = []
+    for start in range(0, len(batch), global_batch_size):
+        rows = torch.arange(start, start + global_batch_size)[keep[start : start + global_batch_size]]
+        if len(rows):
+            chunks.append(batch.select(rows))
+    return chunks
+
+
+def combine_step_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Metrics of one GRPO step's optimizer steps: extrema (`*_min` / `*_max`) and `num_micro_batches` combine
+    as such, everything else (loss, grad_norm, lr, ...) is the mean over the steps; adds `num_optimizer_steps`."""
+    out: dict[str, float] = {}
+    for key in {k for m in per_step for k in m}:
+        values = [float(m[key]) for m in per_step if key in m]
+        if key.endswith("_min"):
+            out[key] = min(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        elif key == "num_micro_batches":
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    out["num_optimizer_steps"] = float(len(per_step))
+    return out
 
 
 class PolicyInterface(ABC):
@@ -48,8 +92,9 @@ class PolicyInterface(ABC):
         """Per-token logprobs [B, S] under the frozen reference weights."""
 
     @abstractmethod
-    def train(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step over the global batch (micro-batched); returns metrics."""
+    def train(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
+        """One GRPO step's training: one optimizer step per given batch (micro-batched; a lone batch = one step),
+        then one LR-scheduler step (NeMo-RL steps it once per train() call); returns `combine_step_metrics`."""
 
     @abstractmethod
     def prepare_refit(self) -> dict[str, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -16,7 +16,8 @@ import torch
 from nemo_jetrl.algorithms.loss import ClippedPGLossConfig, clipped_pg_loss
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
-from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch
+from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, combine_step_metrics
+from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 
@@ -108,7 +109,8 @@ class NativePolicy(PolicyInterface):
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self.model = model.train()
         self.optimizer = build_optimizer(self.model.parameters(), policy_cfg["optimizer"])
-        self.step = 0
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg.get("scheduler"))
+        self.step = 0  # optimizer steps taken
         # FP8 KV cache: per-step QKV calibration (docs/mismatch.md). `kv_scales` = the scales the rollout runs with
         # (set_kv_scales); the calibrator observes Q/K/V in the step's logprob forward ("fused", pre-update weights,
         # one step stale) or in an extra forward over the training batch after the optimizer step ("post_step";
@@ -178,7 +180,17 @@ class NativePolicy(PolicyInterface):
         return self._logprobs(self.reference_model, batch)
 
     # ---------------------------------------------------------------- training
-    def train(self, batch: TrainBatch) -> dict[str, float]:
+    def train(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
+        """One optimizer step per batch (see PolicyInterface.train), then one LR-scheduler step."""
+        steps = [batch] if isinstance(batch, TrainBatch) else list(batch)
+        per_step = [self._optimizer_step(b) for b in steps]
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        if self.kv_calibration_pass == "post_step" and len(steps) > 1:  # calibrate on the whole GRPO batch
+            self._last_train_batch = TrainBatch.cat(steps)
+        return combine_step_metrics(per_step)
+
+    def _optimizer_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step; the loss is normalised over the GLOBAL batch so micro-batches sum to its mean."""
         if batch.prev_logprobs is None:
             raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
@@ -294,6 +306,8 @@ class NativePolicy(PolicyInterface):
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
+        if self.lr_scheduler is not None:
+            state["lr_scheduler"] = self.lr_scheduler.state_dict()
         if self.kv_scales is not None:  # the next rollout's FP8 KV scales: a resume continues bit for bit
             state["kv_scales"] = {n: getattr(self.kv_scales, n).cpu() for n in ("q", "k", "v")}
         return state
@@ -301,6 +315,8 @@ class NativePolicy(PolicyInterface):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.step = int(state["step"])
         if state.get("kv_scales") is not None and self.kv_calibrator is not None:
             self.set_kv_scales(KVScales(**state["kv_scales"]))

@@ -163,6 +163,7 @@ def test_dual_clip():
 def test_kl_penalty(token_level):
     # A = 0 isolates the KL term. x = ref - logp = [[0, ln2, -ln2], [ln2, ln2, pad]]; k3 = e^x - x - 1:
     #   0, 1 - ln2, ln2 - 1/2, 1 - ln2, 1 - ln2; d k3 / d logp = 1 - e^x = 0, -1, 0.5, -1, -1
+    # NeMo-RL weighs k3 by v = exp(logp - sg(logp)) (value 1): d(v k3)/d logp = d k3 / d logp + k3.
     ln2 = math.log(2.0)
     x = torch.tensor([[0.0, ln2, -ln2], [ln2, ln2, 0.0]], dtype=F64)
     logp, old, gen = _inputs()
@@ -170,7 +171,8 @@ def test_kl_penalty(token_level):
     cfg = _cfg(reference_policy_kl_penalty=0.1, token_level_loss=token_level)
     loss, m = clipped_pg_loss(logp, old, gen, torch.zeros(2, dtype=F64), MASK, cfg, logp_ref=ref)
     loss.backward()
-    dk3 = torch.tensor([[0.0, -1.0, 0.5], [-1.0, -1.0, 0.0]], dtype=F64)
+    k3 = torch.tensor([[0.0, 1 - ln2, ln2 - 0.5], [1 - ln2, 1 - ln2, 0.0]], dtype=F64)
+    dk3 = torch.tensor([[0.0, -1.0, 0.5], [-1.0, -1.0, 0.0]], dtype=F64) + k3
     if token_level:
         kl = (0.5 + 2 * (1 - ln2)) / 5  # row 0 sums to 1 - ln2 + ln2 - 1/2 = 0.5
         grad = 0.1 * dk3 / 5

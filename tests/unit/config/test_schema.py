@@ -41,7 +41,12 @@ def test_every_example_config_validates(repo_root):
     paths = sorted((repo_root / "examples" / "configs").rglob("*.yaml"))
     assert paths, "no example configs found"
     for path in paths:
-        validate_config(load_config(path))
+        cfg = load_config(path)
+        if path.parent.name == "evals":  # eval configs: a GRPO config + the `eval:` section (run_eval.py)
+            from nemo_jetrl.evals.eval import EvalConfig
+
+            EvalConfig.model_validate(OmegaConf.to_container(cfg.pop("eval")))
+        validate_config(cfg)
 
 
 def test_literal_error_names_key_value_and_allowed_values(base_yaml):
@@ -153,6 +158,7 @@ def test_samples_must_split_into_whole_global_batches(base_yaml):
         "grpo.num_prompts_per_step * grpo.num_generations_per_prompt (32 * 8 = 256) must be divisible by "
         "policy.train_global_batch_size (96)"
     )
+    assert "must be divisible" in error_of(base_yaml, "policy.train_global_batch_size=512")
 
 
 def test_global_batch_must_be_divisible_by_micro_batch(base_yaml):

@@ -1,0 +1,83 @@
+"""DAPO: overlong reward shaping (hand values), dynamic sampling keeps whole groups paired with their rewards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nemo_jetrl.algorithms.dapo import Rollout, dynamic_sampling, overlong_filter, shape_rewards
+from nemo_jetrl.generation.interfaces import GenerationOutput
+
+G = 3
+SHAPING = {
+    "enabled": True,
+    "stop_properly_penalty_coef": None,
+    "overlong_buffer_length": 4,
+    "overlong_buffer_penalty": 0.5,
+    "max_response_length": 10,
+}
+
+
+def test_overlong_penalty_ramps_over_the_buffer():
+    # expected length 10 - 4 = 6: L = 5, 6 -> 0; L = 8 -> -(2 / 4) * 0.5 = -0.25; L = 10 -> -0.5; L = 12 -> -0.75
+    lengths = torch.tensor([5, 6, 8, 10, 12])
+    shaped = shape_rewards(torch.ones(5), lengths, torch.ones(5, dtype=torch.bool), SHAPING)
+    assert shaped.tolist() == pytest.approx([1.0, 1.0, 0.75, 0.5, 0.25], abs=1e-7)
+    assert shape_rewards(torch.ones(5), lengths, torch.ones(5), {**SHAPING, "enabled": False}).tolist() == [1.0] * 5
+    coef = {**SHAPING, "stop_properly_penalty_coef": 0.2}
+    finished = torch.tensor([True, False, True, False, True])
+    assert shape_rewards(torch.ones(5), lengths, finished, coef).tolist() == pytest.approx([1, 0.2, 1, 0.2, 1])
+
+
+def test_overlong_filter_clears_truncated_rows_only():
+    mask = torch.ones(3, 4, dtype=torch.long)
+    got = overlong_filter(mask, torch.tensor([True, False, True]))
+    assert got.tolist() == [[1] * 4, [0] * 4, [1] * 4]
+
+
+def _scripted(prompt_ids: list[int], varied: set[int], width: int = 2) -> Rollout:
+    """Rows [prompt p, sample j] (p in input_ids, j in the response column); raw reward = p + j / 10 for varied
+    prompts, p for constant ones; shaped reward = raw + 100; prompt width `width` (left padding differs)."""
+    rows = [(p, j) for p in prompt_ids for j in range(G)]
+    ids = torch.tensor([[0] * (width - 1) + [p, 50 + j] for p, j in rows])
+    raw = torch.tensor([p + (j / 10 if p in varied else 0.0) for p, j in rows])
+    n = len(rows)
+    out = GenerationOutput(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        response_mask=torch.cat([torch.zeros(n, width), torch.ones(n, 1)], 1).long(),
+        generation_logprobs=torch.zeros(ids.shape),
+        prompt_length=width,
+        response_lengths=torch.ones(n, dtype=torch.long),
+        finished=torch.ones(n, dtype=torch.bool),
+    )
+    return Rollout(out, raw + 100, raw)
+
+
+def test_dynamic_sampling_keeps_whole_groups_with_their_own_rewards():
+    batches = iter(
+        [
+            _scripted([1, 2, 3, 4], varied={2}),  # one varying group
+            _scripted([5, 6, 7, 8], varied={5, 8}, width=3),  # two more (wider prompts: re-padded on merge)
+            _scripted([9, 10, 11, 12], varied={9, 10, 11}),  # three more: 6 >= 4, surplus 2 groups discarded
+            _scripted([13, 14, 15, 16], varied={13}),  # never drawn
+        ]
+    )
+    train, generated, metrics = dynamic_sampling(lambda: next(batches), 4, G, 10, pad_token_id=0)
+    assert len(generated) == 3 and metrics["dynamic_sampling_num_gen_batches"] == 3.0
+    assert metrics["dynamic_sampling_num_discarded_valid_samples"] == 2.0 * G
+    out = train.out
+    prompts = out.input_ids[:, out.prompt_length - 1]  # last prompt column: the prompt id
+    samples = out.input_ids[:, out.prompt_length] - 50  # first response column: the sample index
+    assert prompts.tolist() == [2, 2, 2, 5, 5, 5, 8, 8, 8, 9, 9, 9]
+    assert samples.tolist() == [0, 1, 2] * 4
+    expected_raw = prompts.float() + samples.float() / 10
+    torch.testing.assert_close(train.raw_rewards, expected_raw)
+    torch.testing.assert_close(train.rewards, expected_raw + 100)
+    assert out.response_mask[:, out.prompt_length].tolist() == [1] * 12 and out.response_mask.sum() == 12
+
+
+def test_dynamic_sampling_gives_up_after_max_gen_batches():
+    batches = iter([_scripted([1, 2], varied={1}), _scripted([3, 4], varied=set())])
+    with pytest.raises(ValueError, match=r"1 of the 2 groups .* grpo.dynamic_sampling_max_gen_batches=2 "):
+        dynamic_sampling(lambda: next(batches), 2, G, 2, pad_token_id=0)
