@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,19 +16,32 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from nemo_jetrl.algorithms.advantages import group_advantages, zero_std_groups
+from nemo_jetrl.algorithms.grpo_checkpoint import (
+    checkpoint_manager,
+    checkpoint_metrics,
+    checkpoint_state,
+    load_resume_state,
+    restore,
+)
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics
+from nemo_jetrl.algorithms.preflight import (
+    check_checkpoint_space,
+    check_output_dirs,
+    check_validation_set,
+    output_dirs,
+)
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.policy.interfaces import TrainBatch
-from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, resolve_device
+from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStateError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
-from nemo_jetrl.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, truncate_metrics_jsonl
+from nemo_jetrl.utils.checkpoint import CheckpointManager
 from nemo_jetrl.utils.logger import Logger
-from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
 from nemo_jetrl.utils.progress import RunProgress
+from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
 from nemo_jetrl.utils.timers import Timer
 
 console = Console(stderr=True)
@@ -94,7 +106,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
     logger = Logger(cfg["logger"])
     ckpt = cfg["checkpointing"]
-    checkpoints = CheckpointManager(ckpt["checkpoint_dir"], keep_top_k=ckpt["keep_top_k"]) if ckpt["enabled"] else None
+    checkpoints = checkpoint_manager(ckpt) if ckpt["enabled"] else None
     return GrpoSetup(cfg, policy, engine, task, logger, checkpoints, device)
 
 
@@ -117,8 +129,9 @@ def _env_metrics(task: Any) -> dict[str, float]:
 
 
 def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
-    """`grpo.on_nonfinite`: `stop` re-raises (the run ends, checkpoints untouched); `skip` reports and goes on."""
-    if run.cfg["grpo"]["on_nonfinite"] == "stop":
+    """`grpo.on_nonfinite`: `stop` re-raises (the run ends, checkpoints untouched); `skip` reports and goes on.
+    Non-finite weights or scales after a step (NonFiniteStateError) always stop: there is nothing to skip back to."""
+    if run.cfg["grpo"]["on_nonfinite"] == "stop" or isinstance(err, NonFiniteStateError):
         raise err
     console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
 
@@ -222,6 +235,10 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             batch.prev_logprobs = run.policy.get_logprobs(batch)
         if run.policy.reference_model is not None:
             batch.reference_logprobs = run.policy.get_reference_policy_logprobs(batch)
+        bad = _nonfinite_logprobs(batch)
+        if bad is not None:  # e.g. a temperature so small that logits / temperature overflow
+            _on_nonfinite(run, step, NonFiniteError(bad, run.policy.step))
+            return {**env_metrics, "nonfinite_skipped": 1.0}
     metrics = {
         "reward_mean": float(rewards.mean()),
         "accuracy": float((rewards > 0.5).float().mean()),
@@ -247,9 +264,35 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     progress.phase("refit")
     with timer.time("refit"):
         metrics.update({f"refit/{k}": v for k, v in run.policy.prepare_refit().items()})
+        _guard_state(run)  # before the new weights / scales reach the rollout or a checkpoint
         if getattr(run.policy, "kv_scales", None) is not None:  # recalibrated FP8 KV scales go with the weights
             run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
     return metrics
+
+
+def _nonfinite_logprobs(batch: TrainBatch) -> str | None:
+    """Which logprobs of the generated tokens hold NaN/Inf ("rollout logprobs (3 tokens)"), or None."""
+    mask = batch.response_mask.bool()
+    named = (
+        ("rollout", batch.generation_logprobs),
+        ("trainer", batch.prev_logprobs),
+        ("reference", batch.reference_logprobs),
+    )
+    for name, logprobs in named:
+        if logprobs is not None:
+            bad = int((~torch.isfinite(logprobs[mask])).sum())
+            if bad:
+                return f"{name} logprobs ({bad} of {int(mask.sum())} generated tokens)"
+    return None
+
+
+def _guard_state(run: GrpoSetup) -> None:
+    """Master weights, FP8 weight scales and KV scales after this step (trained or not) are finite, or the run
+    stops (NonFiniteStateError): nothing non-finite reaches the rollout or a checkpoint."""
+    check = getattr(run.policy, "nonfinite_state", None)
+    bad = check() if check is not None else None
+    if bad is not None:
+        raise NonFiniteStateError(bad, run.policy.step)
 
 
 def _summary(history: list[dict[str, float]], val_history: list[dict[str, float]], wall: float) -> str:
@@ -268,71 +311,32 @@ def _summary(history: list[dict[str, float]], val_history: list[dict[str, float]
     )
 
 
-# settings whose change makes a resumed run a different run than the checkpointed one
-_RESUME_KEYS = (("policy", "model_name"), ("policy", "precision"), ("data",), ("grpo", "seed"))
-
-
-def _load_resume_state(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The latest valid checkpoint, or None; trims metrics.jsonl to its step (call before the Logger opens it)."""
-    ckpt = cfg["checkpointing"]
-    if not ckpt["enabled"]:
-        return None
-    state = CheckpointManager(ckpt["checkpoint_dir"], keep_top_k=ckpt["keep_top_k"]).load_latest()
-    if state is None:
-        return None
-    dropped = truncate_metrics_jsonl(Path(cfg["logger"]["log_dir"]) / METRICS_FILENAME, int(state["step"]))
-    if dropped:
-        console.print(f"metrics.jsonl: dropped {dropped} line(s) logged after step {state['step']} (resuming)")
-    return state
-
-
-def _restore(run: GrpoSetup, state: dict[str, Any]) -> int:
-    """Load model + optimizer + RNG states of a checkpoint into the run; returns its step."""
-    run.policy.load_state_dict(state["policy"])
-    if "rng" in state:
-        restore_rng_state(state["rng"])
-    saved = state.get("config") or {}
-    changed = []
-    for path in _RESUME_KEYS:
-        old, new = saved, run.cfg
-        for key in path:
-            old, new = (old or {}).get(key), (new or {}).get(key)
-        if saved and old != new:
-            changed.append(".".join(path))
-    if changed:
-        console.print(f"[yellow]warning: resuming with changed {', '.join(changed)} (checkpoint config differs)[/]")
-    step = int(state["step"])
-    console.print(f"resumed from step {step} ({run.cfg['checkpointing']['checkpoint_dir']}), data {state.get('data')}")
-    return step
-
-
-def _checkpoint_state(run: GrpoSetup, step: int) -> dict[str, Any]:
-    """What a checkpoint after `step` completed steps holds: model + optimizer, RNG, data position, step, config."""
-    n = int(run.cfg["grpo"]["num_prompts_per_step"])
-    position = getattr(run.task, "data_position", None)
-    data = position(step, n) if position is not None else {"prompts_consumed": step * n}
-    return {
-        "policy": run.policy.state_dict(),
-        "step": step,
-        "rng": capture_rng_state(),
-        "data": {"next_step": step, **data},
-        "config": run.cfg,
-    }
-
-
 def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any | None = None) -> dict[str, Any]:
     """Entry point used by examples/run_grpo.py. Returns the run's history (for tests and scripts).
 
     `task`: a `VerifiableTask` to train on instead of the one the config's `data` / `env` sections build.
 
-    With `checkpointing.enabled`, resumes from the latest valid checkpoint in `checkpoint_dir` (model, optimizer,
-    RNG states, step; metrics.jsonl trimmed to that step) and saves one every `save_period` steps.
+    Locks `logger.log_dir` and `checkpointing.checkpoint_dir` for the run (a second writer is refused), checks
+    them, the device and the data before the first step (`preflight`). With `checkpointing.enabled`, resumes from
+    the latest valid checkpoint in `checkpoint_dir` (model, optimizer, RNG states, step; metrics.jsonl trimmed to
+    that step) and saves one every `save_period` steps.
     """
     cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
-    resume = _load_resume_state(cfg)
+    check_output_dirs(cfg)
+    locks = lock_run_dirs(output_dirs(cfg))
+    try:
+        return _run_locked(cfg, resolved, task)
+    finally:
+        release_all(locks)
+
+
+def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None) -> dict[str, Any]:
+    resume = load_resume_state(cfg)
     run = setup(cfg, task)
+    check_checkpoint_space(cfg, getattr(run.policy, "model", None))
+    check_validation_set(cfg, run.task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
-    start_step = _restore(run, resume) if resume is not None else 0
+    start_step = restore(run, resume) if resume is not None else 0
     console.print(
         f"precision: train={run.policy.recipe.train} rollout={run.policy.recipe.rollout} "
         f"kv={run.policy.recipe.kv_cache_dtype} | fp8 layers: "
@@ -344,11 +348,11 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     try:
         _train_loop(run, start_step, history, val_history)
     except NonFiniteError as err:
-        run.logger.close()
-        console.print(f"[red]error: {err}; run stopped (grpo.on_nonfinite=stop); saved checkpoints are untouched[/]")
+        console.print(f"[red]error: {err}; run stopped; saved checkpoints are untouched[/]")
         raise
+    finally:
+        run.logger.close()  # draws the final plots
     wall = time.perf_counter() - t0
-    run.logger.close()  # draws the final plots
     summary = _summary(history, val_history, wall)
     console.print(summary)
     return {"history": history, "validation": val_history, "summary": summary, "wall_time_s": wall}
@@ -379,6 +383,7 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
                 logged.update(run.logger.log_metrics(val, step=step + 1, prefix="validation/"))
             if run.checkpoints is not None and (step + 1) % int(cfg["checkpointing"]["save_period"]) == 0:
                 progress.phase("checkpoint")
-                run.checkpoints.save(step + 1, _checkpoint_state(run, step + 1))
+                state = checkpoint_state(run, step + 1)
+                run.checkpoints.save(step + 1, state, metrics=checkpoint_metrics(metrics, val_history))
             progress.advance(step=step + 1, metrics=logged)
             run.logger.maybe_plot(step + 1)

@@ -115,7 +115,7 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(tmp_path):
     ref_rows, resumed_rows = _metrics(reference), _metrics(killed)
     assert [s for s, _ in ref_rows] == [0, 1, 2, 2, 3, 4, 4]  # val@0, train@1..4, val@2, val@4
     assert resumed_rows == ref_rows  # exact float equality, every key
-    assert sorted(p.name for p in (killed / "ckpt").iterdir()) == ["step_2", "step_4"]
+    assert sorted(p.name for p in (killed / "ckpt").glob("step_*")) == ["step_2", "step_4"]
 
 
 # ------------------------------------------------------------------------------------------------ NaN / Inf guard
@@ -269,7 +269,7 @@ def test_loop_stops_on_a_nonfinite_batch_and_keeps_the_last_checkpoint(tmp_path)
     task = NanRewardsAtStep(make_task(cfg.data.to_dict(), cfg.env.to_dict()), bad_step=1)
     with pytest.raises(NonFiniteError, match="non-finite rewards"):
         run_grpo(cfg, task=task)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_1"]
     state = torch.load(tmp_path / "ckpt" / "step_1" / "state.pt", weights_only=False)
     assert state["step"] == 1
     steps = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
