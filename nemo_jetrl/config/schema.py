@@ -263,6 +263,8 @@ class CheckpointingConfig(Section):
     checkpoint_dir: str
     save_period: PositiveInt
     keep_top_k: PositiveInt | None  # null = keep all
+    metric_name: str | None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": keep the best K; null = newest K
+    higher_is_better: bool  # for metric_name
 
 
 class ClusterConfig(Section):
