@@ -134,6 +134,7 @@ def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
     if run.cfg["grpo"]["on_nonfinite"] == "stop" or isinstance(err, NonFiniteStateError):
         raise err
     console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
+    _guard_state(run)  # the state the next step starts from
 
 
 def _needs_kv_bootstrap(run: GrpoSetup) -> bool:

@@ -23,6 +23,7 @@ from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
 console = Console(stderr=True)
 
 # settings whose change makes a resumed run a different run than the checkpointed one
+_MAX_DETAIL = 400  # characters of a load error kept in the one-line message
 _RESUME_KEYS = (("policy", "model_name"), ("policy", "precision"), ("data",), ("grpo", "seed"))
 
 
@@ -63,11 +64,10 @@ def restore(run: Any, state: dict[str, Any]) -> int:
             restore_rng_state(state["rng"])
         step = int(state["step"])
     except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as err:
-        detail = str(err).strip().splitlines()
-        first = detail[0] if detail else type(err).__name__
-        extra = f" (+{len(detail) - 1} more lines)" if len(detail) > 1 else ""
+        detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or repr(err)
+        detail = detail if len(detail) <= _MAX_DETAIL else detail[:_MAX_DETAIL] + "..."
         raise ValueError(
-            f"the checkpoint in {where} does not fit this run ({type(err).__name__}: {first}{extra}); point "
+            f"the checkpoint in {where} does not fit this run ({type(err).__name__}: {detail}); point "
             "checkpointing.checkpoint_dir at this model's checkpoints or disable checkpointing"
         ) from err
     saved = state.get("config") or {}
