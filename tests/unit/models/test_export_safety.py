@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -70,8 +71,12 @@ def test_re_export_removes_only_its_own_stale_shards(model_and_tokenizer, tmp_pa
 
 
 def test_export_into_the_base_model_directory_is_refused(model_and_tokenizer, tmp_path, capsys):
-    before = _tree(TINY_ARITH_DIR)
-    cfg = validate_config(load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml")).to_dict()
+    base = tmp_path / "base_model"  # a copy: a broken export must not damage the packaged model
+    shutil.copytree(TINY_ARITH_DIR, base)
+    before = _tree(base)
+    cfg = validate_config(
+        load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml", [f"policy.model_name={base}"])
+    ).to_dict()
     model, _ = model_and_tokenizer
     CheckpointManager(tmp_path / "ckpt").save(
         1, {"policy": {"model": model.state_dict(), "optimizer": {}, "step": 1}, "step": 1, "config": cfg}
@@ -79,10 +84,10 @@ def test_export_into_the_base_model_directory_is_refused(model_and_tokenizer, tm
     spec = importlib.util.spec_from_file_location("export_hf_cli", REPO / "examples" / "export_hf.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
-    for out in (TINY_ARITH_DIR, TINY_ARITH_DIR / "sub", tmp_path / "ckpt"):
+    for out in (base, base / "sub", tmp_path / "ckpt"):
         assert cli.main(["--checkpoint", str(tmp_path / "ckpt"), "--out", str(out), "--overwrite"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: export directory") and "is inside the source" in err and err.count("\n") == 1
-    assert _tree(TINY_ARITH_DIR) == before
-    assert not (TINY_ARITH_DIR / "sub").exists()
+    assert _tree(base) == before
+    assert not (base / "sub").exists()
     assert torch.load(tmp_path / "ckpt" / "step_1" / "state.pt", weights_only=True)["step"] == 1
