@@ -24,7 +24,7 @@ from nemo_jetrl.utils.checkpoint import CheckpointManager
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
-from .test_resume import REPO, _assert_untouched, _snapshot, _tiny_cfg  # noqa: E402
+from .test_resume import REPO, SMALL_RUN, _assert_untouched, _snapshot, _tiny_cfg  # noqa: E402
 
 _SAFETY = REPO / "tests" / "unit" / "utils" / "test_checkpoint_safety.py"
 _spec = importlib.util.spec_from_file_location("checkpoint_safety_helpers", _SAFETY)
@@ -33,16 +33,7 @@ _spec.loader.exec_module(_helpers)
 plant_malicious_checkpoint = _helpers.plant_malicious_checkpoint
 
 TINY = REPO / "examples" / "configs" / "grpo_tiny.yaml"
-SMALL = [
-    "grpo.num_prompts_per_step=4",
-    "grpo.num_generations_per_prompt=4",
-    "policy.train_micro_batch_size=16",
-    "policy.logprob_batch_size=16",
-    "grpo.val_period=0",
-    "grpo.val_at_start=false",
-    "logger.tensorboard_enabled=false",
-    "checkpointing.save_period=1",
-]
+SMALL = [*SMALL_RUN, "checkpointing.save_period=1"]
 
 
 def _script(name: str):

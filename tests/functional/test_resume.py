@@ -119,15 +119,20 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ NaN / Inf guard
+SMALL_RUN = [
+    "grpo.num_prompts_per_step=4",
+    "grpo.num_generations_per_prompt=4",
+    "policy.train_micro_batch_size=16",
+    "policy.logprob_batch_size=16",
+    "grpo.val_period=0",
+    "grpo.val_at_start=false",
+    "logger.tensorboard_enabled=false",
+]
+
+
 def _tiny_cfg(root: Path, *extra: str):
     overrides = [
-        "grpo.num_prompts_per_step=4",
-        "grpo.num_generations_per_prompt=4",
-        "policy.train_micro_batch_size=16",
-        "policy.logprob_batch_size=16",
-        "grpo.val_period=0",
-        "grpo.val_at_start=false",
-        "logger.tensorboard_enabled=false",
+        *SMALL_RUN,
         f"logger.log_dir={root / 'logs'}",
         "checkpointing.enabled=true",
         "checkpointing.save_period=1",
