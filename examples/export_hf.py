@@ -8,7 +8,9 @@
 `--config` (+ Hydra-style overrides) exports the newest valid checkpoint in that config's
 `checkpointing.checkpoint_dir`. `--fp8` writes vLLM's blockwise FP8 layout (`weight` e4m3 + `weight_scale_inv`,
 `quantization_config.weight_block_size: [128, 128]`) for the layers the recipe's layer map puts in FP8.
-User errors exit with status 2 and one `error: ...` line on stderr.
+User errors exit with status 2 and one `error: ...` line on stderr. A non-empty `--out` must hold an earlier export
+of this tool (`.nemo_jetrl_export.json` lists its files; only those are replaced) unless `--overwrite` is given;
+the checkpoint and base model directories are never written to.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
     parser.add_argument("--fp8", action="store_true", help="blockwise FP8 weights (vLLM / DeepSeek-V3 layout)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of non-FP8 tensors")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="allow a non-empty --out that holds no earlier export (same-named files replaced, nothing removed)",
+    )
     parser.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="config overrides (with --config)")
     return parser
@@ -49,11 +56,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             checkpoint = args.checkpoint
         out = export_checkpoint(
-            checkpoint, args.out, fp8=args.fp8, dtype=DTYPES[args.dtype], max_shard_size=args.max_shard_size
+            checkpoint,
+            args.out,
+            fp8=args.fp8,
+            dtype=DTYPES[args.dtype],
+            max_shard_size=args.max_shard_size,
+            overwrite=args.overwrite,
         )
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR
+    except OSError as exc:  # unwritable / full --out: nothing of an earlier export was removed
+        print(f"error: export to {args.out} failed ({exc})", file=sys.stderr)
+        return 1
     print(f"exported {'FP8 ' if args.fp8 else ''}policy of {checkpoint} to {out}")
     return 0
 

@@ -75,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_jetrl.algorithms.grpo import run_grpo
     from nemo_jetrl.distributed.errors import WorkerGroupError
     from nemo_jetrl.policy.native import NonFiniteError
+    from nemo_jetrl.utils.run_lock import RunDirLockedError
 
     try:
         run_grpo(master_cfg, resolved)
-    except (ValueError, FileNotFoundError, NonFiniteError, WorkerGroupError) as exc:
-        # Bad inputs found at run time (model dir, dataset rows, a dead worker, a non-finite step): one line.
+    except (ValueError, OSError, NonFiniteError, WorkerGroupError, RunDirLockedError) as exc:
+        # Bad inputs found at run time (model dir, dataset rows, a dead worker, a non-finite step, a locked or
+        # unwritable / full output directory, a foreign checkpoint): one line.
         if os.environ.get("NEMO_JETRL_TRACEBACK"):
             raise
         print(f"error: {exc} (set NEMO_JETRL_TRACEBACK=1 for the traceback)", file=sys.stderr)

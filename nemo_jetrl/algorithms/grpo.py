@@ -17,21 +17,34 @@ from rich.console import Console
 
 from nemo_jetrl.algorithms.advantages import group_advantages, zero_std_groups
 from nemo_jetrl.algorithms.dapo import Rollout, dynamic_sampling, overlong_filter, shape_rewards
+from nemo_jetrl.algorithms.grpo_checkpoint import (
+    checkpoint_manager,
+    checkpoint_metrics,
+    checkpoint_state,
+    load_resume_state,
+    restore,
+)
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics
-from nemo_jetrl.algorithms.resume import checkpoint_state, load_resume_state, restore
+from nemo_jetrl.algorithms.preflight import (
+    check_checkpoint_space,
+    check_output_dirs,
+    check_validation_set,
+    output_dirs,
+)
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.generation.interfaces import GenerationOutput, max_prompt_length
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
-from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, resolve_device
+from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStateError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.utils.checkpoint import CheckpointManager
 from nemo_jetrl.utils.logger import Logger
 from nemo_jetrl.utils.progress import RunProgress
+from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
 from nemo_jetrl.utils.timers import Timer
 
 console = Console(stderr=True)
@@ -98,7 +111,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
     logger = Logger(cfg["logger"])
     ckpt = cfg["checkpointing"]
-    checkpoints = CheckpointManager(ckpt["checkpoint_dir"], keep_top_k=ckpt["keep_top_k"]) if ckpt["enabled"] else None
+    checkpoints = checkpoint_manager(ckpt) if ckpt["enabled"] else None
     return GrpoSetup(cfg, policy, engine, task, logger, checkpoints, device)
 
 
@@ -121,10 +134,12 @@ def _env_metrics(task: Any) -> dict[str, float]:
 
 
 def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
-    """`grpo.on_nonfinite`: `stop` re-raises (the run ends, checkpoints untouched); `skip` reports and goes on."""
-    if run.cfg["grpo"]["on_nonfinite"] == "stop":
+    """`grpo.on_nonfinite`: `stop` re-raises (the run ends, checkpoints untouched); `skip` reports and goes on.
+    Non-finite weights or scales after a step (NonFiniteStateError) always stop: there is nothing to skip back to."""
+    if run.cfg["grpo"]["on_nonfinite"] == "stop" or isinstance(err, NonFiniteStateError):
         raise err
     console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
+    _guard_state(run)  # the state the next step starts from
 
 
 def _needs_kv_bootstrap(run: GrpoSetup) -> bool:
@@ -260,6 +275,10 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             batch.prev_logprobs = run.policy.get_logprobs(batch)
         if run.policy.reference_model is not None:
             batch.reference_logprobs = run.policy.get_reference_policy_logprobs(batch)
+        bad = _nonfinite_logprobs(batch)
+        if bad is not None:  # e.g. a temperature so small that logits / temperature overflow
+            _on_nonfinite(run, step, NonFiniteError(bad, run.policy.step))
+            return {**env_metrics, "nonfinite_skipped": 1.0}
     metrics = nemo_rl_rollout_metrics(generated, train, advantages, g["use_dynamic_sampling"])
     metrics.update(
         reward_mean=metrics["reward"],
@@ -287,9 +306,35 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     progress.phase("refit")
     with timer.time("refit"):
         metrics.update({f"refit/{k}": v for k, v in run.policy.prepare_refit().items()})
+        _guard_state(run)  # before the new weights / scales reach the rollout or a checkpoint
         if getattr(run.policy, "kv_scales", None) is not None:  # recalibrated FP8 KV scales go with the weights
             run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
     return metrics
+
+
+def _nonfinite_logprobs(batch: TrainBatch) -> str | None:
+    """Which logprobs of the generated tokens hold NaN/Inf ("rollout logprobs (3 tokens)"), or None."""
+    mask = batch.response_mask.bool()
+    named = (
+        ("rollout", batch.generation_logprobs),
+        ("trainer", batch.prev_logprobs),
+        ("reference", batch.reference_logprobs),
+    )
+    for name, logprobs in named:
+        if logprobs is not None:
+            bad = int((~torch.isfinite(logprobs[mask])).sum())
+            if bad:
+                return f"{name} logprobs ({bad} of {int(mask.sum())} generated tokens)"
+    return None
+
+
+def _guard_state(run: GrpoSetup) -> None:
+    """Master weights, FP8 weight scales and KV scales after this step (trained or not) are finite, or the run
+    stops (NonFiniteStateError): nothing non-finite reaches the rollout or a checkpoint."""
+    check = getattr(run.policy, "nonfinite_state", None)
+    bad = check() if check is not None else None
+    if bad is not None:
+        raise NonFiniteStateError(bad, run.policy.step)
 
 
 def _summary(history: list[dict[str, float]], val_history: list[dict[str, float]], wall: float) -> str:
@@ -313,16 +358,30 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
 
     `task`: a `VerifiableTask` to train on instead of the one the config's `data` / `env` sections build.
 
-    With `checkpointing.enabled`, resumes from the latest valid checkpoint in `checkpoint_dir` (model, optimizer,
-    RNG states, step; metrics.jsonl trimmed to that step) and saves one every `save_period` steps.
+    Locks `logger.log_dir` and `checkpointing.checkpoint_dir` for the run (a second writer is refused), checks
+    them, the device and the data before the first step (`preflight`). With `checkpointing.enabled`, resumes from
+    the latest valid checkpoint in `checkpoint_dir` (model, optimizer, RNG states, step; metrics.jsonl trimmed to
+    that step) and saves one every `save_period` steps.
     """
     cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
+    check_output_dirs(cfg)
+    locks = lock_run_dirs(output_dirs(cfg))
+    line = precision_line(master_cfg.policy) if hasattr(master_cfg, "policy") else None
+    try:
+        return _run_locked(cfg, resolved, task, line)
+    finally:
+        release_all(locks)
+
+
+def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None, line: str | None) -> dict[str, Any]:
     resume = load_resume_state(cfg)
     run = setup(cfg, task)
+    check_checkpoint_space(cfg, getattr(run.policy, "model", None))
+    check_validation_set(cfg, run.task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = restore(run, resume) if resume is not None else 0
-    if hasattr(master_cfg, "policy"):
-        console.print(precision_line(master_cfg.policy), highlight=False)
+    if line is not None:
+        console.print(line, highlight=False)
     console.print(
         f"fp8 layers: {sum(v == 'fp8' for v in run.policy.layer_map.values())}/{len(run.policy.layer_map)} | "
         f"device {run.device}"
@@ -333,11 +392,11 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     try:
         _train_loop(run, start_step, history, val_history)
     except NonFiniteError as err:
-        run.logger.close()
-        console.print(f"[red]error: {err}; run stopped (grpo.on_nonfinite=stop); saved checkpoints are untouched[/]")
+        console.print(f"[red]error: {err}; run stopped; saved checkpoints are untouched[/]")
         raise
+    finally:
+        run.logger.close()  # draws the final plots
     wall = time.perf_counter() - t0
-    run.logger.close()  # draws the final plots
     summary = _summary(history, val_history, wall)
     console.print(summary)
     return {"history": history, "validation": val_history, "summary": summary, "wall_time_s": wall}
@@ -369,6 +428,7 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
                 logged.update(run.logger.log_metrics(val, step=step + 1, prefix="validation/"))
             if run.checkpoints is not None and (step + 1) % int(cfg["checkpointing"]["save_period"]) == 0:
                 progress.phase("checkpoint")
-                run.checkpoints.save(step + 1, checkpoint_state(run, step + 1))
+                state = checkpoint_state(run, step + 1)
+                run.checkpoints.save(step + 1, state, metrics=checkpoint_metrics(metrics, val_history))
             progress.advance(step=step + 1, metrics=logged)
             run.logger.maybe_plot(step + 1)

@@ -179,8 +179,6 @@ KEY_RULES: dict[str, Rule] = {
     "logger.tensorboard*": no_effect("TensorBoard writes under logger.log_dir"),
     "logger.wandb.log_nemo_gym_full_result_tables": no_effect("NeMo-Gym only"),
     "logger.mlflow.run_name": no_effect("MLflow run names come from the log dir"),
-    "checkpointing.metric_name": no_effect("checkpointing.keep_top_k keeps the latest checkpoints"),
-    "checkpointing.higher_is_better": no_effect("checkpointing.keep_top_k keeps the latest checkpoints"),
     "checkpointing.checkpoint_must_save_by": only([None], "time-limited saves", "set null"),
     "checkpointing.model_save_format": no_effect(
         "checkpoints hold torch tensors; examples/export_hf.py writes safetensors"

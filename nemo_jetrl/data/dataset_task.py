@@ -1,7 +1,8 @@
 """A `VerifiableTask` over a prompt/answer dataset (jsonl / parquet / HF datasets) scored by an environment.
 
-- Rows are read by `readers.read_rows`; bad rows (malformed, missing or empty field, prompt too long) are dropped
-  and reported in ONE warning with counts per reason; the run goes on.
+- Rows are read by `readers.read_rows`; bad rows (malformed, missing or empty field, invalid UTF-8, prompt too
+  long) are dropped and reported in ONE warning with counts per reason; the run goes on. Prompt length is measured
+  on at most `max tokens * MAX_CHARS_PER_TOKEN` characters, so a huge row costs no more than a long one.
 - Validation: `data.val_dataset_name` when set, else `val_size` rows held out of the training data (a seeded draw).
 - Training order: the remaining rows in source order, reshuffled every epoch by `(seed, epoch)` when `shuffle`.
   `train_batch(step, n)` returns the rows at positions `[step*n, (step+1)*n)` of that endless epoch sequence, a pure
@@ -23,6 +24,7 @@ from nemo_jetrl.environments.interfaces import Problem
 
 _HOLDOUT_STREAM, _SHUFFLE_STREAM = 0, 1
 _TOKENIZE_CHUNK = 4096  # prompts per tokenizer call when measuring lengths (bounded memory on large datasets)
+MAX_CHARS_PER_TOKEN = 32  # prompts beyond max tokens * this many characters are too long without full tokenization
 
 
 class BadRowsWarning(UserWarning):
@@ -92,15 +94,24 @@ class DatasetTask:
         return pop() if pop is not None else {}
 
 
+def _token_lengths(prompts: list[str], tokenizer, limit: int) -> list[int]:
+    """Token count of each prompt, exact up to `limit`; a prompt of more than `limit * MAX_CHARS_PER_TOKEN`
+    characters is measured on that prefix only (tokenizing a 20 MB row in full costs gigabytes)."""
+    bound = limit * MAX_CHARS_PER_TOKEN
+    clipped = [p if len(p) <= bound else p[:bound] for p in prompts]
+    lengths: list[int] = []
+    for start in range(0, len(clipped), _TOKENIZE_CHUNK):
+        lengths += [len(ids) for ids in tokenizer(clipped[start : start + _TOKENIZE_CHUNK])["input_ids"]]
+    # a clipped prompt whose prefix still fits is longer than any prompt this bound admits: too long all the same
+    return [n if len(p) <= bound else max(n, limit + 1) for n, p in zip(lengths, prompts)]
+
+
 def _render(rows, formatter: PromptFormatter, tokenizer, max_prompt_tokens: int | None, report: RowReport):
     """Problems from (problem, answer, row number) rows; prompts longer than `max_prompt_tokens` tokens are skipped."""
     prompts = [formatter.render(problem) for problem, _, _ in rows]
     keep = [True] * len(rows)
     if max_prompt_tokens is not None and tokenizer is not None and prompts:
-        lengths = []
-        for start in range(0, len(prompts), _TOKENIZE_CHUNK):
-            lengths += [len(ids) for ids in tokenizer(prompts[start : start + _TOKENIZE_CHUNK])["input_ids"]]
-        for i, length in enumerate(lengths):
+        for i, length in enumerate(_token_lengths(prompts, tokenizer, int(max_prompt_tokens))):
             if length > max_prompt_tokens:
                 keep[i] = False
                 report.kept -= 1

@@ -9,7 +9,7 @@ Sources (`data.dataset_name` / `data.val_dataset_name`):
 
 A row is kept when both fields exist and are non-empty text (numbers are turned into text: GSM8K-style integer
 answers are fine). Every other row is counted under one reason (`malformed JSON`, `not a JSON object`,
-`missing 'answer'`, `empty 'problem'`, `non-text 'answer'`) in a `RowReport`; a source with no usable row is an error
+`missing 'answer'`, `empty 'problem'`, `non-text 'answer'`, `invalid UTF-8 in 'problem'`) in a `RowReport`; a source with no usable row is an error
 that names the fields it does have.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+# bytes that are not UTF-8 decode (errors="surrogateescape") to lone surrogates; JSON "\\udXXX" escapes give them too
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -87,6 +90,9 @@ def _take_row(obj: Any, source: DataSource, report: RowReport, row_number: int) 
         if not text.strip():
             report.skip(f"empty '{key}'", row_number)
             return None
+        if _NOT_UTF8.search(text):
+            report.skip(f"invalid UTF-8 in '{key}'", row_number)
+            return None
         texts.append(text)
     report.kept += 1
     return texts[0], texts[1].strip(), row_number
@@ -103,7 +109,7 @@ def _rows_from_objects(objects: Iterable[tuple[int, Any]], source: DataSource, r
 
 def _read_jsonl(path: Path, source: DataSource, report: RowReport) -> list[tuple[str, str, int]]:
     rows = []
-    with path.open(encoding="utf-8", errors="replace") as f:
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -121,7 +127,7 @@ def _read_jsonl(path: Path, source: DataSource, report: RowReport) -> list[tuple
 
 def _read_json(path: Path, source: DataSource, report: RowReport) -> list[tuple[str, str, int]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        data = json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
     except json.JSONDecodeError:
         return _read_jsonl(path, source, report)  # JSON lines saved as .json
     if isinstance(data, Mapping):  # {"data": [...]} or a single split

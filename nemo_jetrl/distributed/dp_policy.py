@@ -30,6 +30,7 @@ from nemo_jetrl.policy.native import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 from nemo_jetrl.precision.rollout_layers import build_rollout_replica
+from nemo_jetrl.utils.checkpoint import first_nonfinite
 
 
 class DataParallelPolicy:
@@ -245,7 +246,11 @@ class DataParallelPolicy:
         self.optimizer.step()
         invalidate_fp8_caches(self.model)
         self.step += 1
-        return {"micro_batch_metrics": per_mb, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
+        out = {"micro_batch_metrics": per_mb, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
+        bad = first_nonfinite({f"master weight {n}": _local_of(p.detach()) for n, p in self.model.named_parameters()})
+        if bad is not None:  # this rank's shards after the step (the driver stops the run)
+            out["nonfinite_state"] = f"{bad} (rank {self.rank})"
+        return out
 
     def step_lr_scheduler(self) -> float:
         """Once per GRPO step, after its optimizer steps (as NativePolicy.train); returns the next lr."""

@@ -23,9 +23,10 @@ from nemo_jetrl.distributed.data_split import (
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, combine_step_metrics
-from nemo_jetrl.policy.native import NonFiniteError
+from nemo_jetrl.policy.native import NonFiniteError, NonFiniteStateError
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.kv import KVScales
+from nemo_jetrl.utils.checkpoint import first_nonfinite
 
 
 class RemoteReference:
@@ -132,6 +133,9 @@ class RayPolicy(PolicyInterface):
         if "nonfinite" in results[0]:  # all ranks skipped the optimizer step together
             raise NonFiniteError(results[0]["nonfinite"], self.step)
         self.step += 1
+        bad = next((r["nonfinite_state"] for r in results if "nonfinite_state" in r), None)
+        if bad is not None:
+            raise NonFiniteStateError(bad, self.step)
         sums: dict[str, float] = {}
         n_micro = 0
         for result in results:  # rank order == micro-batch order
@@ -144,6 +148,12 @@ class RayPolicy(PolicyInterface):
             out["loss"] = sums["loss"]
         out.update(grad_norm=results[0]["grad_norm"], lr=results[0]["lr"], num_micro_batches=float(n_micro))
         return out
+
+    def nonfinite_state(self) -> str | None:
+        """The KV scales held here (the workers check their weight shards after every optimizer step)."""
+        if self.kv_scales is None:
+            return None
+        return first_nonfinite({f"KV {n} scales": getattr(self.kv_scales, n) for n in ("q", "k", "v")})
 
     def prepare_refit(self) -> dict[str, float]:
         """Every worker quantizes its shards once; the rollout replicas all-gather FP8 bits + scales, and the KV

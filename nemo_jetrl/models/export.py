@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import torch
 from huggingface_hub import save_torch_state_dict
 from torch import nn
 
+from nemo_jetrl.models.export_dir import check_shard_size, earlier_export_files, write_export
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, build_layer_map, weight_quant
 
 FP8_QUANT_METHOD = "fp8"
@@ -102,22 +103,20 @@ def export_hf(
     fp8: bool = False,
     recipe: PrecisionRecipe | None = None,
     max_shard_size: str | int = "5GB",
+    overwrite: bool = False,
+    protected: Iterable[str | Path] = (),
 ) -> Path:
     """Write `model` (+ `tokenizer`) to `out_dir` as safetensors shards + config.json (+ generation_config.json).
 
-    `fp8=True` uses `recipe` (default: the `jetrl` preset) for the layer map and scale options. Refuses a
-    non-empty `out_dir` that does not look like a previous export, so nothing else is overwritten.
+    `fp8=True` uses `recipe` (default: the `jetrl` preset) for the layer map and scale options. Every argument is
+    checked before anything is written; see `export_dir` for what may be replaced in `out_dir` (`overwrite`) and
+    the `protected` directories (the source model, the checkpoint) it never writes into.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"export dtype must be a floating torch.dtype, got {dtype!r}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise ValueError(f"export directory {out} is not empty and holds no earlier export; pick a new directory")
-    out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
-        old.unlink()  # a previous export with another shard count must not leave stale shards behind
-    config = model.config
-    config_dict = config.to_dict()
+    check_shard_size(max_shard_size)
+    previous = earlier_export_files(out_dir, overwrite=overwrite, protected=protected)
+    config_dict = model.config.to_dict()
     config_dict.pop("quantization_config", None)
     if fp8:
         recipe = recipe if recipe is not None else PrecisionRecipe.preset("jetrl")
@@ -126,14 +125,17 @@ def export_hf(
     else:
         state = hf_state_dict(model, dtype)
     config_dict["dtype"] = str(dtype).removeprefix("torch.")
-    save_torch_state_dict(state, out, max_shard_size=max_shard_size, metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        generation_config.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    return out
+
+    def write(staging: Path) -> None:
+        save_torch_state_dict(state, staging, max_shard_size=max_shard_size, metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+        generation_config = getattr(model, "generation_config", None)
+        if generation_config is not None:
+            generation_config.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+
+    return write_export(out_dir, previous, overwrite, write)
 
 
 def load_policy_checkpoint(checkpoint: str | Path) -> tuple[dict[str, Any], Path]:
@@ -157,25 +159,46 @@ def export_checkpoint(
     fp8: bool = False,
     dtype: torch.dtype = torch.bfloat16,
     max_shard_size: str | int = "5GB",
+    overwrite: bool = False,
 ) -> Path:
     """Export the policy of a GRPO checkpoint (see `load_policy_checkpoint`) with its base model's tokenizer.
 
     The base architecture and tokenizer come from the checkpoint's own `policy.model_name` (it must still exist);
     the trained weights from the checkpoint. FP8 export uses the checkpoint's precision recipe for the layer map.
+    Neither the base model's directory nor the checkpoint's is written to.
     """
-    from nemo_jetrl.models.loading import load_model_and_tokenizer
+    from nemo_jetrl.models.loading import load_model_and_tokenizer, resolve_model_dir
 
+    check_shard_size(max_shard_size)
+    earlier_export_files(out_dir, overwrite=overwrite, protected=[checkpoint])  # refuse before the slow load
     state, _ = load_policy_checkpoint(checkpoint)
     cfg = state.get("config") or {}
-    policy_cfg = cfg.get("policy")
-    if not policy_cfg or "model" not in state.get("policy", {}):
+    policy_cfg = cfg.get("policy") if isinstance(cfg, dict) else None
+    if not policy_cfg or not isinstance(state.get("policy"), dict) or "model" not in state["policy"]:
         raise ValueError(f"checkpoint {checkpoint} holds no policy config / model weights (not a GRPO checkpoint?)")
+    protected = [checkpoint, resolve_model_dir(policy_cfg["model_name"])]
+    earlier_export_files(out_dir, overwrite=overwrite, protected=protected)
     model, tokenizer = load_model_and_tokenizer(policy_cfg["model_name"], dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(state["policy"]["model"], strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state["policy"]["model"], strict=False)
+    except RuntimeError as err:  # shape mismatches
+        raise ValueError(
+            f"checkpoint weights do not fit {policy_cfg['model_name']}: {str(err).strip().splitlines()[-1].strip()}"
+        ) from None
     missing = [k for k in missing if k not in _tied_keys(model, model.state_dict())]
     if missing or unexpected:
         raise ValueError(
             f"checkpoint weights do not fit {policy_cfg['model_name']}: missing {missing}, unexpected {unexpected}"
         )
     recipe = PrecisionRecipe.from_config(policy_cfg)
-    return export_hf(model, tokenizer, out_dir, dtype=dtype, fp8=fp8, recipe=recipe, max_shard_size=max_shard_size)
+    return export_hf(
+        model,
+        tokenizer,
+        out_dir,
+        dtype=dtype,
+        fp8=fp8,
+        recipe=recipe,
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+        protected=protected,
+    )

@@ -20,6 +20,7 @@ from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, combine_st
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
+from nemo_jetrl.utils.checkpoint import first_nonfinite
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,6 +34,17 @@ class NonFiniteError(FloatingPointError):
     def __init__(self, tensor: str, step: int) -> None:
         self.tensor, self.step = tensor, step
         super().__init__(f"non-finite {tensor} at trainer step {step}; optimizer step skipped, weights untouched")
+
+
+class NonFiniteStateError(NonFiniteError):
+    """Master weights, FP8 weight scales or KV scales are non-finite after a step: the run stops (nothing to skip
+    back to); checkpoints saved before are untouched and a resume starts from the newest."""
+
+    def __init__(self, tensor: str, step: int) -> None:
+        self.tensor, self.step = tensor, step
+        FloatingPointError.__init__(
+            self, f"non-finite {tensor} after trainer step {step}; not saved, not sent to the rollout"
+        )
 
 
 def build_optimizer(params, opt_cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
@@ -279,6 +291,17 @@ class NativePolicy(PolicyInterface):
             if not bool(w_ok):
                 return f"master weight of FP8 layer {name}"
         return None
+
+    def nonfinite_state(self) -> str | None:
+        """Name of the first non-finite master weight, cached FP8 weight scale or KV scale, else None: one fused
+        max-|x| reduction over all of them (one device sync)."""
+        named = {f"master weight {n}": p.detach() for n, p in self.model.named_parameters()}
+        for name, module in self.model.named_modules():
+            if isinstance(module, Fp8Linear) and (module.train_fp8 or module.rollout_fp8):
+                named[f"FP8 weight scale of {name}"] = module.quantized_weight().scale
+        if self.kv_scales is not None:
+            named.update({f"KV {n} scales": getattr(self.kv_scales, n) for n in ("q", "k", "v")})
+        return first_nonfinite(named)
 
     def prepare_refit(self) -> dict[str, float]:
         """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference."""

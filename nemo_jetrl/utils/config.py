@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nemo_jetrl.config.section import NonNegativeInt, PositiveInt, Section
+from nemo_jetrl.config.section import NonEmptyStr, NonNegativeInt, PositiveInt, Section
 
 
 class WandbConfig(Section):
@@ -30,3 +30,5 @@ class CheckpointingConfig(Section):
     checkpoint_dir: str = "results/grpo"
     save_period: PositiveInt = 10
     keep_top_k: PositiveInt | None = 3  # null = keep all
+    metric_name: NonEmptyStr | None = None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": best K; null = newest K
+    higher_is_better: bool = True  # for metric_name

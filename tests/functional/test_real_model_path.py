@@ -161,7 +161,7 @@ def test_local_qwen3_trains_checkpoints_exports_and_reloads(workspace, trained):
     assert any("train/env/parse_failures" in line for line in lines)
     assert any("validation/env/parse_failures" in line for line in lines)
 
-    ckpt = sorted(p.name for p in (workspace / "ckpt").iterdir())
+    ckpt = sorted(p.name for p in (workspace / "ckpt").glob("step_*"))
     assert ckpt == ["step_1", "step_2"]
     state = torch.load(workspace / "ckpt" / "step_2" / "state.pt", weights_only=False)
     assert state["step"] == 2 and state["data"]["prompts_consumed"] == 8 and "torch" in state["rng"]
@@ -231,5 +231,5 @@ def test_corrupt_latest_checkpoint_is_skipped_and_the_previous_one_resumes(works
     assert len(skipped) == 1 and "step_2" in skipped[0] and "sha256" in skipped[0]
     assert "resumed from step 1" in capsys.readouterr().err
     assert len(result["history"]) == 1  # only step 2 ran again
-    assert sorted(p.name for p in (root / "ckpt").iterdir()) == ["step_1", "step_2"]
+    assert sorted(p.name for p in (root / "ckpt").glob("step_*")) == ["step_1", "step_2"]
     assert (root / "ckpt" / "step_2" / "state.pt").read_bytes() != bytes(data)  # re-saved, valid again

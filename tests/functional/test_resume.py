@@ -115,19 +115,24 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(tmp_path):
     ref_rows, resumed_rows = _metrics(reference), _metrics(killed)
     assert [s for s, _ in ref_rows] == [0, 1, 2, 2, 3, 4, 4]  # val@0, train@1..4, val@2, val@4
     assert resumed_rows == ref_rows  # exact float equality, every key
-    assert sorted(p.name for p in (killed / "ckpt").iterdir()) == ["step_2", "step_4"]
+    assert sorted(p.name for p in (killed / "ckpt").glob("step_*")) == ["step_2", "step_4"]
 
 
 # ------------------------------------------------------------------------------------------------ NaN / Inf guard
+SMALL_RUN = [
+    "grpo.num_prompts_per_step=4",
+    "grpo.num_generations_per_prompt=4",
+    "policy.train_micro_batch_size=16",
+    "policy.logprob_batch_size=16",
+    "grpo.val_period=0",
+    "grpo.val_at_start=false",
+    "logger.tensorboard_enabled=false",
+]
+
+
 def _tiny_cfg(root: Path, *extra: str):
     overrides = [
-        "grpo.num_prompts_per_step=4",
-        "grpo.num_generations_per_prompt=4",
-        "policy.train_micro_batch_size=16",
-        "policy.logprob_batch_size=16",
-        "grpo.val_period=0",
-        "grpo.val_at_start=false",
-        "logger.tensorboard_enabled=false",
+        *SMALL_RUN,
         f"logger.log_dir={root / 'logs'}",
         "checkpointing.enabled=true",
         "checkpointing.save_period=1",
@@ -269,7 +274,7 @@ def test_loop_stops_on_a_nonfinite_batch_and_keeps_the_last_checkpoint(tmp_path)
     task = NanRewardsAtStep(make_task(cfg.data.to_dict(), cfg.env.to_dict()), bad_step=1)
     with pytest.raises(NonFiniteError, match="non-finite rewards"):
         run_grpo(cfg, task=task)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_1"]
     state = torch.load(tmp_path / "ckpt" / "step_1" / "state.pt", weights_only=False)
     assert state["step"] == 1
     steps = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]

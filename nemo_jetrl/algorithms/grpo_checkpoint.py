@@ -1,0 +1,109 @@
+"""GRPO run state on disk: resume from the newest valid checkpoint, what a checkpoint holds, the metrics file.
+
+A fresh start (no checkpoint loaded) never appends to an earlier run's metrics.jsonl: that file is moved aside as
+`metrics.<mtime>.jsonl` first. A resume trims metrics.jsonl to the checkpoint's step (the file reads as one run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from nemo_jetrl.utils.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+    rotate_metrics_jsonl,
+    truncate_metrics_jsonl,
+)
+from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
+
+console = Console(stderr=True)
+
+# settings whose change makes a resumed run a different run than the checkpointed one
+_MAX_DETAIL = 400  # characters of a load error kept in the one-line message
+_RESUME_KEYS = (("policy", "model_name"), ("policy", "precision"), ("data",), ("grpo", "seed"))
+
+
+def checkpoint_manager(ckpt_cfg: dict[str, Any]) -> CheckpointManager:
+    """The `checkpointing` section's manager (best-K by `metric_name` when set)."""
+    return CheckpointManager(
+        ckpt_cfg["checkpoint_dir"],
+        keep_top_k=ckpt_cfg["keep_top_k"],
+        metric_name=ckpt_cfg["metric_name"],
+        higher_is_better=ckpt_cfg["higher_is_better"],
+    )
+
+
+def load_resume_state(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The latest valid checkpoint, or None; call before the Logger opens metrics.jsonl: a resume trims it to the
+    checkpoint's step, a fresh start moves an earlier run's file aside."""
+    ckpt = cfg["checkpointing"]
+    metrics_path = Path(cfg["logger"]["log_dir"]) / METRICS_FILENAME
+    state = checkpoint_manager(ckpt).load_latest() if ckpt["enabled"] else None
+    if state is None:
+        moved = rotate_metrics_jsonl(metrics_path)
+        if moved is not None:
+            console.print(f"metrics.jsonl of an earlier run moved to {moved} (fresh start, no checkpoint loaded)")
+        return None
+    dropped = truncate_metrics_jsonl(metrics_path, int(state["step"]))
+    if dropped:
+        console.print(f"metrics.jsonl: dropped {dropped} line(s) logged after step {state['step']} (resuming)")
+    return state
+
+
+def restore(run: Any, state: dict[str, Any]) -> int:
+    """Load model + optimizer + RNG states of a checkpoint into the run; returns its step. A checkpoint that does not
+    fit this run (missing keys, other shapes) is a ValueError with one line."""
+    where = run.cfg["checkpointing"]["checkpoint_dir"]
+    try:
+        run.policy.load_state_dict(state["policy"])
+        if "rng" in state:
+            restore_rng_state(state["rng"])
+        step = int(state["step"])
+    except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as err:
+        detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or repr(err)
+        detail = detail if len(detail) <= _MAX_DETAIL else detail[:_MAX_DETAIL] + "..."
+        raise ValueError(
+            f"the checkpoint in {where} does not fit this run ({type(err).__name__}: {detail}); point "
+            "checkpointing.checkpoint_dir at this model's checkpoints or disable checkpointing"
+        ) from err
+    saved = state.get("config") or {}
+    changed = []
+    for path in _RESUME_KEYS:
+        old, new = saved, run.cfg
+        for key in path:
+            old, new = (old or {}).get(key), (new or {}).get(key)
+        if saved and old != new:
+            changed.append(".".join(path))
+    if changed:
+        console.print(f"[yellow]warning: resuming with changed {', '.join(changed)} (checkpoint config differs)[/]")
+    run.next_batch = int(state.get("data", {}).get("next_batch", step))
+    console.print(f"resumed from step {step} ({where}), data {state.get('data')}")
+    return step
+
+
+def checkpoint_state(run: Any, step: int) -> dict[str, Any]:
+    """What a checkpoint after `step` completed steps holds: model + optimizer, RNG, data position, step, config."""
+    g = run.cfg["grpo"]
+    n = int(g["num_prompts_per_step"] * (g["batch_multiplier"] if g["use_dynamic_sampling"] else 1))
+    position = getattr(run.task, "data_position", None)
+    batch = run.next_batch  # generation batches drawn so far (= step without dynamic sampling)
+    data = position(batch, n) if position is not None else {"prompts_consumed": batch * n}
+    return {
+        "policy": run.policy.state_dict(),
+        "step": step,
+        "rng": capture_rng_state(),
+        "data": {"next_step": step, "next_batch": batch, **data},
+        "config": run.cfg,
+    }
+
+
+def checkpoint_metrics(train: dict[str, float], val_history: list[dict[str, float]]) -> dict[str, float]:
+    """meta.json metrics of a checkpoint: this step's `train/...` and the latest `validation/...` values."""
+    out = {f"train/{k}": float(v) for k, v in train.items() if isinstance(v, (int, float))}
+    if val_history:
+        out.update({f"validation/{k}": float(v) for k, v in val_history[-1].items() if isinstance(v, (int, float))})
+    return out
