@@ -189,11 +189,17 @@ def pow2_ceil(scale: torch.Tensor) -> torch.Tensor:
 def _block_amax(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """max |x| over `dims`, NaN ignored and inf counted as FLT_MAX (a fast pass first on CPU, fixed if needed)."""
     if not x.is_cuda:  # no device sync on CPU: take the one-pass result when it is finite (the common case)
-        amax = x.abs()
-        for d in dims:
-            amax = amax.amax(dim=d, keepdim=True)
-        if bool(torch.isfinite(amax).all()):
-            return amax.squeeze(dims)
+        if len(dims) == 1:  # max(max x, -min x) == max |x| exactly, one read and no |x| temporary
+            lo, hi = torch.aminmax(x, dim=dims[0])
+            amax = torch.maximum(hi, -lo)
+            if bool(torch.isfinite(amax).all()):
+                return amax
+        else:
+            amax = x.abs()
+            for d in dims:
+                amax = amax.amax(dim=d, keepdim=True)
+            if bool(torch.isfinite(amax).all()):
+                return amax.squeeze(dims)
     amax = torch.nan_to_num(x.abs(), nan=0.0, posinf=FLT_MAX)
     for d in dims:
         amax = amax.amax(dim=d, keepdim=True)

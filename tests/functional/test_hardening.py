@@ -128,7 +128,11 @@ def test_guard_runs_when_no_group_is_kept(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(run.policy, "get_logprobs", logprobs_then_corrupt)
-    monkeypatch.setattr(run.policy, "train", lambda batch: pytest.fail("train() ran although no group was kept"))
+    def train_nothing(steps):  # train() still runs once per GRPO step (its LR step); it must get no rows
+        assert steps == [], "train() got rows although no group was kept"
+        return {}
+
+    monkeypatch.setattr(run.policy, "train", train_nothing)
     try:
         with (
             RunProgress(1) as progress,
@@ -141,7 +145,10 @@ def test_guard_runs_when_no_group_is_kept(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["skip", "stop"])
 def test_tiny_temperature_nonfinite_logprobs_skip_or_stop(tmp_path, mode):
-    run = setup(_tiny_cfg(tmp_path, "policy.generation.temperature=1e-45", f"grpo.on_nonfinite={mode}").to_dict())
+    # The config refuses temperatures below 1e-6; the guard must still hold for a config built in code.
+    cfg = _tiny_cfg(tmp_path, f"grpo.on_nonfinite={mode}").to_dict()
+    cfg["policy"]["generation"]["temperature"] = 1e-45
+    run = setup(cfg)
     before = _snapshot(run.policy)
     try:
         with RunProgress(1) as progress:
