@@ -1,13 +1,16 @@
-"""Shared test setup: offline hubs, deterministic threads, a `cuda` skip marker, Triton-interpreter child runs."""
+"""Shared test setup: offline hubs, `jetrl_testkit` importable, deterministic threads, a `cuda` skip marker,
+Triton-interpreter child runs."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `from jetrl_testkit import ...` (shared helpers)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -71,8 +71,12 @@ def test_two_grpo_steps_write_finite_metrics(config, max_tmpe, min_tmpe, tmp_pat
             assert key in row, f"step {step} lacks {key}"
             assert math.isfinite(float(row[key])), f"{key}={row[key]}"
         assert min_tmpe <= row["train/token_mult_prob_error"] <= max_tmpe
-        assert 0.0 <= row["train/reward_mean"] <= 1.0
-    assert 0.0 <= steps[2]["validation/accuracy"] <= 1.0
+        # 0/1 rewards over 8 x 4 samples: the mean is a count / 32, and accuracy (reward > 0.5) is the same number
+        correct = row["train/reward_mean"] * 32
+        assert correct == round(correct) and row["train/accuracy"] == row["train/reward_mean"]
+    # 64 held-out problems; the warm-started tiny model solves ~15% greedily (none solved = a broken rollout)
+    val_correct = steps[2]["validation/accuracy"] * 64
+    assert val_correct == round(val_correct) and 0 < val_correct < 64
     assert len(result["history"]) == 2
     assert (tmp_path / "config.yaml").is_file()
     assert list((tmp_path / "tensorboard").iterdir())

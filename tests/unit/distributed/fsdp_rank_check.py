@@ -14,6 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from nemo_jetrl.distributed import weight_sync
 from nemo_jetrl.distributed.data_split import assign_contiguous, micro_batch_ranges
 from nemo_jetrl.distributed.fsdp import shard_policy
 from nemo_jetrl.distributed.weight_sync import Fp8Refit
@@ -49,6 +50,29 @@ def toy_fallback_refit(rank: int) -> dict:
     }
 
 
+SMALL_BUCKET = 256 << 10  # bytes: the tiny model's FP8 refit then takes several all-gathers
+
+
+def small_bucket_refit(policy) -> dict:
+    """Refit into a wiped replica with SMALL_BUCKET buckets; the all-gather sizes and the bits that arrive."""
+    for module in policy.replica.modules():
+        if isinstance(module, Fp8RolloutLinear):
+            module.weight_fp8.view(torch.uint8).zero_()
+    policy.replica.get_parameter("model.embed_tokens.weight").zero_()
+    sizes, real = [], weight_sync._ALL_GATHER
+    weight_sync._ALL_GATHER = lambda out, flat: sizes.append(flat.numel()) or real(out, flat)
+    try:
+        weight_sync.Fp8Refit(policy.model, policy.replica, bucket_bytes=SMALL_BUCKET).refit()
+    finally:
+        weight_sync._ALL_GATHER = real
+    return {"sizes": sizes, "bits": fp8_bits(policy.replica), "other": replica_other(policy.replica)}
+
+
+def replica_other(replica: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The replica's non-FP8 tensors (embeddings, norms, lm_head), as received."""
+    return {n: p.detach().clone() for n, p in replica.named_parameters()}
+
+
 def main(reference_path: str, out_dir: str) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     ref = torch.load(reference_path, weights_only=False)
@@ -81,7 +105,9 @@ def main(reference_path: str, out_dir: str) -> None:
 
     # the BF16 baseline refit (bytes / time), then FP8 again
     result["bf16_refit"] = policy.refit("bf16")
+    result["bits_bf16_refit"] = fp8_bits(policy.replica)
     result["fp8_refit"] = policy.refit("fp8")
+    result["small_bucket"] = small_bucket_refit(policy)
     result["toy"] = toy_fallback_refit(rank)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()

@@ -18,7 +18,7 @@ import torch
 from nemo_jetrl.algorithms.grpo import setup
 from nemo_jetrl.config import load_config, validate_config
 from nemo_jetrl.policy.interfaces import TrainBatch
-from nemo_jetrl.precision import Fp8Linear
+from nemo_jetrl.precision import Fp8Linear, weight_quant
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parents[2] / "examples" / "configs" / "grpo_tiny.yaml"
@@ -144,3 +144,26 @@ def test_bf16_baseline_refit_moves_twice_the_bytes(observed):
 def test_untiled_shards_fall_back_to_gathering_the_master(observed):
     for rank in observed["ranks"]:
         assert rank["toy"] == {"fallback": 1, "equal": True}
+
+
+def test_small_buckets_gather_the_trainers_bits_and_tensors(observed):
+    """Several all-gathers (SMALL_BUCKET in fsdp_rank_check) assemble the same FP8 bits and BF16/FP32 tensors as
+    the trainer's full weights (the single-process state the ranks loaded), bit for bit."""
+    state = observed["ref"]["state_step1"]["model"]
+    for rank in observed["ranks"]:
+        small = rank["small_bucket"]
+        assert len(small["sizes"]) >= 4, small["sizes"]
+        assert _same_bits(small["bits"], observed["bits1"]) == 0
+        assert small["other"].keys() and all(torch.equal(v, state[n]) for n, v in small["other"].items())
+
+
+def test_bf16_refit_quantizes_the_full_bf16_master(observed):
+    """The BF16 baseline ships the master in BF16 and quantizes it on the rollout side: the replica's bits are
+    weight_quant(full master -> bf16), computed here from the single-process state."""
+    state = observed["ref"]["state_step1"]["model"]
+    for rank in observed["ranks"]:
+        got = rank["bits_bf16_refit"]
+        assert len(got) == 28
+        for name, (data, scale) in got.items():
+            want_data, want_scale = weight_quant(state[f"{name}.weight"].to(torch.bfloat16))
+            assert torch.equal(data, want_data.view(torch.uint8)) and torch.equal(scale, want_scale), name

@@ -36,6 +36,22 @@ def test_emulation_is_exact_dequant_matmul():
     assert sqnr_db(x @ w.t(), out) >= 25.0
 
 
+def test_emulation_equals_an_fp64_matmul_of_hand_dequantized_operands():
+    """Independent of the project's dequantizers: value = e4m3 code x its block's scale (x: 1x128 groups along K,
+    w: 128x128 tiles), product in FP64. The emulation dequantizes to FP32 and multiplies in FP32, so each output
+    may differ by FP32 rounding of a K-term sum: at most K * 2^-24 * sum_k |x_k w_k|."""
+    gen = torch.Generator().manual_seed(5)
+    x, w = torch.randn(40, 384, generator=gen) * 3, torch.randn(256, 384, generator=gen) / 7
+    (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
+    assert xs.shape == (40, 3) and ws.shape == (2, 3)
+    x64 = xq.double() * xs.double().repeat_interleave(128, dim=1)  # [M, K]
+    w64 = wq.double() * ws.double().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)  # [N, K]
+    want = x64 @ w64.t()  # [M, N]
+    bound = 384 * 2.0**-24 * (x64.abs() @ w64.abs().t())  # [M, N]
+    out = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32)
+    assert bool(((out.double() - want).abs() <= bound).all())
+
+
 def test_bias_is_added_in_fp32_before_the_cast():
     gen = torch.Generator().manual_seed(1)
     x, w, b = torch.randn(32, 128, generator=gen), torch.randn(128, 128, generator=gen), torch.randn(128, generator=gen)

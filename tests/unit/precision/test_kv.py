@@ -38,6 +38,9 @@ def test_kv_scale_from_amax_exact_values():
     assert torch.equal(kv_scale_from_amax(torch.tensor([448.0]), 1.0), torch.tensor([448.0]) * R)
     with pytest.raises(ValueError, match="margin"):
         kv_scale_from_amax(amax, 0.9)
+    # independent: scale = amax * margin / 448 by hand (floats), a zero amax floored at 1e-10 / 448
+    by_hand = [448 * 1.05 / 448, 1.05 / 448, 1e-10 / 448, 3.5 * 1.05 / 448]  # 1.05, 0.00234375, ...
+    assert got.tolist() == pytest.approx(by_hand, rel=1e-6)
 
 
 def test_calibrator_percentile_and_margin_on_hand_built_amaxes():

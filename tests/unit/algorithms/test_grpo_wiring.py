@@ -1,0 +1,74 @@
+"""The GRPO loop's wiring, end to end on the tiny model with a scripted task (jetrl_testkit.grpo_harness).
+
+Over group sizes and the three advantage switches, the batch `policy.train` receives must hold exactly the kept
+groups, each complete and contiguous, with the advantages recomputed (float64, formulas written out in the
+harness) from the rewards of its OWN decoded rows; the reported reward metrics must be those of every sample.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from jetrl_testkit.grpo_harness import ScriptedTask, check_train_batch, record_train, responses_by_prompt
+
+from nemo_jetrl.algorithms import grpo
+from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.utils.progress import RunProgress
+from nemo_jetrl.utils.timers import Timer
+
+CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny_bf16.yaml"
+NUM_PROMPTS = 6
+# bf16 recipe in float32 compute: the rollout's logprobs and the trainer's are the same math (float32 rounding
+# apart), so each row's logprobs must match its own tokens' (another sequence's are off by ~1 nat).
+LOGPROB_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    overrides = [
+        f"logger.log_dir={tmp_path_factory.mktemp('wiring')}",
+        "logger.tensorboard_enabled=false",
+        f"grpo.num_prompts_per_step={NUM_PROMPTS}",
+        "grpo.num_generations_per_prompt=4",
+        "policy.train_micro_batch_size=6",  # micro-batches cut across groups of 4, 5 (and dropped ones)
+        "policy.logprob_batch_size=7",
+        "policy.compute_dtype=float32",
+        "cluster.num_cpu_threads=1",
+    ]
+    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
+    run = grpo.setup(cfg, task=ScriptedTask(const_every=3))
+    run.calls = record_train(run)
+    return run
+
+
+SWITCHES = list(itertools.product([False, True], repeat=3))  # normalize, leave-one-out, drop zero-std groups
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 5])
+def test_train_batch_holds_each_group_with_its_own_advantages(run, group):
+    for step, (normalize, loo, drop) in enumerate(SWITCHES):
+        g = run.cfg["grpo"]
+        g.update(
+            num_generations_per_prompt=group,
+            normalize_rewards=normalize,
+            use_leave_one_out_baseline=loo,
+            drop_zero_advantage_groups=drop,
+        )
+        step += 10 * group  # fresh prompts and sampling seeds per case
+        before = len(run.calls)
+        metrics = grpo.grpo_step(run, step, Timer(), RunProgress(1, enabled=False))
+        problems = run.task.prompts(step, NUM_PROMPTS)
+        responses = responses_by_prompt(run.task, problems)
+        batch = run.calls[-1] if len(run.calls) > before else None
+        found = check_train_batch(batch, run.policy.tokenizer, g, problems, responses, logprob_atol=LOGPROB_ATOL)
+        every = [r for p in problems for r in found.rewards[p.prompt]]
+        assert metrics["reward_mean"] == pytest.approx(sum(every) / len(every), abs=1e-6), (group, step)
+        assert metrics["kept_fraction"] == pytest.approx(len(found.kept_prompts) / NUM_PROMPTS)
+        if drop:  # constant prompts (every third) are always dropped
+            assert len(found.kept_prompts) <= NUM_PROMPTS - NUM_PROMPTS // 3
+        elif group > 1:
+            assert len(found.kept_prompts) == NUM_PROMPTS
+        if batch is not None and group > 2 and not drop:
+            assert (batch.advantages != 0).sum() > group, "too few nonzero advantages to test the pairing"
