@@ -41,11 +41,12 @@ def kl_overrides(tmp: Path) -> list[str]:
 
 
 def expected_loss_and_kl(batch) -> tuple[float, float]:
-    """By hand: one micro-batch, cur == prev_logprobs at the forward (ratio 1, so pg = -A), k3 KL token mean."""
+    """By hand: one micro-batch, cur == prev_logprobs at the forward (ratio 1, so pg = -A), k3 KL token mean with
+    NeMo-RL's default clamps (log-ratio to +-20, per-token KL to +-10)."""
     m = batch.response_mask.bool()
     cur, ref = batch.prev_logprobs.double(), batch.reference_logprobs.double()
-    d = (ref - cur)[m]
-    kl = float((d.exp() - d - 1).mean())
+    d = (ref - cur)[m].clamp(-20.0, 20.0)
+    kl = float((d.exp() - d - 1).clamp(-10.0, 10.0).mean())
     adv = batch.advantages.double()[:, None].expand_as(cur)[m]
     return float(-adv.mean()) + BETA * kl, kl
 

@@ -68,13 +68,16 @@ class ScriptedTask:
 
 
 def record_train(run, passthrough: bool = True) -> list[TrainBatch]:
-    """Wrap `run.policy.train`: every batch it receives is appended (cloned) to the returned list."""
+    """Wrap `run.policy.train` (one TrainBatch per optimizer step): every call that gets rows appends its batch
+    (cloned; the configs here take one optimizer step per GRPO step) to the returned list."""
     calls: list[TrainBatch] = []
     real = run.policy.train
 
-    def train(batch: TrainBatch) -> dict[str, float]:
-        calls.append(batch.select(slice(None)))
-        return real(batch) if passthrough else {}
+    def train(steps: list[TrainBatch]) -> dict[str, float]:
+        if steps:
+            assert len(steps) == 1, "the harness configs take one optimizer step per GRPO step"
+            calls.append(steps[0].select(slice(None)))
+        return real(steps) if passthrough else {}
 
     run.policy.train = train
     return calls

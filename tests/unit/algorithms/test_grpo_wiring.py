@@ -56,8 +56,10 @@ def test_train_batch_holds_each_group_with_its_own_advantages(run, group):
             use_leave_one_out_baseline=loo,
             drop_zero_advantage_groups=drop,
         )
+        run.cfg["policy"]["train_global_batch_size"] = NUM_PROMPTS * group  # one optimizer step per GRPO step
         step += 10 * group  # fresh prompts and sampling seeds per case
         before = len(run.calls)
+        run.next_batch = step  # the data batch this step draws (one per step without dynamic sampling)
         metrics = grpo.grpo_step(run, step, Timer(), RunProgress(1, enabled=False))
         problems = run.task.prompts(step, NUM_PROMPTS)
         responses = responses_by_prompt(run.task, problems)

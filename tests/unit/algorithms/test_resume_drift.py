@@ -1,11 +1,11 @@
-"""The config-drift warning on resume (`grpo._restore`): settings that make a resumed run a different run are named."""
+"""The config-drift warning on resume (`grpo_checkpoint.restore`): settings that make a resumed run a different run are named."""
 
 from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
 
-from nemo_jetrl.algorithms import grpo
+from nemo_jetrl.algorithms import grpo_checkpoint
 
 CFG = {
     "policy": {"model_name": "tiny-arith", "precision": "fp8", "optimizer": {"lr": 5e-5}},
@@ -18,7 +18,7 @@ CFG = {
 def _restore(saved_cfg: dict, capsys) -> tuple[int, str, list]:
     loaded = []
     run = SimpleNamespace(cfg=copy.deepcopy(CFG), policy=SimpleNamespace(load_state_dict=loaded.append))
-    step = grpo._restore(run, {"policy": {"model": "weights"}, "step": 3, "config": saved_cfg})
+    step = grpo_checkpoint.restore(run, {"policy": {"model": "weights"}, "step": 3, "config": saved_cfg})
     return step, capsys.readouterr().err, loaded
 
 
