@@ -43,8 +43,8 @@ def nemo_rl_rollout_metrics(
     finished = torch.cat([g.out.finished for g in generated]).float()
     out = train.out
     prompt_lengths = out.attention_mask[:, : out.prompt_length].sum(-1).float()  # [B]
-    resp = out.response_mask.bool()  # [B, S]
-    token_adv = advantages.float().view(-1, 1).expand_as(resp)[resp]  # advantages of response tokens
+    resp = out.response_mask.bool().cpu()  # [B, S] (the engine may return CUDA tensors; advantages are on CPU)
+    token_adv = advantages.float().cpu().view(-1, 1).expand_as(resp)[resp]  # advantages of response tokens
     metrics = {
         "reward": float(rewards.mean()),
         "mean_prompt_length": float(prompt_lengths.mean()),
