@@ -146,6 +146,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import LOSS_FN, policy_config
+
     from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
     from nemo_jetrl.policy.interfaces import TrainBatch
     from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
@@ -168,16 +171,13 @@ def worker(args: argparse.Namespace) -> None:
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg).float()
     n_params = sum(p.numel() for p in model.parameters())
-    policy_cfg = {
-        "compute_dtype": "bfloat16",
-        "logprob_batch_size": args.micro_batch,
-        "max_grad_norm": 1.0,
-        "optimizer": {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8},
-        "generation": {"temperature": 1.0, "top_p": 1.0, "top_k": None, "max_new_tokens": args.rollout_tokens,
-                       "kv_cache_dtype": "auto", "cuda_graphs": False},
-    }  # fmt: skip
+    policy_cfg = policy_config(
+        logprob_batch_size=args.micro_batch,
+        max_total_sequence_length=args.seq_len + args.rollout_tokens,
+        generation={"max_new_tokens": args.rollout_tokens, "cuda_graphs": False},
+    )
     policy = DataParallelPolicy(
-        model, policy_cfg=policy_cfg, loss_cfg={}, recipe=PrecisionRecipe.preset("jetrl"), device=device,
+        model, policy_cfg=policy_cfg, loss_cfg=LOSS_FN, recipe=PrecisionRecipe.preset("jetrl"), device=device,
         pad_token_id=0, stop_token_ids=[1], other_dtype=torch.bfloat16,  # non-FP8 tensors travel as BF16 in both
     )  # fmt: skip
     _sync(device)

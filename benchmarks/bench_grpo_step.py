@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
+from common import LOSS_FN, QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
@@ -83,7 +83,7 @@ def run_variant(name: str, model, recipe: PrecisionRecipe, prompts, args, device
         logprob_batch_size=args.micro_batch * 2,
         generation={"kv_cache_calibration_pass": "fused"},
     )
-    policy = NativePolicy(cfg, {}, recipe, device, model=model)
+    policy = NativePolicy(cfg, LOSS_FN, recipe, device, model=model)
     engine = NativeGenerationEngine(
         policy.model,
         max_new_tokens=args.gen_len,

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
+from common import LOSS_FN, QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
 
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
@@ -38,7 +38,9 @@ def make_batch(batch: int, seq_len: int, vocab: int) -> TrainBatch:
 
 
 def run_variant(name: str, model, recipe: PrecisionRecipe, batch: TrainBatch, args, device) -> dict:
-    policy = NativePolicy(policy_config(train_causal_attention=args.causal_attention), {}, recipe, device, model=model)
+    policy = NativePolicy(
+        policy_config(train_causal_attention=args.causal_attention), LOSS_FN, recipe, device, model=model
+    )
 
     def step():
         policy.train(batch)

@@ -43,23 +43,70 @@ TINY = dict(
 )
 
 
+# The benchmarks' `loss_fn` section, complete (the policies read it as is): plain clipped PG, no KL, no IS correction.
+# tests/unit/test_benchmark_configs.py checks it against algorithms/config.py's LossConfig.
+LOSS_FN = {
+    "reference_policy_kl_penalty": 0.0,
+    "ratio_clip_min": 0.2,
+    "ratio_clip_max": 0.2,
+    "ratio_clip_c": None,
+    "token_level_loss": True,
+    "use_importance_sampling_correction": False,
+    "truncated_importance_sampling_type": None,
+    "truncated_importance_sampling_ratio": None,
+    "truncated_importance_sampling_ratio_min": None,
+    "reference_policy_kl_type": "k3",
+    "kl_input_clamp_value": 20.0,
+    "kl_output_clamp_value": 10.0,
+    "use_on_policy_kl_approximation": False,
+    "sequence_level_importance_ratios": False,
+}
+
+
 def policy_config(**overrides) -> dict:
-    """The `policy` section NativePolicy reads (grpo_base.yaml defaults, BF16 master for the speed runs)."""
+    """The benchmarks' `policy` section, complete (BF16 master for the speed runs; the precision comes from the
+    PrecisionRecipe each benchmark passes). tests/unit/test_benchmark_configs.py checks it against PolicyConfig."""
     generation = {
-        "temperature": 1.0,
-        "deterministic": False,
+        "backend": "native",
+        "precision": "fp8",
+        "kv_cache_dtype": "auto",
+        "kv_cache_calibration": {"percentile": 99.9, "margin": 1.05},
         "kv_cache_calibration_pass": "fused",
+        "max_new_tokens": 8,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": None,
+        "stop_token_ids": None,
+        "deterministic": False,
+        "cuda_graphs": True,
         **overrides.pop("generation", {}),
     }
-    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8}
+    fp8_cfg = {
+        "block_size": 128,
+        "num_first_layers_in_bf16": 0,
+        "num_last_layers_in_bf16": 0,
+        "pow2_weight_scaling_factors": False,
+        "pow2_activation_scaling_factors": False,
+        "wgrad_x_blocks": "1x128",
+        "train_kv_fake_quant": False,
+    }
+    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8}
     cfg = {
         "model_name": "benchmark-random",
+        "tokenizer": {"name": "benchmark-random"},
+        "precision": "fp8",
         "master_dtype": "bfloat16",
         "compute_dtype": "bfloat16",
+        "train_global_batch_size": None,
         "train_micro_batch_size": 1,
         "logprob_batch_size": 8,
+        "max_total_sequence_length": 4096,
         "max_grad_norm": 1.0,
+        "fused_train_kernels": True,
+        "train_causal_attention": False,
         "optimizer": optimizer,
+        "scheduler": None,
+        "fp8_cfg": fp8_cfg,
         "generation": generation,
     }
     return {**cfg, **overrides}

@@ -109,9 +109,14 @@ class LossConfig(Section):
     @model_validator(mode="after")
     def _check_truncated_is(self) -> LossConfig:
         kind = self.truncated_importance_sampling_type
-        if kind is None:
-            return self
         prefix = "loss_fn.truncated_importance_sampling"
+        if kind is None:  # a lone ratio_min is ignored (as NeMo-RL); a lone upper ratio would be silently unused
+            if self.truncated_importance_sampling_ratio is not None:
+                raise KeyedValueError(
+                    f"{prefix}_ratio ({self.truncated_importance_sampling_ratio:g}) is set but {prefix}_type is "
+                    "null; set the type (tis|icepop|seq-mask-tis) or the ratio to null"
+                )
+            return self
         if not self.use_importance_sampling_correction:
             raise KeyedValueError(f"{prefix}_type: '{kind}' requires loss_fn.use_importance_sampling_correction: true")
         upper = self.truncated_importance_sampling_ratio

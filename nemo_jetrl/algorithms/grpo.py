@@ -70,7 +70,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     `task`: a ready `VerifiableTask` to use instead of the one `data` / `env` describe.
     """
     cluster = cfg["cluster"]
-    if cluster.get("num_cpu_threads"):
+    if cluster["num_cpu_threads"]:
         torch.set_num_threads(int(cluster["num_cpu_threads"]))
     spec = ClusterSpec.from_config(cluster)
     device = resolve_device(cluster["device"]) if spec.backend == "local" else torch.device("cpu")  # Ray: driver=CPU

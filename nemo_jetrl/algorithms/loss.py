@@ -18,8 +18,11 @@ reduce: token_level_loss -> sum over masked tokens / normalizer (default: this b
 sequence level -> per-sequence token mean, summed / normalizer (default: sequences with >= 1 token). A trainer
 passes the GLOBAL count as `normalizer` so micro-batch losses (and gradients) sum to the full-batch mean.
 
+Settings: the validated `loss_fn` section as a mapping (`LossSettings`); its rules and defaults (e.g. ratio_min
+filled in: 0 for ``tis``, 1 / ratio otherwise) live in algorithms/config.py only.
+
 Truncation (`truncated_importance_sampling_type`, active only with `use_importance_sampling_correction`):
-- ``tis``: clamp w to [ratio_min (default 0), ratio];
+- ``tis``: clamp w to [ratio_min, ratio];
 - ``icepop``: w = 0 on tokens with w outside [ratio_min, ratio];
 - ``seq-mask-tis``: w = 0 on whole sequences whose geometric-mean ratio exp(mean_t(logp_old - logp_gen))
   (NaN/inf log-ratios count as 0) lies outside [ratio_min, ratio]; kept sequences keep their RAW per-token w,
@@ -28,115 +31,21 @@ Truncation (`truncated_importance_sampling_type`, active only with `use_importan
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from nemo_jetrl.algorithms.mismatch import KL_TYPES, kl_estimator
+from nemo_jetrl.algorithms.mismatch import kl_estimator
 
-TRUNCATION_TYPES = ("tis", "icepop", "seq-mask-tis")
+LossSettings = Mapping[str, Any]
+"""The validated `loss_fn` section as a plain mapping (algorithms/config.py's `LossConfig.to_dict()`): every key
+present, rules checked and defaults filled there; read here as is (the Ray workers carry no pydantic)."""
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-@dataclass(frozen=True)
-class ClippedPGLossConfig:
-    """The `loss_fn` config section (NeMo-RL spellings). Validated on construction."""
-
-    reference_policy_kl_penalty: float = 0.0
-    ratio_clip_min: float = 0.2
-    ratio_clip_max: float = 0.2
-    ratio_clip_c: float | None = None
-    token_level_loss: bool = True
-    use_importance_sampling_correction: bool = False
-    truncated_importance_sampling_type: str | None = None
-    truncated_importance_sampling_ratio: float | None = None
-    truncated_importance_sampling_ratio_min: float | None = None
-    # NeMo-RL keys with NeMo-RL defaults; optional in our YAML.
-    reference_policy_kl_type: str = "k3"
-    kl_input_clamp_value: float | None = 20.0
-    kl_output_clamp_value: float | None = 10.0
-    use_on_policy_kl_approximation: bool = False
-    sequence_level_importance_ratios: bool = False  # GSPO; needs token_level_loss False
-
-    def __post_init__(self) -> None:
-        p = "loss_fn."
-        for key in ("reference_policy_kl_penalty", "ratio_clip_min", "ratio_clip_max"):
-            v = getattr(self, key)
-            if not _is_number(v) or v < 0:
-                raise ValueError(f"{p}{key} must be a finite number >= 0, got {v!r}")
-        bools = (
-            "token_level_loss",
-            "use_importance_sampling_correction",
-            "use_on_policy_kl_approximation",
-            "sequence_level_importance_ratios",
-        )
-        for key in bools:
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{p}{key} must be a bool, got {getattr(self, key)!r}")
-        c = self.ratio_clip_c
-        if c is not None and (not _is_number(c) or c <= 1):
-            raise ValueError(f"{p}ratio_clip_c must be null or a number > 1 (dual clip), got {c!r}")
-        if self.reference_policy_kl_type not in KL_TYPES:
-            raise ValueError(
-                f"{p}reference_policy_kl_type must be one of {KL_TYPES}, got {self.reference_policy_kl_type!r}"
-            )
-        for key in ("kl_input_clamp_value", "kl_output_clamp_value"):
-            v = getattr(self, key)
-            if v is not None and (not _is_number(v) or v <= 0):
-                raise ValueError(f"{p}{key} must be null or a number > 0, got {v!r}")
-        if self.sequence_level_importance_ratios and self.token_level_loss:
-            raise ValueError(f"{p}sequence_level_importance_ratios needs {p}token_level_loss: false")
-        if self.sequence_level_importance_ratios and self.truncated_importance_sampling_type == "seq-mask-tis":
-            raise ValueError(f"{p}sequence_level_importance_ratios does not combine with seq-mask-tis")
-        self._check_truncation()
-
-    def _check_truncation(self) -> None:
-        p = "loss_fn.truncated_importance_sampling_"
-        kind, hi, lo = self.truncation_type, self.truncated_importance_sampling_ratio, self.truncation_ratio_min
-        if kind is None:  # a lone ratio_min is ignored (NeMo-RL); a lone upper ratio is a mistake
-            if hi is not None:
-                raise ValueError(f"{p}ratio is set but {p}type is null; set the type (tis|icepop|seq-mask-tis)")
-            return
-        if kind not in TRUNCATION_TYPES:
-            raise ValueError(f"{p}type must be null or one of {TRUNCATION_TYPES}, got {kind!r}")
-        if not self.use_importance_sampling_correction:
-            raise ValueError(f"{p}type={kind!r} needs loss_fn.use_importance_sampling_correction: true")
-        if not _is_number(hi) or hi <= 0:
-            raise ValueError(f"{p}ratio (upper bound) must be a number > 0 for type {kind!r}, got {hi!r}")
-        if kind in ("icepop", "seq-mask-tis") and self.truncated_importance_sampling_ratio_min is None:
-            raise ValueError(f"{p}ratio_min (lower bound) must be set for type {kind!r}")
-        if not _is_number(lo) or lo < 0 or lo > hi:
-            raise ValueError(f"{p}ratio_min must be a number in [0, ratio={hi}], got {lo!r}")
-
-    @property
-    def truncation_type(self) -> str | None:
-        return self.truncated_importance_sampling_type
-
-    @property
-    def truncation_ratio_min(self) -> float | None:
-        """Lower bound; tis defaults it to 0 (NeMo-RL)."""
-        lo = self.truncated_importance_sampling_ratio_min
-        return 0.0 if lo is None and self.truncation_type == "tis" else lo
-
-    @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any]) -> ClippedPGLossConfig:
-        """Build from the `loss_fn` mapping (dict or OmegaConf); unknown keys are errors, missing keys default."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        data = {str(k): cfg[k] for k in cfg}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown loss_fn key(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        for k, v in data.items():  # YAML ints where floats are meant
-            if isinstance(v, int) and not isinstance(v, bool):
-                data[k] = float(v)
-        return cls(**data)
 
 
 # --------------------------------------------------------------------------- input checks
@@ -172,10 +81,11 @@ def _raw_weights(
 
 
 def _truncate(
-    w: torch.Tensor, logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, cfg: ClippedPGLossConfig
+    w: torch.Tensor, logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, cfg: LossSettings
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the configured truncation to raw weights w [B, S]; returns (weights, out-of-bounds [B, S] bool)."""
-    kind, hi, lo = cfg.truncation_type, cfg.truncated_importance_sampling_ratio, cfg.truncation_ratio_min
+    kind = cfg["truncated_importance_sampling_type"]
+    hi, lo = cfg["truncated_importance_sampling_ratio"], cfg["truncated_importance_sampling_ratio_min"]
     if kind is None:
         return w, torch.zeros_like(m)
     if kind == "tis":
@@ -195,7 +105,7 @@ def _truncate(
 
 
 def importance_weights(
-    logp_old: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, cfg: ClippedPGLossConfig
+    logp_old: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, cfg: LossSettings
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Detached IS weights [B, S] (0 off the mask) and the out-of-bounds mask [B, S] bool.
 
@@ -204,9 +114,9 @@ def importance_weights(
     _check_inputs(mask, None, logp_old=logp_old, logp_gen=logp_gen)
     m = mask.bool()
     dtype = torch.promote_types(logp_old.dtype, torch.float32)
-    if not cfg.use_importance_sampling_correction:
+    if not cfg["use_importance_sampling_correction"]:
         return m.to(dtype), torch.zeros_like(m)
-    raw = _raw_weights(logp_old, logp_gen, m, dtype, cfg.sequence_level_importance_ratios)
+    raw = _raw_weights(logp_old, logp_gen, m, dtype, cfg["sequence_level_importance_ratios"])
     return _truncate(raw, logp_old, logp_gen, m, cfg)
 
 
@@ -249,7 +159,7 @@ def clipped_pg_loss(
     logp_gen: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: ClippedPGLossConfig,
+    cfg: LossSettings,
     *,
     logp_ref: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
@@ -263,7 +173,7 @@ def clipped_pg_loss(
     """
     _check_inputs(mask, advantages, logp=logp, logp_old=logp_old, logp_gen=logp_gen, logp_ref=logp_ref)
     _check_normalizer(normalizer)
-    if cfg.reference_policy_kl_penalty != 0 and logp_ref is None:
+    if cfg["reference_policy_kl_penalty"] != 0 and logp_ref is None:
         raise ValueError("logp_ref is required when loss_fn.reference_policy_kl_penalty != 0")
     m = mask.bool()  # [B, S]
     dtype = torch.promote_types(logp.dtype, torch.float32)
@@ -276,24 +186,24 @@ def clipped_pg_loss(
     adv = torch.where(m, adv, zero)
 
     log_ratio = cur - old  # [B, S]
-    if cfg.sequence_level_importance_ratios:  # GSPO: the sequence's mean log-ratio on each of its tokens
+    if cfg["sequence_level_importance_ratios"]:  # GSPO: the sequence's mean log-ratio on each of its tokens
         seq = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)  # [B, 1]
         log_ratio = seq.expand_as(cur)
     ratio = torch.exp(log_ratio)  # [B, S]
-    ratio_clamped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+    ratio_clamped = ratio.clamp(1.0 - cfg["ratio_clip_min"], 1.0 + cfg["ratio_clip_max"])
     pg = torch.maximum(-adv * ratio, -adv * ratio_clamped)  # pessimistic of unclipped / clipped
-    if cfg.ratio_clip_c is not None:
-        pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.ratio_clip_c), pg)
+    if cfg["ratio_clip_c"] is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg["ratio_clip_c"]), pg)
 
-    raw_w = _raw_weights(logp_old, logp_gen, m, dtype, cfg.sequence_level_importance_ratios)  # [B, S]
+    raw_w = _raw_weights(logp_old, logp_gen, m, dtype, cfg["sequence_level_importance_ratios"])  # [B, S]
     trunc_w, oob = _truncate(raw_w, logp_old, logp_gen, m, cfg)
-    w = trunc_w if cfg.use_importance_sampling_correction else m.to(dtype)
-    loss = _reduce(w * pg, m, cfg.token_level_loss, normalizer)
+    w = trunc_w if cfg["use_importance_sampling_correction"] else m.to(dtype)
+    loss = _reduce(w * pg, m, cfg["token_level_loss"], normalizer)
 
     kl_value = 0.0
-    if cfg.reference_policy_kl_penalty != 0:
+    if cfg["reference_policy_kl_penalty"] != 0:
         ref = torch.where(m, logp_ref.detach().to(dtype), zero)
-        if cfg.use_on_policy_kl_approximation:
+        if cfg["use_on_policy_kl_approximation"]:
             gen = torch.where(m, logp_gen.detach().to(dtype), zero)
             kl_w = torch.nan_to_num(torch.exp(cur - gen), 0.0, 0.0, 0.0)
         else:
@@ -301,18 +211,18 @@ def clipped_pg_loss(
         kl_tok = kl_estimator(
             cur,
             ref,
-            cfg.reference_policy_kl_type,
-            input_clamp_value=cfg.kl_input_clamp_value,
-            output_clamp_value=cfg.kl_output_clamp_value,
+            cfg["reference_policy_kl_type"],
+            input_clamp_value=cfg["kl_input_clamp_value"],
+            output_clamp_value=cfg["kl_output_clamp_value"],
             weights=kl_w,
         )  # [B, S]
-        loss = loss + cfg.reference_policy_kl_penalty * _reduce(kl_tok, m, cfg.token_level_loss, normalizer)
-        kl_value = float(_reduce(kl_tok.detach(), m, cfg.token_level_loss, None))
+        loss = loss + cfg["reference_policy_kl_penalty"] * _reduce(kl_tok, m, cfg["token_level_loss"], normalizer)
+        kl_value = float(_reduce(kl_tok.detach(), m, cfg["token_level_loss"], None))
 
     with torch.no_grad():
         r, rc = ratio.detach(), ratio_clamped.detach()
         entropy_w = torch.nan_to_num(torch.exp(cur.detach() - logp_gen.detach().to(dtype)), 0.0, 0.0, 0.0)
-        if cfg.truncation_type == "seq-mask-tis":
+        if cfg["truncated_importance_sampling_type"] == "seq-mask-tis":
             has_tok = m.any(-1)
             oob_ratio = float((oob.any(-1) & has_tok).sum() / has_tok.sum().clamp_min(1))
         else:
@@ -327,7 +237,7 @@ def clipped_pg_loss(
             "probs_ratio_max": float(r[m].max()) if any_tok else -math.inf,
             "clip_fraction": _masked_mean((r != rc).to(dtype), m),
             "approx_entropy": -_masked_mean(entropy_w * cur.detach(), m),
-            "sampling_importance_ratio": _sampling_ratio(trunc_w, m, cfg.sequence_level_importance_ratios),
+            "sampling_importance_ratio": _sampling_ratio(trunc_w, m, cfg["sequence_level_importance_ratios"]),
             "is_oob_ratio": oob_ratio,
             "num_valid_tokens": float(m.sum()),
             "num_valid_samples": float(m.any(-1).sum()),

@@ -74,7 +74,9 @@ KEY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.activation_checkpointing": no_effect("recomputation: same numbers, less memory"),
     "policy.dtensor_cfg.sequence_parallel": only([False], "sequence parallelism", ONE_TRAINER),
     "policy.dtensor_cfg.tensor_parallel_size": only(
-        [1], "tensor parallelism", "the TP trainer/rollout (distributed/tensor_parallel.py) is not wired into runs yet; " + ONE_TRAINER
+        [1],
+        "tensor parallelism",
+        "the TP trainer/rollout (distributed/tensor_parallel.py) is not wired into runs yet; " + ONE_TRAINER,
     ),
     "policy.dtensor_cfg.context_parallel_size": only([1], "context parallelism", ONE_TRAINER),
     "policy.dtensor_cfg.custom_parallel_plan": only([None], "custom parallel plans", "set null"),

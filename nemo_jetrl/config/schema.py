@@ -23,7 +23,7 @@ from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.distributed.cluster_config import ClusterConfig
 from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.policy.config import PolicyConfig
-from nemo_jetrl.utils.config import CheckpointingConfig, LoggerSection
+from nemo_jetrl.utils.config import CheckpointingConfig, LoggerConfig
 
 
 class MasterConfig(Section):
@@ -34,7 +34,7 @@ class MasterConfig(Section):
     policy: PolicyConfig = PolicyConfig()
     data: DataConfig = DataConfig()
     env: EnvConfig = EnvConfig()
-    logger: LoggerSection = LoggerSection()
+    logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointingConfig = CheckpointingConfig()
     cluster: ClusterConfig = ClusterConfig()
 

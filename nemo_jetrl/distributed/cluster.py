@@ -14,47 +14,30 @@ RAY_ENV_DEFAULTS = {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """Where a GRPO run executes.
+    """Where a GRPO run executes, with the values derived from the `cluster` section (worker counts, backends).
 
-    backend "local": one process holds trainer and rollout (the tiny config's default).
+    backend "local": one process holds trainer and rollout (one device).
     backend "ray": one worker per GPU (`num_nodes * gpus_per_node`), or `num_nodes * cpu_workers_per_node` CPU
     workers when `gpus_per_node == 0`; each worker holds an FSDP2 shard of the trainer and a full rollout engine.
+    The fields are the validated section's (distributed/cluster_config.py: rules, defaults and the resolved
+    `backend` live there), read as is: this module imports without pydantic.
     """
 
-    backend: Backend = "local"
-    num_nodes: int = 1
-    gpus_per_node: int = 0
-    cpu_workers_per_node: int = 2
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_cpu_threads: int | None = None
-    ray_address: str | None = None
-    rollout_seed_shards: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"cluster.backend must be 'local' or 'ray', got {self.backend!r}")
-        for key in ("num_nodes", "cpu_workers_per_node"):
-            if int(getattr(self, key)) < 1:
-                raise ValueError(f"cluster.{key} must be >= 1, got {getattr(self, key)}")
-        if self.gpus_per_node < 0:
-            raise ValueError(f"cluster.gpus_per_node must be >= 0, got {self.gpus_per_node}")
-        if self.rollout_seed_shards is not None and self.rollout_seed_shards < 1:
-            raise ValueError(f"cluster.rollout_seed_shards must be >= 1 or null, got {self.rollout_seed_shards}")
-        if self.backend == "local" and self.num_nodes > 1:
-            raise ValueError(f"cluster.num_nodes={self.num_nodes} needs cluster.backend: ray (local is one process)")
-        if self.backend == "ray" and self.gpus_per_node > 0 and self.device == "cpu":
-            raise ValueError("cluster.device: 'cpu' contradicts cluster.gpus_per_node > 0 with cluster.backend: ray")
-        if self.backend == "ray" and self.gpus_per_node == 0 and self.device == "cuda":
-            raise ValueError("cluster.device: 'cuda' with cluster.backend: ray needs cluster.gpus_per_node > 0")
+    backend: Backend
+    num_nodes: int
+    gpus_per_node: int
+    cpu_workers_per_node: int
+    device: Literal["auto", "cpu", "cuda"]
+    num_cpu_threads: int | None
+    ray_address: str | None
+    rollout_seed_shards: int | None
 
     @classmethod
     def from_config(cls, cluster: Mapping[str, Any]) -> ClusterSpec:
-        """From the `cluster` section (plain mapping); keys absent from an older config take the defaults."""
-        fields = cls.__dataclass_fields__
-        unknown = set(cluster) - set(fields)
-        if unknown:
-            raise ValueError(f"cluster: unknown keys {sorted(unknown)}")
-        return cls(**{k: cluster[k] for k in fields if k in cluster})
+        """From the validated `cluster` section (a `ClusterConfig` or its dict, `backend` resolved)."""
+        if hasattr(cluster, "model_dump"):  # a pydantic ClusterConfig
+            cluster = cluster.model_dump()
+        return cls(**cluster)
 
     @property
     def uses_gpus(self) -> bool:

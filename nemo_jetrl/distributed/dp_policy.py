@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_jetrl.algorithms.loss import ClippedPGLossConfig, clipped_pg_loss
+from nemo_jetrl.algorithms.loss import clipped_pg_loss
 from nemo_jetrl.distributed.data_split import generate_seed_shards
 from nemo_jetrl.distributed.fsdp import clip_grad_norm, invalidate_fp8_caches, shard_policy
 from nemo_jetrl.distributed.kv_sync import gather_qkv_records, scales_from_records
@@ -52,13 +52,13 @@ class DataParallelPolicy:
             raise ValueError("DataParallelPolicy needs torch.distributed to be initialized")
         self.cfg, self.recipe, self.device = policy_cfg, recipe, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.loss_cfg = ClippedPGLossConfig.from_dict(dict(loss_cfg))
+        self.loss_cfg = dict(loss_cfg)  # the validated loss_fn section
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         gen = policy_cfg["generation"]
         self.temperature = float(gen["temperature"])
         self.kernels = trainer_kernels(policy_cfg)
         self.reference_model = None
-        if self.loss_cfg.reference_policy_kl_penalty > 0:
+        if self.loss_cfg["reference_policy_kl_penalty"] > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self.model = model.train()
@@ -71,7 +71,7 @@ class DataParallelPolicy:
             kernels=self.kernels,
         )
         self.optimizer = build_optimizer(model.parameters(), policy_cfg["optimizer"])
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg.get("scheduler"))
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg["scheduler"])
         self.refitter = Fp8Refit(model, self.replica, other_dtype=other_dtype)
         self.engine = NativeGenerationEngine(
             self.replica,

@@ -62,9 +62,7 @@ class RayPolicy(PolicyInterface):
         gen = cfg["policy"]["generation"]
         self.kv_calibrator = RemoteKVCalibrator() if self.recipe.kv_fp8 else None
         self.kv_scales: KVScales | None = None
-        self.kv_calibration_pass = (
-            "post_step" if gen.get("deterministic") else gen.get("kv_cache_calibration_pass", "fused")
-        )
+        self.kv_calibration_pass = "post_step" if gen["deterministic"] else gen["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None
 
     # ---------------------------------------------------------------- logprobs
@@ -111,7 +109,7 @@ class RayPolicy(PolicyInterface):
         """One optimizer step per batch, then one LR-scheduler step on every worker (as NativePolicy.train)."""
         steps = [batch] if isinstance(batch, TrainBatch) else list(batch)
         per_step = [self._optimizer_step(b) for b in steps]
-        if self.cfg.get("scheduler") is not None:
+        if self.cfg["scheduler"] is not None:
             self.group.run("lr_scheduler", "step_lr_scheduler")
         post_step = self.kv_calibration_pass == "post_step"
         self._last_train_batch = (steps[0] if len(steps) == 1 else TrainBatch.cat(steps)) if post_step else None

@@ -12,7 +12,7 @@ class ArithmeticEnvConfig(Section):
     wrong_reward: FiniteFloat = 0.0
 
 
-class MathEnvSection(Section):
+class MathEnvConfig(Section):
     """math-verify rewards (environments/math_env.py)."""
 
     correct_reward: FiniteFloat = 1.0
@@ -25,4 +25,4 @@ class MathEnvSection(Section):
 
 class EnvConfig(Section):
     arithmetic: ArithmeticEnvConfig = ArithmeticEnvConfig()
-    math: MathEnvSection = MathEnvSection()
+    math: MathEnvConfig = MathEnvConfig()

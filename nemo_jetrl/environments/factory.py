@@ -42,9 +42,10 @@ def make_task(
     if isinstance(name, str) and name and name != "arithmetic":
         # imported here: nemo_jetrl.data imports this package's interfaces
         from nemo_jetrl.data import build_dataset_task
-        from nemo_jetrl.environments.math_env import MathEnvConfig, MathEnvironment
+        from nemo_jetrl.environments.config import MathEnvConfig
+        from nemo_jetrl.environments.math_env import MathEnvironment
 
-        scorer = MathEnvironment(MathEnvConfig.from_mapping(_as_mapping("env.math", env["math"])))
+        scorer = MathEnvironment(MathEnvConfig.model_validate(env["math"]))
         return build_dataset_task(data, scorer, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
     if name == "arithmetic":
         rewards = _as_mapping("env.arithmetic", env["arithmetic"])

@@ -1,6 +1,6 @@
 """Math environment: reward from math-verify (parse the final answer, verify it against the reference).
 
-Per response (config `env.math`, NeMo-RL's `hf_math_verify` scheme plus format knobs):
+Per response (config `env.math`: environments/config.py's `MathEnvConfig`, NeMo-RL's `hf_math_verify` scheme plus format knobs):
 
 1. Extract the final answer. `answer_format: boxed` takes the LAST `\\boxed{...}` / `\\fbox{...}` of the response
    (balanced braces); `any` lets math-verify find it (boxed first, then the last LaTeX / plain expression,
@@ -21,16 +21,16 @@ Counts since the last `pop_metrics()`: `parse_failures`, `gold_parse_failures`, 
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from nemo_jetrl.environments.config import MathEnvConfig
 
 AnswerFormat = Literal["boxed", "any"]
 _BOXED_COMMANDS = ("\\boxed", "\\fbox")
@@ -39,38 +39,6 @@ MAX_GOLD_WARNINGS = 5
 
 class VerificationTimeout(BaseException):
     """Raised by the timer inside math-verify/sympy; a BaseException so their `except Exception` cannot swallow it."""
-
-
-@dataclass(frozen=True)
-class MathEnvConfig:
-    """`env.math` of the GRPO config."""
-
-    correct_reward: float = 1.0
-    wrong_reward: float = 0.0
-    no_answer_reward: float = 0.0
-    format_reward: float = 0.0
-    answer_format: AnswerFormat = "boxed"
-    verify_timeout_s: float | None = 5.0
-
-    def __post_init__(self) -> None:
-        for name in ("correct_reward", "wrong_reward", "no_answer_reward", "format_reward"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ValueError(f"env.math.{name} must be a finite number, got {value!r}")
-        if self.answer_format not in ("boxed", "any"):
-            raise ValueError(f"env.math.answer_format must be 'boxed' or 'any', got {self.answer_format!r}")
-        t = self.verify_timeout_s
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not t > 0):
-            raise ValueError(f"env.math.verify_timeout_s must be > 0 or null, got {t!r}")
-
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> MathEnvConfig:
-        cfg = dict(cfg or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join('env.math.' + k for k in unknown)}; known: {sorted(known)}")
-        return cls(**cfg)
 
 
 def last_boxed(text: str) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.algorithms.loss import ClippedPGLossConfig, clipped_pg_loss
+from nemo_jetrl.algorithms.loss import clipped_pg_loss
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, combine_step_metrics
@@ -69,8 +69,8 @@ def trainer_kernels(policy_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """`sequence_logprobs` keywords from `policy.fused_train_kernels` (glue kernels; None = wherever they run, i.e.
     CUDA) and `policy.train_causal_attention` (opt-in: faster, not bit-exact with the rollout)."""
     return {
-        "fused_train": None if policy_cfg.get("fused_train_kernels", True) else False,
-        "causal_attention": bool(policy_cfg.get("train_causal_attention", False)),
+        "fused_train": None if policy_cfg["fused_train_kernels"] else False,
+        "causal_attention": policy_cfg["train_causal_attention"],
     }
 
 
@@ -84,7 +84,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 class NativePolicy(PolicyInterface):
-    """Trainer for one device. `policy_cfg` is the `policy` section as a plain dict."""
+    """Trainer for one device. `policy_cfg` / `loss_cfg`: the validated `policy` / `loss_fn` sections as plain dicts."""
 
     def __init__(
         self,
@@ -101,7 +101,7 @@ class NativePolicy(PolicyInterface):
         self.cfg = policy_cfg
         self.recipe = recipe
         self.device = device
-        self.loss_cfg = ClippedPGLossConfig.from_dict(dict(loss_cfg))
+        self.loss_cfg = dict(loss_cfg)  # the validated loss_fn section
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         self.temperature = float(policy_cfg["generation"]["temperature"])
         self.kernels = trainer_kernels(policy_cfg)
@@ -116,12 +116,12 @@ class NativePolicy(PolicyInterface):
             )
         self.tokenizer = tokenizer
         self.reference_model = None
-        if self.loss_cfg.reference_policy_kl_penalty > 0:
+        if self.loss_cfg["reference_policy_kl_penalty"] > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self.model = model.train()
         self.optimizer = build_optimizer(self.model.parameters(), policy_cfg["optimizer"])
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg.get("scheduler"))
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg["scheduler"])
         self.step = 0  # optimizer steps taken
         # FP8 KV cache: per-step QKV calibration (docs/mismatch.md). `kv_scales` = the scales the rollout runs with
         # (set_kv_scales); the calibrator observes Q/K/V in the step's logprob forward ("fused", pre-update weights,
@@ -132,9 +132,7 @@ class NativePolicy(PolicyInterface):
         self.kv_calibrator = (
             QKVCalibrator(model.config.num_hidden_layers, recipe.kv_calibration) if recipe.kv_fp8 else None
         )
-        self.kv_calibration_pass = (
-            "post_step" if gen_cfg.get("deterministic") else gen_cfg.get("kv_cache_calibration_pass", "fused")
-        )
+        self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
 
     # ---------------------------------------------------------------- logprobs
@@ -207,7 +205,7 @@ class NativePolicy(PolicyInterface):
         if batch.prev_logprobs is None:
             raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
         mask = batch.response_mask.float()
-        if self.loss_cfg.token_level_loss:
+        if self.loss_cfg["token_level_loss"]:
             normalizer = float(mask.sum())
         else:
             normalizer = float((mask.sum(-1) > 0).sum())

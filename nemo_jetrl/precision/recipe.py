@@ -1,4 +1,9 @@
-"""The one FP8 recipe shared by the trainer and the rollout engine (Jet-RL's unified precision flow)."""
+"""The one FP8 recipe shared by the trainer and the rollout engine (Jet-RL's unified precision flow).
+
+Built from the validated `policy` section (`from_config`; its rules, error messages and defaults live in
+precision/config.py, generation/config.py and policy/config.py only) or from a named preset (benchmarks, studies).
+Nothing here re-checks the values: this module imports without pydantic (the GPU box and the Ray workers).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +16,8 @@ Precision = Literal["bf16", "fp8"]
 KVCacheDtype = Literal["auto", "fp8"]
 WGradXBlocks = Literal["1x128", "128x128"]
 
-_PRECISIONS = ("bf16", "fp8")
-_KV_DTYPES = ("auto", "fp8")
-_WGRAD_X_BLOCKS = ("1x128", "128x128")
-_PRECISION_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp8": "fp8", "float8": "fp8", "e4m3": "fp8"}
-_FP8_CFG_KEYS = {
+# policy.fp8_cfg key -> PrecisionRecipe field
+_FP8_CFG_FIELDS = {
     "block_size": "block_size",
     "num_first_layers_in_bf16": "num_first_layers_in_bf16",
     "num_last_layers_in_bf16": "num_last_layers_in_bf16",
@@ -33,19 +35,14 @@ class KVCalibration:
     percentile: float = 99.9
     margin: float = 1.05
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.percentile, int | float) or not 0.0 < float(self.percentile) <= 100.0:
-            raise ValueError(f"kv_calibration.percentile must be in (0, 100], got {self.percentile!r}")
-        if not isinstance(self.margin, int | float) or not float(self.margin) >= 1.0:
-            raise ValueError(f"kv_calibration.margin must be >= 1.0 (a margin below 1 clips), got {self.margin!r}")
-
 
 @dataclass(frozen=True)
 class PrecisionRecipe:
     """Frozen FP8 recipe: which GEMMs run in FP8, block layout, scale options; one object for both sides.
 
     `train` covers FProp/DGrad/WGrad of the mapped linears, `rollout` the rollout engine's linears; with both
-    "fp8" the rollout runs on the trainer's own FP8 weight bits and scales (`unified`).
+    "fp8" the rollout runs on the trainer's own FP8 weight bits and scales (`unified`). The field defaults are
+    the presets' base; they equal the config sections' defaults (tests/unit/precision/test_recipe.py).
     """
 
     train: Precision = "fp8"
@@ -59,30 +56,6 @@ class PrecisionRecipe:
     wgrad_x_blocks: WGradXBlocks = "1x128"
     kv_calibration: KVCalibration = field(default_factory=KVCalibration)
     train_kv_fake_quant: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("train", "rollout"):
-            if getattr(self, name) not in _PRECISIONS:
-                raise ValueError(f"precision.{name} must be one of {_PRECISIONS}, got {getattr(self, name)!r}")
-        if self.kv_cache_dtype not in _KV_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {_KV_DTYPES}, got {self.kv_cache_dtype!r}")
-        if isinstance(self.block_size, bool) or self.block_size != 128:
-            raise ValueError(
-                f"block_size must be 128 (DeepSeek/Jet-RL blocks, Hopper scaled_mm), got {self.block_size!r}"
-            )
-        for name in ("num_first_layers_in_bf16", "num_last_layers_in_bf16"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        for name in ("pow2_weight_scales", "pow2_activation_scales", "train_kv_fake_quant"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.wgrad_x_blocks not in _WGRAD_X_BLOCKS:
-            raise ValueError(f"wgrad_x_blocks must be one of {_WGRAD_X_BLOCKS}, got {self.wgrad_x_blocks!r}")
-        if not isinstance(self.kv_calibration, KVCalibration):
-            raise ValueError(f"kv_calibration must be a KVCalibration, got {type(self.kv_calibration).__name__}")
-        if self.train_kv_fake_quant and self.kv_cache_dtype != "fp8":
-            raise ValueError("train_kv_fake_quant needs kv_cache_dtype='fp8' (there is no FP8 KV cache to mirror)")
 
     # --- derived views -------------------------------------------------------------------------------------
     @property
@@ -126,51 +99,20 @@ class PrecisionRecipe:
 
     @classmethod
     def from_config(cls, policy: Mapping[str, Any]) -> PrecisionRecipe:
-        """Build from the `policy` section of grpo_base.yaml given as a plain mapping (or DictConfig)."""
-        policy = _as_mapping(policy, "policy")
-        kwargs: dict[str, Any] = {}
-        if policy.get("precision") is not None:
-            kwargs["train"] = _precision(policy["precision"], "policy.precision")
-        generation = _as_mapping(policy.get("generation") or {}, "policy.generation")
-        if generation.get("precision") is not None:
-            kwargs["rollout"] = _precision(generation["precision"], "policy.generation.precision")
-        elif "train" in kwargs:  # the YAML default: rollout follows ${policy.precision}
-            kwargs["rollout"] = kwargs["train"]
-        if generation.get("kv_cache_dtype") is not None:
-            kwargs["kv_cache_dtype"] = str(generation["kv_cache_dtype"])
-        calib = _as_mapping(generation.get("kv_cache_calibration") or {}, "policy.generation.kv_cache_calibration")
-        unknown = set(calib) - {"percentile", "margin"}
-        if unknown:
-            raise ValueError(f"unknown key(s) policy.generation.kv_cache_calibration.{sorted(unknown)}")
-        kwargs["kv_calibration"] = KVCalibration(**{k: calib[k] for k in calib if calib[k] is not None})
-        fp8_cfg = _as_mapping(policy.get("fp8_cfg") or {}, "policy.fp8_cfg")
-        for key, value in fp8_cfg.items():
-            if key not in _FP8_CFG_KEYS:
-                raise ValueError(f"unknown key policy.fp8_cfg.{key}; known: {sorted(_FP8_CFG_KEYS)}")
-            if value is not None:
-                kwargs[_FP8_CFG_KEYS[key]] = value
-        try:
-            return cls(**kwargs)
-        except ValueError as err:
-            raise ValueError(f"invalid precision settings in policy config: {err}") from err
+        """From the validated `policy` section (a `PolicyConfig` or its dict): every key present, read as is."""
+        if hasattr(policy, "model_dump"):  # a pydantic PolicyConfig
+            policy = policy.model_dump()
+        generation, fp8_cfg = policy["generation"], policy["fp8_cfg"]
+        return cls(
+            train=policy["precision"],
+            rollout=generation["precision"],
+            kv_cache_dtype=generation["kv_cache_dtype"],
+            kv_calibration=KVCalibration(**generation["kv_cache_calibration"]),
+            **{recipe_field: fp8_cfg[key] for key, recipe_field in _FP8_CFG_FIELDS.items()},
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _as_mapping(obj: Any, where: str) -> Mapping[str, Any]:
-    if hasattr(obj, "model_dump"):  # a pydantic model
-        obj = obj.model_dump()
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {type(obj).__name__}")
-    return obj
-
-
-def _precision(value: Any, where: str) -> str:
-    key = str(value).lower()
-    if key not in _PRECISION_ALIASES:
-        raise ValueError(f"{where} must be one of {_PRECISIONS}, got {value!r}")
-    return _PRECISION_ALIASES[key]
 
 
 _PRESETS: dict[str, PrecisionRecipe] = {

@@ -7,7 +7,7 @@ from nemo_jetrl._lazy import lazy_exports
 
 _EXPORTS = {
     "Logger": "logger",
-    "LoggerConfig": "logger",
+    "LoggerConfig": "config",
     "console_summary": "logger",
     "read_metrics_jsonl": "metrics_jsonl",
     "RunProgress": "progress",

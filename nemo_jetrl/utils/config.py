@@ -15,14 +15,16 @@ class MlflowConfig(Section):
     tracking_uri: str | None = None
 
 
-class LoggerSection(Section):
-    log_dir: str = "logs/grpo"
+class LoggerConfig(Section):
+    """The `logger:` section (utils/logger.py's `Logger`)."""
+
+    log_dir: NonEmptyStr = "logs/grpo"
     tensorboard_enabled: bool = True
     wandb_enabled: bool = False
     wandb: WandbConfig = WandbConfig()
     mlflow_enabled: bool = False
     mlflow: MlflowConfig = MlflowConfig()
-    plot_period: NonNegativeInt = 5  # refresh PNG plots every N steps (0 = only at the end)
+    plot_period: NonNegativeInt | None = 5  # refresh PNG plots every N steps (0 = only at the end, null = never)
 
 
 class CheckpointingConfig(Section):

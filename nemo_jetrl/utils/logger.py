@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from nemo_jetrl.utils.config import LoggerConfig
 from nemo_jetrl.utils.logger_backends import (
     LocalFilesBackend,
     LoggerBackend,
@@ -32,48 +33,6 @@ from nemo_jetrl.utils.logger_backends import (
 from nemo_jetrl.utils.metrics_jsonl import to_scalar
 
 PLOTS_DIRNAME = "plots"
-
-
-@dataclasses.dataclass(frozen=True)
-class LoggerConfig:
-    """The `logger:` section of the GRPO config (examples/configs/grpo_base.yaml)."""
-
-    log_dir: Path
-    tensorboard_enabled: bool = True
-    wandb_enabled: bool = False
-    wandb: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    mlflow_enabled: bool = False
-    mlflow: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    plot_period: int | None = 0  # refresh plots every N steps; 0 = only at close(); None = never
-
-    def __post_init__(self):
-        for name in ("tensorboard_enabled", "wandb_enabled", "mlflow_enabled"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"logger.{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("wandb", "mlflow"):
-            if not isinstance(getattr(self, name), Mapping):
-                raise ValueError(f"logger.{name} must be a mapping, got {getattr(self, name)!r}")
-        period = self.plot_period
-        if period is not None and (isinstance(period, bool) or not isinstance(period, int) or period < 0):
-            raise ValueError(f"logger.plot_period must be an integer >= 0 or null, got {period!r}")
-
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any]) -> LoggerConfig:
-        cfg = to_plain_config(cfg)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"unknown logger config key(s): {', '.join('logger.' + k for k in unknown)}")
-        if not cfg.get("log_dir"):
-            raise ValueError("logger.log_dir is required (a directory for metrics.jsonl, config.yaml, tensorboard/)")
-        return cls(
-            **{
-                **cfg,
-                "log_dir": Path(cfg["log_dir"]),
-                "wandb": cfg.get("wandb") or {},
-                "mlflow": cfg.get("mlflow") or {},
-            }
-        )
 
 
 def to_plain_config(config: Any) -> Any:
@@ -99,8 +58,9 @@ class Logger:
     """Logs scalar metrics per step to every enabled sink; see the module docstring."""
 
     def __init__(self, cfg: Mapping[str, Any] | LoggerConfig):
-        self.cfg = cfg if isinstance(cfg, LoggerConfig) else LoggerConfig.from_mapping(cfg)
-        self.log_dir = self.cfg.log_dir
+        """`cfg`: the `logger` section, validated (and its defaults filled) by utils/config.py's LoggerConfig."""
+        self.cfg = LoggerConfig.model_validate(cfg)
+        self.log_dir = Path(self.cfg.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._files = LocalFilesBackend(self.log_dir)
         self.metrics_path = self._files.metrics_path
@@ -109,9 +69,12 @@ class Logger:
         self._backends: list[LoggerBackend] = [self._files]
         if self.cfg.tensorboard_enabled:
             self._backends.append(TensorBoardBackend(self.log_dir))
-        if self.cfg.wandb_enabled and (wandb := WandbBackend.create(self.cfg.wandb, self.log_dir)) is not None:
+        if (
+            self.cfg.wandb_enabled
+            and (wandb := WandbBackend.create(self.cfg.wandb.model_dump(), self.log_dir)) is not None
+        ):
             self._backends.append(wandb)
-        if self.cfg.mlflow_enabled and (mlflow := MlflowBackend.create(self.cfg.mlflow)) is not None:
+        if self.cfg.mlflow_enabled and (mlflow := MlflowBackend.create(self.cfg.mlflow.model_dump())) is not None:
             self._backends.append(mlflow)
         self._closed = False
         self._num_logged = 0

@@ -31,8 +31,9 @@ KV = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quan
 
 def _policy(pass_: str = "fused") -> NativePolicy:
     cfg = load_config(CONFIGS / "grpo_tiny.yaml", [*SMALL, *KV, f"policy.generation.kv_cache_calibration_pass={pass_}"])
-    policy_cfg = validate_config(cfg).model_dump()["policy"]
-    return NativePolicy(policy_cfg, {}, PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
+    validated = validate_config(cfg).model_dump()
+    policy_cfg = validated["policy"]
+    return NativePolicy(policy_cfg, validated["loss_fn"], PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
 
 
 def _batch(policy: NativePolicy, n: int = 16) -> TrainBatch:

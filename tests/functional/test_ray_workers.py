@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sy
 from nemo_jetrl.algorithms.grpo import grpo_step, run_grpo, setup  # noqa: E402
 from nemo_jetrl.config import load_config, validate_config  # noqa: E402
 from nemo_jetrl.distributed import ClusterSpec, WorkerGroupError  # noqa: E402
+from nemo_jetrl.distributed.cluster_config import ClusterConfig  # noqa: E402
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NonFiniteError  # noqa: E402
@@ -161,7 +162,9 @@ def test_a_worker_raising_inside_a_collective_is_one_error_and_the_checkpoint_su
 
 
 def test_a_dead_worker_is_named_with_its_phase(ray_cluster):
-    group = RayWorkerGroup(ClusterSpec(backend="ray", cpu_workers_per_node=2, num_cpu_threads=1))
+    group = RayWorkerGroup(
+        ClusterSpec.from_config(ClusterConfig(backend="ray", cpu_workers_per_node=2, num_cpu_threads=1))
+    )
     ray.kill(group.actors[1], no_restart=True)
     for _ in range(100):  # ray.kill is asynchronous: wait until the actor is really gone
         try:

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from nemo_jetrl.algorithms.loss import ClippedPGLossConfig, clipped_pg_loss
+from nemo_jetrl.algorithms.config import LossConfig
+from nemo_jetrl.algorithms.loss import clipped_pg_loss
 
 F64 = torch.float64
 LN2, LN3 = math.log(2.0), math.log(3.0)
@@ -16,7 +17,7 @@ OLD = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]], dtype=F64)
 
 
 def _seq_cfg(**kw):
-    return ClippedPGLossConfig(token_level_loss=False, sequence_level_importance_ratios=True, **kw)
+    return LossConfig(token_level_loss=False, sequence_level_importance_ratios=True, **kw).to_dict()
 
 
 def test_sequence_level_ratio_is_the_geometric_mean_of_token_ratios():
@@ -61,7 +62,7 @@ def test_sequence_level_importance_weight_is_exp_of_the_summed_log_ratio():
 
 def test_sequence_level_ratios_refuse_token_level_loss_and_seq_mask_tis():
     with pytest.raises(ValueError, match="token_level_loss"):
-        ClippedPGLossConfig(sequence_level_importance_ratios=True)
+        LossConfig(sequence_level_importance_ratios=True)
     with pytest.raises(ValueError, match="seq-mask-tis"):
         _seq_cfg(
             use_importance_sampling_correction=True,
@@ -86,7 +87,7 @@ def test_kl_types_values_and_gradients(kl_type):
     value, grad = KL_CASES[kl_type]
     ref = torch.tensor([[-1.0]], dtype=F64)
     logp = (ref - X).requires_grad_()
-    cfg = ClippedPGLossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type=kl_type)
+    cfg = LossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type=kl_type).to_dict()
     zeros = torch.zeros(1, dtype=F64)
     loss, m = clipped_pg_loss(logp, logp.detach(), logp.detach(), zeros, torch.ones(1, 1), cfg, logp_ref=ref)
     loss.backward()
@@ -101,7 +102,7 @@ def test_on_policy_kl_approximation_weighs_by_the_rollout_ratio():
     logp = (ref - X).requires_grad_()
     gen = logp.detach() - LN2
     k3 = math.exp(X) - X - 1
-    cfg = ClippedPGLossConfig(reference_policy_kl_penalty=1.0, use_on_policy_kl_approximation=True)
+    cfg = LossConfig(reference_policy_kl_penalty=1.0, use_on_policy_kl_approximation=True).to_dict()
     loss, _ = clipped_pg_loss(logp, logp.detach(), gen, torch.zeros(1, dtype=F64), torch.ones(1, 1), cfg, logp_ref=ref)
     loss.backward()
     assert loss.item() == pytest.approx(2 * k3, rel=1e-12)
@@ -112,9 +113,9 @@ def test_kl_input_clamp_cuts_the_weight_gradient_too():
     # x = 30 > clamp 20: k1 = -20 (constant), weight detached there -> no gradient at all (NeMo-RL's calculate_kl).
     ref = torch.tensor([[0.0]], dtype=F64)
     logp = (ref - 30.0).requires_grad_()
-    cfg = ClippedPGLossConfig(
+    cfg = LossConfig(
         reference_policy_kl_penalty=1.0, reference_policy_kl_type="k1", kl_output_clamp_value=None
-    )
+    ).to_dict()
     loss, _ = clipped_pg_loss(logp, logp.detach(), logp.detach(), torch.zeros(1), torch.ones(1, 1), cfg, logp_ref=ref)
     loss.backward()
     assert loss.item() == pytest.approx(-20.0) and logp.grad.item() == 0.0

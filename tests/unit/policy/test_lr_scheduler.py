@@ -91,7 +91,7 @@ def _policy(scheduler) -> NativePolicy:
     ]
     cfg = validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml", overrides)).model_dump()
     policy_cfg = {**cfg["policy"], "scheduler": scheduler}
-    return NativePolicy(policy_cfg, {}, PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
+    return NativePolicy(policy_cfg, cfg["loss_fn"], PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
 
 
 def _batch(policy: NativePolicy, n: int = 8) -> TrainBatch:

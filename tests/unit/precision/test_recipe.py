@@ -1,20 +1,23 @@
-"""PrecisionRecipe: presets, validation, derived flags, and reading the policy section of grpo_base.yaml."""
+"""PrecisionRecipe: presets, derived flags, and building it from the validated policy section (PolicyConfig)."""
 
 from pathlib import Path
 
 import pytest
-import yaml
 
+from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.precision import KVCalibration, PrecisionRecipe
 
 BASE_YAML = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_base.yaml"
 
 
 def _policy_from_yaml() -> dict:
-    policy = yaml.safe_load(BASE_YAML.read_text())["policy"]
-    # the YAML interpolates generation.precision from policy.precision; resolve it by hand (plain dict input)
-    policy["generation"]["precision"] = policy["precision"]
-    return policy
+    return validate_config(load_config(BASE_YAML)).policy.to_dict()
+
+
+def _validated(policy: dict) -> dict:
+    """What the run hands to from_config: the validated section as a dict."""
+    return PolicyConfig.model_validate(policy).to_dict()
 
 
 @pytest.mark.parametrize(
@@ -48,34 +51,16 @@ def test_recipe_is_frozen():
         r.train = "bf16"
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"train": "fp16"}, "precision.train"),
-        ({"rollout": "int8"}, "precision.rollout"),
-        ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype"),
-        ({"block_size": 64}, "block_size must be 128"),
-        ({"num_first_layers_in_bf16": -1}, "num_first_layers_in_bf16"),
-        ({"num_last_layers_in_bf16": 1.5}, "num_last_layers_in_bf16"),
-        ({"wgrad_x_blocks": "128x1"}, "wgrad_x_blocks"),
-        ({"pow2_weight_scales": "yes"}, "pow2_weight_scales"),
-        ({"train_kv_fake_quant": True}, "train_kv_fake_quant needs kv_cache_dtype='fp8'"),
-        ({"kv_calibration": {"percentile": 99.9}}, "kv_calibration must be a KVCalibration"),
-    ],
-)
-def test_validation_names_the_field(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        PrecisionRecipe(**kwargs)
-
-
-@pytest.mark.parametrize(("kwargs", "match"), [({"percentile": 0.0}, "percentile"), ({"margin": 0.9}, "margin")])
-def test_kv_calibration_validation(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        KVCalibration(**kwargs)
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_recipe_defaults_equal_the_section_defaults(precision):
+    # the presets' base (dataclass defaults) and the config sections' defaults must not drift apart
+    preset = PrecisionRecipe.preset("jetrl" if precision == "fp8" else "bf16")
+    assert PrecisionRecipe.from_config(PolicyConfig(precision=precision)) == preset
+    assert PrecisionRecipe.from_config(PolicyConfig(precision=precision).to_dict()) == preset
 
 
 def test_from_config_reads_grpo_base_policy():
-    r = PrecisionRecipe.from_config(_policy_from_yaml())
+    r = PrecisionRecipe.from_config(_validated(_policy_from_yaml()))
     assert r == PrecisionRecipe.preset("jetrl")
 
 
@@ -92,7 +77,7 @@ def test_from_config_maps_every_key():
         wgrad_x_blocks="128x128",
         train_kv_fake_quant=True,
     )
-    r = PrecisionRecipe.from_config(policy)
+    r = PrecisionRecipe.from_config(_validated(policy))
     assert r == PrecisionRecipe(
         train="bf16",
         rollout="fp8",
@@ -106,28 +91,3 @@ def test_from_config_maps_every_key():
         train_kv_fake_quant=True,
     )
     assert not r.unified
-
-
-def test_from_config_rollout_follows_train_when_absent():
-    r = PrecisionRecipe.from_config({"precision": "bf16", "generation": {}})
-    assert (r.train, r.rollout) == ("bf16", "bf16")
-
-
-def test_from_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="policy.fp8_cfg.fp8_recipe"):
-        PrecisionRecipe.from_config({"precision": "fp8", "fp8_cfg": {"fp8_recipe": "blockwise"}})
-    with pytest.raises(ValueError, match="policy.generation.precision"):
-        PrecisionRecipe.from_config({"precision": "fp8", "generation": {"precision": "fp4"}})
-    with pytest.raises(ValueError, match="block_size must be 128"):
-        PrecisionRecipe.from_config({"fp8_cfg": {"block_size": 256}})
-    with pytest.raises(ValueError, match="policy must be a mapping"):
-        PrecisionRecipe.from_config(["precision", "fp8"])
-
-
-def test_from_config_accepts_omegaconf():
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.load(BASE_YAML)
-    cfg.policy.precision = "bf16"  # generation.precision follows through ${policy.precision}
-    r = PrecisionRecipe.from_config(cfg.policy)  # a DictConfig is a Mapping; interpolations resolve on access
-    assert r == PrecisionRecipe.preset("bf16")
