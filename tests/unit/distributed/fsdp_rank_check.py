@@ -60,7 +60,7 @@ def small_bucket_refit(policy) -> dict:
             module.weight_fp8.view(torch.uint8).zero_()
     policy.replica.get_parameter("model.embed_tokens.weight").zero_()
     sizes, real = [], weight_sync._ALL_GATHER
-    weight_sync._ALL_GATHER = lambda out, flat: sizes.append(flat.numel()) or real(out, flat)
+    weight_sync._ALL_GATHER = lambda out, flat, group=None: sizes.append(flat.numel()) or real(out, flat, group=group)
     try:
         weight_sync.Fp8Refit(policy.model, policy.replica, bucket_bytes=SMALL_BUCKET).refit()
     finally:
