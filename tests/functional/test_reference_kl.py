@@ -36,6 +36,7 @@ def kl_overrides(tmp: Path) -> list[str]:
         "policy.logprob_batch_size=16",
         "policy.optimizer.lr=1e-3",  # the policy moves visibly away from the reference in one step
         f"loss_fn.reference_policy_kl_penalty={BETA}",
+        "policy.generation.temperature=1.0",  # logprobs at T=1, comparable with a plain HF forward
         "cluster.num_cpu_threads=1",
     ]
 

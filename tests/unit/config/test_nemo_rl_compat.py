@@ -33,7 +33,10 @@ def refusal(*overrides: str) -> str:
     [
         ("grpo_tiny.yaml", "grpo_tiny.yaml"),
         ("grpo_tiny_bf16.yaml", "grpo_tiny_bf16.yaml"),
+        ("grpo_tiny_fp8_rollout_only.yaml", "grpo_tiny_fp8_rollout_only.yaml"),
         ("grpo_math_8B_fp8_kv.yaml", "grpo_math_8B_fp8_kv.yaml"),
+        ("grpo_math_8B_fp8.yaml", "grpo_math_8B_fp8.yaml"),
+        ("grpo_math_8B_bf16.yaml", "grpo_math_8B_bf16.yaml"),
     ],
 )
 def test_shipped_recipes_in_nemo_rl_spelling_resolve_identically(ours, nemo_rl):
@@ -216,7 +219,7 @@ def test_docs_table_lists_every_key_rule():
 
 @pytest.mark.parametrize(
     ("config", "limit"),
-    [(CONFIGS / "grpo_tiny.yaml", 11), (CONFIGS / "grpo_math_8B_fp8.yaml", 512), (LIKE_1B, 11)],
+    [(CONFIGS / "grpo_tiny.yaml", 12), (CONFIGS / "grpo_math_8B_fp8.yaml", 512), (LIKE_1B, 11)],
 )
 def test_prompt_limit_of_shipped_and_nemo_rl_configs(config, limit):
     from nemo_jetrl.generation.interfaces import max_prompt_length
