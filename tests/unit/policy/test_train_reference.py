@@ -51,6 +51,7 @@ def _policy(tiny, precision: str, compute: str, mbs: int, max_grad_norm: float |
         "grpo.num_prompts_per_step=7",
         "grpo.num_generations_per_prompt=1",
         "policy.train_micro_batch_size=1",
+        "policy.generation.temperature=1.0",  # the reference's logprobs are at T=1
     ]
     cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
     cfg["policy"]["train_micro_batch_size"] = mbs  # past the schema's divisibility check: a last partial chunk
