@@ -268,8 +268,16 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     )
 
     progress.phase("logprobs")
+    keep = torch.ones(len(batch), dtype=torch.bool)
+    if g["drop_zero_advantage_groups"]:
+        keep = ~zero_std_groups(train.rewards, group)
+    # train_forward: the training forward yields prev_logprobs (one forward less); a step with no row to train
+    # still gets them from a logprob forward, for the mismatch metrics and the KV calibration
+    from_train = run.cfg["policy"]["prev_logprobs_source"] == "train_forward" and bool(keep.any())
     with timer.time("logprobs"):
-        if run.cfg["policy"]["generation"]["deterministic"]:  # the rollout replayed on the trainer's weights
+        if from_train:
+            pass
+        elif run.cfg["policy"]["generation"]["deterministic"]:  # the rollout replayed on the trainer's weights
             batch.prev_logprobs = run.engine.score(out.input_ids, out.attention_mask, out.prompt_length).cpu()
         else:
             batch.prev_logprobs = run.policy.get_logprobs(batch)
@@ -288,11 +296,8 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         **ds_metrics,
         **env_metrics,
     )
-    metrics.update(mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask))
-
-    keep = torch.ones(len(batch), dtype=torch.bool)
-    if g["drop_zero_advantage_groups"]:
-        keep = ~zero_std_groups(train.rewards, group)
+    if not from_train:
+        metrics.update(mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask))
     metrics["kept_fraction"] = float(keep.float().mean())
     progress.phase("training")
     metrics["nonfinite_skipped"] = 0.0
@@ -300,6 +305,9 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         try:
             steps = split_global_batches(batch, int(run.cfg["policy"]["train_global_batch_size"]), keep)
             metrics.update(run.policy.train(steps))
+            if from_train:  # over the trained rows: the forward whose gradient was taken
+                trained = steps[0]
+                metrics.update(mismatch_metrics(trained.prev_logprobs, trained.generation_logprobs, trained.response_mask))
         except NonFiniteError as err:  # raised before the optimizer touched the weights (of that optimizer step)
             _on_nonfinite(run, step, err)
             metrics["nonfinite_skipped"] = 1.0

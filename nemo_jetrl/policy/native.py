@@ -155,8 +155,12 @@ class NativePolicy(PolicyInterface):
             )
         return torch.cat(out).cpu()  # [B, S]
 
+    def _kv_fused(self) -> bool:
+        """FP8 KV scales observed in the step's prev_logprobs forward (the logprob pass or the training forward)."""
+        return self.kv_calibrator is not None and self.kv_calibration_pass == "fused"
+
     def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        fused = self.kv_calibrator is not None and self.kv_calibration_pass == "fused"
+        fused = self._kv_fused()
         if fused:
             self.kv_calibrator.reset()
         return self._logprobs(self.model, batch, self._attn_hook(calibrate=fused))
@@ -193,6 +197,16 @@ class NativePolicy(PolicyInterface):
     def train(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
         """One optimizer step per batch (see PolicyInterface.train), then one LR-scheduler step."""
         steps = [batch] if isinstance(batch, TrainBatch) else list(batch)
+        if any(b.prev_logprobs is None for b in steps):  # prev_logprobs from the training forward (filled in place)
+            if self.cfg["prev_logprobs_source"] != "train_forward":
+                raise ValueError(
+                    "train() needs batch.prev_logprobs (call get_logprobs first, or set "
+                    "policy.prev_logprobs_source: train_forward)"
+                )
+            if len(steps) != 1:
+                raise ValueError(f"prev_logprobs from the training forward need one optimizer step, got {len(steps)}")
+            if self._kv_fused():
+                self.kv_calibrator.reset()
         per_step = [self._optimizer_step(b) for b in steps]
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
@@ -202,8 +216,9 @@ class NativePolicy(PolicyInterface):
 
     def _optimizer_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step; the loss is normalised over the GLOBAL batch so micro-batches sum to its mean."""
-        if batch.prev_logprobs is None:
-            raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
+        from_forward = batch.prev_logprobs is None  # train_forward: this forward's logprobs are prev_logprobs
+        if from_forward:
+            batch.prev_logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S], filled below
         mask = batch.response_mask.float()
         if self.loss_cfg["token_level_loss"]:
             normalizer = float(mask.sum())
@@ -227,9 +242,17 @@ class NativePolicy(PolicyInterface):
                 mb.attention_mask,
                 temperature=self.temperature,
                 compute_dtype=self.compute_dtype,
-                attn_hook=self._attn_hook(calibrate=False),
+                attn_hook=self._attn_hook(calibrate=from_forward and self._kv_fused()),
                 **self.kernels,
             )  # [b, S]
+            if from_forward:
+                mb.prev_logprobs = logp.detach().float()
+                batch.prev_logprobs[start : start + mbs] = mb.prev_logprobs.cpu()
+                valid = mb.response_mask.bool()
+                bad = int((~torch.isfinite(mb.prev_logprobs[valid])).sum())
+                if bad:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise NonFiniteError(f"trainer logprobs ({bad} of {int(valid.sum())} generated tokens)", self.step)
             loss, metrics = clipped_pg_loss(
                 logp.float(),
                 mb.prev_logprobs,

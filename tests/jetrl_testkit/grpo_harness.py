@@ -74,10 +74,11 @@ def record_train(run, passthrough: bool = True) -> list[TrainBatch]:
     real = run.policy.train
 
     def train(steps: list[TrainBatch]) -> dict[str, float]:
-        if steps:
-            assert len(steps) == 1, "the harness configs take one optimizer step per GRPO step"
+        assert len(steps) <= 1, "the harness configs take one optimizer step per GRPO step"
+        out = real(steps) if passthrough else {}
+        if steps:  # after the call: with prev_logprobs_source train_forward the trainer fills prev_logprobs
             calls.append(steps[0].select(slice(None)))
-        return real(steps) if passthrough else {}
+        return out
 
     run.policy.train = train
     return calls

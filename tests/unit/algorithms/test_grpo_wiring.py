@@ -48,7 +48,24 @@ SWITCHES = list(itertools.product([False, True], repeat=3))  # normalize, leave-
 
 @pytest.mark.parametrize("group", [1, 2, 3, 5])
 def test_train_batch_holds_each_group_with_its_own_advantages(run, group):
-    for step, (normalize, loo, drop) in enumerate(SWITCHES):
+    _check_switches(run, group, SWITCHES)
+
+
+@pytest.mark.parametrize("group", [2, 3])
+def test_prev_logprobs_from_the_train_forward_stay_with_their_rows(run, group):
+    """policy.prev_logprobs_source: train_forward fills prev_logprobs row by row inside train(): each row's must
+    match its own rollout logprobs, and the step's mismatch metrics come from them."""
+    run.cfg["policy"]["prev_logprobs_source"] = "train_forward"  # the policy holds the same dict
+    try:
+        for metrics in _check_switches(run, group, [(True, False, True), (False, True, False)], first_step=100):
+            assert metrics["token_mult_prob_error"] == pytest.approx(1.0, abs=1e-4)
+    finally:
+        run.cfg["policy"]["prev_logprobs_source"] = "logprob_forward"
+
+
+def _check_switches(run, group, switches, first_step=0) -> list[dict[str, float]]:
+    out = []
+    for step, (normalize, loo, drop) in enumerate(switches, start=first_step):
         g = run.cfg["grpo"]
         g.update(
             num_generations_per_prompt=group,
@@ -74,3 +91,5 @@ def test_train_batch_holds_each_group_with_its_own_advantages(run, group):
             assert len(found.kept_prompts) == NUM_PROMPTS
         if batch is not None and group > 2 and not drop:
             assert (batch.advantages != 0).sum() > group, "too few nonzero advantages to test the pairing"
+        out.append(metrics)
+    return out
