@@ -42,6 +42,7 @@ from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStat
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.utils.checkpoint import CheckpointManager
+from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
 from nemo_jetrl.utils.logger import Logger
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
@@ -70,10 +71,9 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     `task`: a ready `VerifiableTask` to use instead of the one `data` / `env` describe.
     """
     cluster = cfg["cluster"]
-    if cluster["num_cpu_threads"]:
-        torch.set_num_threads(int(cluster["num_cpu_threads"]))
     spec = ClusterSpec.from_config(cluster)
     device = resolve_device(cluster["device"]) if spec.backend == "local" else torch.device("cpu")  # Ray: driver=CPU
+    configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=spec.backend == "local" and device.type == "cpu")
     recipe = PrecisionRecipe.from_config(cfg["policy"])
     gen = cfg["policy"]["generation"]
     if gen["backend"] != "native":

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
+
 if TYPE_CHECKING:  # imported in setup(): an actor starts in ~torch's import time (failure paths stay cheap)
     from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
     from nemo_jetrl.generation.interfaces import GenerationOutput
@@ -25,8 +27,7 @@ class PolicyWorker:
 
     def __init__(self, rank: int, world_size: int, *, use_gpu: bool, num_cpu_threads: int | None) -> None:
         self.rank, self.world_size, self.use_gpu = rank, world_size, use_gpu
-        if num_cpu_threads:
-            torch.set_num_threads(int(num_cpu_threads))
+        configure_cpu_process(num_cpu_threads, cpu_compute=not use_gpu)
         if use_gpu:
             if not torch.cuda.is_available():
                 raise RuntimeError(f"worker {rank}: a GPU was assigned but torch sees no CUDA device")

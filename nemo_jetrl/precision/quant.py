@@ -67,7 +67,7 @@ def act_quant_t(
         from nemo_jetrl.precision.kernels import triton_quant
 
         return triton_quant.quant_groups(x.t(), block, pow2)
-    return _act_quant_ref(x.t(), block, pow2)
+    return _act_quant_ref_t(x, block, pow2)
 
 
 def act_quant_dual(
@@ -100,7 +100,7 @@ def act_quant_dual(
         qt, st = (triton_quant.quant_tiles if tiles else triton_quant.quant_groups)(xp.t(), block, pow2)
         return q, s, qt, st
     q, s = _act_quant_ref(x, block, pow2)
-    qt, st = _act_quant_ref(xp.t(), block, pow2) if t_blocks == "1x128" else _weight_quant_ref(xp.t(), block, pow2)
+    qt, st = _act_quant_ref_t(xp, block, pow2) if t_blocks == "1x128" else _weight_quant_ref(xp.t(), block, pow2)
     return q, s, qt, st
 
 
@@ -220,6 +220,20 @@ def _act_quant_ref(x: torch.Tensor, block: int, pow2: bool) -> tuple[torch.Tenso
     scale = scale_from_amax(_block_amax(xg, (-1,)), pow2)  # scale: [..., nb]
     q = _to_e4m3(xg, scale.unsqueeze(-1))
     return q.reshape(*x.shape[:-1], nb * block)[..., :k].contiguous(), scale
+
+
+def _act_quant_ref_t(x: torch.Tensor, block: int, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_act_quant_ref(x.t())` bit for bit, computed in x's own [M, K] layout (groups along M): the reductions
+    and elementwise passes stay contiguous and only the e4m3 bytes are transposed."""
+    m, k = x.shape
+    nb = _cdiv(m, block)
+    xf = x.float()
+    if nb * block != m:
+        xf = F.pad(xf, (0, 0, 0, nb * block - m))  # zero-pad the partial last group of tokens
+    xg = xf.reshape(nb, block, k)  # xg: [nb, block, K]
+    scale = scale_from_amax(_block_amax(xg, (1,)), pow2)  # scale: [nb, K]
+    q = _to_e4m3(xg, scale.unsqueeze(1)).reshape(nb * block, k)[:m]  # q: [M, K]
+    return q.t().contiguous(), scale.t().contiguous()  # [K, M], [K, nb]
 
 
 def _weight_quant_ref(w: torch.Tensor, block: int, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
