@@ -275,11 +275,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     # still gets them from a logprob forward, for the mismatch metrics and the KV calibration
     from_train = run.cfg["policy"]["prev_logprobs_source"] == "train_forward" and bool(keep.any())
     with timer.time("logprobs"):
-        if from_train:
-            pass
-        elif run.cfg["policy"]["generation"]["deterministic"]:  # the rollout replayed on the trainer's weights
-            batch.prev_logprobs = run.engine.score(out.input_ids, out.attention_mask, out.prompt_length).cpu()
-        else:
+        if not from_train:  # always the trainer's own forward, never a replay of the rollout (docs/mismatch.md)
             batch.prev_logprobs = run.policy.get_logprobs(batch)
         if run.policy.reference_model is not None:
             batch.reference_logprobs = run.policy.get_reference_policy_logprobs(batch)

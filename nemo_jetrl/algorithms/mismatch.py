@@ -8,6 +8,7 @@ All metrics are means over generated tokens (`mask [B, S]`) of per-token quantit
 - ``policy_kl_error       = mean(exp(-d) + d - 1)``    k3 with the roles swapped, "KL(train || gen)"
 - ``js_divergence_error   = mean(0.5 KL(train||M) + 0.5 KL(gen||M))`` with M = (p_train + p_gen) / 2, each KL a
   k3 term; per token it equals ``log((p + q) / (2 sqrt(p q)))``.
+- ``exact_token_fraction``: share of those tokens whose two logprobs are bitwise equal (as float32).
 
 This mirrors NeMo-RL's ``ClippedPGLossFn`` (``calculate_kl(logprobs=gen, logprobs_reference=train)`` for gen-kl,
 swapped for policy-kl, with the configured ``reference_policy_kl_type``, k3 by default, and no clamping).
@@ -96,6 +97,7 @@ def mismatch_metrics(
             "gen_kl_error": 0.0,
             "policy_kl_error": 0.0,
             "js_divergence_error": 0.0,
+            "exact_token_fraction": 1.0,
             "num_valid_tokens": 0.0,
             "num_nonfinite_tokens": float(n_nonfinite),
         }
@@ -115,6 +117,7 @@ def mismatch_metrics(
         "gen_kl_error": mean(kl_estimator(gen, train, kl_type)),
         "policy_kl_error": mean(kl_estimator(train, gen, kl_type)),
         "js_divergence_error": mean(0.5 * kl_train_to_mix + 0.5 * kl_gen_to_mix),
+        "exact_token_fraction": float((valid & (logp_train.float() == logp_gen.float())).sum()) / n_valid,
         "num_valid_tokens": float(n_valid),
         "num_nonfinite_tokens": float(n_nonfinite),
     }

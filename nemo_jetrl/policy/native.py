@@ -126,7 +126,7 @@ class NativePolicy(PolicyInterface):
         # FP8 KV cache: per-step QKV calibration (docs/mismatch.md). `kv_scales` = the scales the rollout runs with
         # (set_kv_scales); the calibrator observes Q/K/V in the step's logprob forward ("fused", pre-update weights,
         # one step stale) or in an extra forward over the training batch after the optimizer step ("post_step";
-        # forced in deterministic mode, whose logprobs come from the rollout replay, not from get_logprobs).
+        # forced in deterministic mode: the next rollout's scales come from the weights it runs on).
         gen_cfg = policy_cfg["generation"]
         self.kv_scales: KVScales | None = None
         self.kv_calibrator = (

@@ -91,10 +91,11 @@ def test_grpo_steps_with_fp8_kv_stay_on_policy(deterministic, tmp_path):
     overrides = [*SMALL, *KV, f"logger.log_dir={tmp_path}", "grpo.max_num_steps=2"]
     overrides.append(f"policy.generation.deterministic={str(deterministic).lower()}")
     if deterministic:
-        overrides.append("policy.logprob_batch_size=8")  # trainer shapes unlike the rollout's: replay still exact
+        overrides.append("policy.logprob_batch_size=8")  # trainer micro-batches unlike the rollout's batch
     resolved = load_config(CONFIGS / "grpo_tiny.yaml", overrides)
     cfg = validate_config(resolved).model_dump()
     run = grpo.setup(cfg)
+    run.engine.score = None  # prev_logprobs come from the trainer's forward, never from a replay of the rollout
     assert run.engine.kv_cache_dtype == torch.float8_e4m3fn and run.policy.kv_scales is None
     assert grpo.validate(run, 0)["accuracy"] > 0  # validation first (val_at_start): bootstraps the scales
     run.policy.kv_scales = None
@@ -104,6 +105,7 @@ def test_grpo_steps_with_fp8_kv_stay_on_policy(deterministic, tmp_path):
             timer = Timer()
             metrics = grpo.grpo_step(run, step, timer, progress)
             assert metrics["token_mult_prob_error"] == 1.0 and metrics["gen_kl_error"] == 0.0
+            assert metrics["exact_token_fraction"] == 1.0 and metrics["num_valid_tokens"] >= 40
             assert metrics["refit/kv_k_scale_max"] > 0
             assert torch.equal(run.engine.kv_scales[0], run.policy.kv_scales.k.cpu())
             assert ("timing/kv_bootstrap" in timer.get_timing_metrics()) == (step == 0)

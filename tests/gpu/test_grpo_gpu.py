@@ -6,8 +6,8 @@ because the GPU box may lack omegaconf / rich (grpo.py's imports); `test_grpo_st
 driver's own `grpo_step` where they are installed.
 
 Exactness (docs/mismatch.md, H200): unified FP8 without FP8 KV gives token_mult_prob_error == 1.0000000 and 100%
-bitwise-equal tokens with the fused trainer kernels; deterministic mode (SDPA decode, rollout replay) is exact
-with the FP8 KV cache + trainer fake-quant too. The fused FP8 decode attention with fake-quant is not exact
+bitwise-equal tokens with the fused trainer kernels; deterministic mode (SDPA decode; prev_logprobs from the
+trainer's forward as always) must be exact with the FP8 KV cache + trainer fake-quant too. The fused FP8 decode attention with fake-quant is not exact
 (1.006 measured), so that case only gets a bound.
 """
 
@@ -80,7 +80,7 @@ def bootstrap_kv(policy, engine, prompts) -> None:
     engine.update_weights(kv_scales=policy.calibrate_kv_scales(boot).kv)
 
 
-def step(policy, engine, prompts, seed: int, deterministic: bool = False) -> tuple[dict, TrainBatch]:
+def step(policy, engine, prompts, seed: int) -> tuple[dict, TrainBatch]:
     """One GRPO step as grpo_step runs it (random advantages stand in for rewards)."""
     out = engine.generate(prompts, generator=torch.Generator(DEV).manual_seed(seed))
     adv = torch.randn(len(out), generator=torch.Generator().manual_seed(seed))
@@ -88,10 +88,7 @@ def step(policy, engine, prompts, seed: int, deterministic: bool = False) -> tup
         out.input_ids.cpu(), out.attention_mask.cpu(), out.response_mask.cpu(), adv,
         out.generation_logprobs.float().cpu(),
     )  # fmt: skip
-    if deterministic:
-        batch.prev_logprobs = engine.score(out.input_ids, out.attention_mask, out.prompt_length).cpu()
-    else:
-        batch.prev_logprobs = policy.get_logprobs(batch)
+    batch.prev_logprobs = policy.get_logprobs(batch)  # the trainer's forward, in every mode
     metrics = mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask)
     m = batch.response_mask.bool()
     metrics["exact_fraction"] = float((batch.prev_logprobs[m] == batch.generation_logprobs[m]).float().mean())
@@ -146,7 +143,7 @@ def test_tiny_deterministic_fp8_kv_is_exact(tiny):
     policy, engine = parts(copy.deepcopy(model), tok, recipe, mbs=32, max_new_tokens=5, deterministic=True)
     bootstrap_kv(policy, engine, prompts)
     for seed in (0, 1):
-        metrics, _ = step(policy, engine, prompts, seed, deterministic=True)
+        metrics, _ = step(policy, engine, prompts, seed)
         assert metrics["token_mult_prob_error"] == 1.0 and metrics["exact_fraction"] == 1.0, (seed, metrics)
         assert metrics["kv_k_scale_max"] > 0
 

@@ -13,7 +13,8 @@ response, so the layout is the same as with a check at every step.
 
 Deterministic scoring (`score`): the rollout's own computation replayed with the generated tokens forced, i.e.
 the same batch, the same prefill/decode shapes and kernels, so its logprobs equal `generate`'s bit for bit
-(gen_kl_error == 0) on any device whose kernels are deterministic for a fixed shape.
+(gen_kl_error == 0) on any device whose kernels are deterministic for a fixed shape. It checks the engine against
+itself; the GRPO loop never takes prev_logprobs from it (they come from the trainer's forward).
 """
 
 from __future__ import annotations

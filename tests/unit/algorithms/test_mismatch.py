@@ -32,6 +32,7 @@ def _expected():
         "gen_kl_error": (1 - LN15) / 4,
         "policy_kl_error": (1 / 6 + LN15) / 4,
         "js_divergence_error": js / 4,
+        "exact_token_fraction": 1 / 4,  # d = 0 on one of the four tokens
         "num_valid_tokens": 4.0,
         "num_nonfinite_tokens": 0.0,
     }
