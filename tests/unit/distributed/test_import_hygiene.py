@@ -32,7 +32,7 @@ for package in ("generation", "models", "precision"):
     pkg = importlib.import_module("nemo_jetrl." + package)
     names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".") if not m.name.endswith(".config")]
 names += ["benchmarks.common", "benchmarks.bench_train_step", "benchmarks.bench_grpo_step",
-          "benchmarks.bench_rollout", "benchmarks.bench_fsdp_refit"]
+          "benchmarks.bench_rollout", "benchmarks.bench_fsdp_refit", "benchmarks.bench_mismatch"]
 for name in names:
     importlib.import_module(name)
 import benchmarks.bench_fsdp_refit as bench

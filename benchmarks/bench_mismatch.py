@@ -1,0 +1,166 @@
+"""Training-inference mismatch at a real model shape: every precision preset side by side, by response position.
+
+    PYTHONPATH=. python3 benchmarks/bench_mismatch.py --out mismatch_8b.json --plot mismatch_8b.png   # GPU
+    PYTHONPATH=. python3 benchmarks/bench_mismatch.py --quick                                         # CPU
+
+Each variant runs `--steps` GRPO steps on the same random-weight model (Qwen3-8B shape, `--layers` deep): rollout
+(`NativeGenerationEngine.generate`, CUDA graphs) -> prev_logprobs from the trainer's own forward
+(`NativePolicy.get_logprobs`, the forward whose gradient is taken next) -> train (random advantages) -> refit.
+Mismatch is always rollout logprobs vs that trainer forward (never a replay of the rollout). Reported per variant:
+token_mult_prob_error, gen_kl_error, exact_token_fraction over all steps, and mean exp|d| per response-position bin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import LOSS_FN, QWEN3_8B, TINY, build_model, device_info, policy_config, report  # noqa: E402
+
+from nemo_jetrl.algorithms.mismatch import mismatch_metrics  # noqa: E402
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
+from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
+from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+
+# (label, preset, SDPA decode instead of the fused FP8 decode attention)
+VARIANTS = (
+    ("bf16", "bf16", False),
+    ("fp8 rollout only", "fp8_rollout_only", False),
+    ("unified fp8 (jetrl)", "jetrl", False),
+    ("unified fp8 + kv (jetrl_kv)", "jetrl_kv", False),
+    ("jetrl_kv, SDPA decode", "jetrl_kv", True),
+)
+
+
+def run_variant(label: str, preset: str, sdpa_decode: bool, model, prompts, args, device) -> dict:
+    recipe = PrecisionRecipe.preset(preset)
+    cfg = policy_config(train_micro_batch_size=args.micro_batch, logprob_batch_size=args.micro_batch)
+    policy = NativePolicy(cfg, LOSS_FN, recipe, device, model=model)
+    engine = NativeGenerationEngine(
+        policy.model,
+        max_new_tokens=args.gen_len,
+        stop_token_ids=[],
+        pad_token_id=0,
+        compute_dtype=policy.compute_dtype,
+        kv_cache_dtype=recipe.kv_cache_dtype,
+        cuda_graphs=device.type == "cuda",
+        fused_decode=False if sdpa_decode else None,
+    )
+    if recipe.kv_fp8:  # bootstrap scales from the prompts, as grpo.py does before the first rollout
+        ids = torch.tensor(prompts[: args.micro_batch])
+        ones = torch.ones_like(ids)
+        boot = TrainBatch(ids, ones, torch.zeros_like(ids), torch.zeros(len(ids)), torch.zeros(ids.shape))
+        engine.update_weights(kv_scales=policy.calibrate_kv_scales(boot).kv)
+    train_lp, gen_lp, masks = [], [], []
+    for seed in range(args.steps):
+        out = engine.generate(prompts, generator=torch.Generator(device=device).manual_seed(seed))
+        adv = torch.randn(len(out), generator=torch.Generator().manual_seed(seed))
+        batch = TrainBatch(
+            out.input_ids.cpu(), out.attention_mask.cpu(), out.response_mask.cpu(), adv,
+            out.generation_logprobs.float().cpu(),
+        )  # fmt: skip
+        batch.prev_logprobs = policy.get_logprobs(batch)
+        start = out.prompt_length  # response columns [start, start + gen_len)
+        train_lp.append(batch.prev_logprobs[:, start:])
+        gen_lp.append(batch.generation_logprobs[:, start:])
+        masks.append(batch.response_mask[:, start:])
+        policy.train(batch)
+        policy.prepare_refit()
+        if policy.kv_scales is not None:
+            engine.update_weights(kv_scales=policy.kv_scales.kv)
+    width = min(t.shape[1] for t in train_lp)
+    train, gen, mask = (torch.cat([t[:, :width] for t in ts]) for ts in (train_lp, gen_lp, masks))  # [steps*B, R]
+    result = {"variant": label, "preset": preset, "sdpa_decode": sdpa_decode, **mismatch_metrics(train, gen, mask)}
+    result["by_position"] = by_position(train, gen, mask, args.bins)
+    del policy, engine
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def by_position(train: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, bins: int) -> list[dict]:
+    """mean exp|d| and the exact share per bin of response positions ([N, R] inputs, R positions)."""
+    width = train.shape[1]
+    edges = torch.linspace(0, width, bins + 1).round().long().tolist()
+    rows = []
+    for lo, hi in zip(edges, edges[1:]):
+        if hi <= lo:
+            continue
+        m = mask[:, lo:hi].bool()
+        d = (train[:, lo:hi] - gen[:, lo:hi])[m]
+        rows.append(
+            {
+                "positions": [lo, hi],
+                "token_mult_prob_error": float(d.abs().exp().mean()) if d.numel() else 1.0,
+                "exact_token_fraction": float((d == 0).float().mean()) if d.numel() else 1.0,
+            }
+        )
+    return rows
+
+
+def plot(results: list[dict], title: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for r in results:
+        mids = [(b["positions"][0] + b["positions"][1]) / 2 for b in r["by_position"]]
+        ax.plot(mids, [b["token_mult_prob_error"] - 1 for b in r["by_position"]], marker="o", label=r["variant"])
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_xlabel("response position")
+    ax.set_ylabel("token_mult_prob_error - 1")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=16, help="decoder layers of the Qwen3-8B shape")
+    p.add_argument("--prompts", type=int, default=64, help="sequences per step")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--gen-len", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=8, help="trainer micro-batch (logprob and train)")
+    p.add_argument("--steps", type=int, default=3, help="GRPO steps per variant")
+    p.add_argument("--bins", type=int, default=8, help="response-position bins")
+    p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument("--out", default=None, help="JSON path")
+    p.add_argument("--plot", default=None, help="PNG path: mismatch by response position")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    if args.quick:
+        shape, shape_name, args.layers, args.prompts, args.prompt_len, args.gen_len = TINY, "tiny", 2, 8, 8, 8
+        args.micro_batch, args.steps, args.bins = 4, 2, 4
+    info = device_info(device)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1, shape["vocab_size"], (args.prompts, args.prompt_len), generator=gen).tolist()
+    results = []
+    for label, preset, sdpa in VARIANTS:  # a fresh copy of the same random weights per variant
+        model = build_model(shape, args.layers, device, torch.bfloat16).train()
+        results.append(run_variant(label, preset, sdpa, model, prompts, args, device))
+    title = (
+        f"mismatch on {info['device']}: {shape_name} shape x {args.layers} layers, {args.prompts} sequences, "
+        f"{args.prompt_len} -> {args.gen_len} tokens, {args.steps} steps, trainer micro-batch {args.micro_batch}"
+    )
+    headers = ["variant", "token_mult_prob_error", "gen_kl_error", "exact tokens", "tokens"]
+    keys = ["variant", "token_mult_prob_error", "gen_kl_error", "exact_token_fraction", "num_valid_tokens"]
+    report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=args.layers)
+    if args.plot:
+        plot(results, title, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""benchmarks/bench_mismatch.py --quick on the CPU: every preset measured against the trainer's own forward, binned
+by response position, and the ordering that the Jet-RL argument rests on (rollout-only FP8 worst)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_mismatch.py"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("bench_mismatch", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path_factory.mktemp("bench") / "mismatch.json"
+    assert module.main(["--quick", "--out", str(out), "--plot", str(out.with_suffix(".png"))]) == 0
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    return {r["variant"]: r for r in json.loads(out.read_text())["results"]}
+
+
+def test_every_variant_is_measured_on_every_generated_token(results):
+    assert list(results) == [
+        "bf16", "fp8 rollout only", "unified fp8 (jetrl)", "unified fp8 + kv (jetrl_kv)", "jetrl_kv, SDPA decode",
+    ]  # fmt: skip
+    for r in results.values():
+        assert r["num_valid_tokens"] == 2 * 8 * 8  # 2 steps x 8 sequences x 8 generated tokens
+        assert [b["positions"] for b in r["by_position"]] == [[0, 2], [2, 4], [4, 6], [6, 8]]
+        assert 0.0 <= r["exact_token_fraction"] <= 1.0 and r["token_mult_prob_error"] >= 1.0
+
+
+def test_rollout_only_fp8_mismatches_most_and_bf16_least(results):
+    tmpe = {k: r["token_mult_prob_error"] for k, r in results.items()}
+    assert tmpe["fp8 rollout only"] > tmpe["unified fp8 (jetrl)"] > tmpe["bf16"]
+    assert tmpe["bf16"] < 1.005 < 1.01 < tmpe["fp8 rollout only"]  # measured 1.0013 and 1.02
+    assert results["fp8 rollout only"]["exact_token_fraction"] == 0.0
+    # the bins partition the tokens: their mean error, weighted by tokens per bin (equal here), is the total
+    for r in results.values():
+        mean_bins = sum(b["token_mult_prob_error"] for b in r["by_position"]) / len(r["by_position"])
+        assert mean_bins == pytest.approx(r["token_mult_prob_error"], rel=1e-6)
