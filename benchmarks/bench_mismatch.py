@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -118,7 +119,7 @@ def plot(results: list[dict], title: str, path: str) -> None:
     ax.set_yscale("symlog", linthresh=1e-6)
     ax.set_xlabel("response position")
     ax.set_ylabel("token_mult_prob_error - 1")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 100), fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -19,6 +19,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from benchmarks.common import LOSS_FN, policy_config
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics
 from nemo_jetrl.environments.arithmetic import ArithmeticTask
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
@@ -39,23 +40,19 @@ SMALL_QWEN3 = dict(
 
 
 def policy_cfg(mbs: int, deterministic: bool = False) -> dict:
-    """The `policy` section NativePolicy reads (grpo_base.yaml defaults, FP32 master, BF16 compute)."""
-    return {
-        "model_name": "in-process",
-        "master_dtype": "float32",
-        "compute_dtype": "bfloat16",
-        "train_micro_batch_size": mbs,
-        "logprob_batch_size": mbs,
-        "max_grad_norm": 1.0,
-        "fused_train_kernels": True,
-        "train_causal_attention": False,
-        "optimizer": {"name": "adamw", "lr": 1e-5, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8},
-        "generation": {"temperature": 1.0, "deterministic": deterministic, "kv_cache_calibration_pass": "fused"},
-    }
+    """The complete `policy` section (the benchmarks' one, checked against PolicyConfig by
+    tests/unit/test_benchmark_configs.py) with FP32 master weights, BF16 compute and the tests' batch sizes."""
+    return policy_config(
+        master_dtype="float32",
+        train_micro_batch_size=mbs,
+        logprob_batch_size=mbs,
+        optimizer={"name": "adamw", "lr": 1e-5, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8},
+        generation={"deterministic": deterministic, "kv_cache_calibration_pass": "fused"},
+    )
 
 
 def parts(model, tokenizer, recipe: PrecisionRecipe, *, mbs: int, max_new_tokens: int, deterministic=False):
-    policy = NativePolicy(policy_cfg(mbs, deterministic), {}, recipe, DEV, seed=0, model=model, tokenizer=tokenizer)
+    policy = NativePolicy(policy_cfg(mbs, deterministic), LOSS_FN, recipe, DEV, seed=0, model=model, tokenizer=tokenizer)
     engine = NativeGenerationEngine(
         policy.model,
         max_new_tokens=max_new_tokens,
