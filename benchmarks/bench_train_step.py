@@ -6,20 +6,31 @@
 One optimizer step = forward + backward of the clipped-PG loss over `--batch` packed sequences of `--seq-len`
 tokens (micro-batch 1 sequence, every token a response token), grad-norm clip and AdamW, then the FP8 weight
 re-quantization for the next step (`prepare_refit`). Random weights and tokens; BF16 master weights (both variants).
-The FP8 run converts the same model in place (`convert_to_fp8`, recipe `jetrl`) after the BF16 run.
+Both policies (BF16, and FP8 recipe `jetrl` on a copy of the same weights) stay resident and their steps alternate
+(BF16, FP8, then FP8, BF16, ...): median and min-max over `--steps` timed steps, device and clocks, each step's peak
+memory above what was resident, and each policy's weights + optimizer state. Two resident copies of the Qwen3-8B
+shape fit at `--layers 8` on an 80 GB H100 and `--layers 16` on an H200.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import LOSS_FN, QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
+from common import (  # noqa: E402
+    LOSS_FN,
+    QWEN3_8B,
+    TINY,
+    alternating_timings,
+    build_model,
+    device_info,
+    policy_config,
+    report,
+)
 
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
@@ -37,23 +48,19 @@ def make_batch(batch: int, seq_len: int, vocab: int) -> TrainBatch:
     return TrainBatch(ids, ones, response, adv, logp, prev_logprobs=logp.clone())
 
 
-def run_variant(name: str, model, recipe: PrecisionRecipe, batch: TrainBatch, args, device) -> dict:
-    policy = NativePolicy(
-        policy_config(train_causal_attention=args.causal_attention), LOSS_FN, recipe, device, model=model
-    )
+def state_gb(policy: NativePolicy) -> float:
+    """Master weights + optimizer state (GB) of a policy that has taken a step."""
+    tensors = [p for p in policy.model.parameters()]
+    tensors += [t for st in policy.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors) / 1e9
 
+
+def train_step_fn(policy: NativePolicy, batch: TrainBatch):
     def step():
         policy.train(batch)
         return policy.prepare_refit()
 
-    times = [timed(step, device)[1] for _ in range(args.warmup + args.steps)][args.warmup :]
-    t = sorted(times)[len(times) // 2]
-    tokens = batch.input_ids.numel()
-    r = {"variant": name, "step_s": t, "tokens_per_s": tokens / t}
-    if device.type == "cuda":
-        r["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-        torch.cuda.reset_peak_memory_stats(device)
-    return r
+    return step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per variant (>= 5 for quoted figures)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument(
         "--causal-attention", action="store_true", help="policy.train_causal_attention: true (faster, not bit-exact)"
@@ -72,24 +79,33 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape, shape_name = QWEN3_8B, "Qwen3-8B"
     if args.quick:
-        shape, shape_name, args.batch, args.seq_len, args.warmup, args.steps = TINY, "tiny", 2, 128, 1, 1
+        shape, shape_name, args.batch, args.seq_len, args.warmup, args.steps = TINY, "tiny", 2, 128, 1, 2
     info = device_info(device)
-    model = build_model(shape, args.layers, device, torch.bfloat16).train()
     batch = make_batch(args.batch, args.seq_len, shape["vocab_size"])
-    results = [run_variant("bf16", model, PrecisionRecipe.preset("bf16"), batch, args, device)]
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    results.append(run_variant("fp8", model, PrecisionRecipe.preset("jetrl"), batch, args, device))
+    cfg = policy_config(train_causal_attention=args.causal_attention)
+    policies = {  # the same random weights (build_model seeds), one copy per variant, both resident
+        name: NativePolicy(cfg, LOSS_FN, PrecisionRecipe.preset(preset), device,
+                           model=build_model(shape, args.layers, device, torch.bfloat16).train())
+        for name, preset in (("bf16", "bf16"), ("fp8", "jetrl"))
+    }  # fmt: skip
+    steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
+    timings = alternating_timings(steps, args.warmup, args.steps, device)
+    tokens = batch.input_ids.numel()
+    results = []
+    for name, t in timings.items():
+        r = {"variant": name, **t, "tokens_per_s": tokens / t["median_s"], "state_gb": state_gb(policies[name])}
+        r["min_max_s"] = f"{t['min_s']:.3f}-{t['max_s']:.3f}"
+        results.append(r)
     for r in results:
-        r["speedup_vs_bf16"] = results[0]["step_s"] / r["step_s"]
-    n_layers = model.config.num_hidden_layers
+        r["speedup_vs_bf16"] = results[0]["median_s"] / r["median_s"]
+    n_layers = policies["bf16"].model.config.num_hidden_layers
     title = (
-        f"train step on {info['device']}: {shape_name} shape x {n_layers} layers, {args.batch} x {args.seq_len} "
-        "tokens, fwd+bwd+AdamW+requant"
+        f"train step on {info['device']} ({info.get('clocks')}): {shape_name} shape x {n_layers} layers, "
+        f"{args.batch} x {args.seq_len} tokens, fwd+bwd+AdamW+requant; {args.steps} timed steps after "
+        f"{args.warmup} warm-up, variants alternating"
     )
-    keys = ["variant", "tokens_per_s", "speedup_vs_bf16", "step_s", "peak_mem_gb"]
-    headers = ["variant", "tok/s", "x bf16", "step s", "peak GB"]
+    keys = ["variant", "tokens_per_s", "speedup_vs_bf16", "median_s", "min_max_s", "step_peak_gb", "state_gb"]
+    headers = ["variant", "tok/s", "x bf16", "median s", "min-max s", "step peak GB", "state GB"]
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0
 

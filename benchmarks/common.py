@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -114,10 +116,50 @@ def policy_config(**overrides) -> dict:
 
 
 def device_info(device: torch.device) -> dict:
-    """Device name, peak HBM bandwidth (TB/s, None when unknown) and software versions."""
+    """Device name, peak HBM bandwidth (TB/s, None when unknown), SM clocks (nvidia-smi) and software versions."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
     peak = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in name), None)
-    return {"device": name, "hbm_peak_tbs": peak, "torch": torch.__version__, "python": platform.python_version()}
+    info = {"device": name, "hbm_peak_tbs": peak, "torch": torch.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        info["clocks"] = _nvidia_smi_clocks(device.index or 0)
+    return info
+
+
+def _nvidia_smi_clocks(index: int) -> str | None:
+    """'sm 1980 MHz (max 1980), mem 2619 MHz' from nvidia-smi, None where it is absent."""
+    query = "clocks.sm,clocks.max.sm,clocks.mem"
+    cmd = ["nvidia-smi", "-i", str(index), f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+    try:
+        sm, sm_max, mem = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().split(", ")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return f"sm {sm} MHz (max {sm_max}), mem {mem} MHz"
+
+
+def alternating_timings(
+    variants: dict[str, Callable[[], object]], warmup: int, steps: int, device: torch.device
+) -> dict[str, dict]:
+    """Run every variant's step `warmup + steps` times in rounds whose order alternates (A, B, then B, A, ...), so
+    clock and thermal drift fall on all variants alike; per variant: the timed steps' median, min and max (s) and,
+    on CUDA, the step's peak memory above what was allocated before it (GB)."""
+    names = list(variants)
+    out = {n: {"times_s": [], "step_peak_gb": 0.0} for n in names}
+    for i in range(warmup + steps):
+        for name in names if i % 2 == 0 else names[::-1]:
+            base = 0
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
+            _, seconds = timed(variants[name], device)
+            if device.type == "cuda":
+                peak = (torch.cuda.max_memory_allocated(device) - base) / 1e9
+                out[name]["step_peak_gb"] = max(out[name]["step_peak_gb"], peak)
+            if i >= warmup:
+                out[name]["times_s"].append(seconds)
+    for r in out.values():
+        times = sorted(r["times_s"])
+        r.update(median_s=statistics.median(times), min_s=times[0], max_s=times[-1])
+    return out
 
 
 def parse_gpu_bench(parser, argv: list[str] | None):

@@ -1,0 +1,58 @@
+"""The benchmarks' timing protocol (benchmarks/common.alternating_timings): variants alternate round by round,
+warm-up steps are run but not timed, and the summary is the median and min-max of the timed steps."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_variants_alternate_and_warmup_is_not_timed():
+    common = _load("common")
+    calls = []
+    sleeps = {"a": [0.001, 0.002, 0.003, 0.004, 0.005, 0.006], "b": [0.0] * 6}
+
+    def variant(name):
+        def step():
+            time.sleep(sleeps[name][sum(c == name for c in calls)])
+            calls.append(name)
+
+        return step
+
+    out = common.alternating_timings({"a": variant("a"), "b": variant("b")}, 1, 5, torch.device("cpu"))
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b", "b", "a"]
+    a = out["a"]
+    assert len(a["times_s"]) == 5 and a["min_s"] <= a["median_s"] <= a["max_s"]
+    assert a["min_s"] >= 0.002 and a["median_s"] >= 0.004  # the 1 ms warm-up step is left out; median of 2..6 ms
+    assert out["b"]["max_s"] < 0.002
+
+
+def test_train_step_benchmark_reports_median_and_range_per_variant(tmp_path, capsys):
+    bench = _load("bench_train_step")
+    assert bench.main(["--quick", "--out", str(tmp_path / "t.json")]) == 0
+    table = capsys.readouterr().out
+    assert "variants alternating" in table and "min-max s" in table
+    import json
+
+    results = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert [r["variant"] for r in results] == ["bf16", "fp8"]
+    for r in results:
+        assert len(r["times_s"]) == 2 and r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["state_gb"] == pytest.approx(results[0]["state_gb"])  # same weights + AdamW state, both BF16
+        assert r["state_gb"] > 0
+    assert results[0]["speedup_vs_bf16"] == 1.0
