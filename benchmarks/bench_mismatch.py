@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=8, help="trainer micro-batch (logprob and train)")
     p.add_argument("--steps", type=int, default=3, help="GRPO steps per variant")
     p.add_argument("--bins", type=int, default=8, help="response-position bins")
+    p.add_argument("--variants", nargs="*", default=None, help="a subset of the variant labels (default: all)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--out", default=None, help="JSON path")
     p.add_argument("--plot", default=None, help="PNG path: mismatch by response position")
@@ -148,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(1, shape["vocab_size"], (args.prompts, args.prompt_len), generator=gen).tolist()
     results = []
+    unknown = set(args.variants or ()) - {v[0] for v in VARIANTS}
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}; known: {[v[0] for v in VARIANTS]}")
     for label, preset, sdpa in VARIANTS:  # a fresh copy of the same random weights per variant
+        if args.variants and label not in args.variants:
+            continue
         model = build_model(shape, args.layers, device, torch.bfloat16).train()
         results.append(run_variant(label, preset, sdpa, model, prompts, args, device))
     title = (
