@@ -8,20 +8,31 @@ The phases of `algorithms/grpo.py`'s step with the project's own trainer and eng
 FP8+KV it also observes Q/K/V for the next KV scales and fake-quantizes K/V like the rollout cache), train
 (`NativePolicy.train`: fwd+bwd+AdamW over micro-batches), refit (`prepare_refit`: FP8 weights quantized once, new
 KV scales computed and handed to the engine). Rewards are random (the reward function is not what is measured).
-The calibration cost is measured on the side: the same logprob pass with and without the observer.
+The variants (`--variants`; `train_forward` ones take prev_logprobs from the training forward, no logprob pass) stay
+resident and their steps alternate; at 8 layers two of them fit on an 80 GB H100.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import LOSS_FN, QWEN3_8B, TINY, build_model, device_info, policy_config, report, timed  # noqa: E402
+from common import (  # noqa: E402
+    LOSS_FN,
+    QWEN3_8B,
+    TINY,
+    alternating_timings,
+    build_model,
+    device_info,
+    policy_config,
+    report,
+    timed,
+)
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
@@ -39,8 +50,11 @@ def grpo_step(policy: NativePolicy, engine: NativeGenerationEngine, prompts, see
     batch = TrainBatch(
         out.input_ids.cpu(), out.attention_mask.cpu(), out.response_mask.cpu(), adv, out.generation_logprobs.cpu()
     )
-    batch.prev_logprobs, t_logprobs = timed(lambda: policy.get_logprobs(batch), device)
-    _, t_train = timed(lambda: policy.train(batch), device)
+    if policy.cfg["prev_logprobs_source"] == "train_forward":  # the training forward yields prev_logprobs
+        t_logprobs = 0.0
+    else:
+        batch.prev_logprobs, t_logprobs = timed(lambda: policy.get_logprobs(batch), device)
+    _, t_train = timed(lambda: policy.train([batch]), device)
 
     def refit():
         metrics = policy.prepare_refit()
@@ -60,27 +74,23 @@ def grpo_step(policy: NativePolicy, engine: NativeGenerationEngine, prompts, see
     }
 
 
-def calibration_overhead(policy: NativePolicy, batch: TrainBatch, device) -> dict:
-    """The logprob pass with the fused observer vs the same pass without it, the scale computation, and the
-    separate post-step pass (s)."""
-    _, t_fused = timed(lambda: policy.get_logprobs(batch), device)
-    _, t_scales = timed(lambda: policy.kv_calibrator.scales().metrics(), device)
-    plain = policy._attn_hook(calibrate=False)
-    _, t_plain = timed(lambda: policy._logprobs(policy.model, batch, plain), device)
-    _, t_post = timed(lambda: policy.calibrate_kv_scales(batch), device)  # the separate post-step pass
-    return {
-        "logprobs_fused_s": t_fused,
-        "logprobs_plain_s": t_plain,
-        "kv_calibration_s": t_scales,
-        "post_step_pass_s": t_post,
-    }
+VARIANTS = {  # name -> (preset, prev_logprobs_source)
+    "bf16": ("bf16", "logprob_forward"),
+    "fp8+kv": ("jetrl_kv", "logprob_forward"),
+    "bf16 train_forward": ("bf16", "train_forward"),
+    "fp8+kv train_forward": ("jetrl_kv", "train_forward"),
+}
 
 
-def run_variant(name: str, model, recipe: PrecisionRecipe, prompts, args, device) -> dict:
+def build_variant(name: str, model, prompts, args, device):
+    """(policy, engine) of one variant, KV scales bootstrapped where the cache is FP8."""
+    preset, source = VARIANTS[name]
+    recipe = PrecisionRecipe.preset(preset)
     cfg = policy_config(
         train_causal_attention=args.causal_attention,
         train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch * 2,
+        prev_logprobs_source=source,
         generation={"kv_cache_calibration_pass": "fused"},
     )
     policy = NativePolicy(cfg, LOSS_FN, recipe, device, model=model)
@@ -98,23 +108,31 @@ def run_variant(name: str, model, recipe: PrecisionRecipe, prompts, args, device
         ones = torch.ones_like(ids)
         boot = TrainBatch(ids, ones, torch.zeros_like(ids), torch.zeros(len(ids)), torch.zeros(ids.shape))
         engine.update_weights(kv_scales=policy.calibrate_kv_scales(boot).kv)
-    steps = [grpo_step(policy, engine, prompts, seed, device) for seed in range(args.warmup + args.steps)]
-    measured = steps[args.warmup :]
-    r = {"variant": name}
-    for key in (*PHASES, "total", "token_mult_prob_error"):
-        r[key] = sum(s[key] for s in measured) / len(measured)
-    if recipe.kv_fp8:
-        r.update(calibration_overhead(policy, measured[-1]["batch"], device))
-        r["calibration_share_pct"] = (
-            100 * (r["logprobs_fused_s"] - r["logprobs_plain_s"] + r["kv_calibration_s"]) / r["total"]
-        )
-        r["post_step_share_pct"] = 100 * (r["post_step_pass_s"] + r["kv_calibration_s"]) / r["total"]
-    r["tokens_per_s"] = len(prompts) * args.gen_len / r["total"]
-    del policy, engine, steps, measured
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return r
+    return policy, engine
+
+
+def run_alternating(names: list[str], shape: dict, prompts, args, device) -> list[dict]:
+    """Every variant resident; GRPO steps alternate between them (A, B, then B, A, ...); per variant the median
+    and min-max of the step and the median of each phase over the timed steps."""
+    parts = {n: build_variant(n, build_model(shape, args.layers, device, torch.bfloat16).train(), prompts, args, device)
+             for n in names}  # fmt: skip
+    records: dict[str, list[dict]] = {n: [] for n in names}
+    seeds = iter(range(10**6))
+
+    def step_fn(name):
+        return lambda: records[name].append(grpo_step(*parts[name], prompts, next(seeds), device))
+
+    timings = alternating_timings({n: step_fn(n) for n in names}, args.warmup, args.steps, device)
+    results = []
+    for name in names:
+        measured = records[name][args.warmup :]
+        r = {"variant": name, **{k: v for k, v in timings[name].items() if k != "times_s"}}
+        r["min_max_s"] = f"{r['min_s']:.2f}-{r['max_s']:.2f}"
+        for key in (*PHASES, "total", "token_mult_prob_error"):
+            r[key] = statistics.median(s[key] for s in measured)
+        r["tokens_per_s"] = len(prompts) * args.gen_len / r["total"]
+        results.append(r)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen-len", type=int, default=768)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per variant (>= 5 for quoted figures)")
+    p.add_argument("--variants", nargs="+", default=["bf16", "fp8+kv"], choices=list(VARIANTS),
+                   help="resident side by side; the first is the reference of the ratio column")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument(
         "--causal-attention", action="store_true", help="policy.train_causal_attention: true (faster, not bit-exact)"
@@ -136,25 +156,25 @@ def main(argv: list[str] | None = None) -> int:
     shape, shape_name = QWEN3_8B, "Qwen3-8B"
     if args.quick:
         shape, shape_name, args.layers, args.prompts, args.prompt_len, args.gen_len = TINY, "tiny", 2, 8, 8, 8
-        args.micro_batch = 4
+        args.micro_batch, args.steps = 4, 2
     info = device_info(device)
-    model = build_model(shape, args.layers, device, torch.bfloat16).train()
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(1, shape["vocab_size"], (args.prompts, args.prompt_len), generator=gen).tolist()
-    results = [run_variant("bf16", model, PrecisionRecipe.preset("bf16"), prompts, args, device)]
-    results.append(run_variant("fp8+kv (jetrl_kv)", model, PrecisionRecipe.preset("jetrl_kv"), prompts, args, device))
+    results = run_alternating(args.variants, shape, prompts, args, device)
     for r in results:
-        r["speedup_vs_bf16"] = results[0]["total"] / r["total"]
+        r["speedup_vs_first"] = results[0]["total"] / r["total"]
         for ph in PHASES:
-            r[f"{ph}_speedup"] = results[0][ph] / r[ph]
-    n_layers = model.config.num_hidden_layers
+            r[f"{ph}_speedup"] = results[0][ph] / r[ph] if r[ph] else None
+    n_layers = args.layers or shape["num_hidden_layers"]
     title = (
-        f"GRPO step on {info['device']}: {shape_name} shape x {n_layers} layers, {args.prompts} sequences, "
-        f"{args.prompt_len} -> {args.gen_len} tokens, micro-batch {args.micro_batch}"
+        f"GRPO step on {info['device']} ({info.get('clocks')}): {shape_name} shape x {n_layers} layers, "
+        f"{args.prompts} sequences, {args.prompt_len} -> {args.gen_len} tokens, micro-batch {args.micro_batch}; "
+        f"{args.steps} timed steps after {args.warmup} warm-up, variants alternating"
     )
-    headers = ["variant", "step s", "x bf16", "rollout s", "logprobs s", "train s", "refit s", "calib %", "tmpe"]
+    headers = ["variant", "median s", "min-max s", f"x {results[0]['variant']}", "rollout s", "logprobs s",
+               "train s", "refit s", "tmpe"]  # fmt: skip
     keys = [
-        "variant", "total", "speedup_vs_bf16", "rollout", "logprobs", "train", "refit", "calibration_share_pct",
+        "variant", "median_s", "min_max_s", "speedup_vs_first", "rollout", "logprobs", "train", "refit",
         "token_mult_prob_error",
     ]  # fmt: skip
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)

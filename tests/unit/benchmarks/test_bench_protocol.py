@@ -56,3 +56,17 @@ def test_train_step_benchmark_reports_median_and_range_per_variant(tmp_path, cap
         assert r["state_gb"] == pytest.approx(results[0]["state_gb"])  # same weights + AdamW state, both BF16
         assert r["state_gb"] > 0
     assert results[0]["speedup_vs_bf16"] == 1.0
+
+
+def test_grpo_step_benchmark_alternates_and_train_forward_skips_the_logprob_pass(tmp_path):
+    bench = _load("bench_grpo_step")
+    out = tmp_path / "g.json"
+    assert bench.main(["--quick", "--variants", "fp8+kv", "fp8+kv train_forward", "--out", str(out)]) == 0
+    import json
+
+    results = {r["variant"]: r for r in json.loads(out.read_text())["results"]}
+    fused, separate = results["fp8+kv train_forward"], results["fp8+kv"]
+    assert fused["logprobs"] == 0.0 < separate["logprobs"]
+    for r in results.values():
+        assert r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert 1.0 <= r["token_mult_prob_error"] < 1.5  # prev_logprobs filled in both modes (0 would read exp|gen|)
