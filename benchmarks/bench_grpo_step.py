@@ -27,6 +27,7 @@ from common import (  # noqa: E402
     QWEN3_8B,
     TINY,
     alternating_timings,
+    bootstrapped_engine,
     build_model,
     device_info,
     policy_config,
@@ -94,20 +95,7 @@ def build_variant(name: str, model, prompts, args, device):
         generation={"kv_cache_calibration_pass": "fused"},
     )
     policy = NativePolicy(cfg, LOSS_FN, recipe, device, model=model)
-    engine = NativeGenerationEngine(
-        policy.model,
-        max_new_tokens=args.gen_len,
-        stop_token_ids=[],
-        pad_token_id=0,
-        compute_dtype=policy.compute_dtype,
-        kv_cache_dtype=recipe.kv_cache_dtype,
-        cuda_graphs=True,
-    )
-    if recipe.kv_fp8:  # bootstrap scales (grpo.py does it with a high-precision rollout of the first prompts)
-        ids = torch.tensor(prompts[: args.micro_batch])
-        ones = torch.ones_like(ids)
-        boot = TrainBatch(ids, ones, torch.zeros_like(ids), torch.zeros(len(ids)), torch.zeros(ids.shape))
-        engine.update_weights(kv_scales=policy.calibrate_kv_scales(boot).kv)
+    engine = bootstrapped_engine(policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=True)
     return policy, engine
 
 

@@ -21,10 +21,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import LOSS_FN, QWEN3_8B, TINY, build_model, device_info, policy_config, report  # noqa: E402
+from common import (  # noqa: E402
+    LOSS_FN,
+    QWEN3_8B,
+    TINY,
+    bootstrapped_engine,
+    build_model,
+    device_info,
+    policy_config,
+    report,
+)
 
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics  # noqa: E402
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
@@ -43,21 +51,7 @@ def run_variant(label: str, preset: str, sdpa_decode: bool, model, prompts, args
     recipe = PrecisionRecipe.preset(preset)
     cfg = policy_config(train_micro_batch_size=args.micro_batch, logprob_batch_size=args.micro_batch)
     policy = NativePolicy(cfg, LOSS_FN, recipe, device, model=model)
-    engine = NativeGenerationEngine(
-        policy.model,
-        max_new_tokens=args.gen_len,
-        stop_token_ids=[],
-        pad_token_id=0,
-        compute_dtype=policy.compute_dtype,
-        kv_cache_dtype=recipe.kv_cache_dtype,
-        cuda_graphs=device.type == "cuda",
-        fused_decode=False if sdpa_decode else None,
-    )
-    if recipe.kv_fp8:  # bootstrap scales from the prompts, as grpo.py does before the first rollout
-        ids = torch.tensor(prompts[: args.micro_batch])
-        ones = torch.ones_like(ids)
-        boot = TrainBatch(ids, ones, torch.zeros_like(ids), torch.zeros(len(ids)), torch.zeros(ids.shape))
-        engine.update_weights(kv_scales=policy.calibrate_kv_scales(boot).kv)
+    engine = bootstrapped_engine(policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda", fused_decode=False if sdpa_decode else None)
     train_lp, gen_lp, masks = [], [], []
     for seed in range(args.steps):
         out = engine.generate(prompts, generator=torch.Generator(device=device).manual_seed(seed))

@@ -303,3 +303,26 @@ def _stacked(ax, labels: list[str], parts: list[dict[str, float]]) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_ylim(0, 1.45 * max(bottom))  # room for the legend above the bars
     ax.legend(fontsize=7, loc="upper center", ncol=3)
+
+
+def bootstrapped_engine(policy, recipe, prompts: list[list[int]], gen_len: int, boot_rows: int, **engine_kwargs):
+    """The policy's rollout engine (fixed lengths: no stop tokens) with FP8 KV scales bootstrapped from the first
+    `boot_rows` prompts where the cache is FP8, as grpo.py does before the first rollout."""
+    from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+    from nemo_jetrl.policy.interfaces import TrainBatch
+
+    engine = NativeGenerationEngine(
+        policy.model,
+        max_new_tokens=gen_len,
+        stop_token_ids=[],
+        pad_token_id=0,
+        compute_dtype=policy.compute_dtype,
+        kv_cache_dtype=recipe.kv_cache_dtype,
+        **engine_kwargs,
+    )
+    if recipe.kv_fp8:
+        ids = torch.tensor(prompts[:boot_rows])  # ids: [b, P]
+        ones = torch.ones_like(ids)
+        boot = TrainBatch(ids, ones, torch.zeros_like(ids), torch.zeros(len(ids)), torch.zeros(ids.shape))
+        engine.update_weights(kv_scales=policy.calibrate_kv_scales(boot).kv)
+    return engine

@@ -51,17 +51,20 @@ class MasterConfig(Section):
                 f"({self.grpo.num_prompts_per_step} * {self.grpo.num_generations_per_prompt} = {samples}) must be "
                 f"divisible by policy.train_global_batch_size ({batch})"
             )
+        one_step, local = self.policy.train_global_batch_size == samples, self.cluster.backend != "ray"
+        if self.policy.prev_logprobs_source == "auto":
+            self.policy.__dict__["prev_logprobs_source"] = "train_forward" if one_step and local else "logprob_forward"
         if self.policy.prev_logprobs_source == "train_forward":
-            if self.policy.train_global_batch_size != samples:
+            if not one_step:
                 raise KeyedValueError(
                     f"policy.prev_logprobs_source: train_forward needs one optimizer step per GRPO step "
                     f"(policy.train_global_batch_size = grpo.num_prompts_per_step * grpo.num_generations_per_prompt "
                     f"= {samples}), got policy.train_global_batch_size {self.policy.train_global_batch_size}"
                 )
-            if self.cluster.backend == "ray":
+            if not local:
                 raise KeyedValueError(
                     "policy.prev_logprobs_source: train_forward is not wired for cluster.backend: ray "
-                    "(use logprob_forward)"
+                    "(use logprob_forward or auto)"
                 )
         return self
 

@@ -45,8 +45,9 @@ class PolicyConfig(Section):
     fused_train_kernels: bool = True  # CUDA trainer: RMSNorm / q-k-norm+RoPE / SiLU*up as fused fwd+bwd kernels
     train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
     # prev_logprobs (the trainer's logprobs of the rollout tokens): a separate no-grad forward before training, or the
-    # training forward itself (one forward less per step; needs one optimizer step per GRPO step, local backend)
-    prev_logprobs_source: Literal["logprob_forward", "train_forward"] = "logprob_forward"
+    # training forward itself (one forward less per step; needs one optimizer step per GRPO step, local backend);
+    # auto: train_forward where both hold, else logprob_forward (resolved at validation)
+    prev_logprobs_source: Literal["logprob_forward", "train_forward", "auto"] = "logprob_forward"
     optimizer: OptimizerConfig = OptimizerConfig()
     # NeMo-RL's LR schedule: [{name: torch.optim.lr_scheduler.X, kwargs: {...}}, ..., {milestones: [...]}] or one
     # {name, kwargs}; null = constant lr. Stepped once per GRPO step (policy/lr_scheduler.py).

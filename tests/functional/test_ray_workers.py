@@ -45,6 +45,7 @@ def _cfg(tmp: Path, *extra: str) -> dict:
         "grpo.val_at_start=false",
         "cluster.num_cpu_threads=1",
         "cluster.rollout_seed_shards=2",
+        "policy.prev_logprobs_source=logprob_forward",  # both sides score every row (auto picks it on Ray)
         "logger.tensorboard_enabled=false",
         f"logger.log_dir={tmp / 'logs'}",
         f"checkpointing.checkpoint_dir={tmp / 'ckpt'}",

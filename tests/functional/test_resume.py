@@ -238,8 +238,10 @@ def _model_weights(root: Path, step: int) -> dict:
 
 @pytest.mark.parametrize("mode", ["skip", "stop"])
 def test_step_with_a_nonfinite_training_loss_skips_or_stops(tmp_path, mode):
-    """NaN injected into the trainer's forward only (a grad-mode hook on lm_head): rollout and logprobs are fine."""
-    run = setup(_tiny_cfg(tmp_path, f"grpo.on_nonfinite={mode}").to_dict())
+    """NaN injected into the trainer's forward only (a grad-mode hook on lm_head): rollout and logprobs are fine
+    (a separate logprob forward; with train_forward the same NaN shows as the trainer's logprobs, unit-tested)."""
+    overrides = (f"grpo.on_nonfinite={mode}", "policy.prev_logprobs_source=logprob_forward")
+    run = setup(_tiny_cfg(tmp_path, *overrides).to_dict())
     head = run.policy.model.lm_head
     handle = head.register_forward_hook(lambda m, i, out: out * float("nan") if torch.is_grad_enabled() else None)
     before = _snapshot(run.policy)

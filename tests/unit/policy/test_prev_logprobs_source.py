@@ -107,3 +107,16 @@ def test_nonfinite_trainer_logprobs_stop_the_step_before_the_update(tiny):
 def test_config_refuses_train_forward_where_it_cannot_hold(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(load_config(CONFIG, ["policy.prev_logprobs_source=train_forward", *overrides]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "resolved"),
+    [
+        ([], "train_forward"),  # grpo_tiny: one optimizer step per GRPO step, local
+        (["policy.train_global_batch_size=128"], "logprob_forward"),
+        (["cluster.backend=ray", "cluster.cpu_workers_per_node=2"], "logprob_forward"),
+    ],
+)
+def test_auto_takes_the_training_forward_only_where_it_holds(overrides, resolved):
+    cfg = validate_config(load_config(CONFIG, ["policy.prev_logprobs_source=auto", *overrides]))
+    assert cfg.policy.prev_logprobs_source == resolved
