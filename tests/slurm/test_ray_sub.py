@@ -31,6 +31,7 @@ OVERRIDES = [
     "grpo.val_at_start=false",
     "cluster.num_cpu_threads=1",
     "cluster.rollout_seed_shards=2",
+    "policy.prev_logprobs_source=logprob_forward",  # both sides score every row (auto picks it on Ray)
     "logger.tensorboard_enabled=false",
 ]
 
