@@ -37,6 +37,7 @@ from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.generation.interfaces import GenerationOutput, max_prompt_length
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStateError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
@@ -103,6 +104,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
             cuda_graphs=bool(gen["cuda_graphs"]),
             fused_decode=False if gen["deterministic"] else None,  # SDPA decode: bitwise the trainer's math
             device=device,
+            **engine_budget_kwargs(gen),
         )
         if spec.num_seed_shards > 1:  # the Ray run's rollout seed shards, run in this one process
             engine = ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id)
@@ -303,7 +305,9 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             metrics.update(run.policy.train(steps))
             if from_train:  # over the trained rows: the forward whose gradient was taken
                 trained = steps[0]
-                metrics.update(mismatch_metrics(trained.prev_logprobs, trained.generation_logprobs, trained.response_mask))
+                metrics.update(
+                    mismatch_metrics(trained.prev_logprobs, trained.generation_logprobs, trained.response_mask)
+                )
         except NonFiniteError as err:  # raised before the optimizer touched the weights (of that optimizer step)
             _on_nonfinite(run, step, err)
             metrics["nonfinite_skipped"] = 1.0

@@ -16,6 +16,7 @@ VLLM = "vLLM engine setting; the rollout runs on the native engine (same samplin
 MEGATRON_OFF = "read by NeMo-RL only with policy.megatron_cfg.enabled: true"
 DATA_PLANE = "NeMo-RL's data plane / transport; one process or Ray workers exchange tensors directly here"
 BOTH_SIDES = "one layer map: these layers stay BF16 on trainer AND rollout (NeMo-RL: rollout only)"
+KV_FRACTION = "the fraction of the GPU memory the colocated trainer leaves free (its state stays resident)"
 ONE_TRAINER = "use cluster.num_nodes / gpus_per_node (data-parallel FSDP2 workers)"
 
 KEY_RULES: dict[str, Rule] = {
@@ -128,9 +129,12 @@ KEY_RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.pipeline_parallel_size": only([1], "rollout pipeline parallelism", ONE_TRAINER),
     "policy.generation.vllm_cfg.expert_parallel_size": only([1], "expert parallelism", ONE_TRAINER),
     "policy.generation.vllm_cfg.logprobs_mode": only(["processed_logprobs"], "raw logprobs", "set processed_logprobs"),
-    "policy.generation.vllm_cfg.max_model_len": no_effect(
-        "each row's prompt + response is capped at policy.max_total_sequence_length"
+    "policy.generation.vllm_cfg.max_model_len": alias("policy.generation.max_model_len"),
+    "policy.generation.vllm_cfg.gpu_memory_utilization": alias(
+        "policy.generation.gpu_memory_utilization", reason=KV_FRACTION
     ),
+    "policy.generation.vllm_kwargs.max_num_seqs": alias("policy.generation.max_num_seqs"),
+    "policy.generation.vllm_kwargs.kv_cache_memory_bytes": alias("policy.generation.kv_cache_memory_bytes"),
     "policy.generation.vllm_cfg.*": no_effect(VLLM),
     "policy.generation.vllm_kwargs*": no_effect(VLLM),
     "policy.generation.stop_strings": only([None, []], "stop strings", "use policy.generation.stop_token_ids"),

@@ -23,6 +23,7 @@ from nemo_jetrl.distributed.kv_sync import gather_qkv_records, scales_from_recor
 from nemo_jetrl.distributed.weight_sync import Fp8Refit, RefitFormat
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
@@ -86,6 +87,7 @@ class DataParallelPolicy:
             kv_cache_dtype=gen["kv_cache_dtype"],
             cuda_graphs=bool(gen["cuda_graphs"]),
             device=device,
+            **engine_budget_kwargs(gen),
         )
         # FP8 KV cache: this rank's per-chunk Q/K/V amax records of the last calibrating logprob pass, and the
         # scales the rollout (and, with train_kv_fake_quant, the trainer's attention) runs with (see kv_sync).

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import FiniteFloat, NonNegativeInt, PositiveInt, Section
 from nemo_jetrl.precision.config import Precision
 
@@ -32,3 +33,19 @@ class GenerationConfig(Section):
     stop_token_ids: list[NonNegativeInt] | None = None  # null = the tokenizer's eos
     deterministic: bool = False  # rollout logprobs == trainer logprobs bitwise (batch-invariant path)
     cuda_graphs: bool = True  # capture the decode step on CUDA
+    # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
+    max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for a free KV slot
+    gpu_memory_utilization: Annotated[FiniteFloat, Field(gt=0, le=1)] | None = None  # of the memory the trainer leaves
+    kv_cache_memory_bytes: PositiveInt | None = None  # an explicit KV budget (any device; wins over the fraction)
+    max_model_len: PositiveInt | None = None  # prompt + response cap per row (with max_total_sequence_length)
+
+    @model_validator(mode="after")
+    def _deterministic_is_one_batch(self) -> GenerationConfig:
+        budgeted = (self.max_num_seqs, self.gpu_memory_utilization, self.kv_cache_memory_bytes)
+        if self.deterministic and any(v is not None for v in budgeted):
+            raise KeyedValueError(
+                "policy.generation.deterministic: true decodes the whole batch at once (its bitwise claim is for "
+                "that path): unset policy.generation.max_num_seqs, gpu_memory_utilization and kv_cache_memory_bytes"
+            )
+        return self
+

@@ -101,11 +101,12 @@ def _attention_mask(attention_mask: torch.Tensor, num_queries: int, cache_start:
     would otherwise be fully masked and give NaN. Real queries never see pad keys, so this changes no real output.
     """
     device = attention_mask.device
-    q_pos = cache_start + torch.arange(num_queries, device=device)  # [S_q]
+    starts = torch.as_tensor(cache_start, device=device).reshape(-1, 1)  # [1, 1], or [B, 1] per-row starts
+    q_pos = starts + torch.arange(num_queries, device=device)  # [1 | B, S_q]
     k_pos = torch.arange(attention_mask.shape[1], device=device)  # [S_k]
-    causal = k_pos[None, :] <= q_pos[:, None]  # [S_q, S_k]
-    allowed = causal[None] & attention_mask.bool()[:, None, :]  # [B, S_q, S_k]
-    allowed = allowed | (k_pos[None, :] == q_pos[:, None])[None]
+    causal = k_pos <= q_pos[..., None]  # [1 | B, S_q, S_k]
+    allowed = causal & attention_mask.bool()[:, None, :]  # [B, S_q, S_k]
+    allowed = allowed | (k_pos == q_pos[..., None])
     return allowed[:, None]  # [B, 1, S_q, S_k]
 
 
@@ -237,7 +238,7 @@ def decoder_forward(
     see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions
     `cache_start .. cache_start+S-1`; an int `cache_start` attends over the cache prefix (S_total == cache_start+S),
     a 0-dim LongTensor attends over the whole buffer (S_total == kv_cache.max_seq_len; static shapes for a captured
-    decode step).
+    decode step), and so does a [B] LongTensor of per-row columns (one token per row: continuous batching).
     """
     if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
         raise ValueError(

@@ -152,10 +152,10 @@ def test_local_qwen3_trains_checkpoints_exports_and_reloads(workspace, trained):
 
     history = result["history"]
     assert len(history) == 2
-    # The seeded random-weight model answers with noise: 15 and then 14 of its 16 responses hold no parseable
-    # answer (pinned; a counter that is not reset per step reads 15, 29, one that never counts 0, 0); every gold
+    # The seeded random-weight model answers with noise: 15 of its 16 responses hold no parseable answer at both
+    # steps (pinned; a counter that is not reset per step reads 15, 30, one that never counts 0, 0); every gold
     # answer parses.
-    assert [m["env/parse_failures"] for m in history] == [15.0, 14.0]
+    assert [m["env/parse_failures"] for m in history] == [15.0, 15.0]
     for metrics in history:
         assert metrics["env/num_scored"] == 16.0
         assert metrics["env/gold_parse_failures"] == 0.0 and metrics["env/verify_timeouts"] == 0.0

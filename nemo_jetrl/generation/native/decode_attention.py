@@ -69,8 +69,8 @@ def decode_attention(
     impl: str = "auto",
 ) -> torch.Tensor:
     """Decode attention on the GPU. q [B, H, D]; k_buf/v_buf [B, H_kv, S_max, D] (strided views of the cache are
-    fine, last dim contiguous); key_valid [B, >= S_max] bool (1 = attend); kv_len: 0-dim int64 device tensor, keys
-    [0, kv_len) are read; FP8 buffers need k_scale/v_scale (0-dim fp32). Returns [B, H, D] in q.dtype.
+    fine, last dim contiguous); key_valid [B, >= S_max] bool (1 = attend); kv_len: int64 device tensor, 0-dim (all
+    rows) or [B] (per row, continuous batching), keys [0, kv_len) are read; FP8 buffers need k_scale/v_scale (0-dim fp32). Returns [B, H, D] in q.dtype.
 
     impl: "triton" (any cache), "cuda" (the hand-written e4m3-cache kernel, `fp8_decode_cuda.py`), or "auto": the
     CUDA kernel wherever it fits, Triton elsewhere."""
@@ -87,6 +87,7 @@ def decode_attention(
     is_fp8 = k_buf.dtype == FP8
     if is_fp8 and (k_scale is None or v_scale is None):
         raise ValueError("decode_attention: an FP8 cache needs k_scale and v_scale")
+    slen = kv_len_stride(kv_len, bsz)
     n_rep = heads // kv_heads
     if impl not in ("auto", "triton", "cuda"):
         raise ValueError(f"decode_attention: impl must be auto, triton or cuda, got {impl!r}")
@@ -106,7 +107,9 @@ def decode_attention(
         part_out = torch.empty(bsz, heads, num_splits, dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
     if on_cuda_kernel:
-        fp8_decode_cuda.launch(q, k_buf, v_buf, key_valid, kv_len, sm_scale, k_scale, v_scale, out, part_out, part_lse)
+        fp8_decode_cuda.launch(
+            q, k_buf, v_buf, key_valid, kv_len, sm_scale, k_scale, v_scale, out, part_out, part_lse, slen=slen
+        )
         if part_out is None:
             return out
     else:
@@ -119,12 +122,21 @@ def decode_attention(
         _decode_kernel[(bsz * kv_heads, num_splits)](
             q, k_buf, v_buf, key_valid, kv_len, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones,
             part_out, part_lse, float(sm_scale), kv_heads, s_max,
-            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
+            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0), slen,
             N_REP=n_rep, R_PAD=max(16, triton.next_power_of_2(n_rep)), D=dim, NUM_SPLITS=num_splits, DOT=dot,
             **tuning,
         )  # fmt: skip
     merge_splits(part_out, part_lse, out)
     return out
+
+
+def kv_len_stride(kv_len: torch.Tensor, batch: int) -> int:
+    """Element stride between rows' key counts: 0 for one 0-dim count shared by all rows, else that of kv_len [B]."""
+    if kv_len.dtype != torch.int64 or kv_len.shape not in ((), (batch,)):
+        raise ValueError(
+            f"kv_len must be an int64 tensor of shape () or [B={batch}], got {kv_len.dtype} {kv_len.shape}"
+        )
+    return 0 if kv_len.dim() == 0 else kv_len.stride(0)
 
 
 def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
@@ -149,8 +161,8 @@ def write_decode_kv(
 ) -> None:
     """Store one new token per sequence at cache position kv_len - 1, K and V in one launch (Triton).
 
-    k_buf/v_buf [B, H_kv, S_max, D] (one layer of the cache, last dim contiguous); k/v [B, H_kv, 1, D]; kv_len a
-    0-dim int64 device tensor. FP8 buffers get `clamp(x / scale, -448, 448)` rounded to e4m3 (bitwise
+    k_buf/v_buf [B, H_kv, S_max, D] (one layer of the cache, last dim contiguous); k/v [B, H_kv, 1, D]; kv_len an
+    int64 device tensor, 0-dim (one position for all rows) or [B] (each row's own). FP8 buffers get `clamp(x / scale, -448, 448)` rounded to e4m3 (bitwise
     `precision.kv.kv_quant`), other buffers `x.to(buffer dtype)`: what `KVCache.update` writes, in one kernel
     instead of ~10 small ones."""
     bsz, kv_heads, _, dim = k_buf.shape
@@ -161,10 +173,11 @@ def write_decode_kv(
     is_fp8 = k_buf.dtype == FP8
     if is_fp8 and (k_scale is None or v_scale is None):
         raise ValueError("write_decode_kv: an FP8 cache needs k_scale and v_scale")
+    slen = kv_len_stride(kv_len, bsz)
     # the kernel reads the scales only for FP8 buffers: otherwise any pointer fills their slots
     _write_kernel[(bsz * kv_heads,)](
         k, v, k_buf, v_buf, kv_len, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len, kv_heads,
-        *k.stride()[:2], *v.stride()[:2], *k_buf.stride()[:3], D=dim, FP8=is_fp8,
+        *k.stride()[:2], *v.stride()[:2], *k_buf.stride()[:3], slen, D=dim, FP8=is_fp8,
     )  # fmt: skip
 
 
@@ -188,7 +201,7 @@ def _define_kernels():
     def decode_kernel(
         q_ptr, k_ptr, v_ptr, valid_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, out_ptr, lse_ptr,
         sm_scale, kv_heads, s_max,
-        sqb, sqh, skb, skh, sks, svb, svh, svs, svalb,
+        sqb, sqh, skb, skh, sks, svb, svh, svs, svalb, slen,
         N_REP: tl.constexpr, R_PAD: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
         BLOCK_N: tl.constexpr,
     ):  # fmt: skip
@@ -206,7 +219,7 @@ def _define_kernels():
             q = q.to(tl.bfloat16)
         else:
             q = q.to(tl.float16)
-        kv_len = tl.minimum(tl.load(kv_len_ptr).to(tl.int32), s_max)
+        kv_len = tl.minimum(tl.load(kv_len_ptr + b * slen).to(tl.int32), s_max)
         per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = split * per_split
         hi = tl.minimum(lo + per_split, kv_len)
@@ -275,14 +288,14 @@ def _define_kernels():
     @triton.jit
     def write_kernel(
         k_ptr, v_ptr, kbuf_ptr, vbuf_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, kv_heads,
-        skb, skh, svb, svh, sbb, sbh, sbs,
+        skb, skh, svb, svh, sbb, sbh, sbs, slen,
         D: tl.constexpr, FP8: tl.constexpr,
     ):  # fmt: skip
         # one program per (sequence, KV head): k/v [D] -> cache[b, h, kv_len - 1, :]
         pid = tl.program_id(0)
         b, h = pid // kv_heads, pid % kv_heads
         dims = tl.arange(0, D)
-        pos = tl.load(kv_len_ptr).to(tl.int64) - 1
+        pos = tl.load(kv_len_ptr + b * slen).to(tl.int64) - 1
         k = tl.load(k_ptr + b * skb + h * skh + dims)
         v = tl.load(v_ptr + b * svb + h * svh + dims)
         if FP8:

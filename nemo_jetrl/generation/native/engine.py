@@ -25,10 +25,12 @@ import torch
 from torch import nn
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutStats
 from nemo_jetrl.generation.native.cuda_graph import CapturedStep
 from nemo_jetrl.generation.native.decode_attention import triton_decode_available
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
-from nemo_jetrl.generation.native.sampler import SamplingParams, sample, token_logprobs
+from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
+from nemo_jetrl.generation.native.scheduler import engine_kv_budget
 from nemo_jetrl.models.decoder import AttnHook, compute_logits, decoder_forward, position_ids_from_mask
 from nemo_jetrl.precision import rollout_mode
 
@@ -56,6 +58,12 @@ class NativeGenerationEngine(GenerationInterface):
     fused_decode: decode attention over the stored cache and the fused glue kernels of `decoder_forward` (Triton);
     None = on for CUDA models with triton.
     sync_every: host check for "all rows finished" every N decode steps (None = 1 on CPU, 16 on CUDA).
+
+    KV budget and continuous batching (`continuous.py`): max_num_seqs caps the sequences decoded at once;
+    kv_cache_memory_bytes (any device) or gpu_memory_utilization (CUDA: that fraction of the memory the process
+    does not hold) caps the KV cache; max_model_len caps each row's prompt + response. When the caps cannot hold
+    the whole batch at once (or continuous_batching=True), sequences queue for KV slots and refill them as others
+    finish; otherwise the batch is decoded in one static batch as before.
     """
 
     def __init__(
@@ -77,6 +85,11 @@ class NativeGenerationEngine(GenerationInterface):
         cuda_graphs: bool = False,
         fused_decode: bool | None = None,
         sync_every: int | None = None,
+        max_num_seqs: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        max_model_len: int | None = None,
+        continuous_batching: bool | None = None,
     ) -> None:
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
         if max_new_tokens < 1:
@@ -111,6 +124,14 @@ class NativeGenerationEngine(GenerationInterface):
         self.fused_decode = (on_cuda and triton_decode_available()) if fused_decode is None else bool(fused_decode)
         self.sync_every = int(sync_every) if sync_every is not None else (16 if on_cuda else 1)
         self.vocab_size = int(model.config.vocab_size)
+        self.max_num_seqs = None if max_num_seqs is None else int(max_num_seqs)
+        self.kv_cache_memory_bytes = None if kv_cache_memory_bytes is None else int(kv_cache_memory_bytes)
+        self.gpu_memory_utilization = None if gpu_memory_utilization is None else float(gpu_memory_utilization)
+        self.max_model_len = None if max_model_len is None else int(max_model_len)
+        if self.max_model_len is not None:  # one total cap per row: the tighter of the two
+            self.max_total_length = min(self.max_total_length or self.max_model_len, self.max_model_len)
+        self.continuous_batching = continuous_batching
+        self.last_rollout_stats: RolloutStats | None = None  # of the last continuous-batching generate
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ GenerationInterface
@@ -156,16 +177,25 @@ class NativeGenerationEngine(GenerationInterface):
         *,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
-        """Complete each prompt; see GenerationOutput for the layout."""
+        """Complete each prompt; see GenerationOutput for the layout. max_new_tokens: a per-row response cap
+        (within the engine's caps), e.g. a benchmark's drawn response lengths."""
         self._check_prompts(prompt_ids)
-        prompt_len = max(len(p) for p in prompt_ids)
-        num_steps = self.max_new_tokens
-        if self.max_total_length is not None:  # each row: prompt + response <= max_total_length
-            num_steps = min(num_steps, self.max_total_length - min(len(p) for p in prompt_ids))
+        caps = self._length_caps(prompt_ids, max_new_tokens)
+        budget = engine_kv_budget(self, prompt_ids, caps)
+        if budget.num_slots < len(prompt_ids) or self.continuous_batching:
+            rollout = ContinuousRollout(self, prompt_ids, budget, caps)
+            with torch.no_grad(), rollout_mode(self.model):
+                out = rollout.run(greedy, generator)
+            self.last_rollout_stats = rollout.stats
+            return out
+        self.last_rollout_stats = None
+        prompt_len, num_steps = max(len(p) for p in prompt_ids), max(caps)
         ids, mask = self._left_pad(prompt_ids, prompt_len + num_steps)
+        limits = torch.tensor([len(p) + c for p, c in zip(prompt_ids, caps)], device=self.device)  # [B] real tokens
         with torch.no_grad(), rollout_mode(self.model):
-            return self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, num_steps=num_steps)
+            return self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, limits=limits)
 
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
         """Logprobs [B, S] float32 of a `generate` output's tokens, recomputed by replaying the rollout (same batch,
@@ -196,17 +226,26 @@ class NativeGenerationEngine(GenerationInterface):
         return out.generation_logprobs
 
     # ------------------------------------------------------------------ internals
-    def _done(self, finished: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """[B] rows that take no more tokens: stopped, or at max_total_length real tokens."""
+    def _length_caps(self, prompt_ids: list[list[int]], requested: Sequence[int] | None) -> list[int]:
+        """Each row's response cap: max_new_tokens (or the row's requested cap, if lower), within
+        max_total_length (and max_model_len)."""
+        caps = [self.max_new_tokens] * len(prompt_ids)
+        if requested is not None:
+            if len(requested) != len(prompt_ids) or min(requested) < 1:
+                raise ValueError(f"max_new_tokens must give one cap >= 1 per prompt, got {list(requested)[:8]}...")
+            caps = [min(c, int(r)) for c, r in zip(caps, requested)]
         if self.max_total_length is None:
-            return finished
-        return finished | (lengths >= self.max_total_length)
+            return caps
+        return [min(c, self.max_total_length - len(p)) for c, p in zip(caps, prompt_ids)]
 
     def _check_prompts(self, prompt_ids: list[list[int]]) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
         if self.max_total_length is not None and max(len(p) for p in prompt_ids) >= self.max_total_length:
-            raise ValueError(f"a prompt leaves no room for a response within max_total_length={self.max_total_length}")
+            raise ValueError(
+                f"a prompt leaves no room for a response within max_total_length / max_model_len="
+                f"{self.max_total_length}"
+            )
         for i, prompt in enumerate(prompt_ids):
             if len(prompt) == 0:
                 raise ValueError(f"prompt_ids[{i}] is empty")
@@ -316,18 +355,21 @@ class NativeGenerationEngine(GenerationInterface):
         greedy: bool = False,
         generator: torch.Generator | None = None,
         forced: tuple[torch.Tensor, torch.Tensor] | None = None,
+        limits: torch.Tensor | None = None,
         num_steps: int | None = None,
     ) -> GenerationOutput:
-        """The rollout loop over ids/mask [B, S_max] (prompts in [0, P)). With `forced` (ids, mask [B, S_max]) the
-        tokens are taken from it instead of sampled (`score`), for exactly `num_steps` steps."""
+        """The rollout loop over ids/mask [B, S_max] (prompts in [0, P)), `num_steps` (default S_max - P) steps at
+        most; `limits` [B]: each row's cap on real tokens (prompt + response). With `forced` (ids, mask [B, S_max])
+        the tokens are taken from it instead of sampled (`score`), for exactly `num_steps` steps."""
         batch, max_len = ids.shape
-        num_steps = self.max_new_tokens if num_steps is None else num_steps
+        num_steps = max_len - prompt_len if num_steps is None else num_steps
         logprobs = torch.zeros((batch, max_len), dtype=torch.float32, device=self.device)  # [B, S_max]
         cache = self._new_cache(batch, max_len)
         hook = self.attn_hook_factory() if self.attn_hook_factory is not None else None
         stop_ids = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
         pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device)
         decode = self._decoder(cache, hook, mask)
+        keys = sequence_keys(seed_of(generator), torch.arange(batch, device=self.device))  # [B] sampling streams
 
         logits = self._prefill(cache, hook, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
         lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
@@ -336,10 +378,8 @@ class NativeGenerationEngine(GenerationInterface):
         for step in range(num_steps):
             col = prompt_len + step
             if forced is None:
-                tokens, token_logprobs_ = sample(logits, self.sampling, greedy=greedy, generator=generator)  # [B]
-                active = ~finished
-                if self.max_total_length is not None:  # rows at the total stop (truncated, not finished)
-                    active = active & (lengths < self.max_total_length)
+                tokens, token_logprobs_ = sample(logits, self.sampling, greedy=greedy, keys=keys, counters=step)  # [B]
+                active = ~finished & (lengths < limits)  # rows at their cap stop (truncated, not finished)
             else:
                 tokens, active = forced[0][:, col], forced[1][:, col].bool()
                 token_logprobs_ = token_logprobs(logits, tokens, self.sampling.temperature)
@@ -353,7 +393,7 @@ class NativeGenerationEngine(GenerationInterface):
             steps = step + 1
             if steps == num_steps:
                 break
-            if forced is None and steps % self.sync_every == 0 and bool(self._done(finished, lengths).all()):
+            if forced is None and steps % self.sync_every == 0 and bool((finished | (lengths >= limits)).all()):
                 break
             logits = decode(tokens, positions, col)
 

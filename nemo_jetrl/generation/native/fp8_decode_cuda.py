@@ -77,10 +77,11 @@ extern "C" __global__ void __launch_bounds__(NW * 32, __MINB__) fp8_decode_atten
     const long long* __restrict__ kv_len_ptr, const float* __restrict__ k_scale_ptr,
     const float* __restrict__ v_scale_ptr, float* __restrict__ part_out, float* __restrict__ part_lse,
     u16* __restrict__ out, double sm_scale, int kv_heads, int s_max, int n_rep, int num_splits,
-    int sqb, int sqh, int skb, int skh, int sks, int svb, int svh, int svs, int svalb, int sob, int soh) {
+    int sqb, int sqh, int skb, int skh, int sks, int svb, int svh, int svs, int svalb, int sob, int soh,
+    int slen) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int b = blockIdx.x / kv_heads, hk = blockIdx.x % kv_heads, split = blockIdx.y;
-    const int kv_len = (int)min((long long)s_max, *kv_len_ptr);
+    const int kv_len = (int)min((long long)s_max, kv_len_ptr[(long long)b * slen]);
     const int per_split = ((kv_len + num_splits - 1) / num_splits + 15) / 16 * 16;
     const int lo = split * per_split, hi = min(lo + per_split, kv_len);
     const float qk2 = (float)sm_scale * *k_scale_ptr * 1.4426950408889634f;  // scores in log2 units
@@ -278,6 +279,7 @@ def launch(
     part_out: torch.Tensor | None,
     part_lse: torch.Tensor | None,
     *,
+    slen: int = 0,
     num_warps: int = 4,
     min_blocks: int = 4,
 ) -> None:
@@ -293,6 +295,6 @@ def launch(
             q, k_buf, v_buf, key_valid, kv_len, k_scale, v_scale,
             out if part_out is None else part_out, out if part_lse is None else part_lse, out,
             float(sm_scale), kv_heads, k_buf.shape[2], heads // kv_heads, num_splits,
-            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0), *out.stride()[:2],
+            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0), *out.stride()[:2], slen,
         ],
     )  # fmt: skip

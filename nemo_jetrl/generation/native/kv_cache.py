@@ -4,7 +4,9 @@ Buffers are [L, B, H_kv, S_max, D]. `update(layer, k, v, start)` writes the new 
 `start .. start+S-1` and returns what attention reads:
 - `start` an int: views over the written prefix [0, start+S);
 - `start` a 0-dim LongTensor: the whole [0, S_max) buffer (fixed shapes, so a decode step can be captured in a CUDA
-  graph; the caller masks the unwritten tail, which holds zeros, never NaN).
+  graph; the caller masks the unwritten tail, which holds zeros, never NaN);
+- `start` a [B] LongTensor (one new token per row, continuous batching): row b writes at its own column start[b];
+  the whole buffer is returned, as for a 0-dim start.
 
 FP8 storage: with `dtype=torch.float8_e4m3fn`, K and V are stored as e4m3 with one FP32 dequantization scale per layer
 (`set_scales`): quantize on write `clamp(x / scale, -448, 448).to(e4m3)`, dequantize on read `q * scale`, returned in
@@ -100,6 +102,15 @@ class KVCache:
             fused_decode=fused_decode,
         )
 
+    @staticmethod
+    def token_bytes(model: nn.Module, dtype: torch.dtype) -> int:
+        """Bytes one cached token takes over all layers of `model`, K and V, stored as `dtype`."""
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return (
+            2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
+
     @property
     def is_fp8(self) -> bool:
         return self.dtype == FP8_KV_DTYPE
@@ -173,8 +184,8 @@ class KVCache:
         mask: torch.Tensor,
         sm_scale: float,
     ) -> torch.Tensor:
-        """Write the new token's k, v [B, H_kv, 1, D] at `start`, attend q [B, H, 1, D] over keys [0, start] where
-        `mask` [B, 1, 1, S_total] (bool) allows. Returns [B, H, 1, D] in q.dtype."""
+        """Write the new token's k, v [B, H_kv, 1, D] at `start` (int, 0-dim or [B] per row), attend q [B, H, 1, D]
+        over keys [0, start] where `mask` [B, 1, 1, S_total] (bool) allows. Returns [B, H, 1, D] in q.dtype."""
         self._check_write(layer, k, v)
         if k.shape[2] != 1:
             raise ValueError(f"decode_attention takes one new token per sequence, got k {tuple(k.shape)}")
@@ -217,6 +228,18 @@ class KVCache:
         k_scale, v_scale = self._scales(layer)
         seq = k.shape[2]
         k_buf, v_buf = self.k[layer], self.v[layer]  # [B, H_kv, S_max, D]
+        if isinstance(start, torch.Tensor) and start.dim() == 1:  # per-row columns, one token each
+            if seq != 1 or start.shape != (self.batch_size,):
+                raise ValueError(
+                    f"per-row starts take one token per row: start {tuple(start.shape)}, k {tuple(k.shape)}"
+                )
+            rows = torch.arange(self.batch_size, device=self.k.device)  # [B]
+            for buf, value, scale in ((k_buf, k, k_scale), (v_buf, v, v_scale)):
+                encoded = self._encode(value[:, :, 0], scale)  # [B, H_kv, D]
+                if buf.dtype == FP8_KV_DTYPE:
+                    buf, encoded = buf.view(torch.uint8), encoded.view(torch.uint8)
+                buf[rows, :, start] = encoded
+            return k_scale, v_scale
         if isinstance(start, torch.Tensor):
             positions = start + self._positions[:seq]  # [S]
             self._index_write(k_buf, positions, self._encode(k, k_scale))

@@ -1,12 +1,14 @@
-"""Batched next-token sampling on device: greedy, temperature, top-k, top-p.
+"""Batched next-token sampling on device: greedy, temperature, top-k, top-p, one random stream per sequence.
 
 The returned logprob is that of the chosen token under `log_softmax(logits / temperature)` over the FULL vocabulary,
 i.e. BEFORE top-k / top-p filtering. That is the quantity the trainer recomputes (`sequence_logprobs` with the same
 temperature), so rollout and trainer logprobs are comparable token by token; filtering only restricts which tokens
 can be drawn. Greedy picks the argmax (first index on ties, like HF) and reports the same unfiltered logprob.
 
-Sampling draws with the exponential-race trick (argmax of p / E, E ~ Exp(1)), which samples exactly from p, needs
-no host sync and takes an explicit `torch.Generator` for reproducibility.
+Sampling is inverse-CDF: one uniform per row, `u * total` located in the row's float64 cumulative probabilities
+(zero-probability tokens are never hit). The uniform is a counter-based hash of (sequence key, draw index)
+(`uniforms`, splitmix64), so a sequence's draws depend on its own key and position only: not on which other
+sequences share the batch, the batch order, or when a continuous-batching scheduler admits it. No host sync.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64 constants as signed int64 (torch has no uint64 arithmetic)
+_MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MUL2 = 0x94D049BB133111EB - (1 << 64)
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,38 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be None or >= 1, got {self.top_k}")
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finaliser on int64 tensors (two's-complement wrap-around), elementwise."""
+    z = x + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MUL1
+    z = (z ^ _shr(z, 27)) * _MUL2
+    return z ^ _shr(z, 31)
+
+
+def sequence_keys(seed: int, sequence_ids: torch.Tensor) -> torch.Tensor:
+    """[N] int64 stream keys of sequences `sequence_ids` [N] (their index in a `generate` call) under `seed`."""
+    base = mix64(torch.tensor(int(seed) % (1 << 63), dtype=torch.int64))
+    return mix64(sequence_ids.long() ^ base.to(sequence_ids.device))
+
+
+def seed_of(generator: torch.Generator | None) -> int:
+    """The seed a call's streams derive from: the generator's initial seed, else a fresh draw on the host."""
+    if generator is not None:
+        return int(generator.initial_seed())
+    return int(torch.randint(0, 2**62, ()).item())
+
+
+def uniforms(keys: torch.Tensor, counters: torch.Tensor | int) -> torch.Tensor:
+    """[B] float64 in [0, 1): draw number `counters` [B] (or one int for all) of the streams `keys` [B] int64."""
+    bits = mix64(keys ^ mix64(torch.as_tensor(counters, dtype=torch.int64, device=keys.device)))
+    return _shr(bits, 11).double() * (2.0**-53)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
@@ -54,18 +92,25 @@ def sample(
     *,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    keys: torch.Tensor | None = None,
+    counters: torch.Tensor | int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens [B] long and their logprobs [B] float32 (unfiltered, see module doc) from logits [B, V]."""
+    """Next tokens [B] long and their logprobs [B] float32 (unfiltered, see module doc) from logits [B, V].
+
+    keys [B] int64: each row's stream (`sequence_keys`); counters: each row's draw index. Without keys, row i takes
+    stream i of the generator's seed (`seed_of`)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     scaled = logits.float() / params.temperature  # [B, V]
     if greedy:
         tokens = torch.argmax(scaled, dim=-1)  # [B]
     else:
+        if keys is None:
+            keys = sequence_keys(seed_of(generator), torch.arange(logits.shape[0], device=logits.device))
         probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)  # [B, V]
-        race = torch.empty_like(probs).exponential_(1.0, generator=generator)  # [B, V] ~ Exp(1)
-        race.clamp_(min=torch.finfo(torch.float32).tiny)  # an exact 0 draw would give 0/0 = NaN on p = 0
-        tokens = torch.argmax(probs / race, dim=-1)  # [B]
+        cdf = probs.double().cumsum(dim=-1)  # [B, V]
+        target = uniforms(keys, counters) * cdf[:, -1]  # [B] in [0, total)
+        tokens = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
     return tokens, token_logprobs(logits, tokens, params.temperature)
 
 

@@ -5,10 +5,18 @@ micro-batches: FP8 WGrad quantizes X^T in groups of 128 tokens, so the micro-bat
 TP x DP step, refits its TP rollout shard and decodes greedily. Model: random Qwen3, hidden 256, 4 q heads and
 2 KV heads of 128, intermediate 512 (every per-rank dim whole 128-tiles at TP=2); FP32 master and compute.
 
-Tolerances: loss and logprobs 1e-6 relative / absolute (observed bitwise: the row-parallel layers add FP32
-partial sums before their one rounding); grad norm 1e-6 relative (observed 1e-7: norms are summed per device mesh
-in another order); FP8 bits and scales after the AdamW step bitwise (observed; the first AdamW step is
-~lr * sign(g), insensitive to last-bit gradient differences); greedy tokens equal.
+How exact TP can be depends on the host's BLAS: a row-parallel layer sums two K-halves, and whether that equals
+one K-long GEMM bitwise depends on the GEMM's K blocking (yes on the host where every check below was first seen
+bitwise; not on an AMD EPYC one, where a last-bit difference can move one e4m3 activation rounding). The bounds
+hold on both; `K_SPLIT_EXACT` (a probe of this host) tightens them to bitwise where the host is exact:
+- the TP rollout on the reference's own weights: greedy tokens equal, logprobs of the reference's tokens within
+  1e-5 (measured 1.4e-6 on the AMD host);
+- the training step: loss 1e-6 relative; logprobs 2e-3 absolute (AMD: 5e-4); grad norm 1e-4 relative (AMD:
+  1.7e-5; norms are summed per device mesh in another order); FP8 bits after the AdamW step: at most 0.1% differ
+  (AMD: 0.04%; Adam's first step is ~lr * sign(g), and a gradient within rounding of 0 may flip), scales 1e-6
+  relative;
+- the rollout after the update: greedy tokens equal where the host is exact (elsewhere the weights are a sign
+  flip apart in places, and greedy decoding amplifies that).
 """
 
 from __future__ import annotations
@@ -55,17 +63,41 @@ def tp2_dp2(tmp_path_factory):
     return _launch(tmp_path_factory.mktemp("tp2dp2"), dp=2, tp=2)
 
 
+def _k_split_exact() -> bool:
+    """Does this host's FP32 GEMM equal the sum of its two K-halves bitwise (at the model's shapes)?"""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(12, 512, generator=g), torch.randn(512, 256, generator=g)
+    return torch.equal(x[:, :256] @ w[:256] + x[:, 256:] @ w[256:], x @ w)
+
+
+K_SPLIT_EXACT = _k_split_exact()
+
+
 def _check_step(ranks: list[dict], dp: int, tp: int) -> None:
     assert sorted((r["dp_rank"], r["tp_rank"]) for r in ranks) == [(d, t) for d in range(dp) for t in range(tp)]
+    exact = K_SPLIT_EXACT
     for r in ranks:
         ref, got = r["ref"], r["tp"]
         assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6)
-        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6)
-        torch.testing.assert_close(got["logp"], ref["logp"], rtol=0, atol=1e-6)
+        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6 if exact else 1e-4)
+        torch.testing.assert_close(got["logp"], ref["logp"], rtol=0, atol=1e-6 if exact else 2e-3)
         assert r["bits"].keys() == r["ref_bits"].keys() and len(r["bits"]) == 14  # 2 layers x 7 linears
+        differ = total = 0
         for name, (data, scale) in r["ref_bits"].items():  # this TP rank's shard of the updated FP8 weights
-            assert torch.equal(r["bits"][name][0], data), name
-            assert torch.equal(r["bits"][name][1], scale), name
+            differ += int((r["bits"][name][0] != data).sum())
+            total += data.numel()
+            torch.testing.assert_close(r["bits"][name][1], scale, rtol=0 if exact else 1e-6, atol=0, msg=name)
+        assert differ <= (0 if exact else 1e-3 * total), (differ, total)
+
+
+def _check_rollout(ranks: list[dict]) -> None:
+    for r in ranks:
+        ref_logp, tp_logp = r["rollout0_logp"]
+        assert torch.equal(r["tp"]["tokens0"], r["ref"]["tokens0"])
+        assert r["tp"]["tokens0"].shape == (4, 13)
+        torch.testing.assert_close(tp_logp, ref_logp, rtol=0, atol=1e-5)
+        if K_SPLIT_EXACT:
+            assert torch.equal(r["tp"]["tokens"], r["ref"]["tokens"])
 
 
 def _check_refit_bytes(ranks: list[dict]) -> None:
@@ -81,9 +113,7 @@ def test_tp2_training_step_equals_one_process(tp2):
 
 
 def test_tp2_rollout_greedy_tokens_equal_one_process(tp2):
-    for r in tp2:
-        assert torch.equal(r["tp"]["tokens"], r["ref"]["tokens"])
-        assert r["tp"]["tokens"].shape == (4, 13)
+    _check_rollout(tp2)
 
 
 def test_tp2_refit_takes_the_fp8_shard_per_rank(tp2):
@@ -94,8 +124,7 @@ def test_tp2_refit_takes_the_fp8_shard_per_rank(tp2):
 def test_tp2_x_dp2_training_step_and_rollout_equal_one_process(tp2_dp2):
     _check_step(tp2_dp2, dp=2, tp=2)
     _check_refit_bytes(tp2_dp2)
-    for r in tp2_dp2:
-        assert torch.equal(r["tp"]["tokens"], r["ref"]["tokens"])
+    _check_rollout(tp2_dp2)
 
 
 # ---- layout checks (no ranks) -------------------------------------------------------------------------------

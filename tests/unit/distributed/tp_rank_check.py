@@ -68,12 +68,15 @@ def tp_slice(bits: dict, rank: int, tp: int) -> dict:
     return out
 
 
-def greedy(replica, dtype):
-    engine = NativeGenerationEngine(
+def rollout_engine(replica, dtype) -> NativeGenerationEngine:
+    return NativeGenerationEngine(
         replica, max_new_tokens=8, stop_token_ids=[2], pad_token_id=0, compute_dtype=dtype, kv_cache_dtype=None
     )
+
+
+def greedy(replica, dtype):
     prompts = [[1, 5, 9, 4], [1, 7, 3], [1, 12, 30, 8, 6], [1, 4]]
-    return engine.generate(prompts, greedy=True)
+    return rollout_engine(replica, dtype).generate(prompts, greedy=True)
 
 
 def train_step(model, root, rows, normalizer, dtype):
@@ -109,18 +112,23 @@ def main() -> None:
     # ---- reference: one process, the whole batch
     ref = copy.deepcopy(base)
     convert_to_fp8(ref, recipe)
+    ref0_out = greedy(build_rollout_replica(ref), dtype)  # the rollout before any update
     ref_loss, ref_logp, opt = reference_step(ref, dp, normalizer, dtype)
     ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0))
     opt.step()
     ref_bits = fp8_bits(ref)
     ref_replica = build_rollout_replica(ref)
-    ref_tokens = greedy(ref_replica, dtype).input_ids
+    ref_out = greedy(ref_replica, dtype)
     # ---- TP x DP
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     tp_rank, dp_rank = mesh["tp"].get_local_rank(), mesh["dp"].get_local_rank()
     model = copy.deepcopy(base)
     convert_to_fp8(model, recipe)
     replica = build_tp_rollout_replica(model, tp_rank, tp, mesh["tp"].get_group())
+    # the TP rollout before any update, on the very weights of the reference's: its greedy tokens and its logprobs
+    # of the reference's tokens (teacher-forced replay)
+    tokens0 = greedy(replica, dtype).input_ids
+    scored0 = rollout_engine(replica, dtype).score(ref0_out.input_ids, ref0_out.attention_mask, ref0_out.prompt_length)
     parallelize_decoder(model, mesh["tp"])
     root = shard_policy(model, temperature=1.0, compute_dtype=dtype, mesh=mesh["dp"])
     per = ROWS // dp
@@ -136,8 +144,21 @@ def main() -> None:
     tokens = greedy(replica, dtype).input_ids
     torch.save(
         {
-            "ref": {"loss": float(ref_loss), "grad_norm": ref_norm, "logp": ref_logp[rows], "tokens": ref_tokens},
-            "tp": {"loss": float(total_loss), "grad_norm": grad_norm, "logp": logp.detach(), "tokens": tokens},
+            "ref": {
+                "loss": float(ref_loss),
+                "grad_norm": ref_norm,
+                "logp": ref_logp[rows],
+                "tokens": ref_out.input_ids,
+                "tokens0": ref0_out.input_ids,
+            },
+            "tp": {
+                "loss": float(total_loss),
+                "grad_norm": grad_norm,
+                "logp": logp.detach(),
+                "tokens": tokens,
+                "tokens0": tokens0,
+            },
+            "rollout0_logp": (ref0_out.generation_logprobs, scored0),
             "ref_bits": tp_slice(ref_bits, tp_rank, tp),
             "bits": fp8_bits(replica),
             "refit": refit.metrics(),

@@ -3,7 +3,8 @@ clipped PG loss written out per token, clip_grad_norm_, torch AdamW), on the tra
 
 Tolerances (measured on this batch, then given ~3-10x margin):
 - FP32 compute (bf16 recipe, compute_dtype float32): grad_norm to 1e-5 relative (measured 2e-6), clipped
-  gradients to 1e-4 in relative L2 (measured 1e-5), for every micro-batch size. Parameters after two AdamW steps
+  gradients to 1e-4 in relative L2 (measured 1e-5), for every micro-batch size; 1e-3 / 1e-2 at the second step
+  (it starts from weights Adam sign flips apart; measured 2.6e-4 on an AMD EPYC host). Parameters after two AdamW steps
   within 0.25 lr of the reference (Adam's update is ~lr * sign(g): gradients within rounding of 0 may flip sign;
   measured 0.16 lr).
 - BF16 compute, FP32 master: gradients to 5% relative L2 (measured 2.1%), grad_norm to 2% (measured 0.6%).
@@ -113,7 +114,9 @@ def test_fp32_step_matches_the_reference_for_every_micro_batch_size(tiny, clip, 
         initial = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
         for k, batch in enumerate(batches):
             metrics = policy.train(batch)
-            tol = 1e-5 if k == 0 else 1e-4  # step 2 starts from weights an Adam sign flip apart
+            # step 2 starts from weights an Adam sign flip apart: how many flip depends on the host's GEMM blocking
+            # (grad_norm measured 1e-5 relative on an Intel host, 2.6e-4 on an AMD EPYC one)
+            tol = 1e-5 if k == 0 else 1e-3
             assert metrics["grad_norm"] == pytest.approx(ref.grad_norms[k], rel=tol), (mbs, k)
             grads = _grads(policy)
             assert _rel_l2(grads, ref.grads[k]) < 10 * tol, (mbs, k)
