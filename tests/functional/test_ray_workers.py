@@ -62,25 +62,6 @@ def _metrics(log_dir: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def ray_module():
-    """One local Ray for the module (its start is the slow part)."""
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def ray_cluster(ray_module):
-    """After each test, free what a failed test may have left: removing a placement group kills its actors."""
-    yield
-    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
-
-    for pg_id, info in placement_group_table().items():
-        if info["state"] != "REMOVED":
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
-
-
 def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster):
     run_grpo(_cfg(tmp_path / "local", "checkpointing.enabled=true", "checkpointing.save_period=2"))
     run_grpo(
