@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resolve_shape(args.shape, args.layers)  # bad --layers fails before any work
         with tqdm(total=NUM_STAGES, unit="stage", dynamic_ncols=True) as bar:
-
             started = []
 
             def stage(name: str) -> None:  # close the previous stage, open this one
