@@ -11,7 +11,10 @@
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
 # Environment: STEPS (GRPO steps, default 10), LAYERS (decoder layers of the built model, default the shape's 28),
 # GPU (nvidia-smi index to sample, default 0), PYTHON (default python3), EXTRA (more overrides for both runs,
-# e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"); a CPU smoke run of the script
+# e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"), COPY_TO (a directory that gets,
+# on exit even after a failure, the runs' console logs <variant>.log and <variant>/{metrics.jsonl, config.yaml,
+# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
+# bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them anywhere); a CPU smoke run of the script
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
 set -euo pipefail
 
@@ -28,8 +31,22 @@ PY=${PYTHON:-python3}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 [ "$DEVICE" = cpu ] && EXTRA_ARGS=(cluster.device=cpu cluster.gpus_per_node=0 "${EXTRA_ARGS[@]}")
 CKPT=$OUT/ckpt
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+COPY_TO=${COPY_TO:-}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs"
+
+copy_results() {  # the small result files into $COPY_TO (runs on exit)
+    [ -n "$COPY_TO" ] || return 0
+    local f v
+    for v in bf16 fp8_kv; do
+        [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
+        for f in metrics.jsonl config.yaml gpu_memory.csv; do
+            [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
+        done
+    done
+    return 0
+}
+trap copy_results EXIT
 
 [ -f examples/run_grpo.py ] || { echo "error: run from the repo root (examples/run_grpo.py not found)" >&2; exit 2; }
 

@@ -142,6 +142,7 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         "DEVICE": "cpu",
         "STEPS": "2",
         "EXTRA": extra,
+        "COPY_TO": str(tmp_path / "copied"),
     }
     proc = subprocess.run(
         ["bash", "benchmarks/gpu_cli_run.sh", str(tmp_path)],
@@ -158,3 +159,19 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         assert summary[variant]["median_s"]["generation"] > 0 and summary[variant]["median_s"]["training"] > 0
     assert summary["fp8_kv"]["first_step_s"]["kv_bootstrap"] > 0 and "kv_bootstrap" not in summary["bf16"]["median_s"]
     assert "| generation |" in proc.stdout and "| peak GPU memory |" in proc.stdout
+    copied = sorted(str(p.relative_to(tmp_path / "copied")) for p in (tmp_path / "copied").rglob("*") if p.is_file())
+    assert copied == [
+        "bf16.log",
+        "bf16/config.yaml",
+        "bf16/metrics.jsonl",
+        "fp8_kv.log",
+        "fp8_kv/config.yaml",
+        "fp8_kv/metrics.jsonl",
+    ]
+    report = subprocess.run(
+        [sys.executable, "benchmarks/gpu_cli_report.py", f"fp8_kv={tmp_path / 'copied' / 'fp8_kv'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0 and "| training |" in report.stdout, report.stderr
