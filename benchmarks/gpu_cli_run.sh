@@ -6,8 +6,8 @@
 #
 # From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
 # (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8_kv report (default: all, in order);
-# each run is one command, so on a box with a per-command time limit call e.g. `OUT check build bf16`, then
-# `OUT fp8_kv report`. Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
+# on a box with a per-command time limit that may start each call on a fresh machine, call
+# `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
 # Environment: STEPS (GRPO steps, default 10), LAYERS (decoder layers of the built model, default the shape's 28),
 # GPU (nvidia-smi index to sample, default 0), PYTHON (default python3), EXTRA (more overrides for both runs,
@@ -72,10 +72,11 @@ EOF
 }
 
 stage_build() {
-    if [ -f "$CKPT/model/config.json" ]; then
+    if [ -f "$CKPT/build_info.json" ]; then  # written last: the build finished
         echo "build: reusing $CKPT (delete it to rebuild)"
         return
     fi
+    rm -rf "$CKPT"  # an interrupted build
     local layers=()
     [ -n "$LAYERS" ] && layers=(--layers "$LAYERS")
     "$PY" examples/build_random_checkpoint.py --out "$CKPT" --shape "$SHAPE" --device "$DEVICE" "${layers[@]}" \
