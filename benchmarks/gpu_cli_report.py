@@ -1,0 +1,152 @@
+"""Per-phase GRPO step times and peak GPU memory of CLI runs, from their log directories.
+
+    python3 benchmarks/gpu_cli_report.py bf16=OUT/logs/bf16 fp8_kv=OUT/logs/fp8_kv --json OUT/summary.json
+
+Each LOG_DIR is a run's `logger.log_dir`: `metrics.jsonl` gives the `timing/<phase>` seconds of every step (the
+loop's own timers: generation, reward, logprobs, training, refit, kv_bootstrap, total_step_time) and
+`config.yaml` the samples per step; `gpu_memory.csv` (optional, written by benchmarks/gpu_cli_run.sh with
+`nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -i 0 -lms 500`: one GPU, every
+process on it) the peak device memory in MiB.
+The table shows the median over the steps after the first `--skip` (warm-up: Triton JIT, CUDA graph capture) and
+the first step on its own. Needs only the standard library (+ PyYAML for the rollout tokens/s row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+PHASES = ("generation", "logprobs", "training", "refit", "reward", "kv_bootstrap", "total_step_time")
+MEMORY_FILE = "gpu_memory.csv"
+
+
+def read_timings(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """`{phase: [(step, seconds), ...]}` from `log_dir/metrics.jsonl` (unreadable lines skipped)."""
+    path = log_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: did the run start? (logger.log_dir={log_dir})")
+    out: dict[str, list[tuple[int, float]]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        for phase in PHASES:
+            value = record.get(f"timing/{phase}")
+            if isinstance(value, (int, float)):
+                out.setdefault(phase, []).append((record["step"], float(value)))
+    return out
+
+
+def read_gen_tokens(log_dir: Path) -> list[tuple[int, float]]:
+    """`[(step, generated tokens of the step)]`: mean tokens per sample x samples per step (config.yaml)."""
+    config, metrics = log_dir / "config.yaml", log_dir / "metrics.jsonl"
+    samples = None
+    if config.is_file():
+        import yaml  # transformers' dependency: present wherever the run itself ran
+
+        grpo = (yaml.safe_load(config.read_text()) or {}).get("grpo", {})
+        if not grpo.get("use_dynamic_sampling"):
+            samples = grpo.get("num_prompts_per_step", 0) * grpo.get("num_generations_per_prompt", 0)
+    if not samples:
+        return []
+    out = []
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        value = record.get("train/mean_gen_tokens_per_sample") if isinstance(record, dict) else None
+        if isinstance(value, (int, float)) and isinstance(record.get("step"), int):
+            out.append((record["step"], value * samples))
+    return out
+
+
+def peak_memory_mib(log_dir: Path) -> float | None:
+    """Largest `memory.used` sample (MiB, the last field of each line) in `log_dir/gpu_memory.csv`."""
+    path = log_dir / MEMORY_FILE
+    if not path.is_file():
+        return None
+    values = []
+    for line in path.read_text().splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        try:
+            values.append(float(fields[-1]))
+        except (ValueError, IndexError):
+            continue
+    return max(values) if values else None
+
+
+def summarize(log_dir: Path, skip: int = 1) -> dict:
+    """Median seconds per phase over steps > `skip`, the first step's seconds, steps, peak memory, rollout tok/s."""
+    timings = read_timings(log_dir)
+    steps = sorted({s for series in timings.values() for s, _ in series})
+    summary: dict = {"log_dir": str(log_dir), "steps": len(steps), "median_s": {}, "first_step_s": {}}
+    for phase, series in timings.items():
+        steady = [v for s, v in series if s > skip]  # kv_bootstrap runs in the first step only: no median
+        summary["median_s"][phase] = statistics.median(steady) if steady else None
+        summary["first_step_s"][phase] = min(series)[1]
+    gen = dict(timings.get("generation", []))
+    rates = [tokens / gen[s] for s, tokens in read_gen_tokens(log_dir) if s > skip and gen.get(s)]
+    summary["rollout_tokens_per_s"] = statistics.median(rates) if rates else None
+    summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
+    return summary
+
+
+def format_table(summaries: dict[str, dict]) -> str:
+    """Markdown table: one row per phase (median s, first step s in brackets), one column per run."""
+    labels = list(summaries)
+    phases = [p for p in PHASES if any(p in s["first_step_s"] for s in summaries.values())]
+    rows = ["| phase | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for phase in phases:
+        cells = []
+        for label in labels:
+            s = summaries[label]
+            m, f = s["median_s"].get(phase), s["first_step_s"].get(phase)
+            median = "—" if m is None else f"{m:.2f} s"
+            cells.append("—" if f is None else f"{median} (1st {f:.2f})")
+        rows.append(f"| {phase} | " + " | ".join(cells) + " |")
+    extra = {
+        "rollout tokens/s": lambda s: "—" if s["rollout_tokens_per_s"] is None else f"{s['rollout_tokens_per_s']:,.0f}",
+        "peak GPU memory": lambda s: (
+            "—" if s["peak_gpu_memory_mib"] is None else f"{s['peak_gpu_memory_mib'] / 1024:.1f} GiB"
+        ),
+        "steps logged": lambda s: str(s["steps"]),
+    }
+    for name, cell in extra.items():
+        rows.append(f"| {name} | " + " | ".join(cell(summaries[label]) for label in labels) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="LABEL=LOG_DIR", help="a run's label and logger.log_dir")
+    parser.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the medians (default 1)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the summaries as JSON here")
+    args = parser.parse_args(argv)
+    summaries = {}
+    for spec in args.runs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            print(f"error: expected LABEL=LOG_DIR, got {spec!r}", file=sys.stderr)
+            return 2
+        try:
+            summaries[label] = summarize(Path(path), args.skip)
+        except FileNotFoundError as exc:
+            print(f"warning: {label}: {exc}", file=sys.stderr)
+    if not summaries:
+        print("error: no run had a metrics.jsonl", file=sys.stderr)
+        return 1
+    print(format_table(summaries))
+    if args.json is not None:
+        args.json.write_text(json.dumps(summaries, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# GPU end-to-end through the CLI (docs/gpu_cli_run.md): build a random-init Qwen3-1.7B checkpoint + math jsonl,
+# run GRPO BF16 and unified FP8 + FP8 KV with examples/run_grpo.py, print per-phase step times and peak GPU memory.
+#
+#   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_cli_run.sh OUT_DIR [STAGE ...]
+#
+# From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
+# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8_kv report (default: all, in order);
+# on a box with a per-command time limit that may start each call on a fresh machine, call
+# `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
+# gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
+# Environment: STEPS (GRPO steps, default 10), LAYERS (decoder layers of the built model, default the shape's 28),
+# GPU (nvidia-smi index to sample, default 0), PYTHON (default python3), EXTRA (more overrides for both runs,
+# e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"), COPY_TO (a directory that gets,
+# on exit even after a failure, the runs' console logs <variant>.log and <variant>/{metrics.jsonl, config.yaml,
+# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
+# bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them anywhere); a CPU smoke run of the script
+# itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
+set -euo pipefail
+
+OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8_kv report]}
+shift
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
+STEPS=${STEPS:-10}
+LAYERS=${LAYERS:-}
+GPU=${GPU:-0}
+SHAPE=${SHAPE:-qwen3-1.7b}
+DEVICE=${DEVICE:-cuda}
+PY=${PYTHON:-python3}
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+[ "$DEVICE" = cpu ] && EXTRA_ARGS=(cluster.device=cpu cluster.gpus_per_node=0 "${EXTRA_ARGS[@]}")
+CKPT=$OUT/ckpt
+COPY_TO=${COPY_TO:-}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+mkdir -p "$OUT/logs"
+
+copy_results() {  # the small result files into $COPY_TO (runs on exit)
+    [ -n "$COPY_TO" ] || return 0
+    local f v
+    for v in bf16 fp8_kv; do
+        [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
+        for f in metrics.jsonl config.yaml gpu_memory.csv; do
+            [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
+        done
+    done
+    return 0
+}
+trap copy_results EXIT
+
+[ -f examples/run_grpo.py ] || { echo "error: run from the repo root (examples/run_grpo.py not found)" >&2; exit 2; }
+
+stage_check() {
+    DEVICE=$DEVICE "$PY" - <<'EOF'
+import importlib, sys
+need = ["torch", "transformers", "tokenizers", "safetensors", "triton", "numpy", "yaml", "tqdm", "rich",
+        "pydantic", "omegaconf", "hydra", "math_verify", "nemo_jetrl"]
+missing = []
+for name in need:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a missing dependency here
+        missing.append(f"{name} ({type(exc).__name__}: {exc})")
+if missing:
+    sys.exit("error: cannot import: " + "; ".join(missing) + " (PYTHONPATH=/tmp/site:$PWD with the carried wheels?)")
+import os, torch
+if os.environ["DEVICE"] != "cpu" and not torch.cuda.is_available():
+    sys.exit("error: torch sees no CUDA device")
+where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+print(f"check ok: torch {torch.__version__}, {where}")
+EOF
+}
+
+stage_build() {
+    if [ -f "$CKPT/build_info.json" ]; then  # written last: the build finished
+        echo "build: reusing $CKPT (delete it to rebuild)"
+        return
+    fi
+    rm -rf "$CKPT"  # an interrupted build
+    local layers=()
+    [ -n "$LAYERS" ] && layers=(--layers "$LAYERS")
+    "$PY" examples/build_random_checkpoint.py --out "$CKPT" --shape "$SHAPE" --device "$DEVICE" "${layers[@]}" \
+        2>&1 | tee "$OUT/build.log"
+}
+
+run_variant() {  # $1: bf16 | fp8_kv
+    local variant=$1 log=$OUT/logs/$1 rc=0 smi
+    rm -rf "$log" && mkdir -p "$log"
+    smi=""
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -i "$GPU" -lms 500 \
+            > "$log/gpu_memory.csv" 2>/dev/null &
+        smi=$!
+    fi
+    "$PY" examples/run_grpo.py --config "examples/configs/grpo_math_random_1p7B_${variant}.yaml" \
+        "policy.model_name=$CKPT/model" \
+        "data.dataset_name=$CKPT/data/train.jsonl" \
+        "data.val_dataset_name=$CKPT/data/val.jsonl" \
+        "logger.log_dir=$log" \
+        "grpo.max_num_steps=$STEPS" \
+        "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
+    if [ -n "$smi" ]; then
+        kill "$smi" 2>/dev/null || true
+        wait "$smi" 2>/dev/null || true
+    fi
+    [ "$rc" -eq 0 ] || { echo "error: the $variant run failed (rc $rc); see $OUT/$variant.log" >&2; exit "$rc"; }
+}
+
+stage_report() {
+    echo
+    echo "per-phase GRPO step time (median over steps 2..$STEPS; first step in brackets) and peak GPU memory:"
+    "$PY" benchmarks/gpu_cli_report.py "bf16=$OUT/logs/bf16" "fp8_kv=$OUT/logs/fp8_kv" --json "$OUT/summary.json"
+    echo "summary: $OUT/summary.json"
+}
+
+for stage in "${STAGES[@]}"; do
+    echo "=== stage $stage ($(date +%H:%M:%S)) ==="
+    case $stage in
+        check) stage_check ;;
+        build) stage_build ;;
+        bf16 | fp8_kv) run_variant "$stage" ;;
+        report) stage_report ;;
+        *) echo "error: unknown stage '$stage' (check build bf16 fp8_kv report)" >&2; exit 2 ;;
+    esac
+done
