@@ -110,3 +110,35 @@ def test_invalid_params_raise(kwargs, match):
 def test_logits_must_be_2d():
     with pytest.raises(ValueError, match="logits"):
         sample(torch.zeros(2, 3, 4), SamplingParams())
+
+
+def _splitmix64(x: int) -> int:
+    """The published splitmix64 finaliser on Python ints (mod 2**64): the independent reference for mix64."""
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def test_mix64_is_splitmix64_with_wraparound():
+    from nemo_jetrl.generation.native.sampler import mix64
+
+    xs = [0, 1, 2, 12345, 2**40 + 7, 2**63 - 1, -1, -(2**63)]
+    got = mix64(torch.tensor(xs, dtype=torch.int64)).tolist()
+    assert [g & ((1 << 64) - 1) for g in got] == [_splitmix64(x & ((1 << 64) - 1)) for x in xs]
+
+
+def test_uniforms_are_uniform_and_a_rows_draw_depends_on_its_key_and_counter_only():
+    from nemo_jetrl.generation.native.sampler import sequence_keys, uniforms
+
+    keys = sequence_keys(7, torch.arange(20_000))
+    u = uniforms(keys, 3)
+    counts = torch.histc(u, bins=10, min=0.0, max=1.0).double()
+    assert chi_square(counts, torch.full((10,), 0.1, dtype=torch.float64)) < 27.88  # 9 dof, P = 0.001
+    assert uniforms(keys, 4).sub(u).abs().min() > 0  # the next draw is another number
+    # row 5's draw alone, in another batch order, at its own counter: the same number
+    perm = torch.randperm(20_000, generator=torch.Generator().manual_seed(0))
+    assert uniforms(keys[perm], 3)[(perm == 5).nonzero()[0, 0]] == u[5]
+    assert uniforms(keys[5:6], torch.tensor([3])) == u[5]
+    assert not torch.equal(uniforms(sequence_keys(8, torch.arange(20_000)), 3), u)  # another seed, other draws

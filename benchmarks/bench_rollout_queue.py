@@ -1,0 +1,187 @@
+"""Rollout of a queue of sequences with long-tailed response lengths: continuous batching vs one static batch at a
+time, BF16 vs FP8 vs FP8 + FP8 KV, one run, side by side (the bench_rollout.py model and engines).
+
+    PYTHONPATH=. python3 benchmarks/bench_rollout_queue.py --layers 8 --out queue.json     # GPU: Qwen3-8B shape
+    PYTHONPATH=. python3 benchmarks/bench_rollout_queue.py --quick                          # CPU smoke test
+
+Each sequence gets a response length drawn from `--length-dist` (fixed: all `--mean-len`; lognormal with sigma
+`--sigma`, or geometric, both with mean `--mean-len`, capped at `--max-len`); the engine is forced to stop there
+(no stop tokens, a per-sequence cap). Useful output tokens/s = generated tokens / wall time. Cases:
+- `cb fixed`: continuous batching at `--concurrency` on fixed lengths (the reference figure);
+- `cb <dist>`: continuous batching at `--concurrency` on the drawn lengths;
+- `static <dist>`: the queue cut into batches of `--concurrency`, each decoded until its longest row (no refill);
+- `budget <dist>` (with `--kv-budget-gb`): continuous batching under a KV byte budget instead of a sequence cap,
+  so an FP8 cache holds about twice the sequences of a BF16 one.
+Every case's rollouts run `--warmup` + `--repeats` times in rounds of alternating variant order; median and min-max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_rollout import calibrate  # noqa: E402
+from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report  # noqa: E402
+
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8  # noqa: E402
+
+VARIANTS = ("bf16", "fp8", "fp8+kv")
+
+
+def draw_lengths(dist: str, n: int, mean: int, max_len: int, sigma: float, seed: int) -> list[int]:
+    """n response lengths in [1, max_len] with mean ~`mean` (before the cap)."""
+    gen = torch.Generator().manual_seed(seed)
+    if dist == "fixed":
+        lengths = torch.full((n,), float(mean))
+    elif dist == "lognormal":  # E[exp(N(mu, s^2))] = exp(mu + s^2 / 2)
+        lengths = torch.exp(math.log(mean) - sigma**2 / 2 + sigma * torch.randn(n, generator=gen))
+    elif dist == "geometric":  # number of trials to the first success, p = 1 / mean
+        u = torch.rand(n, generator=gen).clamp_min(1e-12)
+        lengths = torch.ceil(torch.log(u) / math.log1p(-1.0 / mean))
+    else:
+        raise ValueError(f"--length-dist must be fixed, lognormal or geometric, got {dist!r}")
+    return lengths.round().clamp(1, max_len).long().tolist()
+
+
+def build_engines(args, device) -> tuple[dict, torch.nn.Module]:
+    """bf16 / fp8 / fp8+kv engines over two resident models (BF16, and a copy converted to FP8)."""
+    shape = TINY if args.quick else QWEN3_8B
+    bf16_model = build_model(shape, args.layers, device, torch.bfloat16)
+    fp8_model = copy.deepcopy(bf16_model)
+    convert_to_fp8(fp8_model, PrecisionRecipe.preset("jetrl"))
+    base = dict(max_new_tokens=args.max_len, stop_token_ids=[], pad_token_id=0, cuda_graphs=True)
+    engines = {
+        "bf16": NativeGenerationEngine(bf16_model, **base),
+        "fp8": NativeGenerationEngine(fp8_model, **base),
+        "fp8+kv": NativeGenerationEngine(fp8_model, kv_cache_dtype="fp8", **base),
+    }
+    calib = torch.randint(1, shape["vocab_size"], (4, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    engines["fp8+kv"].update_weights(kv_scales=calibrate(fp8_model, calib.to(device)))
+    return engines, bf16_model
+
+
+def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args, record: dict):
+    """One timed rollout of the whole queue in `mode` (cb / static / budget); fills `record` with its stats."""
+    gen = torch.Generator(device=engine.device)
+
+    def run():
+        gen.manual_seed(0)
+        if mode == "static":  # the queue in batches of `concurrency`, each decoded to its longest row
+            tokens = 0
+            for i in range(0, len(prompts), args.concurrency):
+                out = engine.generate(
+                    prompts[i : i + args.concurrency], generator=gen, max_new_tokens=lengths[i : i + args.concurrency]
+                )
+                tokens += int(out.response_lengths.sum())
+            record.update(tokens=tokens, slots=args.concurrency)
+            return
+        out = engine.generate(prompts, generator=gen, max_new_tokens=lengths)
+        stats = engine.last_rollout_stats
+        record.update(tokens=int(out.response_lengths.sum()), slots=stats.num_slots)
+        record.update(occupancy=stats.occupancy, decode_steps=stats.decode_steps, kv_gb=stats.kv_cache_bytes / 1e9)
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: all 36 of Qwen3-8B)")
+    p.add_argument("--queue", type=int, default=512, help="sequences in the queue")
+    p.add_argument("--concurrency", type=int, default=128, help="sequences decoded at once (max_num_seqs)")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--length-dist", default="lognormal", choices=["fixed", "lognormal", "geometric"])
+    p.add_argument("--mean-len", type=int, default=512)
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma")
+    p.add_argument("--kv-budget-gb", type=float, default=None, help="also run under this KV byte budget")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument("--out", default=None, help="JSON output path")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.queue, args.concurrency, args.prompt_len = args.layers or 2, 12, 4, 8
+        args.mean_len, args.max_len, args.warmup, args.repeats = 6, 16, 0, 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = device_info(device)
+    engines, model = build_engines(args, device)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1, model.config.vocab_size, (args.queue, args.prompt_len), generator=gen).tolist()
+    dist = args.length_dist
+    drawn = draw_lengths(dist, args.queue, args.mean_len, args.max_len, args.sigma, seed=2)
+    cases = [("cb", "fixed", [args.mean_len] * args.queue), ("cb", dist, drawn), ("static", dist, drawn)]
+    if args.kv_budget_gb:
+        cases.append(("budget", dist, drawn))
+    results = []
+    for mode, dist_name, lengths in cases:
+        records, fns = {}, {}
+        for name, base in engines.items():
+            if mode == "static":
+                engine = base  # one static batch per call
+            elif mode == "budget":
+                engine = base.replace(kv_cache_memory_bytes=int(args.kv_budget_gb * 1e9), continuous_batching=True)
+            else:
+                engine = base.replace(max_num_seqs=args.concurrency, continuous_batching=True)
+            records[name] = {}
+            fns[name] = rollout_fn(engine, prompts, lengths, mode, args, records[name])
+        timings = alternating_timings(fns, args.warmup, args.repeats, device)
+        for name in engines:
+            t, rec = timings[name], records[name]
+            results.append(
+                {
+                    "case": f"{mode} {dist_name}",
+                    "variant": name,
+                    "tokens_per_s": rec["tokens"] / t["median_s"],
+                    "range": f"{rec['tokens'] / t['max_s']:,.0f}-{rec['tokens'] / t['min_s']:,.0f}",
+                    "median_s": t["median_s"],
+                    **rec,
+                }
+            )
+            print(f"  {mode} {dist_name} {name}: {results[-1]['tokens_per_s']:,.0f} tok/s", flush=True)
+    for r in results:  # ratios: vs BF16 in the same case, vs the same variant's fixed-length figure
+        same_case = {x["variant"]: x for x in results if x["case"] == r["case"]}
+        fixed = next(x for x in results if x["case"] == "cb fixed" and x["variant"] == r["variant"])
+        r["x_bf16"] = r["tokens_per_s"] / same_case["bf16"]["tokens_per_s"]
+        r["vs_fixed"] = r["tokens_per_s"] / fixed["tokens_per_s"]
+    title = (
+        f"rollout queue on {info['device']}: {'tiny' if args.quick else 'Qwen3-8B'} shape x "
+        f"{model.config.num_hidden_layers} layers, {args.queue} sequences, prompt {args.prompt_len}, {dist} lengths "
+        f"mean {sum(drawn) / len(drawn):.0f} (max {max(drawn)}), concurrency {args.concurrency}"
+    )
+    headers = [
+        "case",
+        "variant",
+        "useful tok/s",
+        "min-max",
+        "x bf16",
+        "vs fixed",
+        "slots",
+        "occupancy",
+        "steps",
+        "KV GB",
+    ]
+    keys = [
+        "case",
+        "variant",
+        "tokens_per_s",
+        "range",
+        "x_bf16",
+        "vs_fixed",
+        "slots",
+        "occupancy",
+        "decode_steps",
+        "kv_gb",
+    ]
+    report(title, headers, keys, results, args=args, info=info, shape={}, n_layers=model.config.num_hidden_layers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""benchmarks/bench_rollout_queue.py --quick on the CPU: every case and variant generates exactly the drawn lengths,
+an FP8 KV cache takes twice the slots of a BF16 one under one byte budget, the length draws have their means."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_rollout_queue.py"
+
+
+@pytest.fixture(scope="module")
+def module():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("bench_rollout_queue", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quick_run_generates_the_drawn_lengths_and_fp8_kv_doubles_the_slots(module, tmp_path):
+    out = tmp_path / "queue.json"
+    assert module.main(["--quick", "--kv-budget-gb", "0.0001", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["case"], r["variant"]) for r in rows} == {
+        (case, v)
+        for case in ("cb fixed", "cb lognormal", "static lognormal", "budget lognormal")
+        for v in module.VARIANTS
+    }
+    drawn = module.draw_lengths("lognormal", 12, 6, 16, 1.0, seed=2)
+    for r in rows:
+        assert r["tokens"] == (12 * 6 if r["case"] == "cb fixed" else sum(drawn)), r
+        assert r["x_bf16"] == pytest.approx(
+            r["tokens_per_s"]
+            / next(x["tokens_per_s"] for x in rows if x["case"] == r["case"] and x["variant"] == "bf16")
+        )
+    slots = {r["variant"]: r["slots"] for r in rows if r["case"] == "budget lognormal"}
+    assert slots["fp8+kv"] == 2 * slots["bf16"] == 2 * slots["fp8"] > 0
+    assert all(r["slots"] == 4 for r in rows if r["case"].startswith(("cb", "static")))
+    cb = [r for r in rows if r["case"] == "cb lognormal"]
+    assert all(0 < r["occupancy"] < 1 for r in cb)  # long-tailed lengths leave slots idle between CPU syncs
+
+
+@pytest.mark.parametrize("dist", ["fixed", "lognormal", "geometric"])
+def test_length_draws_have_the_requested_mean_and_cap(module, dist):
+    lengths = module.draw_lengths(dist, 20_000, 100, 10_000, 1.0, seed=0)
+    assert min(lengths) >= 1 and max(lengths) <= 10_000
+    assert sum(lengths) / len(lengths) == pytest.approx(100, rel=0.03)
+    capped = module.draw_lengths(dist, 1000, 100, 50, 1.0, seed=0)
+    assert max(capped) == 50
