@@ -81,6 +81,10 @@ def policy_config(**overrides) -> dict:
         "stop_token_ids": None,
         "deterministic": False,
         "cuda_graphs": True,
+        "max_num_seqs": None,
+        "gpu_memory_utilization": None,
+        "kv_cache_memory_bytes": None,
+        "max_model_len": None,
         **overrides.pop("generation", {}),
     }
     fp8_cfg = {
