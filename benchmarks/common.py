@@ -19,19 +19,11 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from nemo_jetrl.models.random_checkpoint import SHAPES
+
 HBM_PEAK_TBS = {"H200": 4.8, "H100": 3.35}  # dense HBM peaks (DESIGN.md section 4)
 
-# Qwen3-8B: hidden 4096, FFN 12288, 36 layers, 32 query heads / 8 KV heads of 128, vocab 151936, untied lm_head.
-QWEN3_8B = dict(
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=151936,
-    tie_word_embeddings=False,
-)
+QWEN3_8B = dict(SHAPES["qwen3-8b"])  # the published Qwen3-8B config (untied lm_head)
 # CPU smoke shape (every linear dim a multiple of 128 for the FP8 blocks).
 TINY = dict(
     hidden_size=256,

@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
+
 PHASES = ("generation", "logprobs", "training", "refit", "reward", "kv_bootstrap", "total_step_time")
 MEMORY_FILE = "gpu_memory.csv"
 
@@ -28,19 +30,12 @@ def read_timings(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     path = log_dir / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: did the run start? (logger.log_dir={log_dir})")
-    out: dict[str, list[tuple[int, float]]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            continue
-        for phase in PHASES:
-            value = record.get(f"timing/{phase}")
-            if isinstance(value, (int, float)):
-                out.setdefault(phase, []).append((record["step"], float(value)))
-    return out
+    series = read_metrics_jsonl(path)
+    return {
+        phase: list(zip(series[key][0].tolist(), series[key][1].tolist()))
+        for phase in PHASES
+        if (key := f"timing/{phase}") in series
+    }
 
 
 def read_gen_tokens(log_dir: Path) -> list[tuple[int, float]]:
