@@ -56,8 +56,8 @@ class ContinuousRollout:
         dev, slots, width = engine.device, budget.num_slots, budget.slot_tokens
         self.cache: KVCache = engine._new_cache(slots, width)
         self.mask = torch.zeros((slots, width), dtype=torch.long, device=dev)  # [B, S] keys each row may see
-        self.cols = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] next cache column of each row
-        self.positions = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] next position id
+        # [B] next cache column of each row = its next position id (a slot holds its sequence from column 0)
+        self.cols = torch.zeros(slots, dtype=torch.long, device=dev)
         self.requests = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] request in each slot
         self.counts = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] tokens generated so far
         self.limits = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] length cap of each row's response
@@ -121,9 +121,8 @@ class ContinuousRollout:
         """Feed each row's token [B] at its column; rows not live decode a pad over one key at column 0."""
         cols = torch.where(live, self.cols, 0)  # [B]
         self.mask.scatter_(1, cols[:, None], 1)  # the new key is visible (rows not live: only their own pad key)
-        self.logits = self._step(tokens[:, None], self.positions[:, None], cols)
+        self.logits = self._step(tokens[:, None], self.cols[:, None], cols)
         self.cols += live.long()
-        self.positions += live.long()
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         eng = self.engine
@@ -164,7 +163,6 @@ class ContinuousRollout:
         requests = torch.tensor([r for _, r in pairs], device=eng.device)
         lengths = torch.tensor([len(self.prompts[r]) for _, r in pairs], device=eng.device)
         self.cols[slots] = lengths
-        self.positions[slots] = lengths
         self.requests[slots] = requests
         self.counts[slots] = 0
         self.limits[slots] = torch.tensor([self.caps[r] for _, r in pairs], device=eng.device)
