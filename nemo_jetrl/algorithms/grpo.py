@@ -33,11 +33,9 @@ from nemo_jetrl.algorithms.preflight import (
     output_dirs,
 )
 from nemo_jetrl.distributed.cluster import ClusterSpec
-from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.environments import make_task
-from nemo_jetrl.generation.interfaces import GenerationOutput, max_prompt_length
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
+from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput, max_prompt_length
+from nemo_jetrl.generation.build import build_local_engine
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStateError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
@@ -58,7 +56,7 @@ class GrpoSetup:
 
     cfg: dict[str, Any]
     policy: NativePolicy
-    engine: NativeGenerationEngine
+    engine: GenerationInterface
     task: Any
     logger: Logger
     checkpoints: CheckpointManager | None
@@ -77,8 +75,11 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=spec.backend == "local" and device.type == "cpu")
     recipe = PrecisionRecipe.from_config(cfg["policy"])
     gen = cfg["policy"]["generation"]
-    if gen["backend"] != "native":
-        raise ValueError(f"policy.generation.backend: {gen['backend']!r} is not available yet (use native)")
+    if gen["backend"] == "vllm" and spec.backend != "local":
+        raise ValueError(
+            "policy.generation.backend: vllm runs with cluster.backend: local (one process: trainer and vLLM "
+            "colocated); Ray workers roll out on the native engine (policy.generation.backend=native)"
+        )
     if gen["deterministic"] and (spec.backend != "local" or spec.num_seed_shards > 1):
         raise ValueError("policy.generation.deterministic needs the local backend with one rollout batch")
     if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
@@ -87,27 +88,8 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         policy, engine = build_ray_policy_and_engine(cfg, spec)
     else:
         policy = NativePolicy(cfg["policy"], cfg["loss_fn"], recipe, device, seed=cfg["grpo"]["seed"])
+        engine = build_local_engine(cfg, policy, spec, device)
     tok = policy.tokenizer
-    stop_ids = gen["stop_token_ids"] if gen["stop_token_ids"] is not None else [tok.eos_token_id]
-    if spec.backend == "local":
-        engine = NativeGenerationEngine(
-            policy.model,
-            max_new_tokens=int(gen["max_new_tokens"]),
-            max_total_length=int(cfg["policy"]["max_total_sequence_length"]),
-            temperature=float(gen["temperature"]),
-            top_p=float(gen["top_p"]),
-            top_k=gen["top_k"],
-            stop_token_ids=stop_ids,
-            pad_token_id=tok.pad_token_id,
-            compute_dtype=policy.compute_dtype,
-            kv_cache_dtype=gen["kv_cache_dtype"],
-            cuda_graphs=bool(gen["cuda_graphs"]),
-            fused_decode=False if gen["deterministic"] else None,  # SDPA decode: bitwise the trainer's math
-            device=device,
-            **engine_budget_kwargs(gen),
-        )
-        if spec.num_seed_shards > 1:  # the Ray run's rollout seed shards, run in this one process
-            engine = ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id)
     max_prompt_tokens = max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"])
     if task is None:
         task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
@@ -315,8 +297,9 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     with timer.time("refit"):
         metrics.update({f"refit/{k}": v for k, v in run.policy.prepare_refit().items()})
         _guard_state(run)  # before the new weights / scales reach the rollout or a checkpoint
-        if getattr(run.policy, "kv_scales", None) is not None:  # recalibrated FP8 KV scales go with the weights
-            run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
+        # the refit: engines that hold their own copy (vLLM) re-read the weights; recalibrated FP8 KV scales go along
+        kv_scales = getattr(run.policy, "kv_scales", None)
+        run.engine.update_weights(kv_scales=kv_scales.kv if kv_scales is not None else None)
     return metrics
 
 
@@ -388,6 +371,8 @@ def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | No
     check_validation_set(cfg, run.task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = restore(run, resume) if resume is not None else 0
+    if resume is not None:  # an engine holding its own weight copy (vLLM) takes the restored ones
+        run.engine.update_weights()
     if line is not None:
         console.print(line, highlight=False)
     console.print(

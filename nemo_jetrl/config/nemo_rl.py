@@ -3,7 +3,8 @@ without effect, or refused by value with one line naming key, value and what to 
 
 Value spellings: `policy.precision: bfloat16 | float32` (the model dtype: non-FP8 training in that dtype unless
 `policy.megatron_cfg.fp8_cfg.enabled`), `policy.optimizer.name: torch.optim.AdamW` + `kwargs`,
-`policy.generation.backend: vllm` (the rollout runs on the native engine, see docs/nemo_rl.md).
+`policy.generation.backend: vllm` (vLLM as the rollout engine where it is installed, `generation/vllm_engine.py`;
+elsewhere a run names the extra to install or `backend=native`, see docs/nemo_rl.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from nemo_jetrl.config.nemo_rl_rules import Rule, apply_rules, get_path, set_pat
 
 _DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
 _OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adam"}
-_BACKENDS = {"vllm": "native"}
 
 
 def rule_for(key: str) -> Rule | None:
@@ -60,7 +60,6 @@ def translate_nemo_rl(data: Mapping[str, Any]) -> dict:
     errors: list[str] = []
     dtype = _pop_dtype_precision(tree, errors)
     _respell(tree, "policy.optimizer.name", _OPTIMIZERS, errors)
-    _respell(tree, "policy.generation.backend", _BACKENDS, errors)
     result = apply_rules(tree, rule_for, is_schema_field)
     errors += result.errors
     if dtype is not None:

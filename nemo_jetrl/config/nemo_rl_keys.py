@@ -12,7 +12,7 @@ from nemo_jetrl.config.nemo_rl_rules import Rule, alias, no_effect, only
 
 DENSE = "dense models: MoE options do nothing"
 MEMORY = "memory / speed tuning of an engine this implementation does not use"
-VLLM = "vLLM engine setting; the rollout runs on the native engine (same sampling, logprobs and FP8 recipe)"
+VLLM = "vLLM engine setting the adapter (generation/vllm_engine.py) sets itself or leaves at vLLM's default"
 MEGATRON_OFF = "read by NeMo-RL only with policy.megatron_cfg.enabled: true"
 DATA_PLANE = "NeMo-RL's data plane / transport; one process or Ray workers exchange tensors directly here"
 BOTH_SIDES = "one layer map: these layers stay BF16 on trainer AND rollout (NeMo-RL: rollout only)"

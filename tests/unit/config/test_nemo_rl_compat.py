@@ -40,7 +40,10 @@ def refusal(*overrides: str) -> str:
     ],
 )
 def test_shipped_recipes_in_nemo_rl_spelling_resolve_identically(ours, nemo_rl):
-    assert resolved(config=HERE / nemo_rl).to_dict() == resolved(config=CONFIGS / ours).to_dict()
+    """Their `policy.generation.backend: vllm` stays vllm (our recipes default to the native engine)."""
+    theirs = resolved(config=HERE / nemo_rl)
+    assert theirs.policy.generation.backend == "vllm"
+    assert theirs.to_dict() == resolved("policy.generation.backend=vllm", config=CONFIGS / ours).to_dict()
 
 
 def test_grpo_base_yaml_equals_the_types_defaults():
@@ -63,7 +66,7 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
         "betas": (0.9, 0.999),
         "eps": 1.0e-8,
     }
-    assert cfg.policy.generation.backend == "native" and cfg.policy.generation.cuda_graphs is True
+    assert cfg.policy.generation.backend == "vllm" and cfg.policy.generation.cuda_graphs is True
     assert cfg.policy.generation.max_new_tokens == cfg.policy.max_total_sequence_length == 16
     assert cfg.policy.logprob_batch_size == 4 and cfg.policy.train_global_batch_size == 16
     assert cfg.grpo.val_period == -1 and cfg.loss_fn.truncated_importance_sampling_ratio_min == 0.0

@@ -108,7 +108,9 @@ def test_fp8_kv_cache_under_continuous_batching_equals_the_static_batch(tiny_mod
     a = whole.generate(queue, greedy=True)
     b = queued.generate(queue, greedy=True)
     assert torch.equal(a.input_ids, b.input_ids)
-    assert (a.generation_logprobs - b.generation_logprobs).abs().max() < FP32_BATCH_TOL
+    # one cached K/V element whose e4m3 rounding flips under the other batch's fp32 GEMM rounding moves later
+    # logprobs by more than FP32_BATCH_TOL: 2e-4 measured on an Intel Xeon host (0 on others); tokens stay equal
+    assert (a.generation_logprobs - b.generation_logprobs).abs().max() < 1e-3
 
 
 def test_group_prompt_is_prefilled_once_and_its_kv_equals_its_own_prefill(tiny_model, queue):
@@ -126,10 +128,11 @@ def test_group_prompt_is_prefilled_once_and_its_kv_equals_its_own_prefill(tiny_m
         ids, mask = eng._left_pad([queue[-1]], group_len)
         logits = eng._prefill(alone, None, ids, mask)
     for slot in (6, 7, 8, 9):
-        assert torch.allclose(rollout.cache.k[:, slot, :, :group_len], alone.k[:, 0], atol=1e-5, rtol=0)
-        assert torch.allclose(rollout.cache.v[:, slot, :, :group_len], alone.v[:, 0], atol=1e-5, rtol=0)
+        # fp32 GEMMs of 10 rows vs 1 row: 1.1e-5 measured on an Intel Xeon host (|v| up to ~9), 0 elsewhere
+        assert torch.allclose(rollout.cache.k[:, slot, :, :group_len], alone.k[:, 0], atol=1e-5, rtol=1e-5)
+        assert torch.allclose(rollout.cache.v[:, slot, :, :group_len], alone.v[:, 0], atol=1e-5, rtol=1e-5)
         assert torch.equal(rollout.cache.k[:, slot], rollout.cache.k[:, 6])  # members hold copies of one prefill
-        assert torch.allclose(rollout.logits[slot], logits[0], atol=1e-5)
+        assert torch.allclose(rollout.logits[slot], logits[0], atol=1e-5, rtol=1e-5)
         assert rollout.mask[slot].tolist() == [1] * group_len + [0] * (rollout.mask.shape[1] - group_len)
 
 

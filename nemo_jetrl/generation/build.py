@@ -1,0 +1,62 @@
+"""The rollout engine a validated config asks for: `policy.generation.backend` native (default) or vllm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nemo_jetrl.distributed.cluster import ClusterSpec
+from nemo_jetrl.distributed.data_split import ShardedGeneration
+from nemo_jetrl.generation.interfaces import GenerationInterface
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
+
+
+def stop_token_ids(gen: dict[str, Any], tokenizer: Any) -> list[int]:
+    """`policy.generation.stop_token_ids`, or the tokenizer's EOS when null."""
+    return list(gen["stop_token_ids"]) if gen["stop_token_ids"] is not None else [tokenizer.eos_token_id]
+
+
+def build_local_engine(cfg: dict[str, Any], policy: Any, spec: ClusterSpec, device: torch.device) -> GenerationInterface:
+    """The one-process rollout engine over `policy`'s model (`cluster.backend: local`)."""
+    gen, tok = cfg["policy"]["generation"], policy.tokenizer
+    common = dict(
+        max_new_tokens=int(gen["max_new_tokens"]),
+        max_total_length=int(cfg["policy"]["max_total_sequence_length"]),
+        temperature=float(gen["temperature"]),
+        top_p=float(gen["top_p"]),
+        top_k=gen["top_k"],
+        stop_token_ids=stop_token_ids(gen, tok),
+        pad_token_id=tok.pad_token_id,
+        compute_dtype=policy.compute_dtype,
+        kv_cache_dtype=gen["kv_cache_dtype"],
+    )
+    if gen["backend"] == "vllm":
+        from nemo_jetrl.generation.vllm_engine import VllmGenerationEngine
+
+        max_len = gen["max_model_len"]
+        if max_len is not None:
+            common["max_total_length"] = min(common["max_total_length"], int(max_len))
+        return VllmGenerationEngine(
+            policy.model,
+            tok,
+            policy.recipe,
+            enforce_eager=not gen["cuda_graphs"],
+            seed=int(cfg["grpo"]["seed"]),
+            max_num_seqs=gen["max_num_seqs"],
+            kv_cache_memory_bytes=gen["kv_cache_memory_bytes"],
+            gpu_memory_utilization=gen["gpu_memory_utilization"],
+            **common,
+        )
+    engine = NativeGenerationEngine(
+        policy.model,
+        cuda_graphs=bool(gen["cuda_graphs"]),
+        fused_decode=False if gen["deterministic"] else None,  # SDPA decode: bitwise the trainer's math
+        device=device,
+        **common,
+        **engine_budget_kwargs(gen),
+    )
+    if spec.num_seed_shards > 1:  # the Ray run's rollout seed shards, run in this one process
+        return ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id)
+    return engine
