@@ -113,12 +113,21 @@ def policy_config(**overrides) -> dict:
 
 def device_info(device: torch.device) -> dict:
     """Device name, peak HBM bandwidth (TB/s, None when unknown), SM clocks (nvidia-smi) and software versions."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({_cpu_model()})"
     peak = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in name), None)
     info = {"device": name, "hbm_peak_tbs": peak, "torch": torch.__version__, "python": platform.python_version()}
     if device.type == "cuda":
         info["clocks"] = _nvidia_smi_clocks(device.index or 0)
     return info
+
+
+def _cpu_model() -> str:
+    """'Intel(R) Xeon(R) Processor' from /proc/cpuinfo where it exists, else platform.processor()."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "cpu"
 
 
 def _nvidia_smi_clocks(index: int) -> str | None:

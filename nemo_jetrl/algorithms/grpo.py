@@ -34,8 +34,8 @@ from nemo_jetrl.algorithms.preflight import (
 )
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.environments import make_task
-from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput, max_prompt_length
 from nemo_jetrl.generation.build import build_local_engine
+from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput, max_prompt_length
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStateError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe

@@ -157,3 +157,7 @@ class ShardedGeneration(GenerationInterface):
 
     def update_weights(self, weights=None, *, kv_scales=None) -> None:
         self.engine.update_weights(weights, kv_scales=kv_scales)
+
+    @property
+    def kv_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.engine.kv_scales

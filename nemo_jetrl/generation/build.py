@@ -18,7 +18,9 @@ def stop_token_ids(gen: dict[str, Any], tokenizer: Any) -> list[int]:
     return list(gen["stop_token_ids"]) if gen["stop_token_ids"] is not None else [tokenizer.eos_token_id]
 
 
-def build_local_engine(cfg: dict[str, Any], policy: Any, spec: ClusterSpec, device: torch.device) -> GenerationInterface:
+def build_local_engine(
+    cfg: dict[str, Any], policy: Any, spec: ClusterSpec, device: torch.device
+) -> GenerationInterface:
     """The one-process rollout engine over `policy`'s model (`cluster.backend: local`)."""
     gen, tok = cfg["policy"]["generation"], policy.tokenizer
     common = dict(
@@ -47,6 +49,7 @@ def build_local_engine(cfg: dict[str, Any], policy: Any, spec: ClusterSpec, devi
             max_num_seqs=gen["max_num_seqs"],
             kv_cache_memory_bytes=gen["kv_cache_memory_bytes"],
             gpu_memory_utilization=gen["gpu_memory_utilization"],
+            weights_version=lambda: policy.step,  # optimizer steps taken (restored with a checkpoint)
             **common,
         )
     engine = NativeGenerationEngine(

@@ -35,7 +35,7 @@ class GenerationOutput:
 
 
 class GenerationInterface(ABC):
-    """What the GRPO driver needs from a rollout engine (native now; vLLM or Ray workers later)."""
+    """What the GRPO driver needs from a rollout engine (native, vLLM, Ray workers); it uses nothing else."""
 
     @abstractmethod
     def generate(
@@ -62,8 +62,19 @@ class GenerationInterface(ABC):
         *,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        """Refit hook after a training step: new weights (engines that hold a copy) and per-layer FP8 KV scales
-        (k_scales [L], v_scales [L]) from the trainer's QKV calibration."""
+        """Refit hook after a training step: new weights (engines that hold a copy; None = re-read the policy's
+        weights where they changed) and per-layer FP8 KV scales (k_scales [L], v_scales [L]) from the trainer's QKV
+        calibration."""
+
+    @property
+    @abstractmethod
+    def kv_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The FP8 KV scales (k [L], v [L]) the next rollout uses, or None."""
+
+    @abstractmethod
+    def replace(self, **changes) -> GenerationInterface:
+        """The engine with some settings changed for the calls made through the result; `kv_cache_dtype=None` is
+        the rollout that feeds the first FP8 KV calibration, before any scales exist."""
 
 
 def max_prompt_length(policy: Mapping[str, Any], max_input_seq_length: int | None) -> int:

@@ -33,7 +33,7 @@ from torch import nn
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.models.export import SCALE_SUFFIX, export_hf, fp8_state_dict, hf_state_dict
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe
+from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.linear import QuantizedWeight, fp8_linear_forward
 
 GIB = 1 << 30
@@ -111,8 +111,9 @@ def _register_cpu_fp8_kernel(recipe: PrecisionRecipe) -> None:
 class VllmGenerationEngine(GenerationInterface):
     """Rollouts on vLLM (`vllm.LLM`, in this process) over the policy `model`'s weights; see the module docstring.
 
-    `model` is the trainer's module (FP8 linears swapped in where the recipe says): every `update_weights` re-reads
-    it, so the engine always runs on the weights of the last optimizer step.
+    `model` is the trainer's module (FP8 linears swapped in where the recipe says); `weights_version()` changes when
+    its weights do (the policy's optimizer-step count: CUDA's fused AdamW bumps no tensor version counter). An
+    `update_weights` after a change re-reads the model, so vLLM runs on the weights of the last optimizer step.
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class VllmGenerationEngine(GenerationInterface):
         max_num_seqs: int | None = None,
         kv_cache_memory_bytes: int | None = None,
         gpu_memory_utilization: float | None = None,
+        weights_version: Callable[[], int],
     ):
         reason = vllm_missing_reason()
         if reason is not None:
@@ -153,7 +155,8 @@ class VllmGenerationEngine(GenerationInterface):
         self.num_refits = 0
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
         self._workdir = Path(tempfile.mkdtemp(prefix="jetrl_vllm_"))
-        self._loaded_version: int | None = self._weights_version()  # what vLLM starts from
+        self._weights_version = weights_version
+        self._loaded_version: int | None = weights_version()  # what vLLM starts from
         self.llm = self._start(enforce_eager, seed, max_num_seqs, kv_cache_memory_bytes, gpu_memory_utilization)
 
     # ------------------------------------------------------------------ start-up
@@ -229,10 +232,6 @@ class VllmGenerationEngine(GenerationInterface):
         if kv_scales is not None:
             self._kv_scales = tuple(s.detach().float().cpu().clone() for s in kv_scales)
             self._apply(_set_kv_scales, *self._kv_scales)
-
-    def _weights_version(self) -> int:
-        """Changes with every in-place update of the policy's parameters (an optimizer step, a checkpoint load)."""
-        return sum(p._version for p in self.model.parameters())
 
     def rollout_state(self) -> dict[str, torch.Tensor]:
         """What vLLM loads: FP8 linears as the trainer's e4m3 bits + `weight_scale_inv`, the rest in compute dtype."""
@@ -388,4 +387,3 @@ def _to_generation_output(
         logprobs[i, width_p : width_p + len(ids)] = torch.tensor(lps, dtype=torch.float32)
         lengths[i], finished[i] = len(ids), bool(ids) and ids[-1] in stop_ids
     return GenerationOutput(input_ids, attention, response_mask, logprobs, width_p, lengths, finished)
-

@@ -103,6 +103,8 @@ class _RecordingEngine(GenerationInterface):
     def update_weights(self, weights=None, *, kv_scales=None):
         pass
 
+    kv_scales = None
+
     def replace(self, **changes):
         engine = _RecordingEngine()
         engine.changes = changes
