@@ -89,6 +89,8 @@ def _run(cfg) -> dict:
     run = out.pop("run")
     if hasattr(run.policy, "group"):  # the Ray run: its final state (gathered from the TP shards), then free it
         out["state"] = run.policy.state_dict()
+        run.policy.load_state_dict(out["state"])  # cut into the (dp, tp) shards again (checkpoint resume)
+        out["reloaded"] = run.policy.state_dict()
         run.policy.shutdown()
     del run
     gc.collect()
@@ -142,6 +144,20 @@ def test_tp2_rollout_equals_one_process(runs, ray_cluster, model_dir, tmp_path):
     replayed = _replay_validation(_cfg(tmp_path, model_dir), tp2["state"])
     assert torch.equal(tp2["greedy"][1], replayed)
     assert not torch.equal(replayed, tp2["greedy"][0])  # the final validation saw trained weights
+
+
+def test_tp2_state_round_trips_through_the_tp_shards(runs, ray_cluster):
+    """state_dict gathers the (dp, tp) DTensors into the single-process layout; load_state_dict cuts them again."""
+    _, tp2 = runs
+    state, again = tp2["state"], tp2["reloaded"]
+    assert state["model"]["model.layers.0.self_attn.k_proj.weight"].shape == (256, 256)  # full, not a TP shard
+    assert state["model"].keys() == again["model"].keys() and len(state["optimizer"]["state"]) > 0
+    for name, tensor in state["model"].items():
+        assert torch.equal(again["model"][name], tensor), name
+    for i, entry in state["optimizer"]["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(torch.as_tensor(again["optimizer"]["state"][i][key]), torch.as_tensor(value)), (i, key)
+    assert again["step"] == state["step"] == STEPS
 
 
 def test_tp2_metrics_equal_one_process_within_measured_bounds(runs, ray_cluster):
