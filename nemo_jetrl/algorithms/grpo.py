@@ -70,7 +70,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     `task`: a ready `VerifiableTask` to use instead of the one `data` / `env` describe.
     """
     cluster = cfg["cluster"]
-    spec = ClusterSpec.from_config(cluster)
+    spec = ClusterSpec.from_config(cluster, cfg["policy"]["dtensor_cfg"]["tensor_parallel_size"])
     device = resolve_device(cluster["device"]) if spec.backend == "local" else torch.device("cpu")  # Ray: driver=CPU
     configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=spec.backend == "local" and device.type == "cpu")
     recipe = PrecisionRecipe.from_config(cfg["policy"])

@@ -8,7 +8,7 @@ The docs table (docs/nemo_rl.md) is written from these lines.
 
 from __future__ import annotations
 
-from nemo_jetrl.config.nemo_rl_rules import Rule, alias, no_effect, only
+from nemo_jetrl.config.nemo_rl_rules import Rule, alias, no_effect, only, same_as
 
 DENSE = "dense models: MoE options do nothing"
 MEMORY = "memory / speed tuning of an engine this implementation does not use"
@@ -17,7 +17,9 @@ MEGATRON_OFF = "read by NeMo-RL only with policy.megatron_cfg.enabled: true"
 DATA_PLANE = "NeMo-RL's data plane / transport; one process or Ray workers exchange tensors directly here"
 BOTH_SIDES = "one layer map: these layers stay BF16 on trainer AND rollout (NeMo-RL: rollout only)"
 KV_FRACTION = "the fraction of the GPU memory the colocated trainer leaves free (its state stays resident)"
-ONE_TRAINER = "use cluster.num_nodes / gpus_per_node (data-parallel FSDP2 workers)"
+ONE_TRAINER = (
+    "use cluster.num_nodes / gpus_per_node (data-parallel FSDP2 workers) and policy.dtensor_cfg.tensor_parallel_size"
+)
 
 KEY_RULES: dict[str, Rule] = {
     # ---- grpo -------------------------------------------------------------------------------------------------
@@ -74,11 +76,6 @@ KEY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.cpu_offload": no_effect(MEMORY),
     "policy.dtensor_cfg.activation_checkpointing": no_effect("recomputation: same numbers, less memory"),
     "policy.dtensor_cfg.sequence_parallel": only([False], "sequence parallelism", ONE_TRAINER),
-    "policy.dtensor_cfg.tensor_parallel_size": only(
-        [1],
-        "tensor parallelism",
-        "the TP trainer/rollout (distributed/tensor_parallel.py) is not wired into runs yet; " + ONE_TRAINER,
-    ),
     "policy.dtensor_cfg.context_parallel_size": only([1], "context parallelism", ONE_TRAINER),
     "policy.dtensor_cfg.custom_parallel_plan": only([None], "custom parallel plans", "set null"),
     "policy.dtensor_cfg.automodel_kwargs*": no_effect("NeMo Automodel loading options; models load from HF files"),
@@ -125,7 +122,12 @@ KEY_RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.enforce_eager": alias("policy.generation.cuda_graphs", {True: False, False: True}),
     "policy.generation.vllm_cfg.use_deep_gemm": no_effect("FP8 GEMMs run on torch's scaled_mm / Triton here"),
     "policy.generation.vllm_cfg.async_engine": only([False], "the async rollout engine", "set false"),
-    "policy.generation.vllm_cfg.tensor_parallel_size": only([1], "rollout tensor parallelism", ONE_TRAINER),
+    "policy.generation.vllm_cfg.tensor_parallel_size": same_as(
+        "policy.dtensor_cfg.tensor_parallel_size",
+        1,
+        "a rollout TP other than the trainer's",
+        "the native rollout runs colocated on the trainer's tensor-parallel ranks; set both to the same value",
+    ),
     "policy.generation.vllm_cfg.pipeline_parallel_size": only([1], "rollout pipeline parallelism", ONE_TRAINER),
     "policy.generation.vllm_cfg.expert_parallel_size": only([1], "expert parallelism", ONE_TRAINER),
     "policy.generation.vllm_cfg.logprobs_mode": only(["processed_logprobs"], "raw logprobs", "set processed_logprobs"),

@@ -1,5 +1,6 @@
-"""The three kinds of NeMo-RL key (honoured by mapping, accepted without effect, refused by value) and the pass
-that applies config/nemo_rl_keys.py to a plain config tree before the schema validates it."""
+"""The kinds of NeMo-RL key (honoured by mapping, accepted without effect, refused by value, or accepted only when
+equal to another key) and the pass that applies config/nemo_rl_keys.py to a plain config tree before the schema
+validates it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ _UNSET = object()
 @dataclass(frozen=True)
 class Rule:
     """`kind`: honoured (moved to `target`, value through `values`), no_effect (dropped), refused (unless the
-    value is one of `allowed`, which is then dropped as the neutral setting)."""
+    value is one of `allowed`, which is then dropped as the neutral setting), same_as (dropped when equal to the
+    value of `target`, whose default is `allowed[0]`; refused otherwise)."""
 
     kind: str
     reason: str = ""
@@ -47,8 +49,23 @@ class Rule:
                 raise ValueError(f"cannot read {value}: {exc.strerror or exc}") from None
         return value
 
+    def mismatch(self, key: str, value: Any, tree: Mapping[str, Any]) -> str | None:
+        """same_as: the one-line error when `value` differs from `target`'s value in `tree` (None when equal)."""
+        current = get_path(tree, self.target, self.allowed[0])
+        if _same(value, current):
+            return None
+        return (
+            f"{key}: {format_value(value)} is not supported here ({self.reason}); it must equal {self.target} "
+            f"({format_value(current)}): {self.instead}"
+        )
+
     @property
     def docs(self) -> str:
+        if self.kind == "same_as":
+            return (
+                f"must equal `{self.target}` (default `{format_value(self.allowed[0])}`), other values refused "
+                f"({self.reason}): {self.instead}"
+            )
         if self.kind == "honoured":
             return f"-> `{self.target}`" + (f" ({self.reason})" if self.reason else "")
         if self.kind == "no_effect":
@@ -67,6 +84,10 @@ def no_effect(reason: str) -> Rule:
 
 def only(allowed: list, reason: str, instead: str) -> Rule:
     return Rule("refused", reason, allowed=tuple(allowed), instead=instead)
+
+
+def same_as(target: str, default: Any, reason: str, instead: str) -> Rule:
+    return Rule("same_as", reason, target=target, allowed=(default,), instead=instead)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -120,7 +141,7 @@ def apply_rules(
 ) -> Translation:
     """Keys that are schema fields (or that no rule names) are copied; the rest go through their rule."""
     result = Translation()
-    honoured = []
+    honoured, same = [], []
     for key, value in leaves(data):
         rule = None if is_field(key) else rule_for(key)
         if rule is None:
@@ -131,6 +152,8 @@ def apply_rules(
             result.errors.append(error)
         elif rule.kind == "honoured":
             honoured.append((key, value, rule))
+        elif rule.kind == "same_as":
+            same.append((key, value, rule))
     for key, value, rule in honoured:
         try:
             mapped = rule.mapped(value)
@@ -139,6 +162,10 @@ def apply_rules(
             continue
         if mapped is not _UNSET:
             _set_agreeing(result, rule.target, mapped, key, value)
+    for key, value, rule in same:  # after the honoured keys: `target` holds its final value
+        error = rule.mismatch(key, value, result.tree)
+        if error:
+            result.errors.append(error)
     return result
 
 

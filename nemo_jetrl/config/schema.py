@@ -20,6 +20,7 @@ from nemo_jetrl.algorithms.config import GrpoConfig, LossConfig
 from nemo_jetrl.config.errors import ConfigError, KeyedValueError, format_validation_error
 from nemo_jetrl.config.section import Section
 from nemo_jetrl.data.config import DataConfig
+from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.cluster_config import ClusterConfig
 from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.policy.config import PolicyConfig
@@ -66,6 +67,28 @@ class MasterConfig(Section):
                     "policy.prev_logprobs_source: train_forward is not wired for cluster.backend: ray "
                     "(use logprob_forward or auto)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_tensor_parallel(self) -> MasterConfig:
+        """T-way TP runs on groups of T Ray workers (trainer and colocated rollout): T divides the workers."""
+        tp = self.policy.dtensor_cfg.tensor_parallel_size
+        if tp == 1:
+            return self
+        key = f"policy.dtensor_cfg.tensor_parallel_size: {tp}"
+        if self.cluster.backend != "ray":
+            raise KeyedValueError(
+                f"{key} needs cluster.backend: ray (each tensor-parallel rank is a Ray worker), got cluster.backend: "
+                f"'{self.cluster.backend}'; set cluster.backend: ray"
+            )
+        workers = ClusterSpec.from_config(self.cluster).num_workers
+        if workers % tp:
+            per_node = "gpus_per_node" if self.cluster.gpus_per_node else "cpu_workers_per_node"
+            count = getattr(self.cluster, per_node)
+            raise KeyedValueError(
+                f"{key} must divide the Ray workers (cluster.num_nodes * cluster.{per_node} = "
+                f"{self.cluster.num_nodes} * {count} = {workers})"
+            )
         return self
 
 

@@ -18,7 +18,9 @@ class ClusterSpec:
 
     backend "local": one process holds trainer and rollout (one device).
     backend "ray": one worker per GPU (`num_nodes * gpus_per_node`), or `num_nodes * cpu_workers_per_node` CPU
-    workers when `gpus_per_node == 0`; each worker holds an FSDP2 shard of the trainer and a full rollout engine.
+    workers when `gpus_per_node == 0`; each worker holds an FSDP2 shard of the trainer and a full rollout engine,
+    or, with `tensor_parallel_size` T > 1 (`policy.dtensor_cfg`), consecutive groups of T workers hold one TP
+    trainer + rollout each (`num_dp_groups` = W / T data-parallel groups).
     The fields are the validated section's (distributed/cluster_config.py: rules, defaults and the resolved
     `backend` live there), read as is: this module imports without pydantic.
     """
@@ -31,13 +33,15 @@ class ClusterSpec:
     num_cpu_threads: int | None
     ray_address: str | None
     rollout_seed_shards: int | None
+    tensor_parallel_size: int = 1
 
     @classmethod
-    def from_config(cls, cluster: Mapping[str, Any]) -> ClusterSpec:
-        """From the validated `cluster` section (a `ClusterConfig` or its dict, `backend` resolved)."""
+    def from_config(cls, cluster: Mapping[str, Any], tensor_parallel_size: int = 1) -> ClusterSpec:
+        """From the validated `cluster` section (a `ClusterConfig` or its dict, `backend` resolved) and
+        `policy.dtensor_cfg.tensor_parallel_size` (the schema checked that it divides the workers)."""
         if hasattr(cluster, "model_dump"):  # a pydantic ClusterConfig
             cluster = cluster.model_dump()
-        return cls(**cluster)
+        return cls(**cluster, tensor_parallel_size=int(tensor_parallel_size))
 
     @property
     def uses_gpus(self) -> bool:
@@ -51,14 +55,19 @@ class ClusterSpec:
         return self.num_nodes * per_node
 
     @property
+    def num_dp_groups(self) -> int:
+        """Data-parallel groups: the workers / `tensor_parallel_size` (every rank of a group sees the same rows)."""
+        return self.num_workers // self.tensor_parallel_size
+
+    @property
     def torch_backend(self) -> Literal["nccl", "gloo"]:
         """torch.distributed backend of the worker group: NCCL on GPUs, gloo on CPU workers."""
         return "nccl" if self.uses_gpus else "gloo"
 
     @property
     def num_seed_shards(self) -> int:
-        """Rollout seed shards per step (see data_split): `rollout_seed_shards`, else one per worker."""
-        return self.rollout_seed_shards if self.rollout_seed_shards is not None else self.num_workers
+        """Rollout seed shards per step (see data_split): `rollout_seed_shards`, else one per data-parallel group."""
+        return self.rollout_seed_shards if self.rollout_seed_shards is not None else self.num_dp_groups
 
     def worker_resources(self) -> dict[str, float]:
         """Ray resources of one worker (one bundle of the placement group)."""

@@ -21,7 +21,7 @@ class ClusterConfig(Section):
     backend: Literal["local", "ray"] | None = None
     cpu_workers_per_node: PositiveInt = 2  # Ray workers per node when gpus_per_node == 0
     ray_address: str | None = None  # null = $RAY_ADDRESS (set by ray.sub) or a fresh local Ray
-    rollout_seed_shards: PositiveInt | None = None  # rollout RNG streams per step; null = one per worker
+    rollout_seed_shards: PositiveInt | None = None  # rollout RNG streams per step; null = one per data-parallel group
 
     @model_validator(mode="after")
     def _check_cluster(self) -> ClusterConfig:

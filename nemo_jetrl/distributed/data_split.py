@@ -12,6 +12,9 @@ Results depend on how the work is *cut*, never on which worker runs a piece:
 
 Workers that run FSDP collectives must call forward the same number of times: `pad_to` tells each worker how many
 steps to run (dummy steps contribute nothing).
+
+With tensor parallel (T ranks per group) the pieces go to the W / T data-parallel groups: every rank of a group gets
+its group's piece (`per_rank`), and one result per group comes back (`group_leaders`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ def micro_batch_ranges(num_rows: int, micro_batch_size: int) -> list[tuple[int, 
 def assign_contiguous(items: Sequence, num_workers: int) -> list[list]:
     """Contiguous blocks of `items` per worker (sizes differ by at most one, earlier workers larger)."""
     return [list(items[lo:hi]) for lo, hi in split_evenly(len(items), num_workers)]
+
+
+def per_rank(blocks: Sequence, tp: int) -> list:
+    """Each data-parallel group's block, once for each of its `tp` ranks (consecutive ranks form a TP group)."""
+    return [block for block in blocks for _ in range(tp)]
+
+
+def group_leaders(results: Sequence, tp: int) -> list:
+    """The result of TP rank 0 of every data-parallel group, in group order."""
+    return list(results[::tp])
 
 
 def merge_generation_outputs(outputs: Sequence[GenerationOutput], pad_token_id: int) -> GenerationOutput:

@@ -1,8 +1,11 @@
-"""One rank of the hybrid layout: an FSDP2 shard of the FP8 trainer and a full rollout engine on refit FP8 weights.
+"""One rank of the hybrid layout: an FSDP2 shard of the FP8 trainer and a full rollout engine on refit FP8 weights;
+with tensor parallel (`policy.dtensor_cfg.tensor_parallel_size` T > 1), one rank of a (dp, tp) mesh: a TP shard of
+the trainer (FSDP2 over dp) and the rollout replica of this TP rank (distributed/tensor_parallel.py).
 
 The GRPO driver never sees this class directly: Ray workers (`worker.py`) hold one each; `bench_fsdp_refit.py`
 drives it under torchrun. Every method that touches the sharded trainer is collective (all ranks, same order,
-same number of forwards: `num_steps` pads with dummy micro-batches whose loss is multiplied by zero).
+same number of forwards: `num_steps` pads with dummy micro-batches whose loss is multiplied by zero). Under TP the
+ranks of one TP group get the same rows; rank r is TP rank r % T of data-parallel group r // T.
 """
 
 from __future__ import annotations
@@ -15,11 +18,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor
 
 from nemo_jetrl.algorithms.loss import clipped_pg_loss
 from nemo_jetrl.distributed.data_split import generate_seed_shards
 from nemo_jetrl.distributed.fsdp import clip_grad_norm, invalidate_fp8_caches, shard_policy
 from nemo_jetrl.distributed.kv_sync import gather_qkv_records, scales_from_records
+from nemo_jetrl.distributed.tensor_parallel import (
+    build_tp_rollout_replica,
+    parallelize_decoder,
+    reduce_head_local_grads,
+)
 from nemo_jetrl.distributed.weight_sync import Fp8Refit, RefitFormat
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
@@ -53,6 +63,20 @@ class DataParallelPolicy:
             raise ValueError("DataParallelPolicy needs torch.distributed to be initialized")
         self.cfg, self.recipe, self.device = policy_cfg, recipe, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.tp = int(policy_cfg.get("dtensor_cfg", {}).get("tensor_parallel_size", 1))
+        if self.world_size % self.tp:
+            raise ValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size ({self.tp}) must divide the ranks ({self.world_size})"
+            )
+        # (dp, tp) mesh, TP groups of consecutive ranks; None without TP (FSDP2 over every rank, refit over all)
+        self.mesh = None
+        if self.tp > 1:
+            self.mesh = init_device_mesh(
+                device.type, (self.world_size // self.tp, self.tp), mesh_dim_names=("dp", "tp")
+            )
+        self.tp_rank = self.mesh["tp"].get_local_rank() if self.mesh is not None else 0
+        self.tp_group = self.mesh["tp"].get_group() if self.mesh is not None else None
+        self.dp_group = self.mesh["dp"].get_group() if self.mesh is not None else None
         self.loss_cfg = dict(loss_cfg)  # the validated loss_fn section
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         gen = policy_cfg["generation"]
@@ -63,17 +87,25 @@ class DataParallelPolicy:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self.model = model.train()
-        self.replica = build_rollout_replica(model)
+        if self.mesh is None:
+            self.replica = build_rollout_replica(model)
+        else:  # this TP rank's rollout shard (from the unsharded weights), then the trainer's TP plan
+            try:
+                self.replica = build_tp_rollout_replica(model, self.tp_rank, self.tp, self.tp_group, recipe.block_size)
+            except ValueError as exc:  # heads or FP8 tiles that T cannot split
+                raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size: {exc}") from None
+            parallelize_decoder(model, self.mesh["tp"], recipe.block_size)
         self.module = shard_policy(
             model,
             temperature=self.temperature,
             compute_dtype=self.compute_dtype,
             block=recipe.block_size,
+            mesh=self.mesh["dp"] if self.mesh is not None else None,
             kernels=self.kernels,
         )
         self.optimizer = build_optimizer(model.parameters(), policy_cfg["optimizer"])
         self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg["scheduler"])
-        self.refitter = Fp8Refit(model, self.replica, other_dtype=other_dtype)
+        self.refitter = Fp8Refit(model, self.replica, other_dtype=other_dtype, group=self.dp_group)
         self.engine = NativeGenerationEngine(
             self.replica,
             max_new_tokens=int(gen["max_new_tokens"]),
@@ -100,12 +132,14 @@ class DataParallelPolicy:
     def generate(
         self, shards: Sequence[tuple[list[list[int]], int]], greedy: bool, engine_changes: Mapping | None = None
     ) -> list[GenerationOutput]:
-        """Run this rank's rollout seed shards on the replica (no collectives); outputs on CPU.
+        """Run this rank's rollout seed shards on the replica (no collectives without TP; under TP every rank of the
+        group runs the same shards, and TP rank 0 alone returns the outputs); outputs on CPU.
 
         `engine_changes`: constructor changes for this call (e.g. {"kv_cache_dtype": None}, the calibration rollout).
         """
         engine = self.engine.replace(**engine_changes) if engine_changes else self.engine
-        return generate_seed_shards(engine, shards, greedy=greedy, device=self.device)
+        outs = generate_seed_shards(engine, shards, greedy=greedy, device=self.device)
+        return outs if self.tp_rank == 0 else []
 
     def refit(self, fmt: RefitFormat = "fp8") -> dict[str, Any]:
         """Collective: quantize this rank's shards once, all-gather FP8 bits + scales into the replica, and the KV
@@ -128,7 +162,7 @@ class DataParallelPolicy:
     def finish_kv_calibration(self) -> dict[str, Any]:
         """Collective: scales from every rank's records of the last calibrating pass; {} when nobody recorded."""
         t0 = time.perf_counter()
-        records = gather_qkv_records(self._kv_records)
+        records = gather_qkv_records(self._kv_records, group=self.dp_group)  # TP ranks hold the same (maxed) ones
         self._kv_records = []
         if not records:
             return {}
@@ -160,9 +194,11 @@ class DataParallelPolicy:
         calibrate: bool = False,
         strict: bool = True,
     ) -> torch.Tensor | None:
-        """Collective: per-token logprobs [b, S] of this rank's logprob chunks (`num_steps` forwards in all).
+        """Collective: per-token logprobs [b, S] of this rank's logprob chunks (`num_steps` forwards in all); under
+        TP, TP rank 0 alone returns them (the others None).
 
-        `calibrate`: record each real chunk's per-layer Q/K/V amax for the next `finish_kv_calibration`.
+        `calibrate`: record each real chunk's per-layer Q/K/V amax for the next `finish_kv_calibration` (under TP,
+        the max over the TP group: every head's).
         `strict`: see `_attn_hook`.
         """
         if len(chunks) > num_steps:
@@ -180,9 +216,13 @@ class DataParallelPolicy:
             if real:
                 out.append(logp.cpu())
             if calibrator is not None:
-                self._kv_records.append(calibrator.amax())  # this forward's [L, 3]
+                amax = calibrator.amax()  # this forward's [L, 3] over this rank's heads
+                if self.tp_group is not None:
+                    amax = amax.float().contiguous()
+                    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.tp_group)
+                self._kv_records.append(amax)
         self.module.train()
-        return torch.cat(out) if out else None
+        return torch.cat(out) if out and self.tp_rank == 0 else None
 
     @torch.no_grad()
     def reference_logprobs(self, rows: TrainBatch) -> torch.Tensor:
@@ -241,6 +281,8 @@ class DataParallelPolicy:
                 per_mb.append({k: float(v) for k, v in metrics.items()})
                 if nonfinite is None and not torch.isfinite(loss.detach()):
                     nonfinite = f"loss (rank {self.rank}, micro-batch {i}, value {loss.item()})"
+        if self.tp_group is not None:  # q_norm / k_norm saw this rank's heads only
+            reduce_head_local_grads(self.model, self.tp_group)
         grad_norm = clip_grad_norm(self.model.parameters(), self.cfg["max_grad_norm"])
         if not torch.isfinite(torch.tensor(grad_norm)):  # the global norm: every rank takes this branch together
             self.optimizer.zero_grad(set_to_none=True)
@@ -308,15 +350,11 @@ def _local_of(t: torch.Tensor) -> torch.Tensor:
 
 
 def _shard_of(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """This rank's FSDP2 slice of `full` for a tensor shaped like `like` (DTensor Shard(d), chunk = ceil(n/W))."""
-    placements = getattr(like, "placements", None)
-    if not placements:
+    """This rank's slice of `full` for a tensor shaped like `like`: its DTensor placements (FSDP2 Shard(d), chunk =
+    ceil(n/W); under TP the (dp, tp) placements), cut locally with no communication."""
+    if not getattr(like, "placements", None):
         return full
-    dim = placements[0].dim
-    world, rank = like.device_mesh.size(), like.device_mesh.get_local_rank()
-    chunk = -(-full.shape[dim] // world)
-    start = min(rank * chunk, full.shape[dim])
-    return full.narrow(dim, start, min(chunk, full.shape[dim] - start))
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
 
 
 def _like_param(value: Any, param: torch.Tensor) -> Any:

@@ -17,13 +17,14 @@ from nemo_jetrl.precision.kv import KVScales, QKVCalibrator
 from nemo_jetrl.precision.recipe import KVCalibration
 
 
-def gather_qkv_records(records: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Collective: every rank's [L, 3] amax records (CPU), concatenated in rank order (= chunk order)."""
+def gather_qkv_records(records: Sequence[torch.Tensor], group=None) -> list[torch.Tensor]:
+    """Collective over `group` (default: every rank; under TP the data-parallel group): every rank's [L, 3] amax
+    records (CPU), concatenated in rank order (= chunk order)."""
     local = [r.detach().float().cpu() for r in records]
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return local
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
+    gathered: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, local, group=group)
     return [r for rank_records in gathered for r in rank_records]
 
 

@@ -2,6 +2,8 @@
 
 Both split the global batch as `data_split` describes and gather the results, so the driver's step code is the
 same as in a single process. Metrics are combined exactly as `NativePolicy.train` combines its micro-batches.
+With tensor parallel (`policy.dtensor_cfg.tensor_parallel_size` T) the split is over the W / T data-parallel groups:
+the T ranks of a group get the same rows and one result per group is read.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.data_split import (
     assign_contiguous,
+    group_leaders,
     merge_generation_outputs,
     micro_batch_ranges,
+    per_rank,
     seed_shards,
     split_evenly,
 )
@@ -44,11 +48,14 @@ class RemoteKVCalibrator:
 
 
 class RayPolicy(PolicyInterface):
-    """Data-parallel FSDP2 trainer on a `RayWorkerGroup` (one shard per worker)."""
+    """Data-parallel FSDP2 trainer on a `RayWorkerGroup` (one shard per worker; under TP, one TP group per
+    data-parallel group of T workers)."""
 
     def __init__(self, group: RayWorkerGroup, cfg: Mapping[str, Any], setup_info: Mapping[str, Any]) -> None:
         self.group = group
         self.cfg = cfg["policy"]
+        self.tp = int(cfg["policy"]["dtensor_cfg"]["tensor_parallel_size"])
+        self.num_dp_groups = group.num_workers // self.tp
         self.recipe = PrecisionRecipe.from_config(cfg["policy"])
         self.tokenizer = setup_info["tokenizer"]
         self.layer_map = dict(setup_info["layer_map"])
@@ -73,17 +80,19 @@ class RayPolicy(PolicyInterface):
         ]
 
     def _logprob_chunks(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], int]:
-        """The single-process logprob chunks (logprob_batch_size rows), contiguous blocks per worker; max count."""
+        """The single-process logprob chunks (logprob_batch_size rows), contiguous blocks per data-parallel group
+        (one list per worker); max count."""
         ranges = micro_batch_ranges(len(batch), int(self.cfg["logprob_batch_size"]))
-        blocks = assign_contiguous(ranges, self.group.num_workers)
-        return [[batch.select(slice(lo, hi)) for lo, hi in block] for block in blocks], max(map(len, blocks))
+        blocks = assign_contiguous(ranges, self.num_dp_groups)
+        chunks = [[batch.select(slice(lo, hi)) for lo, hi in block] for block in blocks]
+        return per_rank(chunks, self.tp), max(map(len, blocks))
 
     def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         fused = self.kv_calibrator is not None and self.kv_calibration_pass == "fused"
         chunks, steps = self._logprob_chunks(batch)
         dummy = batch.select(slice(0, 1))
         results = self.group.run("logprobs", "logprobs", per_worker=[(c, steps, dummy, fused) for c in chunks])
-        return torch.cat([r for r in results if r is not None])  # [B, S]
+        return torch.cat([r for r in group_leaders(results, self.tp) if r is not None])  # [B, S]
 
     def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
         """A calibrating no-grad pass over `batch` on the workers; returns (and sets everywhere) the new scales."""
@@ -123,11 +132,11 @@ class RayPolicy(PolicyInterface):
         normalizer = float(mask.sum()) if self.token_level_loss else float((mask.sum(-1) > 0).sum())
         normalizer = max(normalizer, 1.0)
         ranges = micro_batch_ranges(len(batch), int(self.cfg["train_micro_batch_size"]))
-        blocks = assign_contiguous(ranges, self.group.num_workers)
+        blocks = assign_contiguous(ranges, self.num_dp_groups)
         steps = max(len(b) for b in blocks)
         dummy = batch.select(slice(0, 1))
-        per_worker = [([batch.select(slice(lo, hi)) for lo, hi in block], steps, normalizer, dummy) for block in blocks]
-        results = self.group.run("train", "train", per_worker=per_worker)
+        per_group = [([batch.select(slice(lo, hi)) for lo, hi in block], steps, normalizer, dummy) for block in blocks]
+        results = self.group.run("train", "train", per_worker=per_rank(per_group, self.tp))
         if "nonfinite" in results[0]:  # all ranks skipped the optimizer step together
             raise NonFiniteError(results[0]["nonfinite"], self.step)
         self.step += 1
@@ -136,7 +145,7 @@ class RayPolicy(PolicyInterface):
             raise NonFiniteStateError(bad, self.step)
         sums: dict[str, float] = {}
         n_micro = 0
-        for result in results:  # rank order == micro-batch order
+        for result in group_leaders(results, self.tp):  # group order == micro-batch order
             for metrics in result["micro_batch_metrics"]:
                 n_micro += 1
                 for k, v in metrics.items():
@@ -194,15 +203,22 @@ class RayPolicy(PolicyInterface):
 
 
 class RayGeneration(GenerationInterface):
-    """Data-parallel rollout: seed shards (see data_split) in contiguous blocks per worker, merged in order."""
+    """Data-parallel rollout: seed shards (see data_split) in contiguous blocks per data-parallel group (every TP
+    rank of a group runs its group's shards), merged in order."""
 
     def __init__(
-        self, group: RayWorkerGroup, num_seed_shards: int, pad_token_id: int, engine_changes: Mapping | None = None
+        self,
+        group: RayWorkerGroup,
+        num_seed_shards: int,
+        pad_token_id: int,
+        engine_changes: Mapping | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.group = group
         self.num_seed_shards = int(num_seed_shards)
         self.pad_token_id = int(pad_token_id)
         self.engine_changes = dict(engine_changes or {})
+        self.tp = int(tensor_parallel_size)
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -213,16 +229,17 @@ class RayGeneration(GenerationInterface):
     def replace(self, **changes) -> RayGeneration:
         """The workers' engines with some constructor arguments changed for these calls (as
         `NativeGenerationEngine.replace`, e.g. `kv_cache_dtype=None` for the calibration rollout)."""
-        engine = RayGeneration(self.group, self.num_seed_shards, self.pad_token_id, {**self.engine_changes, **changes})
+        changes = {**self.engine_changes, **changes}
+        engine = RayGeneration(self.group, self.num_seed_shards, self.pad_token_id, changes, self.tp)
         engine._kv_scales = self._kv_scales
         return engine
 
     def generate(self, prompt_ids, *, greedy=False, generator=None) -> GenerationOutput:
         base = generator.initial_seed() if generator is not None else torch.initial_seed()
         shards = seed_shards(prompt_ids, self.num_seed_shards, base)
-        blocks = assign_contiguous(shards, self.group.num_workers)
-        per_worker = [(block, greedy, self.engine_changes) for block in blocks]
-        results = self.group.run("generation", "generate", per_worker=per_worker)
+        blocks = assign_contiguous(shards, self.group.num_workers // self.tp)
+        per_worker = per_rank([(block, greedy, self.engine_changes) for block in blocks], self.tp)
+        results = group_leaders(self.group.run("generation", "generate", per_worker=per_worker), self.tp)
         return merge_generation_outputs([out for outs in results for out in outs], self.pad_token_id)
 
     def prepare_for_generation(self) -> bool:
@@ -246,8 +263,28 @@ class RayGeneration(GenerationInterface):
 
 def build_ray_policy_and_engine(cfg: Mapping[str, Any], spec: ClusterSpec) -> tuple[RayPolicy, RayGeneration]:
     """Start the worker group, load + shard the policy on every worker, first refit; the driver's two handles."""
+    if spec.tensor_parallel_size > 1:  # before any worker starts (the workers check the FP8 tiles per layer)
+        check_tp_model(cfg["policy"]["model_name"], spec.tensor_parallel_size)
     group = RayWorkerGroup(spec)
     info = group.run("setup", "setup", common=(group.put(dict(cfg)),))[0]
     policy = RayPolicy(group, cfg, info)
-    engine = RayGeneration(group, spec.num_seed_shards, policy.tokenizer.pad_token_id)
+    engine = RayGeneration(
+        group, spec.num_seed_shards, policy.tokenizer.pad_token_id, tensor_parallel_size=spec.tensor_parallel_size
+    )
     return policy, engine
+
+
+def check_tp_model(model_name: str, tp: int) -> None:
+    """ValueError naming `policy.dtensor_cfg.tensor_parallel_size` unless `tp` divides the model's query and KV heads
+    (read from its config.json)."""
+    from nemo_jetrl.distributed.tensor_parallel import check_tp_heads
+    from nemo_jetrl.models.loading import check_model_dir, resolve_model_dir
+
+    config = check_model_dir(resolve_model_dir(model_name))
+    heads = int(config["num_attention_heads"])
+    try:
+        check_tp_heads(heads, int(config.get("num_key_value_heads") or heads), tp)
+    except ValueError as exc:
+        raise ValueError(
+            f"policy.dtensor_cfg.tensor_parallel_size: {exc} of policy.model_name {model_name!r}"
+        ) from None

@@ -52,14 +52,18 @@ def _is_fp8(module: nn.Module) -> bool:
     return isinstance(module, Fp8Linear) and (module.train_fp8 or module.rollout_fp8)
 
 
-def check_tp_layout(model: nn.Module, tp: int, block: int = 128) -> None:
-    """Raise ValueError (naming the layer and sizes) unless `tp` splits heads and FP8 tiles cleanly."""
-    cfg = model.config
-    heads, kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+def check_tp_heads(heads: int, kv_heads: int, tp: int) -> None:
+    """Raise ValueError unless `tp` divides the query heads and the KV heads (each rank owns whole heads)."""
     if heads % tp or kv_heads % tp:
         raise ValueError(
             f"tensor_parallel_size {tp} must divide the query heads ({heads}) and the KV heads ({kv_heads})"
         )
+
+
+def check_tp_layout(model: nn.Module, tp: int, block: int = 128) -> None:
+    """Raise ValueError (naming the layer and sizes) unless `tp` splits heads and FP8 tiles cleanly."""
+    cfg = model.config
+    check_tp_heads(int(cfg.num_attention_heads), int(cfg.num_key_value_heads), tp)
     for i, layer in enumerate(_layers(model)):
         for names, attr, kind in ((COLWISE, "out_features", "column"), (ROWWISE, "in_features", "row")):
             for name in names:

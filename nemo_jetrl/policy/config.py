@@ -29,6 +29,15 @@ class OptimizerConfig(Section):
     eps: PositiveFloat = 1.0e-8
 
 
+class DTensorConfig(Section):
+    """NeMo-RL's `policy.dtensor_cfg`: the FSDP2 (DTensor) trainer's layout. Its other NeMo-RL keys are mapped,
+    accepted without effect or refused in config/nemo_rl_keys.py."""
+
+    # T ranks per tensor-parallel group (trainer and its colocated rollout); the Ray workers form W / T
+    # data-parallel groups (distributed/tensor_parallel.py, docs/cluster.md)
+    tensor_parallel_size: PositiveInt = 1
+
+
 class PolicyConfig(Section):
     """`train_global_batch_size: null` = grpo.num_prompts_per_step * grpo.num_generations_per_prompt."""
 
@@ -52,6 +61,7 @@ class PolicyConfig(Section):
     # NeMo-RL's LR schedule: [{name: torch.optim.lr_scheduler.X, kwargs: {...}}, ..., {milestones: [...]}] or one
     # {name, kwargs}; null = constant lr. Stepped once per GRPO step (policy/lr_scheduler.py).
     scheduler: list[dict[str, Any]] | dict[str, Any] | None = None
+    dtensor_cfg: DTensorConfig = DTensorConfig()
     fp8_cfg: Fp8Config = Fp8Config()
     generation: GenerationConfig = GenerationConfig()
 

@@ -234,9 +234,60 @@ def test_non_mapping_config_is_refused():
         validate_config(3)
 
 
-def test_tensor_parallel_size_above_one_is_refused_by_name(base_yaml):
-    """TP exists as a library (distributed/tensor_parallel.py) but no run path builds it: refuse, never run DP."""
-    assert check(base_yaml, "+policy.dtensor_cfg.tensor_parallel_size=1").policy is not None
-    message = error_of(base_yaml, "+policy.dtensor_cfg.tensor_parallel_size=2")
-    assert message.startswith("policy.dtensor_cfg.tensor_parallel_size")
-    assert "tensor parallelism" in message and "not wired" in message
+TP2 = "policy.dtensor_cfg.tensor_parallel_size=2"
+
+
+def test_tensor_parallel_size_runs_on_ray_workers_it_divides(base_yaml):
+    cfg = check(base_yaml, TP2, "cluster.backend=ray", "cluster.cpu_workers_per_node=4")
+    assert cfg.policy.dtensor_cfg.tensor_parallel_size == 2 and cfg.cluster.backend == "ray"
+    from nemo_jetrl.distributed import ClusterSpec
+
+    spec = ClusterSpec.from_config(cfg.cluster, cfg.policy.dtensor_cfg.tensor_parallel_size)
+    assert (spec.num_workers, spec.num_dp_groups, spec.num_seed_shards) == (4, 2, 2)  # seed shards: one per DP group
+    assert check(base_yaml, "policy.dtensor_cfg.tensor_parallel_size=1").cluster.backend == "local"
+
+
+def test_tensor_parallel_with_the_local_backend_is_refused_by_name(base_yaml):
+    for backend in ("cluster.backend=local", "cluster.backend=null"):  # null: one device resolves to local
+        assert error_of(base_yaml, TP2, backend) == (
+            "policy.dtensor_cfg.tensor_parallel_size: 2 needs cluster.backend: ray (each tensor-parallel rank is a "
+            "Ray worker), got cluster.backend: 'local'; set cluster.backend: ray"
+        )
+
+
+def test_tensor_parallel_size_must_divide_the_workers(base_yaml):
+    message = error_of(base_yaml, TP2, "cluster.backend=ray", "cluster.cpu_workers_per_node=3")
+    assert message == (
+        "policy.dtensor_cfg.tensor_parallel_size: 2 must divide the Ray workers "
+        "(cluster.num_nodes * cluster.cpu_workers_per_node = 1 * 3 = 3)"
+    )
+    message = error_of(base_yaml, "policy.dtensor_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=2")
+    assert message == (
+        "policy.dtensor_cfg.tensor_parallel_size: 4 must divide the Ray workers "
+        "(cluster.num_nodes * cluster.gpus_per_node = 1 * 2 = 2)"
+    )
+    assert error_of(base_yaml, "policy.dtensor_cfg.tensor_parallel_size=0") == (
+        "policy.dtensor_cfg.tensor_parallel_size: 0 is invalid: input should be greater than 0"
+    )
+
+
+def test_rollout_tensor_parallel_size_must_equal_the_trainers(base_yaml):
+    """NeMo-RL's vLLM TP: the native rollout runs colocated on the trainer's TP ranks, so it follows dtensor TP."""
+    ray = ("cluster.backend=ray", "cluster.cpu_workers_per_node=2")
+    cfg = check(base_yaml, TP2, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=2")
+    assert cfg.policy.dtensor_cfg.tensor_parallel_size == 2
+    assert check(base_yaml, "++policy.generation.vllm_cfg.tensor_parallel_size=1").policy is not None
+    reason = (
+        "is not supported here (a rollout TP other than the trainer's); it must equal "
+        "policy.dtensor_cfg.tensor_parallel_size ({}): the native rollout runs colocated on the trainer's "
+        "tensor-parallel ranks; set both to the same value"
+    )
+    message = error_of(base_yaml, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=2")
+    assert message == "policy.generation.vllm_cfg.tensor_parallel_size: 2 " + reason.format(1)
+    message = error_of(base_yaml, TP2, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=1")
+    assert message == "policy.generation.vllm_cfg.tensor_parallel_size: 1 " + reason.format(2)
+
+
+def test_sequence_parallel_stays_refused_by_name(base_yaml):
+    message = error_of(base_yaml, "++policy.dtensor_cfg.sequence_parallel=true")
+    assert message.startswith("policy.dtensor_cfg.sequence_parallel: true is not supported here (sequence parallelism)")
