@@ -63,14 +63,16 @@ def test_bad_cluster_config_names_the_key(overrides, message):
 
 
 def test_spec_takes_every_field_of_the_section():
-    # ClusterSpec holds exactly the validated section: no field of its own with a default, none left out
+    # ClusterSpec holds exactly the validated section, none left out, plus policy.dtensor_cfg.tensor_parallel_size
     from nemo_jetrl.distributed.cluster_config import ClusterConfig
 
     section = ClusterConfig(gpus_per_node=2, num_cpu_threads=3, ray_address="auto", rollout_seed_shards=5)
     spec = ClusterSpec.from_config(section)
     assert spec.backend == "ray"  # resolved by the section from the device count
-    assert dataclasses.asdict(spec) == section.to_dict()
+    assert dataclasses.asdict(spec) == {**section.to_dict(), "tensor_parallel_size": 1}
     assert ClusterSpec.from_config(section.to_dict()) == spec
+    tp2 = ClusterSpec.from_config(section, tensor_parallel_size=2)
+    assert (tp2.num_workers, tp2.num_dp_groups, tp2.num_seed_shards) == (2, 1, 5)  # explicit seed shards win
 
 
 def test_ray_init_joins_an_address_or_starts_locally(monkeypatch):
