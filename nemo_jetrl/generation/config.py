@@ -65,4 +65,3 @@ class GenerationConfig(Section):
                 "backend=native"
             )
         return self
-
