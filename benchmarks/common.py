@@ -106,6 +106,7 @@ def policy_config(**overrides) -> dict:
         "optimizer": optimizer,
         "scheduler": None,
         "fp8_cfg": fp8_cfg,
+        "dtensor_cfg": {"tensor_parallel_size": 1},
         "generation": generation,
     }
     return {**cfg, **overrides}

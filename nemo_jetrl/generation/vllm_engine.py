@@ -189,7 +189,12 @@ class VllmGenerationEngine(GenerationInterface):
             kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
         elif not on_cpu and gpu_util is not None:
             kwargs["gpu_memory_utilization"] = float(gpu_util)
-        return LLM(**kwargs)
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        try:
+            return LLM(**kwargs)
+        finally:  # vLLM's CPU worker swaps torch.set_num_threads for a no-op in its process and lowers the count
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
 
     def close(self) -> None:
         """Drop the engine and its exported start-up files."""

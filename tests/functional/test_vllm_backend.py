@@ -119,3 +119,15 @@ def test_bf16_rollout_on_vllm(tmp_path):
         run.engine.close()
     # measured 1.013 here (vLLM's BF16 kernels vs the trainer's forward)
     assert 1.0 < metrics["token_mult_prob_error"] < 1.05
+
+
+def test_trainer_threads_survive_vllm_start(fp8_kv_run):
+    """vLLM's CPU worker replaces torch.set_num_threads with a no-op and lowers the thread count; the adapter
+    gives both back, so the colocated trainer keeps its threads (cluster.num_cpu_threads)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert before == int(fp8_kv_run[0].cfg["cluster"]["num_cpu_threads"])
