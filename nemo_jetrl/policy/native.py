@@ -284,6 +284,7 @@ class NativePolicy(PolicyInterface):
         if self.cfg["max_grad_norm"] is not None:
             torch.nn.utils.clip_grads_with_norm_(params, float(self.cfg["max_grad_norm"]), total_norm)
         self.optimizer.step()
+        self._invalidate_fp8_weights()
         self.step += 1
         out = {k: v / n_micro for k, v in sums.items()}
         # `loss` is a sum of globally-normalised micro-batch losses, not a mean of them.
@@ -291,6 +292,13 @@ class NativePolicy(PolicyInterface):
             out["loss"] = sums["loss"]
         out.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], num_micro_batches=float(n_micro))
         return out
+
+    def _invalidate_fp8_weights(self) -> None:
+        """Drop every cached FP8 weight after an optimizer step: the fused AdamW writes the master weights without
+        bumping their version counters, so the version key alone would keep serving the pre-step FP8 bits."""
+        for module in self.model.modules():
+            if isinstance(module, Fp8Linear):
+                module.invalidate_quantized_weight()
 
     def _first_nonfinite_fp8_weight(self) -> str | None:
         """Name of the first FP8 layer whose master weight or FP8 scale is non-finite (one device sync when all ok).
