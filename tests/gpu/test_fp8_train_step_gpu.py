@@ -20,11 +20,14 @@ DEV = torch.device("cuda")
 
 def test_fp8_weights_follow_the_fused_adamw_step():
     model = build_model(TINY, None, DEV, torch.bfloat16).train()
-    policy = NativePolicy(policy_config(), LOSS_FN, PrecisionRecipe.preset("jetrl"), DEV, model=model)
+    optimizer = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8}
+    policy = NativePolicy(
+        policy_config(optimizer=optimizer), LOSS_FN, PrecisionRecipe.preset("jetrl"), DEV, model=model
+    )
     assert policy.optimizer.defaults.get("fused")
     policy.prepare_refit()
     layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-    before = [m.quantized_weight().data.clone() for m in layers]
+    before = [m.quantized_weight().scale.clone() for m in layers]
     policy.train(make_batch(2, 128, TINY["vocab_size"]))
     policy.prepare_refit()
     changed = 0
@@ -32,8 +35,8 @@ def test_fp8_weights_follow_the_fused_adamw_step():
         qw = m.quantized_weight()
         data, scale = weight_quant(m.weight.detach(), 128)
         assert torch.equal(qw.data.view(torch.uint8), data.view(torch.uint8)) and torch.equal(qw.scale, scale)
-        changed += not torch.equal(qw.data.view(torch.uint8), old.view(torch.uint8))
-    assert changed == len(layers)
+        changed += not torch.equal(qw.scale, old)  # a tile's amax moved (e4m3 values may not, at 3 mantissa bits)
+    assert changed == len(layers)  # lr 1e-3: every layer's bf16 master weights moved
 
 
 @pytest.mark.parametrize("wgrad_x_blocks", ["1x128", "128x128"])
