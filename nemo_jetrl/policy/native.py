@@ -304,14 +304,18 @@ class NativePolicy(PolicyInterface):
         """Name of the first FP8 layer whose master weight or FP8 scale is non-finite (one device sync when all ok).
 
         The quantizer ignores NaN for the amax and saturates inf, so a bad master weight can hide behind finite
-        scales: both are checked.
+        scales: both are checked, the master weight through the non-finite count its quantization pass took.
         """
         modules = self.model.named_modules()
         layers = [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
         if not layers:
             return None
-        scale_ok = [m.quantized_weight().scale.isfinite().all() for _, m in layers]
-        weight_ok = [m.weight.isfinite().all() for _, m in layers]
+        qweights = [m.quantized_weight() for _, m in layers]
+        scale_ok = [qw.scale.isfinite().all() for qw in qweights]
+        weight_ok = [
+            qw.nonfinite == 0 if qw.nonfinite is not None else m.weight.isfinite().all()
+            for qw, (_, m) in zip(qweights, layers)
+        ]
         if bool(torch.stack(scale_ok + weight_ok).all()):
             return None
         for (name, _), s_ok, w_ok in zip(layers, scale_ok, weight_ok):
