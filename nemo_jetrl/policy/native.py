@@ -284,6 +284,7 @@ class NativePolicy(PolicyInterface):
         if self.cfg["max_grad_norm"] is not None:
             torch.nn.utils.clip_grads_with_norm_(params, float(self.cfg["max_grad_norm"]), total_norm)
         self.optimizer.step()
+        self._invalidate_fp8_weights()
         self.step += 1
         out = {k: v / n_micro for k, v in sums.items()}
         # `loss` is a sum of globally-normalised micro-batch losses, not a mean of them.
@@ -292,18 +293,29 @@ class NativePolicy(PolicyInterface):
         out.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], num_micro_batches=float(n_micro))
         return out
 
+    def _invalidate_fp8_weights(self) -> None:
+        """Drop every cached FP8 weight after an optimizer step: the fused AdamW writes the master weights without
+        bumping their version counters, so the version key alone would keep serving the pre-step FP8 bits."""
+        for module in self.model.modules():
+            if isinstance(module, Fp8Linear):
+                module.invalidate_quantized_weight()
+
     def _first_nonfinite_fp8_weight(self) -> str | None:
         """Name of the first FP8 layer whose master weight or FP8 scale is non-finite (one device sync when all ok).
 
         The quantizer ignores NaN for the amax and saturates inf, so a bad master weight can hide behind finite
-        scales: both are checked.
+        scales: both are checked, the master weight through the non-finite count its quantization pass took.
         """
         modules = self.model.named_modules()
         layers = [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
         if not layers:
             return None
-        scale_ok = [m.quantized_weight().scale.isfinite().all() for _, m in layers]
-        weight_ok = [m.weight.isfinite().all() for _, m in layers]
+        qweights = [m.quantized_weight() for _, m in layers]
+        scale_ok = [qw.scale.isfinite().all() for qw in qweights]
+        weight_ok = [
+            qw.nonfinite == 0 if qw.nonfinite is not None else m.weight.isfinite().all()
+            for qw, (_, m) in zip(qweights, layers)
+        ]
         if bool(torch.stack(scale_ok + weight_ok).all()):
             return None
         for (name, _), s_ok, w_ok in zip(layers, scale_ok, weight_ok):

@@ -21,6 +21,7 @@ _EXPORTS = {
     "act_quant_t": "quant",
     "weight_dequant": "quant",
     "weight_quant": "quant",
+    "weight_quant_checked": "quant",
     "KVCalibration": "recipe",
     "PrecisionRecipe": "recipe",
     "Fp8RolloutGroup": "rollout_layers",

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm, gemm_backend, no_autocast
-from nemo_jetrl.precision.quant import act_quant, act_quant_dual, weight_dequant, weight_quant
+from nemo_jetrl.precision.quant import act_quant, act_quant_dual, weight_dequant, weight_quant_checked
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 
 Mode = Literal["train", "rollout"]
@@ -28,13 +28,15 @@ class QuantizedWeight:
     """FP8 weight shared by the trainer's FProp/DGrad and the rollout engine.
 
     data: e4m3 [N, K]; scale: fp32 [ceil(N/128), ceil(K/128)] (dequant multipliers); version: the master weight's
-    `_version` when it was quantized.
+    `_version` when it was quantized; nonfinite: int32 0-dim count of the master weight's NaN / inf values then
+    (None where unknown).
     """
 
     data: torch.Tensor
     scale: torch.Tensor
     version: int
     block: int = 128
+    nonfinite: torch.Tensor | None = None
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 
     def transposed(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,12 +291,13 @@ class Fp8Linear(nn.Module):
         w = local_tensor(self.weight)
         return (w._version, w.data_ptr(), w.device, w.dtype, tuple(w.shape), self.recipe.pow2_weight_scales)
 
-    def quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh (e4m3 [N, K], fp32 scale [N/128, K/128]) of the master weight (the 128x128-tile recipe); of this
-        rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (its tiles never straddle a shard boundary)."""
+    def quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Fresh (e4m3 [N, K], fp32 scale [N/128, K/128], int32 non-finite count) of the master weight (the
+        128x128-tile recipe, one pass); of this rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (its
+        tiles never straddle a shard boundary)."""
         with torch.no_grad():
             w = local_tensor(self.weight).detach()
-            return weight_quant(w, self.recipe.block_size, self.recipe.pow2_weight_scales)
+            return weight_quant_checked(w, self.recipe.block_size, self.recipe.pow2_weight_scales)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""
@@ -302,12 +305,15 @@ class Fp8Linear(nn.Module):
             self.weight_group.refresh()
         key = self.weight_key()
         if self._qweight is None or key != self._qweight_key:
-            self.set_quantized_weight(*self.quantize_weight(), key)
+            data, scale, nonfinite = self.quantize_weight()
+            self.set_quantized_weight(data, scale, key, nonfinite)
         return self._qweight
 
-    def set_quantized_weight(self, data: torch.Tensor, scale: torch.Tensor, key: tuple) -> None:
+    def set_quantized_weight(
+        self, data: torch.Tensor, scale: torch.Tensor, key: tuple, nonfinite: torch.Tensor | None = None
+    ) -> None:
         """Cache (data, scale) as the FP8 weight for master-weight state `key` (a `weight_key()`)."""
-        self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size)
+        self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size, nonfinite)
         self._qweight_key = key
 
     def invalidate_quantized_weight(self) -> None:

@@ -118,6 +118,24 @@ def weight_quant(
     return _weight_quant_ref(w, block, pow2)
 
 
+def weight_quant_checked(
+    w: torch.Tensor, block: int = 128, pow2: bool = False, backend: QuantBackend = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`weight_quant(w)` and the number of non-finite values of w (int32 0-dim tensor on w's device), counted in
+    the same pass on CUDA. The scales alone cannot tell: the amax ignores NaN and saturates inf."""
+    _check_input(w, block, "weight_quant", min_dim=2)
+    if w.dim() != 2:
+        raise ValueError(f"weight_quant expects a 2-D [N, K] tensor, got shape {tuple(w.shape)}")
+    if _use_triton(w, block, backend):
+        from nemo_jetrl.precision.kernels import triton_quant
+
+        count = torch.zeros(1, dtype=torch.int32, device=w.device)
+        q, s = triton_quant.quant_tiles(w, block, pow2, nonfinite=count)
+        return q, s, count[0]
+    q, s = _weight_quant_ref(w, block, pow2)
+    return q, s, (~torch.isfinite(w)).sum().to(torch.int32)
+
+
 def act_dequant(
     x_fp8: torch.Tensor, scale: torch.Tensor, block: int = 128, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:

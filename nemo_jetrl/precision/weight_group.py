@@ -54,17 +54,19 @@ class Fp8WeightGroup:
         keys = tuple(m.weight_key() for m in self.members)
         if keys == self._keys:
             return
-        pieces = [m.quantize_weight() for m in self.members]  # [(e4m3 [N_i, K], fp32 [N_i/128, K/128])]
+        pieces = [m.quantize_weight() for m in self.members]  # [(e4m3 [N_i, K], fp32 [N_i/128, K/128], count)]
+        counts = [c for _, _, c in pieces]
         if not any(hasattr(m.weight, "to_local") for m in self.members):  # no member sharded (DTensor) now
-            data, data_views = stack_rows([d for d, _ in pieces])  # [sum N_i, K]
-            scale, scale_views = stack_rows([s for _, s in pieces])  # [sum N_i / 128, K / 128]
-            self._qweight = QuantizedWeight(data, scale, version=0, block=self.members[0].recipe.block_size)
-            for m, d, s, key in zip(self.members, data_views, scale_views, keys):
-                m.set_quantized_weight(d, s, key)
+            data, data_views = stack_rows([d for d, _, _ in pieces])  # [sum N_i, K]
+            scale, scale_views = stack_rows([s for _, s, _ in pieces])  # [sum N_i / 128, K / 128]
+            block = self.members[0].recipe.block_size
+            self._qweight = QuantizedWeight(data, scale, version=0, block=block, nonfinite=sum(counts))
+            for m, d, s, key, c in zip(self.members, data_views, scale_views, keys, counts):
+                m.set_quantized_weight(d, s, key, c)
         else:  # e.g. sharded (DTensor) master weights: each member keeps its own tensors, no grouped GEMM
             self._qweight = None
-            for m, (d, s), key in zip(self.members, pieces, keys):
-                m.set_quantized_weight(d, s, key)
+            for m, (d, s, c), key in zip(self.members, pieces, keys):
+                m.set_quantized_weight(d, s, key, c)
         self._keys = keys
 
     def invalidate(self) -> None:

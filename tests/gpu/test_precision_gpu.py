@@ -222,3 +222,15 @@ def test_cuda_and_cpu_fp8_linear_agree():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-s"]))
+
+
+@pytest.mark.parametrize("shape", [(200, 300), (6144, 4096), (4096, 12288)])
+def test_triton_weight_quant_checked_bitwise_and_count(shape):
+    from nemo_jetrl.precision import weight_quant_checked
+
+    gen = torch.Generator().manual_seed(shape[1])
+    w = (torch.randn(shape, generator=gen) * 0.02).bfloat16()
+    w[0, 0], w[-1, -1], w[shape[0] // 2, 3] = float("nan"), float("inf"), -float("inf")
+    q, s, bad = weight_quant_checked(w.to(CUDA), backend="triton")
+    assert_bitwise((q, s), weight_quant(w))
+    assert int(bad) == 3 and int(weight_quant_checked(torch.ones(256, 256, device=CUDA))[2]) == 0

@@ -79,10 +79,11 @@ def _quant_groups_kernel(
 
 @triton.jit
 def _quant_tiles_kernel(
-    x_ptr, y_ptr, s_ptr, R, C, stride_r, stride_c, n_tiles_c,
-    BLOCK: tl.constexpr, POW2: tl.constexpr,
+    x_ptr, y_ptr, s_ptr, bad_ptr, R, C, stride_r, stride_c, n_tiles_c,
+    BLOCK: tl.constexpr, POW2: tl.constexpr, COUNT: tl.constexpr,
 ):  # fmt: skip
-    # One program: one BLOCK x BLOCK tile of the logical [R, C] input, one scale.
+    # One program: one BLOCK x BLOCK tile of the logical [R, C] input, one scale (COUNT: + its non-finite
+    # values added to the int32 counter at bad_ptr).
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
@@ -93,6 +94,9 @@ def _quant_tiles_kernel(
     q = _to_e4m3(x, scale)
     tl.store(y_ptr + rows64[:, None] * C + cols[None, :], q, mask=mask)
     tl.store(s_ptr + tl.program_id(0) * n_tiles_c + tl.program_id(1), scale)
+    if COUNT:  # NaN (x != x) or +-inf (|x| > FLT_MAX); padding loads 0
+        bad = tl.sum(tl.sum(((x != x) | (tl.abs(x) > _FLT_MAX)).to(tl.int32), axis=1), axis=0)
+        tl.atomic_add(bad_ptr, bad, mask=bad > 0)
 
 
 def _check(x: torch.Tensor) -> None:
@@ -133,8 +137,12 @@ def _on_device(x: torch.Tensor):
     return torch.cuda.device(x.device)
 
 
-def quant_tiles(x: torch.Tensor, block: int, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`block`x`block` tiles of x [R, C] (any strides) -> (e4m3 [R, C], fp32 [ceil(R/b), ceil(C/b)])."""
+def quant_tiles(
+    x: torch.Tensor, block: int, pow2: bool, nonfinite: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block`x`block` tiles of x [R, C] (any strides) -> (e4m3 [R, C], fp32 [ceil(R/b), ceil(C/b)]).
+
+    nonfinite (int32, 1 element): the number of NaN / +-inf values of x is added to it in the same pass."""
     _check(x)
     r, c = x.shape
     grid = (triton.cdiv(r, block), triton.cdiv(c, block))
@@ -143,5 +151,8 @@ def quant_tiles(x: torch.Tensor, block: int, pow2: bool) -> tuple[torch.Tensor, 
     if y.numel() == 0:
         return y, s
     with _on_device(x):
-        _quant_tiles_kernel[grid](x, y, s, r, c, x.stride(0), x.stride(1), grid[1], BLOCK=block, POW2=pow2, num_warps=8)
+        _quant_tiles_kernel[grid](
+            x, y, s, nonfinite if nonfinite is not None else s, r, c, x.stride(0), x.stride(1), grid[1],
+            BLOCK=block, POW2=pow2, COUNT=nonfinite is not None, num_warps=8,
+        )  # fmt: skip
     return y, s

@@ -120,3 +120,24 @@ def test_config_refuses_train_forward_where_it_cannot_hold(overrides, message):
 def test_auto_takes_the_training_forward_only_where_it_holds(overrides, resolved):
     cfg = validate_config(load_config(CONFIG, ["policy.prev_logprobs_source=auto", *overrides]))
     assert cfg.policy.prev_logprobs_source == resolved
+
+
+def test_fp8_weights_follow_a_fused_optimizer_step(tiny):
+    """The fused AdamW (CUDA's default here) writes master weights without bumping `_version`: the trainer must
+    still serve FP8 weights of the updated master after the step (weight_quant of the new weights, bitwise)."""
+    from nemo_jetrl.precision import Fp8Linear, weight_quant
+
+    policy = _policy(tiny, "logprob_forward", 8)
+    opt = policy.optimizer
+    policy.optimizer = torch.optim.AdamW(opt.param_groups[0]["params"], lr=1e-3, fused=True)
+    layers = [m for m in policy.model.modules() if isinstance(m, Fp8Linear) and m.train_fp8]
+    before = [m.weight._version for m in layers]
+    batch = _batch()
+    batch.prev_logprobs = policy.get_logprobs(batch)
+    policy.train(batch)
+    policy.prepare_refit()
+    assert [m.weight._version for m in layers] == before  # the fused step bumped no version
+    for m in layers:
+        qw = m.quantized_weight()
+        data, scale = weight_quant(m.weight.detach(), 128)
+        assert torch.equal(qw.data.view(torch.uint8), data.view(torch.uint8)) and torch.equal(qw.scale, scale)

@@ -13,6 +13,7 @@ from nemo_jetrl.precision import (
     act_quant_t,
     weight_dequant,
     weight_quant,
+    weight_quant_checked,
 )
 from nemo_jetrl.precision.quant import FLT_MAX, INV_E4M3_MAX, SCALE_EPS
 
@@ -225,3 +226,41 @@ def test_bad_inputs_raise_clear_errors():
         act_dequant(q, s[:, :1])
     with pytest.raises(ValueError, match="weight_dequant: scale shape"):
         weight_dequant(q, s)
+
+
+def test_weight_quant_checked_is_weight_quant_plus_a_nonfinite_count():
+    w = torch.randn(300, 260) * 0.02
+    w[0, 0], w[129, 7], w[299, 259] = float("nan"), float("inf"), -float("inf")
+    q, s, bad = weight_quant_checked(w)
+    q_ref, s_ref = weight_quant(w)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+    assert bad.dtype == torch.int32 and bad.dim() == 0 and int(bad) == 3
+    assert int(weight_quant_checked(torch.randn(128, 128))[2]) == 0
+
+
+CHECKED_CHILD = """
+import json, torch
+from nemo_jetrl.precision.kernels import triton_quant
+from nemo_jetrl.precision.quant import weight_quant
+# scales bitwise and counts (the interpreter's e4m3 cast is not the GPU's: the values are checked bitwise on the
+# GPU, tests/gpu/test_precision_gpu.py)
+w = torch.randn(300, 260) * 0.02
+out = {}
+for name, x in (("rows", w), ("strided", w.t())):
+    count = torch.zeros(1, dtype=torch.int32)
+    q, s = triton_quant.quant_tiles(x, 128, False, nonfinite=count)
+    q_ref, s_ref = weight_quant(x.contiguous())
+    out[name] = [torch.equal(s, s_ref), int(count[0])]
+w[0, 0], w[129, 7], w[299, 259], w[5, 200] = float("nan"), float("inf"), -float("inf"), float("nan")
+for name, x in (("bad_rows", w), ("bad_strided", w.t())):
+    count = torch.zeros(1, dtype=torch.int32)
+    triton_quant.quant_tiles(x, 128, True, nonfinite=count)
+    out[name] = int(count[0])
+print(json.dumps(out))
+"""
+
+
+def test_triton_weight_quant_counts_nonfinite_in_the_same_pass(run_interpreted):
+    out = run_interpreted(CHECKED_CHILD)
+    assert out["rows"] == [True, 0] and out["strided"] == [True, 0]
+    assert out["bad_rows"] == 4 and out["bad_strided"] == 4

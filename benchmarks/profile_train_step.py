@@ -1,0 +1,100 @@
+"""Kernel-time breakdown of one training step, BF16 vs FP8 (torch.profiler), for finding FP8-only costs.
+
+    PYTHONPATH=. python3 benchmarks/profile_train_step.py --layers 8 --out prof.json
+
+Builds one policy at a time (the same random weights), takes `--warmup` steps, then profiles one step
+(`NativePolicy.train` + `prepare_refit`, as bench_train_step.py) and prints the top kernels by device time and a
+breakdown by kernel family. Writes the per-kernel table of both variants to `--out` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train_step import make_batch, train_step_fn  # noqa: E402
+from common import LOSS_FN, QWEN3_8B, build_model, policy_config  # noqa: E402
+
+from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+
+FAMILIES = [  # (family, regex on the kernel name), first match wins
+    ("attention", r"flash|fmha|attention|cudnn|sdpa"),
+    ("fp8 gemm", r"qqtst|sm90_xmma_gemm.*e4m3|f8f6f4|fp8.*gemm|gemm.*e4m3|cutlass.*float_e4m3|blockwise"),
+    ("bf16 gemm", r"gemm|cutlass|xmma|nvjet|ampere|sm90"),
+    ("quantize", r"_quant_groups|_quant_tiles|quant"),
+    ("glue", r"rms_norm|qk_norm|rope|silu"),
+    ("optimizer", r"adam|multi_tensor|foreach"),
+    ("reduce/finite", r"reduce|isfinite|all_kernel|norm"),
+    ("copy/cat", r"copy|cat|Copy|elementwise_kernel.*direct_copy|transpose"),
+    ("elementwise", r"elementwise|vectorized|unrolled"),
+]
+
+
+def family(name: str) -> str:
+    return next((f for f, pat in FAMILIES if re.search(pat, name, re.I)), "other")
+
+
+def profile_variant(preset: str, args, device) -> list[dict]:
+    model = build_model(QWEN3_8B, args.layers, device, torch.bfloat16).train()
+    policy = NativePolicy(policy_config(), LOSS_FN, PrecisionRecipe.preset(preset), device, model=model)
+    step = train_step_fn(policy, make_batch(args.batch, args.seq_len, QWEN3_8B["vocab_size"]))
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        if dev > 0 and e.device_type == torch.autograd.DeviceType.CUDA and "#" not in e.key:  # no annotations
+            rows.append({"name": e.key, "ms": dev / 1e3, "calls": e.count})
+    rows.sort(key=lambda r: -r["ms"])
+    del policy, model, step
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def summarize(name: str, rows: list[dict], top: int) -> None:
+    total = sum(r["ms"] for r in rows)
+    print(f"\n=== {name}: {total:.1f} ms of kernels ===")
+    fams: dict[str, float] = {}
+    for r in rows:
+        fams[family(r["name"])] = fams.get(family(r["name"]), 0.0) + r["ms"]
+    for f, ms in sorted(fams.items(), key=lambda kv: -kv[1]):
+        print(f"  {f:<16} {ms:8.1f} ms")
+    for r in rows[:top]:
+        print(f"  {r['ms']:8.2f} ms {r['calls']:5d}x  {r['name'][:110]}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--variants", default="bf16,jetrl")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    device = torch.device("cuda")
+    result = {v: profile_variant(v, args, device) for v in args.variants.split(",")}
+    for v, rows in result.items():
+        summarize(v, rows, args.top)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "kernels": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
