@@ -31,6 +31,7 @@ from nemo_jetrl.distributed.tensor_parallel import (
     reduce_head_local_grads,
 )
 from nemo_jetrl.distributed.weight_sync import Fp8Refit, RefitFormat
+from nemo_jetrl.generation.build import engine_kwargs
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
@@ -108,15 +109,7 @@ class DataParallelPolicy:
         self.refitter = Fp8Refit(model, self.replica, other_dtype=other_dtype, group=self.dp_group)
         self.engine = NativeGenerationEngine(
             self.replica,
-            max_new_tokens=int(gen["max_new_tokens"]),
-            max_total_length=int(policy_cfg["max_total_sequence_length"]),
-            temperature=self.temperature,
-            top_p=float(gen["top_p"]),
-            top_k=gen["top_k"],
-            stop_token_ids=list(stop_token_ids),
-            pad_token_id=int(pad_token_id),
-            compute_dtype=self.compute_dtype,
-            kv_cache_dtype=gen["kv_cache_dtype"],
+            **engine_kwargs(policy_cfg, stop_token_ids, pad_token_id, self.compute_dtype),
             cuda_graphs=bool(gen["cuda_graphs"]),
             device=device,
             **engine_budget_kwargs(gen),

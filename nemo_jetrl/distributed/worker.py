@@ -57,6 +57,7 @@ class PolicyWorker:
     def setup(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
         """Load the policy as the single-process trainer does, shard it, build the rollout replica, first refit."""
         from nemo_jetrl.distributed.dp_policy import DTYPES, DataParallelPolicy
+        from nemo_jetrl.generation.build import stop_token_ids
         from nemo_jetrl.models.loading import load_model_and_tokenizer
         from nemo_jetrl.precision import PrecisionRecipe
 
@@ -65,8 +66,7 @@ class PolicyWorker:
         model, tokenizer = load_model_and_tokenizer(
             policy_cfg["model_name"], device=self.device, dtype=DTYPES[policy_cfg["master_dtype"]]
         )
-        gen = policy_cfg["generation"]
-        stop_ids = gen["stop_token_ids"] if gen["stop_token_ids"] is not None else [tokenizer.eos_token_id]
+        stop_ids = stop_token_ids(policy_cfg["generation"], tokenizer)
         self.policy = DataParallelPolicy(
             model,
             policy_cfg=policy_cfg,

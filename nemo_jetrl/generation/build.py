@@ -18,22 +18,30 @@ def stop_token_ids(gen: dict[str, Any], tokenizer: Any) -> list[int]:
     return list(gen["stop_token_ids"]) if gen["stop_token_ids"] is not None else [tokenizer.eos_token_id]
 
 
+def engine_kwargs(
+    policy_cfg: dict[str, Any], stop_ids: list[int], pad_token_id: int, compute_dtype: torch.dtype
+) -> dict[str, Any]:
+    """The keyword arguments every rollout engine takes from a validated `policy` section (lengths, sampling, KV)."""
+    gen = policy_cfg["generation"]
+    return dict(
+        max_new_tokens=int(gen["max_new_tokens"]),
+        max_total_length=int(policy_cfg["max_total_sequence_length"]),
+        temperature=float(gen["temperature"]),
+        top_p=float(gen["top_p"]),
+        top_k=gen["top_k"],
+        stop_token_ids=list(stop_ids),
+        pad_token_id=int(pad_token_id),
+        compute_dtype=compute_dtype,
+        kv_cache_dtype=gen["kv_cache_dtype"],
+    )
+
+
 def build_local_engine(
     cfg: dict[str, Any], policy: Any, spec: ClusterSpec, device: torch.device
 ) -> GenerationInterface:
     """The one-process rollout engine over `policy`'s model (`cluster.backend: local`)."""
     gen, tok = cfg["policy"]["generation"], policy.tokenizer
-    common = dict(
-        max_new_tokens=int(gen["max_new_tokens"]),
-        max_total_length=int(cfg["policy"]["max_total_sequence_length"]),
-        temperature=float(gen["temperature"]),
-        top_p=float(gen["top_p"]),
-        top_k=gen["top_k"],
-        stop_token_ids=stop_token_ids(gen, tok),
-        pad_token_id=tok.pad_token_id,
-        compute_dtype=policy.compute_dtype,
-        kv_cache_dtype=gen["kv_cache_dtype"],
-    )
+    common = engine_kwargs(cfg["policy"], stop_token_ids(gen, tok), tok.pad_token_id, policy.compute_dtype)
     if gen["backend"] == "vllm":
         from nemo_jetrl.generation.vllm_engine import VllmGenerationEngine
 

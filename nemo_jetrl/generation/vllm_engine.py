@@ -306,7 +306,7 @@ class VllmGenerationEngine(GenerationInterface):
         """(k_scale, v_scale) per layer as vLLM's attention kernels read them."""
         return self._apply(_kv_scale_floats)[0]
 
-    def _apply(self, fn: Callable[[nn.Module, ...], Any], *args) -> list[Any]:
+    def _apply(self, fn: Callable[..., Any], *args) -> list[Any]:
         return self.llm.collective_rpc(_on_model, args=(fn, *args))
 
 
