@@ -147,7 +147,7 @@ def worker(args: argparse.Namespace) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import LOSS_FN, policy_config
+    from common import LOSS, policy_config
 
     from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
     from nemo_jetrl.policy.interfaces import TrainBatch
@@ -177,7 +177,7 @@ def worker(args: argparse.Namespace) -> None:
         generation={"max_new_tokens": args.rollout_tokens, "cuda_graphs": False},
     )
     policy = DataParallelPolicy(
-        model, policy_cfg=policy_cfg, loss_cfg=LOSS_FN, recipe=PrecisionRecipe.preset("jetrl"), device=device,
+        model, policy_cfg=policy_cfg, recipe=PrecisionRecipe.preset("jetrl"), device=device,
         pad_token_id=0, stop_token_ids=[1], other_dtype=torch.bfloat16,  # non-FP8 tensors travel as BF16 in both
     )  # fmt: skip
     _sync(device)
@@ -226,7 +226,7 @@ def worker(args: argparse.Namespace) -> None:
     for step in range(args.steps + 1):
         _sync(device)
         t0 = time.perf_counter()
-        out = policy.train(micro, steps_per_rank, normalizer, dummy)
+        out = policy.train(micro, steps_per_rank, normalizer, dummy, LOSS)
         _sync(device)
         t1 = time.perf_counter()
         policy.refit("fp8")

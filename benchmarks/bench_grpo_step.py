@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    LOSS_FN,
+    LOSS,
     QWEN3_8B,
     TINY,
     alternating_timings,
@@ -55,7 +55,7 @@ def grpo_step(policy: NativePolicy, engine: NativeGenerationEngine, prompts, see
         t_logprobs = 0.0
     else:
         batch.prev_logprobs, t_logprobs = timed(lambda: policy.get_logprobs(batch), device)
-    _, t_train = timed(lambda: policy.train([batch]), device)
+    _, t_train = timed(lambda: policy.train([batch], LOSS), device)
 
     def refit():
         metrics = policy.prepare_refit()
@@ -94,7 +94,7 @@ def build_variant(name: str, model, prompts, args, device):
         prev_logprobs_source=source,
         generation={"kv_cache_calibration_pass": "fused"},
     )
-    policy = NativePolicy(cfg, LOSS_FN, recipe, device, model=model)
+    policy = NativePolicy(cfg, recipe, device, model=model)
     engine = bootstrapped_engine(policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=True)
     return policy, engine
 

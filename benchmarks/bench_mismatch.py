@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    LOSS_FN,
+    LOSS,
     QWEN3_8B,
     TINY,
     bootstrapped_engine,
@@ -50,7 +50,7 @@ VARIANTS = (
 def run_variant(label: str, preset: str, sdpa_decode: bool, model, prompts, args, device) -> dict:
     recipe = PrecisionRecipe.preset(preset)
     cfg = policy_config(train_micro_batch_size=args.micro_batch, logprob_batch_size=args.micro_batch)
-    policy = NativePolicy(cfg, LOSS_FN, recipe, device, model=model)
+    policy = NativePolicy(cfg, recipe, device, model=model)
     engine = bootstrapped_engine(policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda", fused_decode=False if sdpa_decode else None)
     train_lp, gen_lp, masks = [], [], []
     for seed in range(args.steps):
@@ -65,7 +65,7 @@ def run_variant(label: str, preset: str, sdpa_decode: bool, model, prompts, args
         train_lp.append(batch.prev_logprobs[:, start:])
         gen_lp.append(batch.generation_logprobs[:, start:])
         masks.append(batch.response_mask[:, start:])
-        policy.train(batch)
+        policy.train(batch, LOSS)
         policy.prepare_refit()
         if policy.kv_scales is not None:
             engine.update_weights(kv_scales=policy.kv_scales.kv)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import sys
 from pathlib import Path
 
@@ -27,27 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_rollout import calibrate  # noqa: E402
-from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report  # noqa: E402
+from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, draw_lengths, report  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8  # noqa: E402
 
 VARIANTS = ("bf16", "fp8", "fp8+kv")
-
-
-def draw_lengths(dist: str, n: int, mean: int, max_len: int, sigma: float, seed: int) -> list[int]:
-    """n response lengths in [1, max_len] with mean ~`mean` (before the cap)."""
-    gen = torch.Generator().manual_seed(seed)
-    if dist == "fixed":
-        lengths = torch.full((n,), float(mean))
-    elif dist == "lognormal":  # E[exp(N(mu, s^2))] = exp(mu + s^2 / 2)
-        lengths = torch.exp(math.log(mean) - sigma**2 / 2 + sigma * torch.randn(n, generator=gen))
-    elif dist == "geometric":  # number of trials to the first success, p = 1 / mean
-        u = torch.rand(n, generator=gen).clamp_min(1e-12)
-        lengths = torch.ceil(torch.log(u) / math.log1p(-1.0 / mean))
-    else:
-        raise ValueError(f"--length-dist must be fixed, lognormal or geometric, got {dist!r}")
-    return lengths.round().clamp(1, max_len).long().tolist()
 
 
 def build_engines(args, device) -> tuple[dict, torch.nn.Module]:

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    LOSS_FN,
+    LOSS,
     QWEN3_8B,
     TINY,
     alternating_timings,
@@ -57,7 +57,7 @@ def state_gb(policy: NativePolicy) -> float:
 
 def train_step_fn(policy: NativePolicy, batch: TrainBatch):
     def step():
-        policy.train(batch)
+        policy.train(batch, LOSS)
         return policy.prepare_refit()
 
     return step
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = make_batch(args.batch, args.seq_len, shape["vocab_size"])
     cfg = policy_config(train_causal_attention=args.causal_attention)
     policies = {  # the same random weights (build_model seeds), one copy per variant, both resident
-        name: NativePolicy(cfg, LOSS_FN, PrecisionRecipe.preset(preset), device,
+        name: NativePolicy(cfg, PrecisionRecipe.preset(preset), device,
                            model=build_model(shape, args.layers, device, torch.bfloat16).train())
         for name, preset in (("bf16", "bf16"), ("fp8", "jetrl"))
     }  # fmt: skip

@@ -8,6 +8,7 @@ project's own QKV calibration over a short random batch.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.models.random_checkpoint import SHAPES
 
 HBM_PEAK_TBS = {"H200": 4.8, "H100": 3.35}  # dense HBM peaks (DESIGN.md section 4)
@@ -55,6 +57,7 @@ LOSS_FN = {
     "use_on_policy_kl_approximation": False,
     "sequence_level_importance_ratios": False,
 }
+LOSS = ClippedPGLossFn(LOSS_FN)  # what the benchmarks hand to `policy.train(batch, LOSS)`
 
 
 def policy_config(**overrides) -> dict:
@@ -105,6 +108,10 @@ def policy_config(**overrides) -> dict:
         "prev_logprobs_source": "logprob_forward",
         "optimizer": optimizer,
         "scheduler": None,
+        "dynamic_batching": {
+            "enabled": False, "train_mb_tokens": None, "logprob_mb_tokens": None, "sequence_length_round": 64,
+            **overrides.pop("dynamic_batching", {}),
+        },  # fmt: skip
         "fp8_cfg": fp8_cfg,
         "dtensor_cfg": {"tensor_parallel_size": 1},
         "generation": generation,
@@ -332,3 +339,18 @@ def bootstrapped_engine(policy, recipe, prompts: list[list[int]], gen_len: int, 
         boot = TrainBatch(ids, ones, torch.zeros_like(ids), torch.zeros(len(ids)), torch.zeros(ids.shape))
         engine.update_weights(kv_scales=policy.calibrate_kv_scales(boot).kv)
     return engine
+
+
+def draw_lengths(dist: str, n: int, mean: int, max_len: int, sigma: float, seed: int) -> list[int]:
+    """n response lengths in [1, max_len] with mean ~`mean` (before the cap)."""
+    gen = torch.Generator().manual_seed(seed)
+    if dist == "fixed":
+        lengths = torch.full((n,), float(mean))
+    elif dist == "lognormal":  # E[exp(N(mu, s^2))] = exp(mu + s^2 / 2)
+        lengths = torch.exp(math.log(mean) - sigma**2 / 2 + sigma * torch.randn(n, generator=gen))
+    elif dist == "geometric":  # number of trials to the first success, p = 1 / mean
+        u = torch.rand(n, generator=gen).clamp_min(1e-12)
+        lengths = torch.ceil(torch.log(u) / math.log1p(-1.0 / mean))
+    else:
+        raise ValueError(f"--length-dist must be fixed, lognormal or geometric, got {dist!r}")
+    return lengths.round().clamp(1, max_len).long().tolist()

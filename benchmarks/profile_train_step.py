@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_step import make_batch, train_step_fn  # noqa: E402
-from common import LOSS_FN, QWEN3_8B, build_model, policy_config  # noqa: E402
+from common import QWEN3_8B, build_model, policy_config  # noqa: E402
 
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
@@ -44,7 +44,7 @@ def family(name: str) -> str:
 
 def profile_variant(preset: str, args, device) -> list[dict]:
     model = build_model(QWEN3_8B, args.layers, device, torch.bfloat16).train()
-    policy = NativePolicy(policy_config(), LOSS_FN, PrecisionRecipe.preset(preset), device, model=model)
+    policy = NativePolicy(policy_config(), PrecisionRecipe.preset(preset), device, model=model)
     step = train_step_fn(policy, make_batch(args.batch, args.seq_len, QWEN3_8B["vocab_size"]))
     for _ in range(args.warmup):
         step()

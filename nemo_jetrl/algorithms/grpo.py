@@ -24,6 +24,7 @@ from nemo_jetrl.algorithms.grpo_checkpoint import (
     load_resume_state,
     restore,
 )
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics
 from nemo_jetrl.algorithms.preflight import (
@@ -35,8 +36,13 @@ from nemo_jetrl.algorithms.preflight import (
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.generation.build import build_local_engine
-from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput, max_prompt_length
-from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
+from nemo_jetrl.generation.interfaces import (
+    GenerationInterface,
+    GenerationOutput,
+    max_prompt_length,
+    rollout_phase,
+)
+from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStateError, resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.config import precision_line
@@ -55,8 +61,9 @@ class GrpoSetup:
     """Everything one GRPO run holds."""
 
     cfg: dict[str, Any]
-    policy: NativePolicy
+    policy: PolicyInterface
     engine: GenerationInterface
+    loss_fn: ClippedPGLossFn
     task: Any
     logger: Logger
     checkpoints: CheckpointManager | None
@@ -82,12 +89,17 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         )
     if gen["deterministic"] and (spec.backend != "local" or spec.num_seed_shards > 1):
         raise ValueError("policy.generation.deterministic needs the local backend with one rollout batch")
+    loss_fn = ClippedPGLossFn(dict(cfg["loss_fn"]))
+    init_reference = float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0
+    policy: PolicyInterface
     if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
         from nemo_jetrl.distributed.ray_policy import build_ray_policy_and_engine
 
-        policy, engine = build_ray_policy_and_engine(cfg, spec)
+        policy, engine = build_ray_policy_and_engine(cfg, spec, init_reference_model=init_reference)
     else:
-        policy = NativePolicy(cfg["policy"], cfg["loss_fn"], recipe, device, seed=cfg["grpo"]["seed"])
+        policy = NativePolicy(
+            cfg["policy"], recipe, device, init_reference_model=init_reference, seed=cfg["grpo"]["seed"]
+        )
         engine = build_local_engine(cfg, policy, spec, device)
     tok = policy.tokenizer
     max_prompt_tokens = max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"])
@@ -96,7 +108,7 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     logger = Logger(cfg["logger"])
     ckpt = cfg["checkpointing"]
     checkpoints = checkpoint_manager(ckpt) if ckpt["enabled"] else None
-    return GrpoSetup(cfg, policy, engine, task, logger, checkpoints, device)
+    return GrpoSetup(cfg, policy, engine, loss_fn, task, logger, checkpoints, device)
 
 
 def _encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
@@ -128,7 +140,7 @@ def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
 
 def _needs_kv_bootstrap(run: GrpoSetup) -> bool:
     """FP8 KV without scales yet; scales the policy holds (e.g. from a checkpoint) go to the engine here."""
-    if getattr(run.policy, "kv_calibrator", None) is None:
+    if not run.policy.recipe.kv_fp8:
         return False
     if run.policy.kv_scales is not None and run.engine.kv_scales is None:
         run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
@@ -141,9 +153,8 @@ def _bootstrap_kv_scales(run: GrpoSetup, step: int) -> None:
     g = run.cfg["grpo"]
     problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
     prompt_ids = _encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
-    out = run.engine.replace(kv_cache_dtype=None).generate(
-        prompt_ids, generator=_step_generator(g["seed"] + 13, step, run.device)
-    )
+    with rollout_phase(run.engine.replace(kv_cache_dtype=None)) as engine:
+        out = engine.generate(prompt_ids, generator=_step_generator(g["seed"] + 13, step, run.device))
     batch = TrainBatch(
         input_ids=out.input_ids.cpu(),
         attention_mask=out.attention_mask.cpu(),
@@ -168,9 +179,15 @@ def validate(run: GrpoSetup, step: int) -> dict[str, float]:
     prompt_ids = _encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
     answers = [p.answer for p in problems]
     metrics = {}
-    for name, greedy in (("accuracy", True), ("sampled_accuracy", False)):
-        gen = _step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
-        out = run.engine.generate(prompt_ids, greedy=greedy, generator=gen)
+    with rollout_phase(run.engine) as engine:
+        outs = {
+            name: engine.generate(
+                prompt_ids, greedy=greedy, generator=_step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
+            )
+            for name, greedy in (("accuracy", True), ("sampled_accuracy", False))
+        }
+    for name, out in outs.items():
+        greedy = name == "accuracy"
         rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
         metrics[name] = float((rewards > 0.5).float().mean())
         env_metrics = _env_metrics(run.task)
@@ -231,7 +248,8 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
 
     progress.phase("generation")
     try:
-        train, generated, ds_metrics = _collect_rollout(run, timer)
+        with rollout_phase(run.engine):
+            train, generated, ds_metrics = _collect_rollout(run, timer)
     except NonFiniteError as err:
         env_metrics = _env_metrics(run.task)
         _on_nonfinite(run, step, err)
@@ -261,7 +279,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     with timer.time("logprobs"):
         if not from_train:  # always the trainer's own forward, never a replay of the rollout (docs/mismatch.md)
             batch.prev_logprobs = run.policy.get_logprobs(batch)
-        if run.policy.reference_model is not None:
+        if run.policy.has_reference:
             batch.reference_logprobs = run.policy.get_reference_policy_logprobs(batch)
         bad = _nonfinite_logprobs(batch)
         if bad is not None:  # e.g. a temperature so small that logits / temperature overflow
@@ -284,7 +302,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     with timer.time("training"):  # one optimizer step per train_global_batch_size rows, then one LR step
         try:
             steps = split_global_batches(batch, int(run.cfg["policy"]["train_global_batch_size"]), keep)
-            metrics.update(run.policy.train(steps))
+            metrics.update(run.policy.train(steps, run.loss_fn))
             if from_train:  # over the trained rows: the forward whose gradient was taken
                 trained = steps[0]
                 metrics.update(
@@ -298,7 +316,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         metrics.update({f"refit/{k}": v for k, v in run.policy.prepare_refit().items()})
         _guard_state(run)  # before the new weights / scales reach the rollout or a checkpoint
         # the refit: engines that hold their own copy (vLLM) re-read the weights; recalibrated FP8 KV scales go along
-        kv_scales = getattr(run.policy, "kv_scales", None)
+        kv_scales = run.policy.kv_scales
         run.engine.update_weights(kv_scales=kv_scales.kv if kv_scales is not None else None)
     return metrics
 
@@ -322,8 +340,7 @@ def _nonfinite_logprobs(batch: TrainBatch) -> str | None:
 def _guard_state(run: GrpoSetup) -> None:
     """Master weights, FP8 weight scales and KV scales after this step (trained or not) are finite, or the run
     stops (NonFiniteStateError): nothing non-finite reaches the rollout or a checkpoint."""
-    check = getattr(run.policy, "nonfinite_state", None)
-    bad = check() if check is not None else None
+    bad = run.policy.nonfinite_state()
     if bad is not None:
         raise NonFiniteStateError(bad, run.policy.step)
 
@@ -367,7 +384,7 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
 def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None, line: str | None) -> dict[str, Any]:
     resume = load_resume_state(cfg)
     run = setup(cfg, task)
-    check_checkpoint_space(cfg, getattr(run.policy, "model", None))
+    check_checkpoint_space(cfg, run.policy.parameter_bytes())
     check_validation_set(cfg, run.task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = restore(run, resume) if resume is not None else 0

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from nemo_jetrl.algorithms.mismatch import kl_estimator
+from nemo_jetrl.policy.interfaces import TrainBatch
 
 LossSettings = Mapping[str, Any]
 """The validated `loss_fn` section as a plain mapping (algorithms/config.py's `LossConfig.to_dict()`): every key
@@ -243,3 +245,33 @@ def clipped_pg_loss(
             "num_valid_samples": float(m.any(-1).sum()),
         }
     return loss, metrics
+
+
+@dataclass(frozen=True)
+class ClippedPGLossFn:
+    """NeMo-RL's `ClippedPGLossFn`: the `LossFunction` the GRPO driver hands to `PolicyInterface.train`.
+
+    `cfg`: the validated `loss_fn` section as a plain dict (it travels to the Ray workers with the micro-batches).
+    """
+
+    cfg: dict[str, Any]
+
+    def normalizer(self, batch: TrainBatch) -> float:
+        """The global batch's token count (`token_level_loss`) or its count of sequences with a generated token."""
+        mask = batch.response_mask.float()  # [B, S]
+        count = mask.sum() if self.cfg["token_level_loss"] else (mask.sum(-1) > 0).sum()
+        return max(float(count), 1.0)
+
+    def __call__(
+        self, logprobs: torch.Tensor, batch: TrainBatch, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return clipped_pg_loss(
+            logprobs,
+            batch.prev_logprobs,
+            batch.generation_logprobs,
+            batch.advantages,
+            batch.response_mask,
+            self.cfg,
+            logp_ref=batch.reference_logprobs,
+            normalizer=normalizer,
+        )

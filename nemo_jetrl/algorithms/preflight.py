@@ -56,11 +56,11 @@ def _check_free(key: str, path: Path, need: int, what: str) -> None:
         )
 
 
-def check_checkpoint_space(cfg: dict[str, Any], model: Any) -> None:
-    """The checkpoint dir holds at least one checkpoint of `model` (fp32 master + two AdamW moments)."""
-    if not cfg["checkpointing"]["enabled"] or model is None:
+def check_checkpoint_space(cfg: dict[str, Any], param_bytes: int) -> None:
+    """The checkpoint dir holds at least one checkpoint of a model of `param_bytes` master weights (+ two AdamW
+    moments)."""
+    if not cfg["checkpointing"]["enabled"]:
         return
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     need = int(param_bytes * 3 * _CHECKPOINT_MARGIN) + MIN_FREE_BYTES
     path = Path(cfg["checkpointing"]["checkpoint_dir"]).expanduser()
     _check_free("checkpointing.checkpoint_dir", path, need, " for one checkpoint")

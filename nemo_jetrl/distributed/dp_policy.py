@@ -21,7 +21,6 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor
 
-from nemo_jetrl.algorithms.loss import clipped_pg_loss
 from nemo_jetrl.distributed.data_split import generate_seed_shards
 from nemo_jetrl.distributed.fsdp import clip_grad_norm, invalidate_fp8_caches, shard_policy
 from nemo_jetrl.distributed.kv_sync import gather_qkv_records, scales_from_records
@@ -36,7 +35,7 @@ from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
 from nemo_jetrl.models.decoder import sequence_logprobs
-from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.native import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
@@ -53,7 +52,7 @@ class DataParallelPolicy:
         model: nn.Module,
         *,
         policy_cfg: Mapping[str, Any],
-        loss_cfg: Mapping[str, Any],
+        init_reference_model: bool = False,
         recipe: PrecisionRecipe,
         device: torch.device,
         pad_token_id: int,
@@ -78,13 +77,12 @@ class DataParallelPolicy:
         self.tp_rank = self.mesh["tp"].get_local_rank() if self.mesh is not None else 0
         self.tp_group = self.mesh["tp"].get_group() if self.mesh is not None else None
         self.dp_group = self.mesh["dp"].get_group() if self.mesh is not None else None
-        self.loss_cfg = dict(loss_cfg)  # the validated loss_fn section
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         gen = policy_cfg["generation"]
         self.temperature = float(gen["temperature"])
         self.kernels = trainer_kernels(policy_cfg)
         self.reference_model = None
-        if self.loss_cfg["reference_policy_kl_penalty"] > 0:
+        if init_reference_model:  # before the FP8 swap, as NativePolicy
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self.model = model.train()
@@ -242,7 +240,12 @@ class DataParallelPolicy:
 
     # ------------------------------------------------------------------ training
     def train(
-        self, micro_batches: Sequence[TrainBatch], num_steps: int, normalizer: float, dummy: TrainBatch
+        self,
+        micro_batches: Sequence[TrainBatch],
+        num_steps: int,
+        normalizer: float,
+        dummy: TrainBatch,
+        loss_fn: LossFunction,
     ) -> dict[str, Any]:
         """Collective optimizer step. Returns this rank's per-micro-batch metrics, the global grad norm and lr;
         or, when the global gradient is not finite, {"nonfinite": what, "step"} with the step skipped on all ranks."""
@@ -259,16 +262,7 @@ class DataParallelPolicy:
             real = i < len(micro_batches)
             mb = (micro_batches[i] if real else dummy).to(self.device)
             logp = self.module(mb.input_ids, mb.attention_mask, attn_hook=self._attn_hook(None))  # [b, S]
-            loss, metrics = clipped_pg_loss(
-                logp,
-                mb.prev_logprobs,
-                mb.generation_logprobs,
-                mb.advantages,
-                mb.response_mask,
-                self.loss_cfg,
-                logp_ref=mb.reference_logprobs,
-                normalizer=normalizer,
-            )
+            loss, metrics = loss_fn(logp, mb, normalizer)
             (loss if real else loss * 0.0).backward()
             if real:
                 per_mb.append({k: float(v) for k, v in metrics.items()})

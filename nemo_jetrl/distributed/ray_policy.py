@@ -26,32 +26,25 @@ from nemo_jetrl.distributed.data_split import (
 )
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
-from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, combine_step_metrics
+from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
 from nemo_jetrl.policy.native import NonFiniteError, NonFiniteStateError
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.kv import KVScales
 from nemo_jetrl.utils.checkpoint import first_nonfinite
 
 
-class RemoteReference:
-    """Stands for the frozen reference model, which lives on the workers (truthy, so `is not None` checks work)."""
-
-    def __repr__(self) -> str:
-        return "RemoteReference(on the Ray workers)"
-
-
-class RemoteKVCalibrator:
-    """Stands for the QKV calibrators, which run on the workers (FP8 KV cache on)."""
-
-    def __repr__(self) -> str:
-        return "RemoteKVCalibrator(on the Ray workers)"
-
-
 class RayPolicy(PolicyInterface):
     """Data-parallel FSDP2 trainer on a `RayWorkerGroup` (one shard per worker; under TP, one TP group per
     data-parallel group of T workers)."""
 
-    def __init__(self, group: RayWorkerGroup, cfg: Mapping[str, Any], setup_info: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        group: RayWorkerGroup,
+        cfg: Mapping[str, Any],
+        setup_info: Mapping[str, Any],
+        *,
+        init_reference_model: bool = False,
+    ) -> None:
         self.group = group
         self.cfg = cfg["policy"]
         self.tp = int(cfg["policy"]["dtensor_cfg"]["tensor_parallel_size"])
@@ -59,18 +52,23 @@ class RayPolicy(PolicyInterface):
         self.recipe = PrecisionRecipe.from_config(cfg["policy"])
         self.tokenizer = setup_info["tokenizer"]
         self.layer_map = dict(setup_info["layer_map"])
-        kl = float(cfg["loss_fn"]["reference_policy_kl_penalty"])
-        self.reference_model = RemoteReference() if kl > 0 else None
-        self.token_level_loss = bool(cfg["loss_fn"]["token_level_loss"])
+        self._has_reference = bool(init_reference_model)  # the frozen reference lives on the workers
+        self._parameter_bytes = int(setup_info["parameter_bytes"])
         self.last_refit: dict[str, float] = dict(setup_info.get("refit", {}))
         self.step = 0  # optimizer steps taken (as NativePolicy.step)
         # FP8 KV cache, as NativePolicy: `kv_scales` (KVScales, CPU) = what the rollout runs with; calibrated in the
         # step's logprob pass ("fused") or in a pass over the training batch after the step ("post_step").
         gen = cfg["policy"]["generation"]
-        self.kv_calibrator = RemoteKVCalibrator() if self.recipe.kv_fp8 else None
         self.kv_scales: KVScales | None = None
         self.kv_calibration_pass = "post_step" if gen["deterministic"] else gen["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None
+
+    @property
+    def has_reference(self) -> bool:
+        return self._has_reference
+
+    def parameter_bytes(self) -> int:
+        return self._parameter_bytes
 
     # ---------------------------------------------------------------- logprobs
     def _row_split(self, batch: TrainBatch) -> list[TrainBatch | None]:
@@ -88,7 +86,7 @@ class RayPolicy(PolicyInterface):
         return per_rank(chunks, self.tp), max(map(len, blocks))
 
     def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        fused = self.kv_calibrator is not None and self.kv_calibration_pass == "fused"
+        fused = self.recipe.kv_fp8 and self.kv_calibration_pass == "fused"
         chunks, steps = self._logprob_chunks(batch)
         dummy = batch.select(slice(0, 1))
         results = self.group.run("logprobs", "logprobs", per_worker=[(c, steps, dummy, fused) for c in chunks])
@@ -96,7 +94,7 @@ class RayPolicy(PolicyInterface):
 
     def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
         """A calibrating no-grad pass over `batch` on the workers; returns (and sets everywhere) the new scales."""
-        if self.kv_calibrator is None:
+        if not self.recipe.kv_fp8:
             raise ValueError("calibrate_kv_scales needs policy.generation.kv_cache_dtype: fp8")
         chunks, steps = self._logprob_chunks(batch)
         dummy = batch.select(slice(0, 1))
@@ -106,7 +104,7 @@ class RayPolicy(PolicyInterface):
         return self.kv_scales
 
     def get_reference_policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        if self.reference_model is None:
+        if not self._has_reference:
             raise RuntimeError("reference logprobs need loss_fn.reference_policy_kl_penalty > 0")
         results = self.group.run(
             "reference_logprobs", "reference_logprobs", per_worker=[(p,) for p in self._row_split(batch)]
@@ -114,28 +112,28 @@ class RayPolicy(PolicyInterface):
         return torch.cat([r for r in results if r is not None])  # [B, S]
 
     # ---------------------------------------------------------------- training
-    def train(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
+    def train(self, batch: TrainBatch | Sequence[TrainBatch], loss_fn: LossFunction) -> dict[str, float]:
         """One optimizer step per batch, then one LR-scheduler step on every worker (as NativePolicy.train)."""
         steps = [batch] if isinstance(batch, TrainBatch) else list(batch)
-        per_step = [self._optimizer_step(b) for b in steps]
+        per_step = [self._optimizer_step(b, loss_fn) for b in steps]
         if self.cfg["scheduler"] is not None:
             self.group.run("lr_scheduler", "step_lr_scheduler")
         post_step = self.kv_calibration_pass == "post_step"
         self._last_train_batch = (steps[0] if len(steps) == 1 else TrainBatch.cat(steps)) if post_step else None
         return combine_step_metrics(per_step)
 
-    def _optimizer_step(self, batch: TrainBatch) -> dict[str, float]:
+    def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
         """One optimizer step over the global batch: the single-process micro-batches, contiguous blocks per worker."""
         if batch.prev_logprobs is None:
             raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
-        mask = batch.response_mask.float()
-        normalizer = float(mask.sum()) if self.token_level_loss else float((mask.sum(-1) > 0).sum())
-        normalizer = max(normalizer, 1.0)
+        normalizer = loss_fn.normalizer(batch)
         ranges = micro_batch_ranges(len(batch), int(self.cfg["train_micro_batch_size"]))
         blocks = assign_contiguous(ranges, self.num_dp_groups)
         steps = max(len(b) for b in blocks)
         dummy = batch.select(slice(0, 1))
-        per_group = [([batch.select(slice(lo, hi)) for lo, hi in block], steps, normalizer, dummy) for block in blocks]
+        per_group = [
+            ([batch.select(slice(lo, hi)) for lo, hi in block], steps, normalizer, dummy, loss_fn) for block in blocks
+        ]
         results = self.group.run("train", "train", per_worker=per_rank(per_group, self.tp))
         if "nonfinite" in results[0]:  # all ranks skipped the optimizer step together
             raise NonFiniteError(results[0]["nonfinite"], self.step)
@@ -167,7 +165,7 @@ class RayPolicy(PolicyInterface):
         scales of this step's calibration travel with them."""
         kv_metrics: dict[str, float] = {}
         if (
-            self.kv_calibrator is not None
+            self.recipe.kv_fp8
             and self.kv_calibration_pass == "post_step"
             and self._last_train_batch is not None
         ):
@@ -194,7 +192,7 @@ class RayPolicy(PolicyInterface):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.group.run("load_checkpoint", "load_full_state_dict", common=(self.group.put(dict(state)),))
         self.step = int(state["step"])
-        if state.get("kv_scales") is not None and self.kv_calibrator is not None:
+        if state.get("kv_scales") is not None and self.recipe.kv_fp8:
             self.kv_scales = KVScales(**state["kv_scales"])
             self.group.run("kv_scales", "set_kv_scales", common=(self.kv_scales,))
 
@@ -261,13 +259,15 @@ class RayGeneration(GenerationInterface):
             self._kv_scales = (k, v)
 
 
-def build_ray_policy_and_engine(cfg: Mapping[str, Any], spec: ClusterSpec) -> tuple[RayPolicy, RayGeneration]:
+def build_ray_policy_and_engine(
+    cfg: Mapping[str, Any], spec: ClusterSpec, *, init_reference_model: bool = False
+) -> tuple[RayPolicy, RayGeneration]:
     """Start the worker group, load + shard the policy on every worker, first refit; the driver's two handles."""
     if spec.tensor_parallel_size > 1:  # before any worker starts (the workers check the FP8 tiles per layer)
         check_tp_model(cfg["policy"]["model_name"], spec.tensor_parallel_size)
     group = RayWorkerGroup(spec)
-    info = group.run("setup", "setup", common=(group.put(dict(cfg)),))[0]
-    policy = RayPolicy(group, cfg, info)
+    info = group.run("setup", "setup", common=(group.put(dict(cfg)), init_reference_model))[0]
+    policy = RayPolicy(group, cfg, info, init_reference_model=init_reference_model)
     engine = RayGeneration(
         group, spec.num_seed_shards, policy.tokenizer.pad_token_id, tensor_parallel_size=spec.tensor_parallel_size
     )

@@ -19,7 +19,7 @@ from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
 if TYPE_CHECKING:  # imported in setup(): an actor starts in ~torch's import time (failure paths stay cheap)
     from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
     from nemo_jetrl.generation.interfaces import GenerationOutput
-    from nemo_jetrl.policy.interfaces import TrainBatch
+    from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch
 
 
 class PolicyWorker:
@@ -54,7 +54,7 @@ class PolicyWorker:
         )
         return True
 
-    def setup(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    def setup(self, cfg: Mapping[str, Any], init_reference_model: bool = False) -> dict[str, Any]:
         """Load the policy as the single-process trainer does, shard it, build the rollout replica, first refit."""
         from nemo_jetrl.distributed.dp_policy import DTYPES, DataParallelPolicy
         from nemo_jetrl.generation.build import stop_token_ids
@@ -67,17 +67,19 @@ class PolicyWorker:
             policy_cfg["model_name"], device=self.device, dtype=DTYPES[policy_cfg["master_dtype"]]
         )
         stop_ids = stop_token_ids(policy_cfg["generation"], tokenizer)
+        parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # before sharding
         self.policy = DataParallelPolicy(
             model,
             policy_cfg=policy_cfg,
-            loss_cfg=cfg["loss_fn"],
+            init_reference_model=init_reference_model,
             recipe=PrecisionRecipe.from_config(policy_cfg),
             device=self.device,
             pad_token_id=tokenizer.pad_token_id,
             stop_token_ids=stop_ids,
         )
         refit = self.policy.refit()
-        return {"layer_map": self.policy.layer_map, "tokenizer": tokenizer, "refit": refit}
+        info = {"layer_map": self.policy.layer_map, "tokenizer": tokenizer, "refit": refit}
+        return {**info, "parameter_bytes": parameter_bytes}
 
     def generate(
         self, shards: Sequence[tuple[list[list[int]], int]], greedy: bool, engine_changes: Mapping | None = None
@@ -104,9 +106,14 @@ class PolicyWorker:
         return None if rows is None else self._policy().reference_logprobs(rows)
 
     def train(
-        self, micro_batches: Sequence[TrainBatch], num_steps: int, normalizer: float, dummy: TrainBatch
+        self,
+        micro_batches: Sequence[TrainBatch],
+        num_steps: int,
+        normalizer: float,
+        dummy: TrainBatch,
+        loss_fn: LossFunction,
     ) -> dict[str, Any]:
-        return self._policy().train(micro_batches, num_steps, normalizer, dummy)
+        return self._policy().train(micro_batches, num_steps, normalizer, dummy, loss_fn)
 
     def step_lr_scheduler(self) -> float:
         return self._policy().step_lr_scheduler()

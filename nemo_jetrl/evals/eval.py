@@ -71,7 +71,7 @@ def load_checkpoint_policy(run: Any, checkpoint_dir: str) -> int:
             raise FileNotFoundError(f"eval.checkpoint_dir: no valid checkpoint under {checkpoint_dir}")
     run.policy.load_state_dict(state["policy"])
     run.policy.prepare_refit()  # FP8 weights for the rollout, as after a training step
-    if getattr(run.policy, "kv_scales", None) is not None:
+    if run.policy.kv_scales is not None:
         run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
     return int(state["step"])
 

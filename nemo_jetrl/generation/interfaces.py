@@ -7,7 +7,8 @@ P .. P+T-1, right-padded after each sequence's stop token.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -75,6 +76,17 @@ class GenerationInterface(ABC):
     def replace(self, **changes) -> GenerationInterface:
         """The engine with some settings changed for the calls made through the result; `kv_cache_dtype=None` is
         the rollout that feeds the first FP8 KV calibration, before any scales exist."""
+
+
+@contextmanager
+def rollout_phase(engine: GenerationInterface) -> Iterator[GenerationInterface]:
+    """A rollout phase: the engine wakes before it (vLLM on CUDA: weights and KV cache back, pending refit loaded)
+    and gives its memory back to the trainer after it, as NeMo-RL's prepare_for_generation / finish_generation."""
+    engine.prepare_for_generation()
+    try:
+        yield engine
+    finally:
+        engine.finish_generation()
 
 
 def max_prompt_length(policy: Mapping[str, Any], max_input_seq_length: int | None) -> int:

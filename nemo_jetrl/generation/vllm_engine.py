@@ -14,7 +14,11 @@ first in vLLM's CPU kernel list: the recipe's 1x128 activation quantizer and the
 (`precision.linear.fp8_linear_forward`), i.e. the native rollout's forward on the bits vLLM holds. On CUDA vLLM
 picks its own block-FP8 kernels (1x128 dynamic activation groups, the same recipe).
 
-vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so refits pass tensors by reference.
+vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so refits pass tensors by reference. On CUDA it
+starts in sleep mode: `finish_generation` frees its weights and KV cache for the training phase (level 2: the
+weights are discarded, since the next refit reloads them from the trainer anyway) and `prepare_for_generation`
+wakes it and loads the trainer's current weights and KV scales. A refit that arrives while vLLM sleeps waits for
+the wake-up. vLLM's CPU backend has no sleep mode: there both calls do nothing.
 """
 
 from __future__ import annotations
@@ -137,7 +141,10 @@ class VllmGenerationEngine(GenerationInterface):
         kv_cache_memory_bytes: int | None = None,
         gpu_memory_utilization: float | None = None,
         weights_version: Callable[[], int],
+        sleep_level: int | None = None,
     ):
+        """`sleep_level`: vLLM's sleep level between rollouts (None: 2 on CUDA, 0 = never sleep, the only choice on
+        CPU)."""
         reason = vllm_missing_reason()
         if reason is not None:
             raise RuntimeError(reason)
@@ -146,6 +153,9 @@ class VllmGenerationEngine(GenerationInterface):
                 "policy.generation.top_p < 1 / top_k with backend: vllm: vLLM's processed logprobs renormalise over "
                 "the kept tokens while the trainer's logprobs cover the whole vocabulary; use backend: native"
             )
+        self.sleep_level = (2 if torch.cuda.is_available() else 0) if sleep_level is None else int(sleep_level)
+        if self.sleep_level not in (0, 1, 2) or (self.sleep_level and not torch.cuda.is_available()):
+            raise ValueError(f"sleep_level {sleep_level!r}: 1 or 2 needs CUDA (vLLM's sleep mode), 0 never sleeps")
         self.model, self.tokenizer, self.recipe = model, tokenizer, recipe
         self.max_new_tokens, self.max_total_length = int(max_new_tokens), int(max_total_length)
         self.temperature, self.stop_token_ids = float(temperature), [int(t) for t in stop_token_ids]
@@ -154,6 +164,8 @@ class VllmGenerationEngine(GenerationInterface):
         self.fp8_linear = recipe.rollout_fp8
         self.num_refits = 0
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._asleep = False
+        self._pending_weights: dict[str, torch.Tensor] | None = None  # handed over while asleep
         self._workdir = Path(tempfile.mkdtemp(prefix="jetrl_vllm_"))
         self._weights_version = weights_version
         self._loaded_version: int | None = weights_version()  # what vLLM starts from
@@ -182,6 +194,7 @@ class VllmGenerationEngine(GenerationInterface):
             seed=seed,
             logprobs_mode="processed_logprobs",  # log_softmax(logits / temperature), as the trainer computes
             enable_prefix_caching=True,
+            enable_sleep_mode=bool(self.sleep_level),
         )
         if max_num_seqs is not None:
             kwargs["max_num_seqs"] = int(max_num_seqs)
@@ -203,9 +216,22 @@ class VllmGenerationEngine(GenerationInterface):
 
     # ------------------------------------------------------------------ GenerationInterface
     def prepare_for_generation(self) -> bool:
+        """Wake vLLM if it sleeps, then load what a sleeping vLLM could not take: the trainer's current weights
+        (level 2 discarded vLLM's; any weights handed over while asleep) and the KV scales."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+            weights, self._pending_weights = self._pending_weights, None
+            self.update_weights(weights, kv_scales=self._kv_scales)
         return True
 
     def finish_generation(self) -> bool:
+        """Put vLLM to sleep for the training phase (CUDA); its weights and KV cache give their memory back."""
+        if self.sleep_level and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = True
+            if self.sleep_level == 2:  # weights discarded: the wake-up reloads them whatever the version
+                self._loaded_version = None
         return True
 
     def replace(self, **changes) -> VllmGenerationEngine:
@@ -228,6 +254,11 @@ class VllmGenerationEngine(GenerationInterface):
         """Refit: `weights` (HF names, vLLM's checkpoint layout) or, when None, the policy model's current rollout
         weights (the trainer's FP8 bits + scales) if they changed since the last load; then the FP8 KV scales
         (k [L], v [L]) when given."""
+        if self._asleep:  # applied by prepare_for_generation
+            self._pending_weights = dict(weights) if weights is not None else self._pending_weights
+            if kv_scales is not None:
+                self._kv_scales = tuple(s.detach().float().cpu().clone() for s in kv_scales)
+            return
         version = None if weights is not None else self._weights_version()
         if version is None or version != self._loaded_version:  # only weights vLLM does not hold yet
             state = dict(weights) if weights is not None else self.rollout_state()
@@ -256,6 +287,7 @@ class VllmGenerationEngine(GenerationInterface):
         on the batch). Stop tokens are exactly `stop_token_ids` (vLLM's own EOS stop is off)."""
         from vllm import SamplingParams
 
+        self.prepare_for_generation()  # a no-op unless vLLM sleeps
         if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
             raise ValueError("prompt_ids must hold one non-empty token list per row")
         caps = [min(self.max_new_tokens, self.max_total_length - len(p)) for p in prompt_ids]

@@ -38,6 +38,16 @@ class DTensorConfig(Section):
     tensor_parallel_size: PositiveInt = 1
 
 
+class DynamicBatchingConfig(Section):
+    """NeMo-RL's `policy.dynamic_batching`: the trainer's micro-batches cut by a token budget over length-sorted rows,
+    each trimmed to the columns its rows use (policy/micro_batches.py); the rollout is unaffected."""
+
+    enabled: bool = False
+    train_mb_tokens: PositiveInt | None = None  # null = train_micro_batch_size * max_total_sequence_length
+    logprob_mb_tokens: PositiveInt | None = None  # null = logprob_batch_size * max_total_sequence_length
+    sequence_length_round: PositiveInt = 64  # window widths are multiples of this (fewer distinct kernel shapes)
+
+
 class PolicyConfig(Section):
     """`train_global_batch_size: null` = grpo.num_prompts_per_step * grpo.num_generations_per_prompt."""
 
@@ -61,6 +71,7 @@ class PolicyConfig(Section):
     # NeMo-RL's LR schedule: [{name: torch.optim.lr_scheduler.X, kwargs: {...}}, ..., {milestones: [...]}] or one
     # {name, kwargs}; null = constant lr. Stepped once per GRPO step (policy/lr_scheduler.py).
     scheduler: list[dict[str, Any]] | dict[str, Any] | None = None
+    dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     fp8_cfg: Fp8Config = Fp8Config()
     generation: GenerationConfig = GenerationConfig()

@@ -1,12 +1,18 @@
-"""Policy-side interfaces, shaped like NeMo-RL's PolicyInterface so Ray workers can implement them later."""
+"""Policy-side interfaces, shaped like NeMo-RL's: the batch layout, the trainer (`PolicyInterface`, implemented by
+the one-process `NativePolicy` and the Ray `RayPolicy`) and the loss it is handed (`LossFunction`)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from nemo_jetrl.precision import PrecisionRecipe
+    from nemo_jetrl.precision.kv import KVScales
 
 
 @dataclass
@@ -31,6 +37,13 @@ class TrainBatch:
         """Rows `index` of every tensor (None stays None)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return TrainBatch(**{k: (v[index] if v is not None else None) for k, v in values.items()})
+
+    def window(self, rows: torch.Tensor, cols: slice) -> TrainBatch:
+        """Rows `rows` and, of the per-token [B, S] tensors, the columns `cols` (per-sequence [B] tensors whole)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TrainBatch(
+            **{k: None if v is None else (v[rows][:, cols] if v.dim() == 2 else v[rows]) for k, v in values.items()}
+        )
 
     @classmethod
     def cat(cls, batches: Sequence[TrainBatch]) -> TrainBatch:
@@ -80,8 +93,46 @@ def combine_step_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, floa
     return out
 
 
+class LossFunction(Protocol):
+    """What `PolicyInterface.train` applies to each micro-batch (NeMo-RL's `LossFunction`): the trainers hold no loss
+    of their own. It must pickle (Ray workers receive it with their micro-batches)."""
+
+    def normalizer(self, batch: TrainBatch) -> float:
+        """The global count one optimizer step's loss is normalised by (its tokens or its sequences), so that
+        micro-batch losses and gradients sum to the full batch's mean."""
+
+    def __call__(
+        self, logprobs: torch.Tensor, batch: TrainBatch, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss of one micro-batch (logprobs [b, S] carry the gradient) and its metrics."""
+
+
 class PolicyInterface(ABC):
-    """What the GRPO driver needs from a trainer (one process, or a Ray worker group later)."""
+    """What the GRPO driver needs from a trainer (one process, or a Ray worker group); it uses nothing else.
+
+    Attributes every implementation sets:
+    - `recipe`: the run's one frozen `PrecisionRecipe` (its `kv_fp8` says whether FP8 KV scales are calibrated);
+    - `tokenizer`: the model's tokenizer (prompts are encoded and responses decoded on the driver);
+    - `layer_map`: module name -> "fp8" | "bf16" for every converted linear ({} without FP8);
+    - `step`: optimizer steps taken (what an engine's refit is keyed on);
+    - `kv_scales`: the FP8 KV scales (`KVScales`, q/k/v [L]) the next rollout runs with, None before the first
+      calibration and without FP8 KV.
+    """
+
+    recipe: PrecisionRecipe
+    tokenizer: Any
+    layer_map: dict[str, str]
+    step: int
+    kv_scales: KVScales | None
+
+    @property
+    @abstractmethod
+    def has_reference(self) -> bool:
+        """A frozen reference policy is held (for `get_reference_policy_logprobs`)."""
+
+    @abstractmethod
+    def parameter_bytes(self) -> int:
+        """Bytes of the full (unsharded) master weights: what a checkpoint's model part takes."""
 
     @abstractmethod
     def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -92,10 +143,28 @@ class PolicyInterface(ABC):
         """Per-token logprobs [B, S] under the frozen reference weights."""
 
     @abstractmethod
-    def train(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
-        """One GRPO step's training: one optimizer step per given batch (micro-batched; a lone batch = one step),
-        then one LR-scheduler step (NeMo-RL steps it once per train() call); returns `combine_step_metrics`."""
+    def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
+        """A calibrating no-grad forward over `batch` observing Q/K/V; returns (and holds) the new FP8 KV scales."""
+
+    @abstractmethod
+    def train(self, batch: TrainBatch | Sequence[TrainBatch], loss_fn: LossFunction) -> dict[str, float]:
+        """One GRPO step's training: one optimizer step per given batch (micro-batched, `loss_fn` on each micro-batch;
+        a lone batch = one step), then one LR-scheduler step (NeMo-RL steps it once per train() call); returns
+        `combine_step_metrics`."""
 
     @abstractmethod
     def prepare_refit(self) -> dict[str, float]:
         """After a step: quantize weights once (FP8) and recalibrate KV scales for the rollout; returns metrics."""
+
+    @abstractmethod
+    def nonfinite_state(self) -> str | None:
+        """Name of the first non-finite master weight, FP8 weight scale or KV scale after a step, else None."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, LR scheduler, step and KV scales in the single-process layout (checkpoints move
+        between local and Ray runs)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned."""

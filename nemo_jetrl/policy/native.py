@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.algorithms.loss import clipped_pg_loss
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
-from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, combine_step_metrics
+from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
+from nemo_jetrl.policy.micro_batches import plan_micro_batches
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 from nemo_jetrl.utils.checkpoint import first_nonfinite
@@ -84,24 +84,24 @@ def resolve_device(name: str) -> torch.device:
 
 
 class NativePolicy(PolicyInterface):
-    """Trainer for one device. `policy_cfg` / `loss_cfg`: the validated `policy` / `loss_fn` sections as plain dicts."""
+    """Trainer for one device. `policy_cfg`: the validated `policy` section as a plain dict."""
 
     def __init__(
         self,
         policy_cfg: Mapping[str, Any],
-        loss_cfg: Mapping[str, Any],
         recipe: PrecisionRecipe,
         device: torch.device,
         *,
+        init_reference_model: bool = False,
         seed: int = 0,
         model: torch.nn.Module | None = None,
         tokenizer: Any = None,
     ) -> None:
-        """`model` / `tokenizer`: use these (e.g. a random-weight benchmark model) instead of loading model_name."""
+        """`init_reference_model`: keep a frozen copy of the loaded weights (the KL penalty's reference).
+        `model` / `tokenizer`: use these (e.g. a random-weight benchmark model) instead of loading model_name."""
         self.cfg = policy_cfg
         self.recipe = recipe
         self.device = device
-        self.loss_cfg = dict(loss_cfg)  # the validated loss_fn section
         self.compute_dtype = DTYPES[policy_cfg["compute_dtype"]]
         self.temperature = float(policy_cfg["generation"]["temperature"])
         self.kernels = trainer_kernels(policy_cfg)
@@ -116,7 +116,7 @@ class NativePolicy(PolicyInterface):
             )
         self.tokenizer = tokenizer
         self.reference_model = None
-        if self.loss_cfg["reference_policy_kl_penalty"] > 0:
+        if init_reference_model:  # before the FP8 swap: the reference is the loaded model as is
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self.model = model.train()
@@ -135,25 +135,30 @@ class NativePolicy(PolicyInterface):
         self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
 
+    @property
+    def has_reference(self) -> bool:
+        return self.reference_model is not None
+
+    def parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
     # ---------------------------------------------------------------- logprobs
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, batch: TrainBatch, attn_hook=None) -> torch.Tensor:
-        out = []
-        mbs = int(self.cfg["logprob_batch_size"])
-        for start in range(0, len(batch), mbs):
-            mb = batch.select(slice(start, start + mbs)).to(self.device)
-            out.append(
-                sequence_logprobs(
-                    model,
-                    mb.input_ids,
-                    mb.attention_mask,
-                    temperature=self.temperature,
-                    compute_dtype=self.compute_dtype,
-                    attn_hook=attn_hook,
-                    **self.kernels,
-                ).float()
-            )
-        return torch.cat(out).cpu()  # [B, S]
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S]; 0 outside each micro-batch window
+        for part in plan_micro_batches(batch.attention_mask, self.cfg, "logprob"):
+            mb = batch.window(part.rows, part.cols).to(self.device)
+            logp = sequence_logprobs(
+                model,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.temperature,
+                compute_dtype=self.compute_dtype,
+                attn_hook=attn_hook,
+                **self.kernels,
+            )  # [b, w]
+            out[part.rows[:, None], torch.arange(out.shape[1])[part.cols]] = logp.float().cpu()
+        return out
 
     def _kv_fused(self) -> bool:
         """FP8 KV scales observed in the step's prev_logprobs forward (the logprob pass or the training forward)."""
@@ -194,7 +199,7 @@ class NativePolicy(PolicyInterface):
         return self._logprobs(self.reference_model, batch)
 
     # ---------------------------------------------------------------- training
-    def train(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
+    def train(self, batch: TrainBatch | Sequence[TrainBatch], loss_fn: LossFunction) -> dict[str, float]:
         """One optimizer step per batch (see PolicyInterface.train), then one LR-scheduler step."""
         steps = [batch] if isinstance(batch, TrainBatch) else list(batch)
         if any(b.prev_logprobs is None for b in steps):  # prev_logprobs from the training forward (filled in place)
@@ -207,25 +212,19 @@ class NativePolicy(PolicyInterface):
                 raise ValueError(f"prev_logprobs from the training forward need one optimizer step, got {len(steps)}")
             if self._kv_fused():
                 self.kv_calibrator.reset()
-        per_step = [self._optimizer_step(b) for b in steps]
+        per_step = [self._optimizer_step(b, loss_fn) for b in steps]
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         if self.kv_calibration_pass == "post_step" and len(steps) > 1:  # calibrate on the whole GRPO batch
             self._last_train_batch = TrainBatch.cat(steps)
         return combine_step_metrics(per_step)
 
-    def _optimizer_step(self, batch: TrainBatch) -> dict[str, float]:
+    def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
         """One optimizer step; the loss is normalised over the GLOBAL batch so micro-batches sum to its mean."""
         from_forward = batch.prev_logprobs is None  # train_forward: this forward's logprobs are prev_logprobs
         if from_forward:
             batch.prev_logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S], filled below
-        mask = batch.response_mask.float()
-        if self.loss_cfg["token_level_loss"]:
-            normalizer = float(mask.sum())
-        else:
-            normalizer = float((mask.sum(-1) > 0).sum())
-        normalizer = max(normalizer, 1.0)
-        mbs = int(self.cfg["train_micro_batch_size"])
+        normalizer = loss_fn.normalizer(batch)
         self._last_train_batch = batch if self.kv_calibration_pass == "post_step" else None
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -234,8 +233,8 @@ class NativePolicy(PolicyInterface):
             raise NonFiniteError(bad_fp8, self.step)
         sums: dict[str, float] = {}
         n_micro = 0
-        for start in range(0, len(batch), mbs):
-            mb = batch.select(slice(start, start + mbs)).to(self.device)
+        for part in plan_micro_batches(batch.attention_mask, self.cfg, "train"):
+            mb = batch.window(part.rows, part.cols).to(self.device)
             logp = sequence_logprobs(
                 self.model,
                 mb.input_ids,
@@ -247,22 +246,15 @@ class NativePolicy(PolicyInterface):
             )  # [b, S]
             if from_forward:
                 mb.prev_logprobs = logp.detach().float()
-                batch.prev_logprobs[start : start + mbs] = mb.prev_logprobs.cpu()
+                batch.prev_logprobs[part.rows[:, None], torch.arange(batch.input_ids.shape[1])[part.cols]] = (
+                    mb.prev_logprobs.cpu()
+                )
                 valid = mb.response_mask.bool()
                 bad = int((~torch.isfinite(mb.prev_logprobs[valid])).sum())
                 if bad:
                     self.optimizer.zero_grad(set_to_none=True)
                     raise NonFiniteError(f"trainer logprobs ({bad} of {int(valid.sum())} generated tokens)", self.step)
-            loss, metrics = clipped_pg_loss(
-                logp.float(),
-                mb.prev_logprobs,
-                mb.generation_logprobs,
-                mb.advantages,
-                mb.response_mask,
-                self.loss_cfg,
-                logp_ref=mb.reference_logprobs,
-                normalizer=normalizer,
-            )
+            loss, metrics = loss_fn(logp.float(), mb, normalizer)
             if not torch.isfinite(loss.detach()).item():
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteError(f"loss (micro-batch {n_micro}, value {loss.item()})", self.step)

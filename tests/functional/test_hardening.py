@@ -84,8 +84,8 @@ def test_nan_in_a_master_weight_after_a_step_is_caught_before_any_save(tmp_path,
     cfg = _tiny_cfg(tmp_path, "grpo.max_num_steps=3", "grpo.on_nonfinite=skip", "checkpointing.keep_top_k=1")
     train = NativePolicy.train
 
-    def train_then_corrupt(self, batch):
-        out = train(self, batch)
+    def train_then_corrupt(self, batch, loss_fn):
+        out = train(self, batch, loss_fn)
         if self.step == 2:  # an optimizer step that produced a NaN weight
             with torch.no_grad():
                 self.model.get_submodule("model.layers.0.mlp.up_proj").weight[1, 2] = float("nan")
@@ -128,7 +128,7 @@ def test_guard_runs_when_no_group_is_kept(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(run.policy, "get_logprobs", logprobs_then_corrupt)
-    def train_nothing(steps):  # train() still runs once per GRPO step (its LR step); it must get no rows
+    def train_nothing(steps, loss_fn):  # train() still runs once per GRPO step (its LR step); it must get no rows
         assert steps == [], "train() got rows although no group was kept"
         return {}
 

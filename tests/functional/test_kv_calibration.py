@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms import grpo
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.config import load_config, validate_config
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy
@@ -29,11 +30,12 @@ SMALL = [
 KV = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quant=true"]
 
 
-def _policy(pass_: str = "fused") -> NativePolicy:
+def _policy(pass_: str = "fused") -> tuple[NativePolicy, ClippedPGLossFn]:
     cfg = load_config(CONFIGS / "grpo_tiny.yaml", [*SMALL, *KV, f"policy.generation.kv_cache_calibration_pass={pass_}"])
     validated = validate_config(cfg).model_dump()
     policy_cfg = validated["policy"]
-    return NativePolicy(policy_cfg, validated["loss_fn"], PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
+    policy = NativePolicy(policy_cfg, PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
+    return policy, ClippedPGLossFn(validated["loss_fn"])
 
 
 def _batch(policy: NativePolicy, n: int = 16) -> TrainBatch:
@@ -49,7 +51,7 @@ def _batch(policy: NativePolicy, n: int = 16) -> TrainBatch:
 def test_recalibration_follows_a_weight_update():
     """Fused pass: scales come from the step's logprob forward; doubling layer 0's v_proj doubles its V scale
     exactly (power-of-two weight change: same e4m3 bits, doubled block scales) and leaves its Q/K scales alone."""
-    policy = _policy("fused")
+    policy, _ = _policy("fused")
     batch = _batch(policy)
     policy.calibrate_kv_scales(batch)  # bootstrap: the fake-quant needs the rollout's current scales
     policy.get_logprobs(batch)
@@ -68,17 +70,17 @@ def test_recalibration_follows_a_weight_update():
 
 
 def test_post_step_pass_calibrates_on_the_updated_weights():
-    policy = _policy("post_step")
+    policy, loss_fn = _policy("post_step")
     batch = _batch(policy)
     before = policy.calibrate_kv_scales(batch)
     policy.get_logprobs(batch)
     assert policy.kv_calibrator.num_micro_batches == 1  # get_logprobs does not observe in post_step mode
     policy.optimizer.param_groups[0]["lr"] = 1e-2  # a visible update
-    policy.train(batch)
+    policy.train(batch, loss_fn)
     policy.prepare_refit()
     after = policy.kv_scales
     assert not torch.equal(after.k, before.k)
-    fresh = _policy("post_step")
+    fresh, _ = _policy("post_step")
     fresh.model.load_state_dict(policy.model.state_dict())
     fresh.set_kv_scales(before)  # the fake-quant of the pass uses the scales the step ran with
     assert torch.equal(fresh.calibrate_kv_scales(batch).k, after.k)

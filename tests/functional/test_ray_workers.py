@@ -116,7 +116,7 @@ def test_a_worker_raising_inside_a_collective_is_one_error_and_the_checkpoint_su
     )
     nan_batch.prev_logprobs = nan_batch.generation_logprobs
     with pytest.raises(NonFiniteError, match=r"non-finite (loss|gradient)"):
-        run.policy.train(nan_batch)
+        run.policy.train(nan_batch, run.loss_fn)
     assert run.policy.step == 1 and len(group.actors) == 2
     # worker 1 gets a malformed micro-batch: it raises after the forward's all-gathers, while worker 0 goes on
     # into the backward's reduce-scatter and would wait forever for it.
@@ -127,7 +127,9 @@ def test_a_worker_raising_inside_a_collective_is_one_error_and_the_checkpoint_su
     bad = good.select(slice(0, 4))
     bad.advantages = torch.ones(3)
     with pytest.raises(WorkerGroupError) as info:
-        group.run("train", "train", per_worker=[([good], 1, 10.0, good), ([bad], 1, 10.0, good)])
+        group.run(
+            "train", "train", per_worker=[([good], 1, 10.0, good, run.loss_fn), ([bad], 1, 10.0, good, run.loss_fn)]
+        )
     err = info.value
     assert (err.worker, err.phase) == (1, "train") and "ValueError" in err.cause
     assert str(err).startswith("worker 1 (node ") and "failed during phase 'train'" in str(err)

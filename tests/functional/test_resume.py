@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms.grpo import grpo_step, run_grpo, setup
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.config import load_config, validate_config
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.policy.interfaces import TrainBatch
@@ -145,7 +146,10 @@ def _tiny_cfg(root: Path, *extra: str):
 @pytest.fixture(scope="module")
 def policy():
     cfg = _tiny_cfg(Path("/nonexistent")).to_dict()
-    return NativePolicy(cfg["policy"], cfg["loss_fn"], PrecisionRecipe.preset("jetrl"), torch.device("cpu"))
+    return NativePolicy(cfg["policy"], PrecisionRecipe.preset("jetrl"), torch.device("cpu"))
+
+
+LOSS_FN = ClippedPGLossFn(_tiny_cfg(Path("/nonexistent")).to_dict()["loss_fn"])
 
 
 def _batch(policy: NativePolicy, advantages: list[float]) -> TrainBatch:
@@ -177,7 +181,7 @@ def _assert_untouched(policy: NativePolicy, before) -> None:
 def test_nonfinite_loss_stops_the_step_before_the_optimizer(policy):
     before = _snapshot(policy)
     with pytest.raises(NonFiniteError, match=r"non-finite loss \(micro-batch 0, value nan\) at trainer step 0"):
-        policy.train(_batch(policy, [1.0, float("nan"), -1.0, 0.5]))
+        policy.train(_batch(policy, [1.0, float("nan"), -1.0, 0.5]), LOSS_FN)
     _assert_untouched(policy, before)
 
 
@@ -187,7 +191,7 @@ def test_nonfinite_gradient_names_the_parameter(policy):
     handle = weight.register_hook(lambda grad: grad * float("inf"))
     try:
         with pytest.raises(NonFiniteError, match=r"gradient of model\.layers\.1\.mlp\.up_proj\.weight") as err:
-            policy.train(_batch(policy, [1.0, -1.0, 1.0, -1.0]))
+            policy.train(_batch(policy, [1.0, -1.0, 1.0, -1.0]), LOSS_FN)
     finally:
         handle.remove()
     assert err.value.tensor.startswith("gradient of model.layers.1.mlp.up_proj.weight")
@@ -201,14 +205,14 @@ def test_nonfinite_fp8_scale_and_master_weight_are_caught_before_the_forward(pol
     saved = scale[0, 0].item()
     scale[0, 0] = float("nan")  # the cached scale the next forward would use
     with pytest.raises(NonFiniteError, match=r"non-finite FP8 weight scale of model\.layers\.0\.self_attn\.q_proj"):
-        policy.train(_batch(policy, [1.0, -1.0, 1.0, -1.0]))
+        policy.train(_batch(policy, [1.0, -1.0, 1.0, -1.0]), LOSS_FN)
     scale[0, 0] = saved
     _assert_untouched(policy, before)
     with torch.no_grad():  # inf saturates to a finite scale: the master weight check catches it
         layer.weight[3, 5] = float("inf")
     try:
         with pytest.raises(NonFiniteError, match=r"master weight of FP8 layer model\.layers\.0\.self_attn\.q_proj"):
-            policy.train(_batch(policy, [1.0, -1.0, 1.0, -1.0]))
+            policy.train(_batch(policy, [1.0, -1.0, 1.0, -1.0]), LOSS_FN)
     finally:
         with torch.no_grad():
             layer.weight[3, 5] = before[0]["model.layers.0.self_attn.q_proj.weight"][3, 5]

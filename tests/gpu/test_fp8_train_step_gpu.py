@@ -12,7 +12,7 @@ from nemo_jetrl.precision import Fp8Linear, Fp8WeightGroup, PrecisionRecipe, pro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_train_step import make_batch  # noqa: E402
-from common import LOSS_FN, TINY, build_model, policy_config  # noqa: E402
+from common import LOSS, TINY, build_model, policy_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -22,13 +22,13 @@ def test_fp8_weights_follow_the_fused_adamw_step():
     model = build_model(TINY, None, DEV, torch.bfloat16).train()
     optimizer = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8}
     policy = NativePolicy(
-        policy_config(optimizer=optimizer), LOSS_FN, PrecisionRecipe.preset("jetrl"), DEV, model=model
+        policy_config(optimizer=optimizer), PrecisionRecipe.preset("jetrl"), DEV, model=model
     )
     assert policy.optimizer.defaults.get("fused")
     policy.prepare_refit()
     layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
     before = [m.quantized_weight().scale.clone() for m in layers]
-    policy.train(make_batch(2, 128, TINY["vocab_size"]))
+    policy.train(make_batch(2, 128, TINY["vocab_size"]), LOSS)
     policy.prepare_refit()
     changed = 0
     for m, old in zip(layers, before):

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from benchmarks.common import LOSS_FN, policy_config
+from benchmarks.common import LOSS, policy_config
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics
 from nemo_jetrl.environments.arithmetic import ArithmeticTask
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
@@ -52,7 +52,7 @@ def policy_cfg(mbs: int, deterministic: bool = False) -> dict:
 
 
 def parts(model, tokenizer, recipe: PrecisionRecipe, *, mbs: int, max_new_tokens: int, deterministic=False):
-    policy = NativePolicy(policy_cfg(mbs, deterministic), LOSS_FN, recipe, DEV, seed=0, model=model, tokenizer=tokenizer)
+    policy = NativePolicy(policy_cfg(mbs, deterministic), recipe, DEV, seed=0, model=model, tokenizer=tokenizer)
     engine = NativeGenerationEngine(
         policy.model,
         max_new_tokens=max_new_tokens,
@@ -89,7 +89,7 @@ def step(policy, engine, prompts, seed: int) -> tuple[dict, TrainBatch]:
     metrics = mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask)
     m = batch.response_mask.bool()
     metrics["exact_fraction"] = float((batch.prev_logprobs[m] == batch.generation_logprobs[m]).float().mean())
-    metrics.update(policy.train(batch))
+    metrics.update(policy.train(batch, LOSS))
     metrics.update(policy.prepare_refit())
     if policy.kv_scales is not None:
         engine.update_weights(kv_scales=policy.kv_scales.kv)

@@ -73,9 +73,9 @@ def record_train(run, passthrough: bool = True) -> list[TrainBatch]:
     calls: list[TrainBatch] = []
     real = run.policy.train
 
-    def train(steps: list[TrainBatch]) -> dict[str, float]:
+    def train(steps: list[TrainBatch], loss_fn) -> dict[str, float]:
         assert len(steps) <= 1, "the harness configs take one optimizer step per GRPO step"
-        out = real(steps) if passthrough else {}
+        out = real(steps, loss_fn) if passthrough else {}
         if steps:  # after the call: with prev_logprobs_source train_forward the trainer fills prev_logprobs
             calls.append(steps[0].select(slice(None)))
         return out

@@ -14,6 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.distributed import weight_sync
 from nemo_jetrl.distributed.data_split import assign_contiguous, micro_batch_ranges
 from nemo_jetrl.distributed.fsdp import shard_policy
@@ -93,7 +94,8 @@ def main(reference_path: str, out_dir: str) -> None:
     batch.prev_logprobs = ref["logprobs"]
     blocks = assign_contiguous(micro_batch_ranges(len(batch), policy_cfg["train_micro_batch_size"]), world)
     micro = [batch.select(slice(a, b)) for a, b in blocks[rank]]  # 3 micro-batches: rank 1 runs 1 + a dummy
-    result["train"] = worker.train(micro, 2, ref["normalizer"], batch.select(slice(0, 1)))
+    loss_fn = ClippedPGLossFn(ref["cfg"]["loss_fn"])
+    result["train"] = worker.train(micro, 2, ref["normalizer"], batch.select(slice(0, 1)), loss_fn)
     result["refit"] = worker.refit()
     result["bits_step1"] = fp8_bits(policy.replica)
     result["state"] = worker.full_state_dict()

@@ -58,7 +58,7 @@ def observed(tmp_path_factory):
     batch.prev_logprobs = ref["logprobs"]
     mask = batch.response_mask.float()
     ref["normalizer"] = float(mask.sum())
-    metrics = policy.train(batch)
+    metrics = policy.train(batch, run.loss_fn)
     policy.prepare_refit()
     bits1 = {n: policy.model.get_submodule(n).quantized_weight() for n in _fp8_names(policy.model)}
     ref["state_step1"] = policy.state_dict()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.config import load_config, validate_config
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
@@ -16,6 +17,7 @@ from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
+LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml")).model_dump()["loss_fn"])
 WARMUP = [
     {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 3}},
     {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0, "total_iters": 10_000_000_000}},
@@ -91,7 +93,7 @@ def _policy(scheduler) -> NativePolicy:
     ]
     cfg = validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml", overrides)).model_dump()
     policy_cfg = {**cfg["policy"], "scheduler": scheduler}
-    return NativePolicy(policy_cfg, cfg["loss_fn"], PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
+    return NativePolicy(policy_cfg, PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
 
 
 def _batch(policy: NativePolicy, n: int = 8) -> TrainBatch:
@@ -107,20 +109,20 @@ def test_two_optimizer_steps_then_one_scheduler_step_and_checkpointed_state():
     policy = _policy(WARMUP)
     fresh = copy.deepcopy(policy)
     batch = _batch(policy)
-    metrics = policy.train(split_global_batches(batch, 4))
+    metrics = policy.train(split_global_batches(batch, 4), LOSS_FN)
     assert policy.step == 2 and metrics["num_optimizer_steps"] == 2.0 and metrics["num_micro_batches"] == 2.0
     assert metrics["lr"] == pytest.approx(1e-4, rel=1e-9)  # both steps ran at the warm-up's first lr
     assert policy.optimizer.param_groups[0]["lr"] == pytest.approx(4e-4, rel=1e-9)  # one scheduler step
     # The same as the two chunks' optimizer steps one by one (contiguous rows, no shuffle).
     one_by_one = copy.deepcopy(fresh)
     for chunk in split_global_batches(batch, 4):
-        one_by_one._optimizer_step(chunk)
+        one_by_one._optimizer_step(chunk, LOSS_FN)
     for (name, p), q in zip(policy.model.named_parameters(), one_by_one.model.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
     # The scheduler state travels with the checkpoint: a restored policy continues the warm-up at 0.7e-3.
     state = copy.deepcopy(policy.state_dict())
-    policy.train(batch)
+    policy.train(batch, LOSS_FN)
     fresh.load_state_dict(state)
-    fresh.train(batch)
+    fresh.train(batch, LOSS_FN)
     assert fresh.optimizer.param_groups[0]["lr"] == policy.optimizer.param_groups[0]["lr"]
     assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(7e-4, rel=1e-9)

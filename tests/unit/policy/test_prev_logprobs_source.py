@@ -11,12 +11,14 @@ import pytest
 import torch
 from jetrl_testkit.reference_step import make_batch
 
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.config import ConfigError, load_config, validate_config
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError
 from nemo_jetrl.precision import PrecisionRecipe
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"  # unified FP8 + FP8 KV
+LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIG)).model_dump()["loss_fn"])
 PROMPT_LENS, RESP_LENS, SEQ = [3, 5, 2, 4, 6, 3, 5, 4], [5, 2, 4, 1, 3, 5, 4, 2], 12
 
 
@@ -38,7 +40,6 @@ def _policy(tiny, source: str, mbs: int, logprob_bs: int = 8) -> NativePolicy:
     model, tok = tiny
     policy = NativePolicy(
         cfg["policy"],
-        cfg["loss_fn"],
         PrecisionRecipe.from_config(cfg["policy"]),
         torch.device("cpu"),
         model=copy.deepcopy(model),
@@ -58,8 +59,8 @@ def test_train_forward_step_equals_logprob_forward_step_bitwise(tiny, mbs, logpr
     fused = _policy(tiny, "train_forward", mbs, logprob_bs)
     batch_ref, batch_fused = _batch(), _batch()
     batch_ref.prev_logprobs = ref.get_logprobs(batch_ref)
-    metrics_ref = ref.train([batch_ref])
-    metrics_fused = fused.train([batch_fused])
+    metrics_ref = ref.train([batch_ref], LOSS_FN)
+    metrics_fused = fused.train([batch_fused], LOSS_FN)
 
     assert torch.equal(batch_fused.prev_logprobs, batch_ref.prev_logprobs)  # filled in place by the forward
     assert float(batch_ref.prev_logprobs[batch_ref.response_mask.bool()].abs().min()) > 0  # real logprobs
@@ -76,14 +77,14 @@ def test_train_forward_step_equals_logprob_forward_step_bitwise(tiny, mbs, logpr
 
 def test_without_prev_logprobs_the_logprob_forward_policy_names_the_key(tiny):
     with pytest.raises(ValueError, match="policy.prev_logprobs_source: train_forward"):
-        _policy(tiny, "logprob_forward", 8).train([_batch()])
+        _policy(tiny, "logprob_forward", 8).train([_batch()], LOSS_FN)
 
 
 def test_train_forward_needs_one_optimizer_step(tiny):
     policy = _policy(tiny, "train_forward", 4)
     halves = [_batch().select(slice(0, 4)), _batch().select(slice(4, 8))]
     with pytest.raises(ValueError, match="one optimizer step, got 2"):
-        policy.train(halves)
+        policy.train(halves, LOSS_FN)
 
 
 def test_nonfinite_trainer_logprobs_stop_the_step_before_the_update(tiny):
@@ -92,7 +93,7 @@ def test_nonfinite_trainer_logprobs_stop_the_step_before_the_update(tiny):
     before = [p.detach().clone() for p in policy.model.parameters()]
     # micro-batch 0 (rows 0-3) holds 5 + 2 + 4 + 1 generated tokens
     with pytest.raises(NonFiniteError, match=r"non-finite trainer logprobs \(12 of 12 generated tokens\)"):
-        policy.train([_batch()])
+        policy.train([_batch()], LOSS_FN)
     assert all(torch.equal(a, p) for a, p in zip(before, policy.model.parameters()))
     assert policy.step == 0
 
@@ -134,7 +135,7 @@ def test_fp8_weights_follow_a_fused_optimizer_step(tiny):
     before = [m.weight._version for m in layers]
     batch = _batch()
     batch.prev_logprobs = policy.get_logprobs(batch)
-    policy.train(batch)
+    policy.train(batch, LOSS_FN)
     policy.prepare_refit()
     assert [m.weight._version for m in layers] == before  # the fused step bumped no version
     for m in layers:

@@ -1,0 +1,94 @@
+"""How a trainer pass cuts its rows into micro-batches: fixed row counts, or NeMo-RL's dynamic batching.
+
+Fixed (`policy.train_micro_batch_size` / `logprob_batch_size`): contiguous rows, the batch's full width.
+
+Dynamic (`policy.dynamic_batching.enabled`): rows sorted by where their last real token lies, longest first, packed
+greedily while rows x window width stays within the pass's token budget (`train_mb_tokens` / `logprob_mb_tokens`);
+each micro-batch keeps only the columns its rows use (the window from its earliest first real token to its latest
+last one, widened to a multiple of `sequence_length_round` with pad columns). Cutting away columns where every row
+of the micro-batch is padding leaves each real token's math unchanged (positions come from the attention mask), so
+the time of a pass follows the real tokens of long-tailed responses instead of the longest row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: torch.Tensor  # [b] long: row indices into the pass's batch, in the order they are computed
+    cols: slice  # the columns computed; every real token of `rows` lies inside
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def fixed_micro_batches(num_rows: int, rows_per_micro_batch: int, width: int) -> list[MicroBatch]:
+    """Contiguous chunks of `rows_per_micro_batch` rows over the full width (the last one may be shorter)."""
+    return [
+        MicroBatch(torch.arange(lo, min(lo + rows_per_micro_batch, num_rows)), slice(0, width))
+        for lo in range(0, num_rows, rows_per_micro_batch)
+    ]
+
+
+def token_budget_micro_batches(
+    attention_mask: torch.Tensor, max_tokens: int, round_to: int = 1
+) -> list[MicroBatch]:
+    """Dynamic batching over `attention_mask` [B, S] (see module docstring). A row wider than the budget alone still
+    forms its own micro-batch; an all-padding row joins the last micro-batch."""
+    if max_tokens < 1 or round_to < 1:
+        raise ValueError(f"max_tokens and round_to must be >= 1, got {max_tokens}, {round_to}")
+    width = attention_mask.shape[1]
+    real = attention_mask.bool()  # [B, S]
+    has_token = real.any(-1)  # [B]
+    cols = torch.arange(width)
+    first = torch.where(real, cols, width).min(-1).values  # [B]; S for an all-padding row
+    last = torch.where(real, cols, -1).max(-1).values  # [B]; -1 for an all-padding row
+    order = sorted(range(len(real)), key=lambda r: (-int(last[r]), int(first[r]), r))  # longest reach first
+    groups: list[list[int]] = []
+    lo = hi = 0
+    for r in (r for r in order if has_token[r]):
+        if groups:
+            new_lo, new_hi = min(lo, int(first[r])), max(hi, int(last[r]) + 1)
+            if (len(groups[-1]) + 1) * _rounded(new_hi - new_lo, round_to, width) <= max_tokens:
+                groups[-1].append(r)
+                lo, hi = new_lo, new_hi
+                continue
+        groups.append([r])
+        lo, hi = int(first[r]), int(last[r]) + 1
+    empty = [r for r in order if not has_token[r]]
+    if not groups:
+        return [MicroBatch(torch.tensor(empty, dtype=torch.long), slice(0, min(width, round_to)))] if empty else []
+    groups[-1].extend(empty)
+    out = []
+    for rows in groups:
+        r = torch.tensor(rows, dtype=torch.long)
+        lo, hi = int(first[r].min()), int(last[r].max()) + 1
+        span = _rounded(hi - lo, round_to, width)
+        start = max(0, min(lo, hi - span))  # widen to the left (pad columns), then to the right where needed
+        out.append(MicroBatch(r, slice(start, min(width, start + span))))
+    return out
+
+
+def _rounded(n: int, round_to: int, width: int) -> int:
+    return min(width, -(-max(n, 1) // round_to) * round_to)
+
+
+def plan_micro_batches(
+    attention_mask: torch.Tensor, policy_cfg: Mapping[str, Any], kind: str
+) -> list[MicroBatch]:
+    """The micro-batches of one trainer pass over `attention_mask` [B, S]; `kind`: "train" (the training forward and
+    backward) or "logprob" (no-grad logprob, reference and calibration forwards)."""
+    if kind not in ("train", "logprob"):
+        raise ValueError(f"kind must be 'train' or 'logprob', got {kind!r}")
+    rows_key = "train_micro_batch_size" if kind == "train" else "logprob_batch_size"
+    dyn = policy_cfg.get("dynamic_batching") or {}
+    if not dyn.get("enabled"):
+        return fixed_micro_batches(attention_mask.shape[0], int(policy_cfg[rows_key]), attention_mask.shape[1])
+    budget = dyn.get(f"{kind}_mb_tokens") or int(policy_cfg[rows_key]) * int(policy_cfg["max_total_sequence_length"])
+    return token_budget_micro_batches(attention_mask, int(budget), int(dyn.get("sequence_length_round", 1)))

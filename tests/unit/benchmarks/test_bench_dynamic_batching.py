@@ -1,0 +1,26 @@
+"""bench_dynamic_batching.py --quick on the CPU: both variants run on one policy, and the dynamic one computes fewer
+padding positions in fewer micro-batches over the same real tokens."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+
+
+def test_quick_run_reports_occupancy_and_micro_batches(tmp_path):
+    module = importlib.import_module("bench_dynamic_batching")
+    out = tmp_path / "dyn.json"
+    assert module.main(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in payload["results"]}
+    assert set(rows) == {"fixed", "dynamic"} and len(rows["fixed"]["times_s"]) == 2
+    lengths = payload["lengths"]
+    real = len(lengths) * 8 + sum(lengths)  # prompts of 8 + responses
+    width = 8 + 48
+    assert rows["fixed"]["occupancy"] == real / (len(lengths) * width) and rows["fixed"]["micro_batches"] == 4
+    assert rows["dynamic"]["occupancy"] > 2 * rows["fixed"]["occupancy"]
+    assert rows["dynamic"]["micro_batches"] < rows["fixed"]["micro_batches"]
