@@ -216,7 +216,7 @@ def worker(args: argparse.Namespace) -> None:
     chunks = [mine.select(slice(i, i + args.micro_batch)) for i in range(0, per_rank, args.micro_batch)]
     _sync(device)
     t0 = time.perf_counter()
-    mine.prev_logprobs = policy.logprobs(chunks, steps_per_rank, dummy)
+    mine.prev_logprobs = torch.cat(policy.logprobs(chunks, steps_per_rank, dummy))
     _sync(device)
     logprob_s = time.perf_counter() - t0
     dummy.prev_logprobs = mine.prev_logprobs[:1]

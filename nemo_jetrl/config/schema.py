@@ -67,11 +67,6 @@ class MasterConfig(Section):
                     "policy.prev_logprobs_source: train_forward is not wired for cluster.backend: ray "
                     "(use logprob_forward or auto)"
                 )
-        if self.policy.dynamic_batching.enabled and not local:
-            raise KeyedValueError(
-                "policy.dynamic_batching.enabled: true is not wired for cluster.backend: ray (the workers cut fixed "
-                "micro-batches of policy.train_micro_batch_size rows); set it false"
-            )
         return self
 
     @model_validator(mode="after")

@@ -184,9 +184,10 @@ class DataParallelPolicy:
         dummy: TrainBatch,
         calibrate: bool = False,
         strict: bool = True,
-    ) -> torch.Tensor | None:
-        """Collective: per-token logprobs [b, S] of this rank's logprob chunks (`num_steps` forwards in all); under
-        TP, TP rank 0 alone returns them (the others None).
+    ) -> list[torch.Tensor] | None:
+        """Collective: per-token logprobs of this rank's logprob chunks, one [b, w] per chunk (`num_steps` forwards
+        in all; chunks may differ in width under dynamic batching); under TP, TP rank 0 alone returns them (the
+        others None).
 
         `calibrate`: record each real chunk's per-layer Q/K/V amax for the next `finish_kv_calibration` (under TP,
         the max over the TP group: every head's).
@@ -213,7 +214,7 @@ class DataParallelPolicy:
                     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.tp_group)
                 self._kv_records.append(amax)
         self.module.train()
-        return torch.cat(out) if out and self.tp_rank == 0 else None
+        return out if self.tp_rank == 0 else None
 
     @torch.no_grad()
     def reference_logprobs(self, rows: TrainBatch) -> torch.Tensor:

@@ -19,7 +19,6 @@ from nemo_jetrl.distributed.data_split import (
     assign_contiguous,
     group_leaders,
     merge_generation_outputs,
-    micro_batch_ranges,
     per_rank,
     seed_shards,
     split_evenly,
@@ -27,6 +26,7 @@ from nemo_jetrl.distributed.data_split import (
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
+from nemo_jetrl.policy.micro_batches import MicroBatch, plan_micro_batches
 from nemo_jetrl.policy.native import NonFiniteError, NonFiniteStateError
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.kv import KVScales
@@ -77,26 +77,31 @@ class RayPolicy(PolicyInterface):
             for lo, hi in split_evenly(len(batch), self.group.num_workers)
         ]
 
-    def _logprob_chunks(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], int]:
-        """The single-process logprob chunks (logprob_batch_size rows), contiguous blocks per data-parallel group
-        (one list per worker); max count."""
-        ranges = micro_batch_ranges(len(batch), int(self.cfg["logprob_batch_size"]))
-        blocks = assign_contiguous(ranges, self.num_dp_groups)
-        chunks = [[batch.select(slice(lo, hi)) for lo, hi in block] for block in blocks]
-        return per_rank(chunks, self.tp), max(map(len, blocks))
+    def _micro_batches(self, batch: TrainBatch, kind: str) -> tuple[list[MicroBatch], list[list[TrainBatch]], int]:
+        """The single-process trainer's micro-batches of a `kind` pass (policy/micro_batches.py: fixed rows, or
+        dynamic batching's windows), in contiguous blocks per data-parallel group: (the micro-batches in order, one
+        list of their batches per worker, the most any group runs)."""
+        parts = plan_micro_batches(batch.attention_mask, self.cfg, kind)
+        blocks = assign_contiguous(parts, self.num_dp_groups)
+        chunks = [[batch.window(p.rows, p.cols) for p in block] for block in blocks]
+        return parts, per_rank(chunks, self.tp), max(map(len, blocks))
 
     def get_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         fused = self.recipe.kv_fp8 and self.kv_calibration_pass == "fused"
-        chunks, steps = self._logprob_chunks(batch)
+        parts, chunks, steps = self._micro_batches(batch, "logprob")
         dummy = batch.select(slice(0, 1))
         results = self.group.run("logprobs", "logprobs", per_worker=[(c, steps, dummy, fused) for c in chunks])
-        return torch.cat([r for r in group_leaders(results, self.tp) if r is not None])  # [B, S]
+        pieces = [logp for r in group_leaders(results, self.tp) if r is not None for logp in r]  # micro-batch order
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S]
+        for part, logp in zip(parts, pieces, strict=True):
+            out[part.rows[:, None], torch.arange(out.shape[1])[part.cols]] = logp.float()
+        return out
 
     def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
         """A calibrating no-grad pass over `batch` on the workers; returns (and sets everywhere) the new scales."""
         if not self.recipe.kv_fp8:
             raise ValueError("calibrate_kv_scales needs policy.generation.kv_cache_dtype: fp8")
-        chunks, steps = self._logprob_chunks(batch)
+        _, chunks, steps = self._micro_batches(batch, "logprob")
         dummy = batch.select(slice(0, 1))
         self.kv_scales = self.group.run(
             "kv_calibration", "calibrate_kv", per_worker=[(c, steps, dummy) for c in chunks]
@@ -127,14 +132,10 @@ class RayPolicy(PolicyInterface):
         if batch.prev_logprobs is None:
             raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
         normalizer = loss_fn.normalizer(batch)
-        ranges = micro_batch_ranges(len(batch), int(self.cfg["train_micro_batch_size"]))
-        blocks = assign_contiguous(ranges, self.num_dp_groups)
-        steps = max(len(b) for b in blocks)
+        _, chunks, steps = self._micro_batches(batch, "train")
         dummy = batch.select(slice(0, 1))
-        per_group = [
-            ([batch.select(slice(lo, hi)) for lo, hi in block], steps, normalizer, dummy, loss_fn) for block in blocks
-        ]
-        results = self.group.run("train", "train", per_worker=per_rank(per_group, self.tp))
+        per_worker = [(c, steps, normalizer, dummy, loss_fn) for c in chunks]
+        results = self.group.run("train", "train", per_worker=per_worker)
         if "nonfinite" in results[0]:  # all ranks skipped the optimizer step together
             raise NonFiniteError(results[0]["nonfinite"], self.step)
         self.step += 1

@@ -88,7 +88,7 @@ class PolicyWorker:
 
     def logprobs(
         self, chunks: Sequence[TrainBatch], num_steps: int, dummy: TrainBatch, calibrate: bool = False
-    ) -> torch.Tensor | None:
+    ) -> list[torch.Tensor] | None:
         return self._policy().logprobs(chunks, num_steps, dummy, calibrate)
 
     def calibrate_kv(self, chunks: Sequence[TrainBatch], num_steps: int, dummy: TrainBatch) -> Any:

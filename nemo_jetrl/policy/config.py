@@ -40,7 +40,8 @@ class DTensorConfig(Section):
 
 class DynamicBatchingConfig(Section):
     """NeMo-RL's `policy.dynamic_batching`: the trainer's micro-batches cut by a token budget over length-sorted rows,
-    each trimmed to the columns its rows use (policy/micro_batches.py); the rollout is unaffected."""
+    each trimmed to the columns its rows use (policy/micro_batches.py; Ray runs hand the same micro-batches to their
+    data-parallel groups); the rollout is unaffected."""
 
     enabled: bool = False
     train_mb_tokens: PositiveInt | None = None  # null = train_micro_batch_size * max_total_sequence_length

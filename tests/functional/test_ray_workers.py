@@ -62,8 +62,17 @@ def _metrics(log_dir: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster):
-    run_grpo(_cfg(tmp_path / "local", "checkpointing.enabled=true", "checkpointing.save_period=2"))
+DYNAMIC = [  # length-sorted micro-batches of <= 200 / 300 tokens, each trimmed to its rows' columns
+    "policy.dynamic_batching.enabled=true",
+    "policy.dynamic_batching.train_mb_tokens=200",
+    "policy.dynamic_batching.logprob_mb_tokens=300",
+    "policy.dynamic_batching.sequence_length_round=4",
+]
+
+
+@pytest.mark.parametrize("batching", [[], DYNAMIC], ids=["fixed", "dynamic"])
+def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, batching):
+    run_grpo(_cfg(tmp_path / "local", "checkpointing.enabled=true", "checkpointing.save_period=2", *batching))
     run_grpo(
         _cfg(
             tmp_path / "ray",
@@ -71,11 +80,14 @@ def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster):
             "cluster.cpu_workers_per_node=2",
             "checkpointing.enabled=true",
             "checkpointing.save_period=2",
+            *batching,
         )
     )
     gc.collect()  # the run's worker group is released with it (frees the 2 CPUs for the next test)
     local, dist = _metrics(tmp_path / "local" / "logs"), _metrics(tmp_path / "ray" / "logs")
     assert sorted(local) == sorted(dist) == [1, 2]
+    micro = local[1]["train/num_micro_batches"]
+    assert (micro >= 4) if batching else (micro <= 2)  # fixed: 64-row micro-batches; dynamic: 200-token windows
     for step in (1, 2):
         for key, value in local[step].items():
             if key.startswith("timing/") or key.endswith("_s") or key == "step":

@@ -89,7 +89,7 @@ def main(reference_path: str, out_dir: str) -> None:
     blocks = assign_contiguous(micro_batch_ranges(len(batch), policy_cfg["logprob_batch_size"]), world)
     chunks = [batch.select(slice(a, b)) for a, b in blocks[rank]]
     dummy = batch.select(slice(0, 1))
-    result["logprobs"] = worker.logprobs(chunks, 2, dummy)
+    result["logprobs"] = torch.cat(worker.logprobs(chunks, 2, dummy))
 
     batch.prev_logprobs = ref["logprobs"]
     blocks = assign_contiguous(micro_batch_ranges(len(batch), policy_cfg["train_micro_batch_size"]), world)
@@ -102,7 +102,7 @@ def main(reference_path: str, out_dir: str) -> None:
 
     # resume path: load the single-process state after its step, then logprobs must equal its logprobs
     result["load_refit"] = worker.load_full_state_dict(ref["state_step1"])
-    result["logprobs_after_load"] = worker.logprobs(chunks, 2, dummy)
+    result["logprobs_after_load"] = torch.cat(worker.logprobs(chunks, 2, dummy))
     result["bits_after_load"] = fp8_bits(policy.replica)
 
     # the BF16 baseline refit (bytes / time), then FP8 again

@@ -11,7 +11,7 @@ import torch
 from jetrl_testkit.reference_step import make_batch
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.config import load_config, validate_config
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.micro_batches import fixed_micro_batches, plan_micro_batches, token_budget_micro_batches
 from nemo_jetrl.policy.native import NativePolicy
@@ -118,9 +118,3 @@ def test_train_forward_fills_each_row_with_its_own_logprobs():
     expected = fixed.get_logprobs(batch)
     dynamic.train([batch], loss_fn)  # prev_logprobs filled in place, row by row, from the training forward
     torch.testing.assert_close(batch.prev_logprobs, expected, rtol=0, atol=2e-5)
-
-
-def test_ray_refuses_dynamic_batching_by_name():
-    with pytest.raises(ConfigError, match="policy.dynamic_batching.enabled: true is not wired for cluster.backend"):
-        validate_config(load_config(CONFIG, ["policy.dynamic_batching.enabled=true", "cluster.backend=ray",
-                                             "cluster.cpu_workers_per_node=2", "policy.prev_logprobs_source=auto"]))  # fmt: skip
