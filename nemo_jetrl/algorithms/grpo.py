@@ -25,7 +25,7 @@ from nemo_jetrl.algorithms.grpo_checkpoint import (
     restore,
 )
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
-from nemo_jetrl.algorithms.mismatch import mismatch_metrics
+from nemo_jetrl.algorithms.mismatch import mismatch_by_position, mismatch_metrics
 from nemo_jetrl.algorithms.preflight import (
     check_checkpoint_space,
     check_output_dirs,
@@ -277,7 +277,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         **env_metrics,
     )
     if not from_train:
-        metrics.update(mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask))
+        metrics.update(_mismatch(batch, int(g["mismatch_position_bin"])))
     metrics["kept_fraction"] = float(keep.float().mean())
     progress.phase("training")
     metrics["nonfinite_skipped"] = 0.0
@@ -286,10 +286,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             steps = split_global_batches(batch, int(run.cfg["policy"]["train_global_batch_size"]), keep)
             metrics.update(run.policy.train(steps))
             if from_train:  # over the trained rows: the forward whose gradient was taken
-                trained = steps[0]
-                metrics.update(
-                    mismatch_metrics(trained.prev_logprobs, trained.generation_logprobs, trained.response_mask)
-                )
+                metrics.update(_mismatch(steps[0], int(g["mismatch_position_bin"])))
         except NonFiniteError as err:  # raised before the optimizer touched the weights (of that optimizer step)
             _on_nonfinite(run, step, err)
             metrics["nonfinite_skipped"] = 1.0
@@ -300,6 +297,15 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         # the refit: engines that hold their own copy (vLLM) re-read the weights; recalibrated FP8 KV scales go along
         kv_scales = getattr(run.policy, "kv_scales", None)
         run.engine.update_weights(kv_scales=kv_scales.kv if kv_scales is not None else None)
+    return metrics
+
+
+def _mismatch(batch: TrainBatch, position_bin: int) -> dict[str, float]:
+    """Trainer-vs-rollout mismatch of `batch` (+ `mismatch_pos/<start>` per bin of positions when position_bin > 0)."""
+    args = (batch.prev_logprobs, batch.generation_logprobs, batch.response_mask)
+    metrics = mismatch_metrics(*args)
+    if position_bin > 0:
+        metrics.update({f"mismatch_pos/{k}": v for k, v in mismatch_by_position(*args, position_bin).items()})
     return metrics
 
 
