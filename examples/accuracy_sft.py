@@ -24,7 +24,7 @@ from nemo_jetrl.environments.long_addition import ALPHABET, VOCAB_SIZE, LongAddi
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
 
-# study: the GPU model (~50M parameters); quick: a CPU smoke model. Every linear dim is a multiple of 128 (FP8 blocks).
+# study: the GPU model of docs/accuracy.md; quick: a CPU smoke model. Every linear dim is a multiple of 128 (FP8 blocks).
 SHAPES: dict[str, dict[str, int]] = {
     "study": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=6,
                   num_key_value_heads=2, head_dim=128),
