@@ -52,6 +52,7 @@ class GrpoConfig(Section):
     max_val_samples: PositiveInt = 512
     seed: NonNegativeInt = 42
     on_nonfinite: Literal["skip", "stop"] = "skip"  # non-finite loss / grad / FP8 scale: skip the batch or stop
+    mismatch_position_bin: NonNegativeInt = 0  # > 0: train/mismatch_pos/<start> per bin of this many positions
     # DAPO (NeMo-RL keys; algorithms/dapo.py)
     use_dynamic_sampling: bool = False  # generate until the step holds enough groups with reward std > 0
     batch_multiplier: Annotated[FiniteFloat, Field(ge=1)] = 1.0  # prompts per generation batch = num_prompts x this

@@ -6,7 +6,6 @@ metrics) -> group advantages -> train (FP8 FProp/DGrad/WGrad) -> quantize weight
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ from nemo_jetrl.algorithms.grpo_checkpoint import (
 )
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
-from nemo_jetrl.algorithms.mismatch import mismatch_metrics
+from nemo_jetrl.algorithms.mismatch import step_mismatch_metrics
 from nemo_jetrl.algorithms.preflight import (
     check_checkpoint_space,
     check_output_dirs,
@@ -49,7 +48,7 @@ from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.utils.checkpoint import CheckpointManager
 from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
 from nemo_jetrl.utils.logger import Logger
-from nemo_jetrl.utils.progress import RunProgress
+from nemo_jetrl.utils.progress import RunProgress, run_summary
 from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
 from nemo_jetrl.utils.timers import Timer
 
@@ -295,7 +294,11 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         **env_metrics,
     )
     if not from_train:
-        metrics.update(mismatch_metrics(batch.prev_logprobs, batch.generation_logprobs, batch.response_mask))
+        metrics.update(
+            step_mismatch_metrics(
+                batch.prev_logprobs, batch.generation_logprobs, batch.response_mask, int(g["mismatch_position_bin"])
+            )
+        )
     metrics["kept_fraction"] = float(keep.float().mean())
     progress.phase("training")
     metrics["nonfinite_skipped"] = 0.0
@@ -306,7 +309,12 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
             if from_train:  # over the trained rows: the forward whose gradient was taken
                 trained = steps[0]
                 metrics.update(
-                    mismatch_metrics(trained.prev_logprobs, trained.generation_logprobs, trained.response_mask)
+                    step_mismatch_metrics(
+                        trained.prev_logprobs,
+                        trained.generation_logprobs,
+                        trained.response_mask,
+                        int(g["mismatch_position_bin"]),
+                    )
                 )
         except NonFiniteError as err:  # raised before the optimizer touched the weights (of that optimizer step)
             _on_nonfinite(run, step, err)
@@ -343,22 +351,6 @@ def _guard_state(run: GrpoSetup) -> None:
     bad = run.policy.nonfinite_state()
     if bad is not None:
         raise NonFiniteStateError(bad, run.policy.step)
-
-
-def _summary(history: list[dict[str, float]], val_history: list[dict[str, float]], wall: float) -> str:
-    def first_last(rows, key, n=3):
-        vals = [r[key] for r in rows if key in r and math.isfinite(r[key])]
-        if not vals:
-            return "n/a"
-        head, tail = vals[:n], vals[-n:]
-        return f"{sum(head) / len(head):.3f} -> {sum(tail) / len(tail):.3f}"
-
-    tmpe = [r["token_mult_prob_error"] for r in history if math.isfinite(r.get("token_mult_prob_error", math.nan))]
-    mean_tmpe = sum(tmpe) / len(tmpe) if tmpe else math.nan
-    return (
-        f"GRPO done: {len(history)} steps in {wall:.0f}s | reward {first_last(history, 'reward_mean')} | "
-        f"val accuracy {first_last(val_history, 'accuracy', 1)} | mean token_mult_prob_error {mean_tmpe:.4f}"
-    )
 
 
 def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any | None = None) -> dict[str, Any]:
@@ -407,7 +399,7 @@ def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | No
     finally:
         run.logger.close()  # draws the final plots
     wall = time.perf_counter() - t0
-    summary = _summary(history, val_history, wall)
+    summary = run_summary(history, val_history, wall)
     console.print(summary)
     return {"history": history, "validation": val_history, "summary": summary, "wall_time_s": wall}
 

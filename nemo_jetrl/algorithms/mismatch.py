@@ -10,6 +10,9 @@ All metrics are means over generated tokens (`mask [B, S]`) of per-token quantit
   k3 term; per token it equals ``log((p + q) / (2 sqrt(p q)))``.
 - ``exact_token_fraction``: share of those tokens whose two logprobs are bitwise equal (as float32).
 
+``mismatch_by_position`` gives ``token_mult_prob_error`` per bin of response positions (position = how many
+generated tokens of the row come before the token), to see whether mismatch grows along a long response.
+
 This mirrors NeMo-RL's ``ClippedPGLossFn`` (``calculate_kl(logprobs=gen, logprobs_reference=train)`` for gen-kl,
 swapped for policy-kl, with the configured ``reference_policy_kl_type``, k3 by default, and no clamping).
 Importance-sampling metrics (``sampling_importance_ratio``, ``is_oob_ratio``) depend on the truncation config and
@@ -121,3 +124,39 @@ def mismatch_metrics(
         "num_valid_tokens": float(n_valid),
         "num_nonfinite_tokens": float(n_nonfinite),
     }
+
+
+@torch.no_grad()
+def mismatch_by_position(
+    logp_train: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, bin_tokens: int
+) -> dict[str, float]:
+    """``token_mult_prob_error`` per bin of `bin_tokens` response positions: {"0000": ..., "0064": ...}, keyed by
+    the bin's first position (zero-padded); bins with no usable token are left out. All inputs [B, S]."""
+    _check_pair(logp_train, logp_gen, mask)
+    if isinstance(bin_tokens, bool) or not isinstance(bin_tokens, int) or bin_tokens < 1:
+        raise ValueError(f"bin_tokens must be an int >= 1, got {bin_tokens!r}")
+    m = mask.bool()
+    train, gen = logp_train.detach().double(), logp_gen.detach().double()  # [B, S]
+    valid = m & torch.isfinite(train) & torch.isfinite(gen)  # [B, S]
+    if not bool(valid.any()):
+        return {}
+    position = m.long().cumsum(dim=1) - 1  # [B, S] index of each generated token within its response
+    bins = (position // bin_tokens)[valid]  # [N]
+    err = torch.exp((train - gen).abs())[valid]  # [N]
+    num_bins = int(bins.max()) + 1
+    sums = torch.zeros(num_bins, dtype=err.dtype, device=err.device).index_add_(0, bins, err)  # [num_bins]
+    counts = torch.bincount(bins, minlength=num_bins)  # [num_bins]
+    width = max(4, len(str((num_bins - 1) * bin_tokens)))
+    return {f"{b * bin_tokens:0{width}d}": float(sums[b] / counts[b]) for b in range(num_bins) if int(counts[b]) > 0}
+
+
+def step_mismatch_metrics(
+    logp_train: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, position_bin: int = 0
+) -> dict[str, float]:
+    """A GRPO step's trainer-vs-rollout metrics ([B, S] each): `mismatch_metrics`, plus `mismatch_pos/<start>` per bin
+    of `position_bin` response positions when it is > 0 (`grpo.mismatch_position_bin`)."""
+    metrics = mismatch_metrics(logp_train, logp_gen, mask)
+    if position_bin > 0:
+        by_position = mismatch_by_position(logp_train, logp_gen, mask, position_bin)
+        metrics.update({f"mismatch_pos/{k}": v for k, v in by_position.items()})
+    return metrics

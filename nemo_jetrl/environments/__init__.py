@@ -5,6 +5,7 @@ from nemo_jetrl._lazy import lazy_exports
 _EXPORTS = {
     "ArithmeticTask": "arithmetic",
     "KNOWN_TASKS": "factory",
+    "LongAdditionTask": "long_addition",
     "make_task": "factory",
     "Problem": "interfaces",
     "VerifiableTask": "interfaces",

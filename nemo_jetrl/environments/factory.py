@@ -7,8 +7,10 @@ from typing import Any
 
 from nemo_jetrl.environments.arithmetic import ArithmeticTask
 from nemo_jetrl.environments.interfaces import VerifiableTask
+from nemo_jetrl.environments.long_addition import LongAdditionTask
 
-KNOWN_TASKS = ("arithmetic", "<a .jsonl/.json/.parquet file, datasets directory or HF datasets name>")
+BUILTIN_TASKS = {"arithmetic": ArithmeticTask, "long_addition": LongAdditionTask}  # env.arithmetic rewards both
+KNOWN_TASKS = (*BUILTIN_TASKS, "<a .jsonl/.json/.parquet file, datasets directory or HF datasets name>")
 
 
 def _as_mapping(section: str, cfg: Any) -> Mapping[str, Any]:
@@ -31,15 +33,16 @@ def make_task(
 ) -> VerifiableTask:
     """`data` section + `env` section -> task.
 
-    `data.dataset_name: arithmetic` is the builtin synthetic task (env.arithmetic rewards); any other value is a
-    dataset (a .jsonl / .json / .parquet file, a local datasets directory or a cached HF datasets name) scored by
+    `data.dataset_name: arithmetic` / `long_addition` are the builtin synthetic tasks (`data.num_digits`,
+    env.arithmetic rewards; long_addition: a column-by-column scratchpad, environments/long_addition.py); any other
+    value is a dataset (a .jsonl / .json / .parquet file, a local datasets directory or a cached HF datasets name) scored by
     the math environment (env.math, math-verify). `tokenizer` renders chat templates and measures prompt lengths;
     `max_prompt_tokens` is the prompt-length limit when `data.max_input_seq_length` is null.
     """
     data = _as_mapping("data", data_cfg)
     env = _as_mapping("env", env_cfg)
     name = data["dataset_name"]
-    if isinstance(name, str) and name and name != "arithmetic":
+    if isinstance(name, str) and name and name not in BUILTIN_TASKS:
         # imported here: nemo_jetrl.data imports this package's interfaces
         from nemo_jetrl.data import build_dataset_task
         from nemo_jetrl.environments.config import MathEnvConfig
@@ -47,9 +50,9 @@ def make_task(
 
         scorer = MathEnvironment(MathEnvConfig.model_validate(env["math"]))
         return build_dataset_task(data, scorer, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
-    if name == "arithmetic":
+    if name in BUILTIN_TASKS:
         rewards = _as_mapping("env.arithmetic", env["arithmetic"])
-        return ArithmeticTask(
+        return BUILTIN_TASKS[name](
             num_digits=data["num_digits"],
             val_size=data["val_size"],
             seed=data["seed"],

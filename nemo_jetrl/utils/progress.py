@@ -133,3 +133,21 @@ class RunProgress:
 
 def _fmt(value: float) -> str:
     return f"{value:.3f}" if math.isfinite(value) else str(value)
+
+
+def run_summary(history: list[dict[str, float]], val_history: list[dict[str, float]], wall: float) -> str:
+    """The one line a GRPO run ends with: reward and validation accuracy first -> last, mean mismatch."""
+
+    def first_last(rows, key, n=3):
+        vals = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        if not vals:
+            return "n/a"
+        head, tail = vals[:n], vals[-n:]
+        return f"{sum(head) / len(head):.3f} -> {sum(tail) / len(tail):.3f}"
+
+    tmpe = [r["token_mult_prob_error"] for r in history if math.isfinite(r.get("token_mult_prob_error", math.nan))]
+    mean_tmpe = sum(tmpe) / len(tmpe) if tmpe else math.nan
+    return (
+        f"GRPO done: {len(history)} steps in {wall:.0f}s | reward {first_last(history, 'reward_mean')} | "
+        f"val accuracy {first_last(val_history, 'accuracy', 1)} | mean token_mult_prob_error {mean_tmpe:.4f}"
+    )

@@ -95,3 +95,34 @@ def test_shape_errors():
         mismatch_metrics(TRAIN, TRAIN[:, :2], MASK)
     with pytest.raises(ValueError, match="logp_train"):
         mismatch_metrics(TRAIN[0], TRAIN, MASK)
+
+
+def test_mismatch_by_position_bins_response_positions():
+    from nemo_jetrl.algorithms.mismatch import mismatch_by_position
+
+    # row 0: response in columns 1..4 (positions 0..3); row 1: columns 3..4 (positions 0..1)
+    mask = torch.tensor([[0, 1, 1, 1, 1], [0, 0, 0, 1, 1]], dtype=torch.float32)
+    d = torch.tensor([[9.0, 0.1, 0.2, 0.3, 0.4], [9.0, 9.0, 9.0, -0.5, 0.6]], dtype=torch.float64)
+    gen = torch.zeros(2, 5, dtype=torch.float64)
+    out = mismatch_by_position(d, gen, mask, 2)
+    e = torch.exp(torch.tensor([0.1, 0.2, 0.5, 0.6, 0.3, 0.4], dtype=torch.float64)).tolist()
+    assert out.keys() == {"0000", "0002"}
+    assert out["0000"] == pytest.approx((e[0] + e[1] + e[2] + e[3]) / 4, rel=1e-12)  # positions 0, 1 of both rows
+    assert out["0002"] == pytest.approx((e[4] + e[5]) / 2, rel=1e-12)
+    # one bin holding everything equals the overall token_mult_prob_error
+    assert mismatch_by_position(d, gen, mask, 64)["0000"] == pytest.approx(
+        mismatch_metrics(d, gen, mask)["token_mult_prob_error"], rel=1e-6
+    )
+
+
+def test_mismatch_by_position_skips_nonfinite_and_empty():
+    from nemo_jetrl.algorithms.mismatch import mismatch_by_position
+
+    mask = torch.ones(1, 4)
+    train = torch.tensor([[0.0, float("nan"), 0.0, 0.0]])
+    out = mismatch_by_position(train, torch.zeros(1, 4), mask, 1)
+    assert out == {"0000": 1.0, "0002": 1.0, "0003": 1.0}  # position 1 has no usable token
+    assert mismatch_by_position(train, torch.zeros(1, 4), torch.zeros(1, 4), 1) == {}
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="bin_tokens"):
+            mismatch_by_position(train, torch.zeros(1, 4), mask, bad)

@@ -54,3 +54,17 @@ def test_save_and_reload_with_auto_tokenizer(tok, tmp_path):
     for text in ["07+35=", "1x2", "99+99= 198"]:
         assert loaded(text).input_ids == tok(text).input_ids
     assert loaded.decode([1, 5, 16, 6, 2], skip_special_tokens=True) == "1 2"
+
+
+def test_char_tokenizer_of_another_alphabet():
+    from nemo_jetrl.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer("0123456789#;AB", 24, model_max_length=300)
+    assert len(tok) == 24 and tok.model_max_length == 300
+    assert tok("A1#").input_ids == [BOS_ID, 4 + 10 + 2, 5, 4 + 10]
+    assert tok.decode(tok("AB;9").input_ids, skip_special_tokens=True) == "AB;9"
+    assert tok("x", add_special_tokens=False).input_ids == [UNK_ID]
+    with pytest.raises(ValueError, match="repeats"):
+        build_char_tokenizer("00", 8)
+    with pytest.raises(ValueError, match="vocab_size 5"):
+        build_char_tokenizer("01", 5)
