@@ -120,7 +120,8 @@ def test_attention_decode_prefill_and_training_agree_bitwise(fp8):
     prompt = 256
     k_buf, v_buf = torch.zeros_like(kc), torch.zeros_like(vc)
     k_buf[:, :, :prompt], v_buf[:, :, :prompt] = kc[:, :, :prompt], vc[:, :, :prompt]
-    pre = attention(q[:, :, :prompt], k_buf, v_buf, valid[:, :prompt], 0, scale, *scales)  # the prefill
+    k_pre, v_pre = k_buf[:, :, :prompt], v_buf[:, :, :prompt]  # the prefix the decoder hands over
+    pre = attention(q[:, :, :prompt], k_pre, v_pre, valid[:, :prompt], 0, scale, *scales)  # the prefill
     keep = real[:, :, :prompt]
     assert torch.equal(pre[keep], train[:, :, :prompt][keep])
     for col in (prompt, 300, 383, 384, 511, 589):  # decode steps over the static cache, one query per row

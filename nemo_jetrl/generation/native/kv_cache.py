@@ -172,7 +172,13 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor) -> None:
         """Store k, v [B, H_kv, S, D] at positions start..start+S-1 of `layer` (quantized for FP8), for an
-        attention that reads the stored buffers itself (the exact mode's)."""
+        attention that reads the stored buffers itself (the exact mode's). One token per row at a tensor `start`
+        on CUDA: one kernel for K and V (`write_decode_kv`, bitwise `_write`)."""
+        if isinstance(start, torch.Tensor) and k.shape[2] == 1 and self.k.is_cuda and triton_decode_available():
+            self._check_write(layer, k, v)
+            k_scale, v_scale = self._scales(layer)
+            write_decode_kv(self.k[layer], self.v[layer], k, v, start + 1, k_scale, v_scale)
+            return
         self._write(layer, k, v, start)
 
     def layer_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -29,7 +29,8 @@ from nemo_jetrl.precision.kernels.triton_quant import _on_device
 FP8_BLOCK = 128
 CHUNK_BLOCKS = 16  # K blocks per chunk (2048 channels): the fixed summation unit of the FP8 GEMM
 MM_BLOCK_K = 64
-SPLIT_M_MAX = 256  # FP8: at most this many rows run the chunks in parallel programs (decode batches)
+SPLIT_M_MAX = 256  # FP8: at most this many rows run the chunks in parallel programs (decode batches) ...
+SPLIT_TILES_MAX = 256  # ... and only when fewer output tiles than this would leave SMs idle
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by M: decode-sized products take narrow tiles (more programs)
 FP8_CONFIGS = ((SPLIT_M_MAX, (64, 64, 4, 4)), (None, (128, 128, 8, 3)))
 MM_CONFIGS = ((SPLIT_M_MAX, (64, 128, 4, 4)), (None, (128, 128, 8, 3)))
@@ -121,7 +122,8 @@ def fp8_gemm(
     """x_fp8 [M, K] e4m3 (K contiguous), x_scale [M, K/128] fp32 (any strides), w_fp8 [N, K] e4m3 (K contiguous),
     w_scale [N/128, K/128] fp32; K and N multiples of 128. Returns [M, N] in `out_dtype`.
 
-    config / split: None = by M (`FP8_CONFIGS`, split for M <= SPLIT_M_MAX); any choice gives the same bits."""
+    config / split: None = by M (`FP8_CONFIGS`; split for M <= SPLIT_M_MAX when the output tiles alone are fewer
+    than SPLIT_TILES_MAX); any choice gives the same bits."""
     (m, k), n = x_fp8.shape, w_fp8.shape[0]
     if k % FP8_BLOCK or n % FP8_BLOCK or x_fp8.stride(1) != 1 or w_fp8.stride(1) != 1:
         raise ValueError(
@@ -133,7 +135,8 @@ def fp8_gemm(
         return y
     block_m, block_n, warps, stages = config or pick_config(FP8_CONFIGS, m)
     chunks = triton.cdiv(k // FP8_BLOCK, CHUNK_BLOCKS)
-    split = (m <= SPLIT_M_MAX and chunks > 1) if split is None else split
+    tiles = (n // block_n) * triton.cdiv(m, block_m)
+    split = (m <= SPLIT_M_MAX and chunks > 1 and tiles < SPLIT_TILES_MAX) if split is None else split
     has_bias = bias is not None
     bias_arg = bias if has_bias else y
     out = torch.empty((chunks, m, n), dtype=torch.float32, device=x_fp8.device) if split else y
