@@ -21,7 +21,9 @@ prefill / decode attention, so it gives up bit-exact trainer == rollout logprobs
 Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model, so trainer and rollout agree):
 every query of every path (decode, prefill, training) goes through `batch_invariant_attention`, the linears run
 batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels on both sides (the rollout's `fused`,
-the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`.
+the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's RMSNorm
+then writes its output as the trainer's does (not pre-quantized): with FP32 activations the fused norm + FP8
+kernel's sum of squares rounds unlike the plain norm kernel's.
 
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
@@ -296,17 +298,18 @@ def decoder_forward(
                 "(fused=True for the rollout, fused_train=True for the trainer)"
             )
         grouped = fused and triton_ok
+        norm_quant = grouped and not exact  # the norm kernel writes the next FP8 linears' input quantized
         glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if grouped else ()
+            qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if norm_quant else ()
             x, h = _add_norm(x, delta, layer.input_layernorm, glue, qkv)
             attn_out = _self_attention(
                 attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, glue, grouped,
                 key_valid,
             )  # fmt: skip
-            gate_up = (mlp.gate_proj, mlp.up_proj) if grouped and hasattr(mlp, "gate_proj") else ()
+            gate_up = (mlp.gate_proj, mlp.up_proj) if norm_quant and hasattr(mlp, "gate_proj") else ()
             x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, glue, gate_up)
             delta = _mlp(mlp, h, glue, grouped)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]

@@ -15,24 +15,31 @@ the trainer's forward (M = micro-batch x sequence). Here the summation order ove
 
 Tile sizes (BLOCK_M, BLOCK_N, warps, stages) may depend on M: each output element is one accumulator fed the same
 K-ordered tensor-core instructions whatever tile holds it (tests/gpu/test_batch_invariant_gpu.py checks every
-configuration against every other bitwise). Twins: `precision.batch_invariant` (float64, batch-invariant on CPU).
+configuration against every other bitwise). So decode-sized FP8 products (M <= SPLIT_M_MAX) take the fastest of
+`DECODE_CANDIDATES` (tile, warps, stages, chunks split or not) per shape, timed once as the rollout runs them (CUDA
+graph, weights cold in L2: `triton_gemm.time_in_graph`). Twins: `precision.batch_invariant` (float64, CPU).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from nemo_jetrl.precision.kernels.triton_gemm import cold_copies, time_in_graph
 from nemo_jetrl.precision.kernels.triton_quant import _on_device
 
 FP8_BLOCK = 128
-CHUNK_BLOCKS = 16  # K blocks per chunk (2048 channels): the fixed summation unit of the FP8 GEMM
+CHUNK_BLOCKS = 8  # K blocks per chunk (1024 channels): the fixed summation unit of the FP8 GEMM
 MM_BLOCK_K = 64
 SPLIT_M_MAX = 256  # FP8: at most this many rows run the chunks in parallel programs (decode batches) ...
 SPLIT_TILES_MAX = 256  # ... and only when fewer output tiles than this would leave SMs idle
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by M: decode-sized products take narrow tiles (more programs)
-FP8_CONFIGS = ((SPLIT_M_MAX, (64, 64, 4, 4)), (None, (128, 128, 8, 3)))
+FP8_CONFIGS = ((SPLIT_M_MAX, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
+# (config, split) candidates for decode-sized FP8 products, all bitwise equal (see the module docstring)
+DECODE_CANDIDATES = tuple(((64, bn, w, 3), split) for bn in (64, 128) for w in (4, 8) for split in (False, True))
 MM_CONFIGS = ((SPLIT_M_MAX, (64, 128, 4, 4)), (None, (128, 128, 8, 3)))
 Config = tuple[int, int, int, int]
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -133,8 +140,11 @@ def fp8_gemm(
     y = torch.empty((m, n), dtype=out_dtype, device=x_fp8.device)
     if m == 0:
         return y
-    block_m, block_n, warps, stages = config or pick_config(FP8_CONFIGS, m)
     chunks = triton.cdiv(k // FP8_BLOCK, CHUNK_BLOCKS)
+    if config is None and split is None and m <= SPLIT_M_MAX and x_fp8.is_cuda:
+        index = x_fp8.device.index if x_fp8.device.index is not None else torch.cuda.current_device()
+        config, split = decode_config(triton.next_power_of_2(m), n, k, out_dtype, bias is not None, index)
+    block_m, block_n, warps, stages = config or pick_config(FP8_CONFIGS, m)
     tiles = (n // block_n) * triton.cdiv(m, block_m)
     split = (m <= SPLIT_M_MAX and chunks > 1 and tiles < SPLIT_TILES_MAX) if split is None else split
     has_bias = bias is not None
@@ -154,6 +164,32 @@ def fp8_gemm(
                 out, y, bias_arg, m * n, n, chunks, HAS_BIAS=has_bias, BLOCK=block
             )
     return y
+
+
+@functools.cache
+def decode_config(m_bucket: int, n: int, k: int, out_dtype, has_bias: bool, device_index: int):
+    """The fastest (config, split) of DECODE_CANDIDATES for this shape, timed once on random operands inside a CUDA
+    graph with the weights cold in L2. Must not run inside a CUDA-graph capture (the rollout's eager warm-up calls
+    each shape first)."""
+    device = torch.device("cuda", device_index)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(m_bucket, k, device=device, generator=gen).to(torch.float8_e4m3fn)
+    xs = torch.rand(k // FP8_BLOCK, m_bucket, device=device, generator=gen).t()
+    copies = cold_copies(n * k, device)
+    ws = [torch.randn(n, k, device=device, generator=gen).to(torch.float8_e4m3fn) for _ in range(copies)]
+    wss = [torch.rand(n // FP8_BLOCK, k // FP8_BLOCK, device=device, generator=gen) for _ in range(copies)]
+    bias = torch.zeros(n, device=device, dtype=out_dtype) if has_bias else None
+    chunks = triton.cdiv(k // FP8_BLOCK, CHUNK_BLOCKS)
+    timings = {}
+    for config, split in DECODE_CANDIDATES:
+        if split and chunks == 1:
+            continue
+        calls = [
+            lambda w=w, s=s, c=config, sp=split: fp8_gemm(x, xs, w, s, out_dtype, bias, config=c, split=sp)
+            for w, s in zip(ws, wss)
+        ]
+        timings[(config, split)] = time_in_graph(calls)
+    return min(timings, key=timings.get)
 
 
 @triton.jit
