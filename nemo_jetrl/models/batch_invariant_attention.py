@@ -112,6 +112,19 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     return attention(q, k, v, key_valid, 0, sm_scale)
 
 
+def decoder_attention(q, k, v, key_valid, kv_cache, layer_idx: int, cache_start, sm_scale: float) -> torch.Tensor:
+    """`decoder_forward`'s attention in the exact mode: q [B, H, S, D] over the sequence itself (k/v [B, H_kv, S, D],
+    the trainer; differentiable) or over the cache after writing k/v at `cache_start` (the rollout; an FP8 cache is
+    read as stored). key_valid: [B, S_total] bool. Returns [B, H, S, D]."""
+    if kv_cache is None:
+        return causal_attention(q, k, v, key_valid, sm_scale)
+    kv_cache.write(layer_idx, k, v, cache_start)
+    k_scale, v_scale = kv_cache.layer_scales(layer_idx)
+    width = key_valid.shape[1]  # S_total columns the queries may see
+    k_buf, v_buf = kv_cache.k[layer_idx][:, :, :width], kv_cache.v[layer_idx][:, :, :width]  # [B, H_kv, S_total, D]
+    return attention(q, k_buf, v_buf, key_valid, cache_start, sm_scale, k_scale, v_scale)
+
+
 def _check(q, k_buf, v_buf, key_valid, k_scale, v_scale) -> None:
     bsz, heads, _, dim = q.shape
     if k_buf.dim() != 4 or k_buf.shape != v_buf.shape or k_buf.shape[0] != bsz or k_buf.shape[-1] != dim:

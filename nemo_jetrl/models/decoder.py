@@ -176,7 +176,9 @@ def _self_attention(
     if attn_hook is not None:
         q, k, v = attn_hook(layer_idx, q, k, v)
     if key_valid is not None:
-        out = _exact_attention(q, k, v, key_valid, kv_cache, layer_idx, cache_start, attn.scaling)  # [B, H, S, D]
+        out = batch_invariant_attention.decoder_attention(
+            q, k, v, key_valid, kv_cache, layer_idx, cache_start, attn.scaling
+        )  # [B, H, S, D]
     elif kv_cache is not None and kv_cache.uses_fused_decode(q):  # CUDA decode: attends over the stored cache
         out = kv_cache.decode_attention(layer_idx, q, k, v, cache_start, mask, attn.scaling)  # [B, H, 1, D]
     elif mask is None:
@@ -189,18 +191,6 @@ def _self_attention(
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # [B, H, S, D]
     out = out.transpose(1, 2).reshape(bsz, seq, -1)  # [B, S, H * D]
     return attn.o_proj(out)
-
-
-def _exact_attention(q, k, v, key_valid, kv_cache, layer_idx, cache_start, scale) -> torch.Tensor:
-    """The exact mode: q [B, H, S, D] over the sequence itself (trainer) or over the cache after writing k/v
-    [B, H_kv, S, D] at `cache_start` (rollout; FP8 caches are read as stored). Returns [B, H, S, D]."""
-    if kv_cache is None:
-        return batch_invariant_attention.causal_attention(q, k, v, key_valid, scale)
-    kv_cache.write(layer_idx, k, v, cache_start)
-    k_scale, v_scale = kv_cache.layer_scales(layer_idx)
-    width = key_valid.shape[1]  # S_total columns the queries may see
-    k_buf, v_buf = kv_cache.k[layer_idx][:, :, :width], kv_cache.v[layer_idx][:, :, :width]  # [B, H_kv, S_total, D]
-    return batch_invariant_attention.attention(q, k_buf, v_buf, key_valid, cache_start, scale, k_scale, v_scale)
 
 
 def _norm_args(norm: nn.Module | None) -> tuple[torch.Tensor | None, float]:

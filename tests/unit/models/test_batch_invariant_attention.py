@@ -14,7 +14,7 @@ from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
+    return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
 
 
 def _case(seq: int = 24):
@@ -93,7 +93,7 @@ CHILD = textwrap.dedent(
     from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 
     def rel(a, b):
-        return float((a.float() - b.float()).norm() / b.float().norm())
+        return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
 
     torch.manual_seed(0)
     B, H, HKV, D, S, P = 3, 4, 2, 32, 150, 40  # 150 keys: three 64-key blocks

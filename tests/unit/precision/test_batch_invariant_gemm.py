@@ -13,7 +13,7 @@ from nemo_jetrl.precision import batch_invariant as bi
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
+    return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
 
 
 def test_fp8_twin_row_alone_equals_row_in_batch_and_is_close_to_the_emulation():
@@ -83,7 +83,7 @@ CHILD = textwrap.dedent(
     from nemo_jetrl.precision.kernels import triton_batch_invariant as T
 
     def rel(a, b):
-        return float((a.float() - b.float()).norm() / b.float().norm())
+        return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
 
     torch.manual_seed(0)
     r = {}
