@@ -8,6 +8,8 @@ Each variant runs `--steps` GRPO steps on the same random-weight model (Qwen3-8B
 (`NativePolicy.get_logprobs`, the forward whose gradient is taken next) -> train (random advantages) -> refit.
 Mismatch is always rollout logprobs vs that trainer forward (never a replay of the rollout). Reported per variant:
 token_mult_prob_error, gen_kl_error, exact_token_fraction over all steps, and mean exp|d| per response-position bin.
+Modes: "fast" (the default kernels), "sdpa_decode" (SDPA instead of the fused decode attention), "exact"
+(`policy.generation.deterministic: true`: batch-invariant kernels in the rollout and the trainer).
 """
 
 from __future__ import annotations
@@ -37,21 +39,31 @@ from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
 
-# (label, preset, SDPA decode instead of the fused FP8 decode attention)
+# (label, preset, mode: fast | sdpa_decode | exact)
 VARIANTS = (
-    ("bf16", "bf16", False),
-    ("fp8 rollout only", "fp8_rollout_only", False),
-    ("unified fp8 (jetrl)", "jetrl", False),
-    ("unified fp8 + kv (jetrl_kv)", "jetrl_kv", False),
-    ("jetrl_kv, SDPA decode", "jetrl_kv", True),
+    ("bf16", "bf16", "fast"),
+    ("fp8 rollout only", "fp8_rollout_only", "fast"),
+    ("unified fp8 (jetrl)", "jetrl", "fast"),
+    ("unified fp8 + kv (jetrl_kv)", "jetrl_kv", "fast"),
+    ("jetrl_kv, SDPA decode", "jetrl_kv", "sdpa_decode"),
+    ("bf16, exact", "bf16", "exact"),
+    ("jetrl, exact", "jetrl", "exact"),
+    ("jetrl_kv, exact", "jetrl_kv", "exact"),
 )
 
 
-def run_variant(label: str, preset: str, sdpa_decode: bool, model, prompts, args, device) -> dict:
+def run_variant(label: str, preset: str, mode: str, model, prompts, args, device) -> dict:
     recipe = PrecisionRecipe.preset(preset)
-    cfg = policy_config(train_micro_batch_size=args.micro_batch, logprob_batch_size=args.micro_batch)
+    cfg = policy_config(
+        train_micro_batch_size=args.micro_batch,
+        logprob_batch_size=args.micro_batch,
+        generation={"deterministic": mode == "exact"},  # the exact mode: NativePolicy switches the model's kernels
+    )
     policy = NativePolicy(cfg, recipe, device, model=model)
-    engine = bootstrapped_engine(policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda", fused_decode=False if sdpa_decode else None)
+    engine = bootstrapped_engine(
+        policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda",
+        fused_decode=False if mode == "sdpa_decode" else None,
+    )  # fmt: skip
     train_lp, gen_lp, masks = [], [], []
     for seed in range(args.steps):
         out = engine.generate(prompts, generator=torch.Generator(device=device).manual_seed(seed))
@@ -71,7 +83,7 @@ def run_variant(label: str, preset: str, sdpa_decode: bool, model, prompts, args
             engine.update_weights(kv_scales=policy.kv_scales.kv)
     width = min(t.shape[1] for t in train_lp)
     train, gen, mask = (torch.cat([t[:, :width] for t in ts]) for ts in (train_lp, gen_lp, masks))  # [steps*B, R]
-    result = {"variant": label, "preset": preset, "sdpa_decode": sdpa_decode, **mismatch_metrics(train, gen, mask)}
+    result = {"variant": label, "preset": preset, "mode": mode, **mismatch_metrics(train, gen, mask)}
     result["by_position"] = by_position(train, gen, mask, args.bins)
     del policy, engine
     gc.collect()
@@ -146,11 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.variants or ()) - {v[0] for v in VARIANTS}
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; known: {[v[0] for v in VARIANTS]}")
-    for label, preset, sdpa in VARIANTS:  # a fresh copy of the same random weights per variant
+    for label, preset, mode in VARIANTS:  # a fresh copy of the same random weights per variant
         if args.variants and label not in args.variants:
             continue
         model = build_model(shape, args.layers, device, torch.bfloat16).train()
-        results.append(run_variant(label, preset, sdpa, model, prompts, args, device))
+        results.append(run_variant(label, preset, mode, model, prompts, args, device))
     title = (
         f"mismatch on {info['device']}: {shape_name} shape x {args.layers} layers, {args.prompts} sequences, "
         f"{args.prompt_len} -> {args.gen_len} tokens, {args.steps} steps, trainer micro-batch {args.micro_batch}"

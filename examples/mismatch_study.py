@@ -65,6 +65,7 @@ def run_grpo_variant(name: str, args) -> dict:
 def run_rollout_variant(name: str, args, device: torch.device) -> dict:
     """One rollout of 32 prompts x 8 and the trainer's scoring of it, without the config system."""
     from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+    from nemo_jetrl.models.batch_invariant import enable_batch_invariant
     from nemo_jetrl.models.decoder import sequence_logprobs
     from nemo_jetrl.models.loading import load_model_and_tokenizer
     from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
@@ -75,6 +76,8 @@ def run_rollout_variant(name: str, args, device: torch.device) -> dict:
     model, tok = load_model_and_tokenizer("tiny-arith", device=device)
     if recipe.any_fp8:
         convert_to_fp8(model, recipe)
+    if deterministic:  # the exact mode: batch-invariant kernels for rollout and trainer alike
+        enable_batch_invariant(model)
     rng = random.Random(0)
     prompts = [tok(f"{rng.randint(0, 99):02d}+{rng.randint(0, 99):02d}=")["input_ids"] for _ in range(32)]
     prompts = [p for p in prompts for _ in range(8)]
@@ -87,7 +90,6 @@ def run_rollout_variant(name: str, args, device: torch.device) -> dict:
         compute_dtype=bf16,
         kv_cache_dtype=kv,
         cuda_graphs=True,
-        fused_decode=False if deterministic else None,
     )
     scales = None
     if recipe.kv_fp8:  # as grpo.py bootstraps: a high-precision-cache rollout observed by the trainer
@@ -98,21 +100,18 @@ def run_rollout_variant(name: str, args, device: torch.device) -> dict:
         scales = calib.scales()
         engine.update_weights(kv_scales=scales.kv)
     out = engine.generate(prompts, generator=_gen(device, 2))
-    if deterministic:
-        logp = engine.score(out.input_ids, out.attention_mask, out.prompt_length)
-    else:
-        hook = make_attn_hook(None, scales if fake_quant else None)
-        mbs = args.logprob_batch_size
-        with torch.no_grad():
-            logp = torch.cat(
-                [
-                    sequence_logprobs(
-                        model, out.input_ids[i : i + mbs], out.attention_mask[i : i + mbs], compute_dtype=bf16,
-                        attn_hook=hook,
-                    )
-                    for i in range(0, len(out), mbs)
-                ]
-            )  # fmt: skip
+    hook = make_attn_hook(None, scales if fake_quant else None)
+    mbs = args.logprob_batch_size
+    with torch.no_grad():  # the trainer's forward in every variant (never a replay of the rollout)
+        logp = torch.cat(
+            [
+                sequence_logprobs(
+                    model, out.input_ids[i : i + mbs], out.attention_mask[i : i + mbs], compute_dtype=bf16,
+                    attn_hook=hook,
+                )
+                for i in range(0, len(out), mbs)
+            ]
+        )  # fmt: skip
     d = (logp - out.generation_logprobs)[out.response_mask.bool()].double()
     return {
         "token_mult_prob_error": [float(d.abs().exp().mean())],

@@ -63,7 +63,6 @@ def build_local_engine(
     engine = NativeGenerationEngine(
         policy.model,
         cuda_graphs=bool(gen["cuda_graphs"]),
-        fused_decode=False if gen["deterministic"] else None,  # SDPA decode: bitwise the trainer's math
         device=device,
         **common,
         **engine_budget_kwargs(gen),

@@ -31,7 +31,8 @@ class GenerationConfig(Section):
     top_p: Annotated[FiniteFloat, Field(gt=0, le=1)] = 1.0
     top_k: PositiveInt | None = None
     stop_token_ids: list[NonNegativeInt] | None = None  # null = the tokenizer's eos
-    deterministic: bool = False  # rollout logprobs == trainer logprobs bitwise (batch-invariant path)
+    # the exact mode: batch-invariant kernels in rollout AND trainer, rollout logprobs == trainer logprobs bitwise
+    deterministic: bool = False
     cuda_graphs: bool = True  # capture the decode step on CUDA
     # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
     max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for a free KV slot

@@ -18,6 +18,13 @@ KV cache and when no row has a pad before a real token, causal SDPA with no mask
 at 4K tokens; `sequence_logprobs` left-aligns the rows first). It rounds differently from the rollout's masked
 prefill / decode attention, so it gives up bit-exact trainer == rollout logprobs (docs/mismatch.md).
 
+Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model, so trainer and rollout agree):
+every query of every path (decode, prefill, training) goes through `batch_invariant_attention`, the linears run
+batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels on both sides (the rollout's `fused`,
+the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's RMSNorm
+then writes its output as the trainer's does (not pre-quantized): with FP32 activations the fused norm + FP8
+kernel's sum of squares rounds unlike the plain norm kernel's.
+
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
 """
@@ -33,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nemo_jetrl.models import batch_invariant_attention
+from nemo_jetrl.models.batch_invariant import is_batch_invariant, logsumexp_rows
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
@@ -136,11 +145,13 @@ def _self_attention(
     compute_dtype: torch.dtype | None,
     glue=None,
     grouped: bool = False,
+    key_valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One attention block over the layer's own projections; x: [B, S, hidden] (or its QuantizedInput) -> [B, S, hidden].
 
     glue: a fused-kernel module (`fused_ops`, `fused_train_ops`) or None (eager); grouped: one GEMM over the
-    shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows)."""
+    shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows);
+    key_valid [B, S_total] bool: the exact mode's batch-invariant attention (mask unused)."""
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
     bsz, seq = x.lead_shape if isinstance(x, QuantizedInput) else x.shape[:2]
     head_dim = attn.head_dim
@@ -164,7 +175,11 @@ def _self_attention(
     q, k, v = q.to(attn_dtype), k.to(attn_dtype), v.to(attn_dtype)
     if attn_hook is not None:
         q, k, v = attn_hook(layer_idx, q, k, v)
-    if kv_cache is not None and kv_cache.uses_fused_decode(q):  # CUDA decode: attends over the stored cache
+    if key_valid is not None:
+        out = batch_invariant_attention.decoder_attention(
+            q, k, v, key_valid, kv_cache, layer_idx, cache_start, attn.scaling
+        )  # [B, H, S, D]
+    elif kv_cache is not None and kv_cache.uses_fused_decode(q):  # CUDA decode: attends over the stored cache
         out = kv_cache.decode_attention(layer_idx, q, k, v, cache_start, mask, attn.scaling)  # [B, H, 1, D]
     elif mask is None:
         out = _causal_sdpa(q, k, v, attn.scaling, repeat_kv)  # [B, H, S, D]
@@ -257,23 +272,34 @@ def decoder_forward(
     if attention_mask.shape != (bsz, expected):
         raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
     backbone = _backbone(model)
+    exact = is_batch_invariant(model)
+    if exact and causal_attention:
+        raise ValueError("decoder_forward: causal_attention rounds unlike the rollout; the exact mode refuses it")
     with _compute_context(model, input_ids.device, compute_dtype):
         x = backbone.embed_tokens(input_ids)  # [B, S, H]
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
         causal = causal_attention and kv_cache is None and _right_padded(attention_mask)
-        mask = None if causal else _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
+        key_valid = attention_mask.bool() if exact else None  # [B, S_total]
+        mask = None if causal or exact else _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
         triton_ok = fused_ops is not None and fused_ops.fused_ops_supported(x)
+        if exact and x.is_cuda and triton_ok and not (fused or fused_train):
+            raise ValueError(
+                "decoder_forward: the exact mode on CUDA runs the per-row fused glue kernels on both sides "
+                "(fused=True for the rollout, fused_train=True for the trainer)"
+            )
         grouped = fused and triton_ok
+        norm_quant = grouped and not exact  # the norm kernel writes the next FP8 linears' input quantized
         glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if grouped else ()
+            qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if norm_quant else ()
             x, h = _add_norm(x, delta, layer.input_layernorm, glue, qkv)
             attn_out = _self_attention(
-                attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, glue, grouped
-            )
-            gate_up = (mlp.gate_proj, mlp.up_proj) if grouped and hasattr(mlp, "gate_proj") else ()
+                attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, glue, grouped,
+                key_valid,
+            )  # fmt: skip
+            gate_up = (mlp.gate_proj, mlp.up_proj) if norm_quant and hasattr(mlp, "gate_proj") else ()
             x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, glue, gate_up)
             delta = _mlp(mlp, h, glue, grouped)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
@@ -354,6 +380,7 @@ def _sequence_logprobs(
     hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
     targets = input_ids[:, 1:]  # [B, S-1]
     vocab = model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
+    logsumexp = logsumexp_rows if is_batch_invariant(model) else lambda t: torch.logsumexp(t, dim=-1)
     rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab))
     pieces = []
     for start in range(0, bsz, rows):
@@ -361,7 +388,7 @@ def _sequence_logprobs(
         if temperature != 1.0:
             logits = logits / temperature
         token_logit = logits.gather(-1, targets[start : start + rows, :, None]).squeeze(-1)  # [b, S-1]
-        pieces.append(token_logit - torch.logsumexp(logits, dim=-1))
+        pieces.append(token_logit - logsumexp(logits))
     logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
     valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # [B, S-1]
     logp = torch.where(valid, logp, torch.zeros_like(logp))

@@ -114,6 +114,35 @@ class PolicyConfig(Section):
                 "policy.fp8_cfg.train_kv_fake_quant: true requires policy.generation.kv_cache_dtype: fp8 "
                 f"(got '{self.generation.kv_cache_dtype}')"
             )
+        problems += self._exact_mode_problems()
         if problems:
             raise KeyedValueError("; ".join(problems))
         return self
+
+    def _exact_mode_problems(self) -> list[str]:
+        """What `policy.generation.deterministic: true` (batch-invariant kernels, trainer == rollout bitwise)
+        cannot honour."""
+        if not self.generation.deterministic:
+            return []
+        problems = []
+        if self.generation.precision != self.precision:
+            problems.append(
+                "policy.generation.deterministic: true needs one precision for trainer and rollout "
+                f"(policy.precision '{self.precision}', policy.generation.precision '{self.generation.precision}')"
+            )
+        if self.generation.kv_cache_dtype == "fp8" and not self.fp8_cfg.train_kv_fake_quant:
+            problems.append(
+                "policy.generation.deterministic: true with kv_cache_dtype fp8 needs "
+                "policy.fp8_cfg.train_kv_fake_quant: true (the trainer must read the K/V the cache held)"
+            )
+        if self.train_causal_attention:
+            problems.append(
+                "policy.generation.deterministic: true runs one attention for rollout and trainer: set "
+                "policy.train_causal_attention: false"
+            )
+        if not self.fused_train_kernels:
+            problems.append(
+                "policy.generation.deterministic: true runs the rollout's per-row fused glue kernels in the trainer "
+                "too: set policy.fused_train_kernels: true"
+            )
+        return problems

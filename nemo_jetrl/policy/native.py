@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from nemo_jetrl.models.batch_invariant import enable_batch_invariant
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
@@ -119,6 +120,13 @@ class NativePolicy(PolicyInterface):
         if init_reference_model:  # before the FP8 swap: the reference is the loaded model as is
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
+        if policy_cfg["generation"]["deterministic"]:  # the exact mode: batch-invariant kernels on both sides
+            if not recipe.unified:
+                raise ValueError(
+                    "policy.generation.deterministic: true needs the trainer and the rollout in one precision (and "
+                    "policy.fp8_cfg.train_kv_fake_quant with an FP8 KV cache)"
+                )
+            enable_batch_invariant(model)
         self.model = model.train()
         self.optimizer = build_optimizer(self.model.parameters(), policy_cfg["optimizer"])
         self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg["scheduler"])

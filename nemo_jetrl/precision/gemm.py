@@ -15,7 +15,8 @@ The emulation dequantizes the same FP8 bits with the same scales, multiplies in 
 chosen once per device by `gemm_backend(device)` (a probe checks scaled_mm's layouts against the emulation). On
 Hopper, products with at most `SMALL_M_MAX` rows (the rollout's decode batches) may go to a split-K Triton kernel
 (`kernels/triton_gemm.py`): each such shape is timed once against cuBLAS and the faster is kept (at M = 128 on an
-H200 the Triton kernel wins for q/k/v/o/down, cuBLAS for gate/up).
+H200 the Triton kernel wins for q/k/v/o/down, cuBLAS for gate/up). `backend="batch_invariant"` (the exact mode)
+takes `precision.batch_invariant.fp8_mm` for every M: one K order whatever the shape, twin included.
 """
 
 from __future__ import annotations
@@ -72,16 +73,24 @@ def fp8_blockwise_mm(
     bias: torch.Tensor | None = None,
     w_blocks: WBlocks = "128x128",
     block: int = 128,
-    backend: Literal["auto", "scaled_mm", "triton", "emulated"] = "auto",
+    backend: Literal["auto", "scaled_mm", "triton", "emulated", "batch_invariant"] = "auto",
     w_dequant: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y [M, N] = dequant(x_fp8, x_scale) @ dequant(w_fp8, w_scale)^T (+ bias), in `out_dtype`.
 
     `w_dequant` ([N, K] fp32, optional) is a cached `dequant(w_fp8, w_scale)` the emulation may reuse. backend
     "auto": on sm90, for <= SMALL_M_MAX rows with 128x128 weight tiles, the faster of the Triton kernel and
-    scaled_mm for the shape (timed once); scaled_mm for larger products; the emulation off sm90.
+    scaled_mm for the shape (timed once); scaled_mm for larger products; the emulation off sm90. "batch_invariant":
+    the exact mode's GEMM (Triton on CUDA, the block-exact float64 twin elsewhere; 128x128 weight tiles).
     """
     _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block)
+    if backend == "batch_invariant":
+        if w_blocks != "128x128" or block != 128:
+            raise ValueError("fp8_blockwise_mm: backend='batch_invariant' needs 128x128 weight tiles")
+        from nemo_jetrl.precision import batch_invariant
+
+        with no_autocast(x_fp8.device.type):
+            return batch_invariant.fp8_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias)
     if w_dequant is not None and (w_dequant.shape != w_fp8.shape or w_dequant.dtype != torch.float32):
         raise ValueError(
             f"fp8_blockwise_mm: w_dequant must be float32 {tuple(w_fp8.shape)}, got {w_dequant.dtype} "
@@ -91,7 +100,9 @@ def fp8_blockwise_mm(
     if backend == "scaled_mm" and caps is None:
         raise ValueError(f"fp8_blockwise_mm: backend='scaled_mm' is not available on {x_fp8.device}")
     if backend not in ("auto", "scaled_mm", "triton", "emulated"):
-        raise ValueError(f"fp8_blockwise_mm: backend must be auto|scaled_mm|triton|emulated, got {backend!r}")
+        raise ValueError(
+            f"fp8_blockwise_mm: backend must be auto|scaled_mm|triton|emulated|batch_invariant, got {backend!r}"
+        )
     if backend == "triton" or (backend == "auto" and _triton_fits(x_fp8, w_fp8, w_blocks, block, caps)):
         if backend == "triton" and not (w_blocks == "128x128" and block == 128 and x_fp8.device.type == "cuda"):
             raise ValueError("fp8_blockwise_mm: backend='triton' needs CUDA operands and 128x128 weight tiles")

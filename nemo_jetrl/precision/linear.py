@@ -1,7 +1,9 @@
 """`Fp8Linear`: FP32 master weight, FP8 FProp/DGrad/WGrad for training and an FP8 forward for the rollout.
 
 The trainer's forward and the rollout both run `fp8_linear_forward` on the same cached `QuantizedWeight` (one
-quantization per optimizer step), so for the same input the two sides compute the same bits.
+quantization per optimizer step), so for the same input the two sides compute the same bits. With
+`batch_invariant` set (the exact mode, `models.batch_invariant`) the forward GEMM is the batch-invariant one, so
+the bits also do not depend on how many rows share the product (decode, prefill, trainer micro-batch).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from nemo_jetrl.precision.recipe import PrecisionRecipe
 
 Mode = Literal["train", "rollout"]
 _MODES = ("train", "rollout")
+FpropBackend = Literal["auto", "batch_invariant"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,23 +121,33 @@ def fp8_linear_forward(
     bias: torch.Tensor | None,
     recipe: PrecisionRecipe,
     out_dtype: torch.dtype,
+    backend: FpropBackend = "auto",
 ) -> torch.Tensor:
     """Y [M, N] = Q(X) [M, K] (1x128 groups) @ Q(W)^T (128x128 tiles) + bias; the one FP8 forward of both sides."""
     with no_autocast(x2.device.type):
         x_fp8, x_scale = act_quant(x2, recipe.block_size, recipe.pow2_activation_scales)  # [M, K], [M, K/128]
-        return _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype)
+        return _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, backend)
 
 
 def quantized_input_forward(
-    x: QuantizedInput, qweight: QuantizedWeight, bias: torch.Tensor | None, out_features: int
+    x: QuantizedInput,
+    qweight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    out_features: int,
+    backend: FpropBackend = "auto",
 ) -> torch.Tensor:
     """The FP8 rollout forward on an already-quantized input: [*lead, K] -> [*lead, N]."""
     with torch.no_grad(), no_autocast(x.data.device.type):
-        y2 = _fprop_mm(x.data, x.scale, qweight, bias, x.out_dtype)  # [M, N]
+        y2 = _fprop_mm(x.data, x.scale, qweight, bias, x.out_dtype, backend)  # [M, N]
     return y2.reshape(*x.lead_shape, out_features)
 
 
-def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype) -> torch.Tensor:
+def fprop_backend(module: nn.Module) -> FpropBackend:
+    """The forward GEMM of an FP8 linear: "batch_invariant" in the exact mode, else "auto"."""
+    return "batch_invariant" if getattr(module, "batch_invariant", False) else "auto"
+
+
+def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype, backend: FpropBackend) -> torch.Tensor:
     return fp8_blockwise_mm(
         x_fp8,
         x_scale,
@@ -143,7 +156,8 @@ def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype) -> torc
         out_dtype,
         bias=bias,
         block=qweight.block,
-        w_dequant=qweight.dequantized(),
+        backend=backend,
+        w_dequant=qweight.dequantized() if backend == "auto" else None,
     )
 
 
@@ -155,7 +169,7 @@ class Fp8LinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, qweight: QuantizedWeight, recipe: PrecisionRecipe, out_dtype: torch.dtype):
+    def forward(ctx, x, weight, bias, qweight: QuantizedWeight, recipe: PrecisionRecipe, out_dtype, backend="auto"):
         # x: [..., K]; weight: [N, K] master (its values live in qweight); bias: [N] or None
         block, pow2 = recipe.block_size, recipe.pow2_activation_scales
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
@@ -167,7 +181,7 @@ class Fp8LinearFunction(torch.autograd.Function):
                 ctx.save_for_backward(xt_fp8, xt_scale)
             else:
                 x_fp8, x_scale = act_quant(x2, block, pow2)
-            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype)  # y2: [M, N]
+            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, backend)  # y2: [M, N]
         ctx.qweight, ctx.recipe = qweight, recipe
         ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -204,7 +218,7 @@ class Fp8LinearFunction(torch.autograd.Function):
             # grad_bias: plain FP32 reduction over tokens
             if ctx.bias_dtype is not None and need_db:
                 grad_b = dy2.float().sum(0).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 class Fp8Linear(nn.Module):
@@ -245,6 +259,7 @@ class Fp8Linear(nn.Module):
         # Row-parallel (tensor parallel): the training GEMM returns its partial sums in this dtype (fp32) so that
         # the TP all-reduce adds them before the one rounding to the output dtype. None: the output dtype.
         self.partial_dtype: torch.dtype | None = None
+        self.batch_invariant = False  # the exact mode's forward GEMM (`models.batch_invariant.enable_batch_invariant`)
 
     @classmethod
     def from_linear(
@@ -326,7 +341,8 @@ class Fp8Linear(nn.Module):
         if isinstance(x, QuantizedInput):
             if not self.fp8_rollout_active or x.data.shape[-1] != self.in_features:
                 raise ValueError("Fp8Linear: a QuantizedInput is only for FP8 rollout mode with matching in_features")
-            return quantized_input_forward(x, self.quantized_weight(), local_tensor(self.bias), self.out_features)
+            bias = local_tensor(self.bias)
+            return quantized_input_forward(x, self.quantized_weight(), bias, self.out_features, fprop_backend(self))
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8
@@ -337,13 +353,19 @@ class Fp8Linear(nn.Module):
         if self.mode == "rollout":
             with torch.no_grad():
                 bias = local_tensor(self.bias)
-                y2 = fp8_linear_forward(x.reshape(-1, self.in_features), qweight, bias, self.recipe, out_dtype)
+                x2 = x.reshape(-1, self.in_features)
+                y2 = fp8_linear_forward(x2, qweight, bias, self.recipe, out_dtype, fprop_backend(self))
             return y2.reshape(*x.shape[:-1], self.out_features)
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)
-        return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, self.partial_dtype or out_dtype)
+        out_dtype = self.partial_dtype or out_dtype
+        return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, fprop_backend(self))
 
     def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)
+        if self.batch_invariant:
+            from nemo_jetrl.precision import batch_invariant
+
+            return batch_invariant.linear(x, weight, bias)
         if torch.is_autocast_enabled(x.device.type):
             return F.linear(x, weight, bias)  # autocast casts, as for nn.Linear
         bias = bias.to(x.dtype) if bias is not None else None

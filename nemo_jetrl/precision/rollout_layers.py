@@ -18,6 +18,7 @@ from nemo_jetrl.precision.linear import (
     QuantizedInput,
     QuantizedWeight,
     fp8_linear_forward,
+    fprop_backend,
     output_dtype,
     quantized_input_forward,
 )
@@ -47,12 +48,14 @@ class Fp8RolloutLinear(nn.Module):
         self._qweight: QuantizedWeight | None = None
         self.weight_group: Fp8RolloutGroup | None = None
         self.partial_dtype: torch.dtype | None = None  # row-parallel: GEMM output dtype before the TP all-reduce
+        self.batch_invariant = False  # the exact mode's forward GEMM, as the trainer's Fp8Linear
 
     @classmethod
     def from_fp8_linear(cls, module: Fp8Linear) -> Fp8RolloutLinear:
         """Same shapes and recipe; starts on `module`'s current quantized weight."""
         bias = module.bias.detach() if module.bias is not None else None
         new = cls(module.in_features, module.out_features, module.recipe, bias)
+        new.batch_invariant = module.batch_invariant
         qweight = module.quantized_weight()
         new.weight_fp8 = new.weight_fp8.to(qweight.data.device)
         new.weight_scale = new.weight_scale.to(qweight.data.device)
@@ -83,12 +86,13 @@ class Fp8RolloutLinear(nn.Module):
         if isinstance(x, QuantizedInput):
             if self.partial_dtype is not None:
                 x = dataclasses.replace(x, out_dtype=self.partial_dtype)
-            return quantized_input_forward(x, self._qweight, self.bias, self.out_features)
+            return quantized_input_forward(x, self._qweight, self.bias, self.out_features, fprop_backend(self))
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8RolloutLinear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         with torch.no_grad():
             out_dtype = self.partial_dtype or output_dtype(x)
-            y2 = fp8_linear_forward(x.reshape(-1, self.in_features), self._qweight, self.bias, self.recipe, out_dtype)
+            x2 = x.reshape(-1, self.in_features)
+            y2 = fp8_linear_forward(x2, self._qweight, self.bias, self.recipe, out_dtype, fprop_backend(self))
         return y2.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -24,6 +24,7 @@ from nemo_jetrl.precision.linear import (
     Fp8Linear,
     QuantizedInput,
     QuantizedWeight,
+    fprop_backend,
     quantize_shared_input,
     quantized_input_forward,
 )
@@ -174,6 +175,7 @@ def project_shared_input(
     if grouped and isinstance(xin, QuantizedInput) and group is not None and group.members == linears:
         qweight = group.quantized_weight()
         if qweight is not None:
-            y = quantized_input_forward(xin, qweight, group.bias(), sum(group.splits))  # [*lead, sum N_i]
+            backend = fprop_backend(linears[0])  # the members share the exact-mode switch (`enable_batch_invariant`)
+            y = quantized_input_forward(xin, qweight, group.bias(), sum(group.splits), backend)  # [*lead, sum N_i]
             return list(y.split(group.splits, dim=-1))
     return [m(xin) for m in linears]

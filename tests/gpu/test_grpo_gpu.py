@@ -6,8 +6,9 @@ because the GPU box may lack omegaconf / rich (grpo.py's imports); `test_grpo_st
 driver's own `grpo_step` where they are installed.
 
 Exactness (docs/mismatch.md, H200): unified FP8 without FP8 KV gives token_mult_prob_error == 1.0000000 and 100%
-bitwise-equal tokens with the fused trainer kernels; deterministic mode (SDPA decode; prev_logprobs from the
-trainer's forward as always) must be exact with the FP8 KV cache + trainer fake-quant too. The fused FP8 decode attention with fake-quant is not exact
+bitwise-equal tokens with the fused trainer kernels; deterministic mode (the exact mode: batch-invariant kernels
+in rollout and trainer; prev_logprobs from the trainer's forward as always) must be exact with the FP8 KV cache +
+trainer fake-quant too, at any trainer micro-batch. The fused FP8 decode attention with fake-quant is not exact
 (1.006 measured), so that case only gets a bound.
 """
 
@@ -61,7 +62,6 @@ def parts(model, tokenizer, recipe: PrecisionRecipe, *, mbs: int, max_new_tokens
         compute_dtype=policy.compute_dtype,
         kv_cache_dtype=recipe.kv_cache_dtype,
         cuda_graphs=True,
-        fused_decode=False if deterministic else None,
         device=DEV,
     )
     return policy, engine
@@ -143,6 +143,25 @@ def test_tiny_deterministic_fp8_kv_is_exact(tiny):
         metrics, _ = step(policy, engine, prompts, seed)
         assert metrics["token_mult_prob_error"] == 1.0 and metrics["exact_fraction"] == 1.0, (seed, metrics)
         assert metrics["kv_k_scale_max"] > 0
+
+
+def test_small_qwen3_exact_mode_fp8_kv_is_exact_at_another_micro_batch():
+    """The exact mode at a GPU-shaped width: rollout of 32 rows (prefill + CUDA-graph decode), trainer micro-batches of
+    8 (logprobs and training), FP8 KV cache + fake-quant: every generated token's logprob bitwise equal, two steps."""
+    torch.manual_seed(0)
+    cfg = Qwen3Config(**SMALL_QWEN3)
+    cfg._attn_implementation = "sdpa"
+    with torch.device(DEV):
+        model = Qwen3ForCausalLM(cfg).float()
+    prompts = torch.randint(1, SMALL_QWEN3["vocab_size"], (32, 48), generator=torch.Generator().manual_seed(0))
+    recipe = PrecisionRecipe.preset("jetrl_kv")
+    policy, engine = parts(model, None, recipe, mbs=8, max_new_tokens=32, deterministic=True)
+    assert engine.batch_invariant and engine.fused_decode
+    bootstrap_kv(policy, engine, prompts.tolist())
+    for seed in (0, 1):
+        metrics, batch = step(policy, engine, prompts.tolist(), seed)
+        assert int(batch.response_mask.sum()) == 32 * 32
+        assert metrics["exact_fraction"] == 1.0 and metrics["token_mult_prob_error"] == 1.0, (seed, metrics)
 
 
 def test_small_qwen3_fp8_kv_step_with_the_fast_paths():

@@ -85,8 +85,9 @@ class ContinuousRollout:
         while True:
             live = self.running  # [B] rows whose token this step is real
             tokens, logprobs = sample(
-                self.logits, eng.sampling, greedy=greedy, keys=keys_all[self.requests], counters=self.counts
-            )  # [B] each
+                self.logits, eng.sampling, greedy=greedy, keys=keys_all[self.requests], counters=self.counts,
+                batch_invariant=eng.batch_invariant,
+            )  # [B] each  # fmt: skip
             rows = torch.where(live, self.requests, trash)  # finished / free rows write the trash row
             cols = torch.where(live, self.counts, 0)
             self.tokens_out.index_put_((rows, cols), tokens)

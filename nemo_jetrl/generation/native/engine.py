@@ -31,6 +31,7 @@ from nemo_jetrl.generation.native.decode_attention import triton_decode_availabl
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
 from nemo_jetrl.generation.native.scheduler import engine_kv_budget
+from nemo_jetrl.models.batch_invariant import is_batch_invariant
 from nemo_jetrl.models.decoder import AttnHook, compute_logits, decoder_forward, position_ids_from_mask
 from nemo_jetrl.precision import rollout_mode
 
@@ -56,7 +57,8 @@ class NativeGenerationEngine(GenerationInterface):
     what a CUDA graph captures; same math, last-bit differences in bf16).
     cuda_graphs: on a CUDA model, capture the (static) decode step in a CUDA graph; ignored on CPU.
     fused_decode: decode attention over the stored cache and the fused glue kernels of `decoder_forward` (Triton);
-    None = on for CUDA models with triton.
+    None = on for CUDA models with triton. A model in the exact mode (`models.batch_invariant`) takes the
+    batch-invariant attention and logprobs instead, and keeps the fused glue on CUDA (the trainer runs it too).
     sync_every: host check for "all rows finished" every N decode steps (None = 1 on CPU, 16 on CUDA).
 
     KV budget and continuous batching (`continuous.py`): max_num_seqs caps the sequences decoded at once;
@@ -122,6 +124,12 @@ class NativeGenerationEngine(GenerationInterface):
         if fused_decode and not (on_cuda and triton_decode_available()):
             raise ValueError("fused_decode=True needs a CUDA model and triton")
         self.fused_decode = (on_cuda and triton_decode_available()) if fused_decode is None else bool(fused_decode)
+        self.batch_invariant = is_batch_invariant(model)  # the exact mode: the trainer's kernels, row by row
+        if self.batch_invariant and on_cuda and not self.fused_decode:
+            raise ValueError(
+                "fused_decode=False with a model in the exact mode: its rollout runs the fused glue kernels the "
+                "trainer runs (leave fused_decode unset)"
+            )
         self.sync_every = int(sync_every) if sync_every is not None else (16 if on_cuda else 1)
         self.vocab_size = int(model.config.vocab_size)
         self.max_num_seqs = None if max_num_seqs is None else int(max_num_seqs)
@@ -378,11 +386,15 @@ class NativeGenerationEngine(GenerationInterface):
         for step in range(num_steps):
             col = prompt_len + step
             if forced is None:
-                tokens, token_logprobs_ = sample(logits, self.sampling, greedy=greedy, keys=keys, counters=step)  # [B]
+                tokens, token_logprobs_ = sample(
+                    logits, self.sampling, greedy=greedy, keys=keys, counters=step, batch_invariant=self.batch_invariant
+                )  # [B] each
                 active = ~finished & (lengths < limits)  # rows at their cap stop (truncated, not finished)
             else:
                 tokens, active = forced[0][:, col], forced[1][:, col].bool()
-                token_logprobs_ = token_logprobs(logits, tokens, self.sampling.temperature)
+                token_logprobs_ = token_logprobs(
+                    logits, tokens, self.sampling.temperature, batch_invariant=self.batch_invariant
+                )
             tokens = torch.where(active, tokens, pad)
             ids[:, col] = tokens
             mask[:, col] = active.long()

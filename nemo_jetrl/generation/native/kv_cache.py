@@ -170,6 +170,21 @@ class KVCache:
             k_buf, v_buf = k_buf[:, :, :end], v_buf[:, :, :end]
         return self._decode(k_buf, k_scale, k.dtype), self._decode(v_buf, v_scale, v.dtype)
 
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor) -> None:
+        """Store k, v [B, H_kv, S, D] at positions start..start+S-1 of `layer` (quantized for FP8), for an
+        attention that reads the stored buffers itself (the exact mode's). One token per row at a tensor `start`
+        on CUDA: one kernel for K and V (`write_decode_kv`, bitwise `_write`)."""
+        if isinstance(start, torch.Tensor) and k.shape[2] == 1 and self.k.is_cuda and triton_decode_available():
+            self._check_write(layer, k, v)
+            k_scale, v_scale = self._scales(layer)
+            write_decode_kv(self.k[layer], self.v[layer], k, v, start + 1, k_scale, v_scale)
+            return
+        self._write(layer, k, v, start)
+
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This layer's (k, v) dequantization scales (0-dim fp32) for an FP8 cache, (None, None) otherwise."""
+        return self._scales(layer)
+
     def uses_fused_decode(self, q: torch.Tensor) -> bool:
         """Whether `decode_attention` serves this query: fused decode on, one new token, bf16/fp32 math."""
         return self.fused_decode and q.shape[2] == 1 and q.dtype in (torch.bfloat16, torch.float32)

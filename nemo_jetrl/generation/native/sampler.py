@@ -94,11 +94,12 @@ def sample(
     generator: torch.Generator | None = None,
     keys: torch.Tensor | None = None,
     counters: torch.Tensor | int = 0,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens [B] long and their logprobs [B] float32 (unfiltered, see module doc) from logits [B, V].
 
     keys [B] int64: each row's stream (`sequence_keys`); counters: each row's draw index. Without keys, row i takes
-    stream i of the generator's seed (`seed_of`)."""
+    stream i of the generator's seed (`seed_of`). batch_invariant: the exact mode's logprob (`token_logprobs`)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     scaled = logits.float() / params.temperature  # [B, V]
@@ -111,13 +112,20 @@ def sample(
         cdf = probs.double().cumsum(dim=-1)  # [B, V]
         target = uniforms(keys, counters) * cdf[:, -1]  # [B] in [0, total)
         tokens = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
-    return tokens, token_logprobs(logits, tokens, params.temperature)
+    return tokens, token_logprobs(logits, tokens, params.temperature, batch_invariant=batch_invariant)
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, *, batch_invariant: bool = False
+) -> torch.Tensor:
     """[B] float32 log p(tokens) under softmax(logits [B, V] / temperature), full vocabulary.
 
     `logit - logsumexp(logits)`, the very formula (and op order) of the trainer's `sequence_logprobs`:
-    `log_softmax` rounds differently, which alone made every token differ in the last bit."""
+    `log_softmax` rounds differently, which alone made every token differ in the last bit. batch_invariant: the
+    log-sum-exp of the exact mode (`models.batch_invariant.logsumexp_rows`), as the trainer then takes it."""
+    if batch_invariant:
+        from nemo_jetrl.models.batch_invariant import token_logprobs as batch_invariant_logprobs
+
+        return batch_invariant_logprobs(logits, tokens, temperature)
     scaled = logits.float() / temperature  # [B, V]
     return scaled.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)

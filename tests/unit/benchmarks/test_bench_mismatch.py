@@ -1,5 +1,6 @@
 """benchmarks/bench_mismatch.py --quick on the CPU: every preset measured against the trainer's own forward, binned
-by response position, and the ordering that the Jet-RL argument rests on (rollout-only FP8 worst)."""
+by response position, the ordering that the Jet-RL argument rests on (rollout-only FP8 worst), and the exact mode
+(FP8 + FP8 KV) bitwise on-policy."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def results(tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path_factory.mktemp("bench") / "mismatch.json"
-    assert module.main(["--quick", "--out", str(out), "--plot", str(out.with_suffix(".png"))]) == 0
+    variants = [label for label, _, mode in module.VARIANTS if mode != "exact"] + ["jetrl_kv, exact"]
+    assert len(module.VARIANTS) == 8  # the other exact presets (bf16, jetrl) run in test_batch_invariant_mode.py
+    argv = ["--quick", "--out", str(out), "--plot", str(out.with_suffix(".png")), "--variants", *variants]
+    assert module.main(argv) == 0
     assert out.with_suffix(".png").stat().st_size > 10_000
     return {r["variant"]: r for r in json.loads(out.read_text())["results"]}
 
@@ -26,6 +30,7 @@ def results(tmp_path_factory):
 def test_every_variant_is_measured_on_every_generated_token(results):
     assert list(results) == [
         "bf16", "fp8 rollout only", "unified fp8 (jetrl)", "unified fp8 + kv (jetrl_kv)", "jetrl_kv, SDPA decode",
+        "jetrl_kv, exact",
     ]  # fmt: skip
     for r in results.values():
         assert r["num_valid_tokens"] == 2 * 8 * 8  # 2 steps x 8 sequences x 8 generated tokens
@@ -38,6 +43,9 @@ def test_rollout_only_fp8_mismatches_most_and_bf16_least(results):
     assert tmpe["fp8 rollout only"] > tmpe["unified fp8 (jetrl)"] > tmpe["bf16"]
     assert tmpe["bf16"] < 1.005 < 1.01 < tmpe["fp8 rollout only"]  # measured 1.0013 and 1.02
     assert results["fp8 rollout only"]["exact_token_fraction"] == 0.0
+    exact = results["jetrl_kv, exact"]
+    assert exact["exact_token_fraction"] == 1.0 and exact["token_mult_prob_error"] == 1.0 and exact["gen_kl_error"] == 0
+    assert results["unified fp8 + kv (jetrl_kv)"]["exact_token_fraction"] < 1.0  # the fast path is not, at this size
     # the bins partition the tokens: their mean error, weighted by tokens per bin (equal here), is the total
     for r in results.values():
         mean_bins = sum(b["token_mult_prob_error"] for b in r["by_position"]) / len(r["by_position"])

@@ -151,6 +151,22 @@ def test_train_kv_fake_quant_requires_kv_fp8(base_yaml):
     check(base_yaml, "policy.fp8_cfg.train_kv_fake_quant=true", "policy.generation.kv_cache_dtype=fp8")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["policy.precision=bf16", "policy.generation.precision=fp8"], "needs one precision for trainer and rollout"),
+        (["policy.generation.kv_cache_dtype=fp8"], "needs policy.fp8_cfg.train_kv_fake_quant: true"),
+        (["policy.train_causal_attention=true"], "set policy.train_causal_attention: false"),
+        (["policy.fused_train_kernels=false"], "set policy.fused_train_kernels: true"),
+    ],
+)
+def test_exact_mode_refuses_what_it_cannot_honour(base_yaml, overrides, expected):
+    message = error_of(base_yaml, "policy.generation.deterministic=true", *overrides)
+    assert message.startswith("policy.generation.deterministic: true") and expected in message
+    kv = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quant=true"]
+    assert check(base_yaml, "policy.generation.deterministic=true", *kv).policy.generation.deterministic
+
+
 def test_samples_must_split_into_whole_global_batches(base_yaml):
     assert check(base_yaml, "policy.train_global_batch_size=128").policy.train_global_batch_size == 128
     message = error_of(base_yaml, "policy.train_global_batch_size=96", "policy.train_micro_batch_size=32")

@@ -1,0 +1,112 @@
+"""Kernel timings of the exact mode against the fast path at Qwen3-8B shapes (GPU), and the tile configurations.
+
+    PYTHONPATH=. python3 benchmarks/bench_batch_invariant_kernels.py --out bi_kernels.json
+
+FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
+(prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
+default and alternative tiles; the lm_head (BF16, vocabulary 151936) vs cuBLAS; decode attention (64 rows, 384
+cached keys, FP8 cache) and prefill attention (64 x 256) vs the fast kernels. Medians of `triton.testing.do_bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import device_info, report  # noqa: E402
+
+from nemo_jetrl.generation.native.decode_attention import decode_attention  # noqa: E402
+from nemo_jetrl.models.batch_invariant_attention import attention  # noqa: E402
+from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant  # noqa: E402
+from nemo_jetrl.precision.kernels import triton_batch_invariant as T  # noqa: E402
+from nemo_jetrl.precision.kv import kv_quant  # noqa: E402
+
+FP8_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+ALT_CONFIGS = {64: [(64, 128, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4)], 4096: [(128, 256, 8, 3), (128, 128, 4, 4)]}
+
+
+def bench(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50))
+
+
+def gemm_rows(dev) -> list[dict]:
+    rows = []
+    for name, (n, k) in FP8_SHAPES.items():
+        w = torch.randn(n, k, device=dev) * 0.02
+        wq, ws = weight_quant(w)
+        for m in (64, 4096, 16384):
+            xq, xs = act_quant(torch.randn(m, k, device=dev))
+            ops = (xq, xs, wq, ws, torch.bfloat16)
+            fast = bench(lambda ops=ops: fp8_blockwise_mm(*ops))
+            row = {"variant": f"fp8 {name} M={m}", "fast_ms": fast}
+            row["exact_ms"] = bench(lambda ops=ops: T.fp8_gemm(*ops))
+            for cfg in ALT_CONFIGS.get(min(m, 4096), []):
+                row[f"exact{cfg}_ms"] = bench(lambda c=cfg, ops=ops: T.fp8_gemm(*ops, config=c))
+            row["exact_over_fast"] = row["exact_ms"] / fast
+            rows.append(row)
+            print(row, flush=True)
+    w = (torch.randn(151936, 4096, device=dev) * 0.02).bfloat16()
+    for m in (64, 4096):
+        x = torch.randn(m, 4096, device=dev).bfloat16()
+        fast = bench(lambda x=x: F.linear(x, w))
+        row = {"variant": f"lm_head M={m}", "fast_ms": fast, "exact_ms": bench(lambda x=x: T.mm(x, w))}
+        row["exact_over_fast"] = row["exact_ms"] / fast
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def attention_rows(dev) -> list[dict]:
+    bsz, heads, kv_heads, dim, ctx = 64, 32, 8, 128, 384
+    scale = dim**-0.5
+    ks, vs = torch.tensor(0.01, device=dev), torch.tensor(0.01, device=dev)
+    k = kv_quant(torch.randn(bsz, kv_heads, 512, dim, device=dev), ks)
+    v = kv_quant(torch.randn(bsz, kv_heads, 512, dim, device=dev), vs)
+    valid = torch.zeros(bsz, 512, dtype=torch.bool, device=dev)
+    valid[:, :ctx] = True
+    q = torch.randn(bsz, heads, 1, dim, device=dev).bfloat16()
+    kv_len = torch.tensor(ctx, device=dev)
+    fast = bench(lambda: decode_attention(q[:, :, 0], k, v, valid, kv_len, scale, ks, vs))
+    start = torch.tensor(ctx - 1, device=dev)
+    exact = bench(lambda: attention(q, k, v, valid, start, scale, ks, vs))
+    rows = [{"variant": "decode attention fp8 kv, 64 x 384", "fast_ms": fast, "exact_ms": exact}]
+    qp = torch.randn(bsz, heads, 256, dim, device=dev).bfloat16()
+    kp = torch.randn(bsz, kv_heads, 256, dim, device=dev).bfloat16()
+    vp = torch.randn(bsz, kv_heads, 256, dim, device=dev).bfloat16()
+    mask = torch.ones(256, 256, dtype=torch.bool, device=dev).tril()[None, None].expand(bsz, 1, 256, 256)
+    rep = heads // kv_heads
+    kr, vr = kp.repeat_interleave(rep, 1), vp.repeat_interleave(rep, 1)
+    fast = bench(lambda: F.scaled_dot_product_attention(qp, kr, vr, attn_mask=mask, scale=scale))
+    exact = bench(lambda: attention(qp, kp, vp, valid[:, :256], 0, scale))
+    rows.append({"variant": "prefill attention, 64 x 256 (fast: masked SDPA)", "fast_ms": fast, "exact_ms": exact})
+    for r in rows:
+        r["exact_over_fast"] = r["exact_ms"] / r["fast_ms"]
+        print(r, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_batch_invariant_kernels: needs a CUDA GPU", file=sys.stderr)
+        return 0
+    dev = torch.device("cuda")
+    info = device_info(dev)
+    rows = attention_rows(dev) + gemm_rows(dev)
+    title = f"exact-mode kernels vs the fast path on {info['device']} (ms, medians of triton.testing.do_bench)"
+    report(title, ["variant", "fast ms", "exact ms", "exact / fast"], ["variant", "fast_ms", "exact_ms", "exact_over_fast"],
+           rows, args=args, info=info, shape={}, n_layers=0)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Rollout speed of the exact mode against the fast path: same weights, same prompts, alternating timed rollouts.
+
+    PYTHONPATH=. python3 benchmarks/bench_exact_rollout.py --out exact_rollout.json      # GPU: Qwen3-8B shape
+    PYTHONPATH=. python3 benchmarks/bench_exact_rollout.py --quick                        # CPU smoke test
+
+Per preset (`jetrl`, `jetrl_kv`) two copies of one random-weight model: the fast path (cuBLAS / split-K Triton
+GEMMs, fused FP8 decode attention) and the exact mode (`enable_batch_invariant`: batch-invariant GEMMs, attention
+and log-softmax; what `policy.generation.deterministic: true` runs). The engine as GRPO runs it (prefill, CUDA-graph
+decode, device sampling, fixed lengths). Full rollouts and prefill-only rollouts alternate between the two
+(`common.alternating_timings`: warm-up, then >= 5 timed rounds, order flipped every round); reported: median and
+min-max seconds, and exact / fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report  # noqa: E402
+
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
+from nemo_jetrl.models.batch_invariant import enable_batch_invariant  # noqa: E402
+from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode  # noqa: E402
+from nemo_jetrl.precision.kv import QKVCalibrator  # noqa: E402
+
+
+@torch.no_grad()
+def kv_scales(model, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-layer (k, v) FP8 scales from one forward over `prompts` [B, S] (the trainer's calibration hook)."""
+    calib = QKVCalibrator(model.config.num_hidden_layers)
+    mask = torch.ones_like(prompts)
+    with rollout_mode(model):
+        decoder_forward(model, prompts, position_ids_from_mask(mask), mask, attn_hook=calib)
+    return calib.scales().kv
+
+
+def engines(preset: str, shape: dict, args, prompt_t: torch.Tensor, device) -> dict[str, NativeGenerationEngine]:
+    """{"fast": ..., "exact": ...} over two copies of the same random weights, converted to `preset`."""
+    recipe = PrecisionRecipe.preset(preset)
+    out, scales = {}, None
+    for mode in ("fast", "exact"):
+        model = build_model(shape, args.layers, device, torch.bfloat16)
+        convert_to_fp8(model, recipe)
+        if mode == "exact":
+            enable_batch_invariant(model)
+        engine = NativeGenerationEngine(
+            model, max_new_tokens=args.gen_len, stop_token_ids=[], pad_token_id=0, kv_cache_dtype=recipe.kv_cache_dtype,
+            cuda_graphs=device.type == "cuda",
+        )  # fmt: skip
+        if recipe.kv_fp8:  # one set of scales for both (calibrated on the fast copy: same weights)
+            scales = scales if scales is not None else kv_scales(model, prompt_t[: min(8, len(prompt_t))].to(device))
+            engine.update_weights(kv_scales=scales)
+        out[mode] = engine
+    return out
+
+
+def rollout(engine: NativeGenerationEngine, prompts: list[list[int]], device) -> None:
+    engine.generate(prompts, generator=torch.Generator(device=device).manual_seed(2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=16, help="decoder layers of the Qwen3-8B shape")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--gen-len", type=int, default=256)
+    p.add_argument("--presets", nargs="*", default=["jetrl", "jetrl_kv"])
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=5, help="timed rounds per variant")
+    p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument("--out", default=None, help="JSON path")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    if args.quick:
+        shape, shape_name, args.layers, args.batch, args.prompt_len, args.gen_len = TINY, "tiny", 2, 4, 8, 4
+        args.steps = 2
+    info = device_info(device)
+    gen = torch.Generator().manual_seed(0)
+    prompt_t = torch.randint(1, shape["vocab_size"], (args.batch, args.prompt_len), generator=gen)
+    prompts = prompt_t.tolist()
+    results = []
+    for preset in args.presets:
+        pair = engines(preset, shape, args, prompt_t, device)
+        variants = {}
+        for mode, engine in pair.items():
+            prefill_only = engine.replace(max_new_tokens=1)
+            variants[f"{preset} {mode}"] = lambda e=engine: rollout(e, prompts, device)
+            variants[f"{preset} {mode} prefill"] = lambda e=prefill_only: rollout(e, prompts, device)
+        timings = alternating_timings(variants, args.warmup, args.steps, device)
+        for name, t in timings.items():
+            base = timings[name.replace("exact", "fast")]["median_s"]
+            results.append({"variant": name, **t, "exact_over_fast": t["median_s"] / base})
+        del pair, variants
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for r in results:
+        r["min_max_s"] = f"{r['min_s']:.3f}-{r['max_s']:.3f}"
+    title = (
+        f"exact-mode rollout on {info['device']}: {shape_name} shape x {args.layers} layers, batch {args.batch}, "
+        f"{args.prompt_len} -> {args.gen_len} tokens, {args.steps} timed rounds (variants alternating)"
+    )
+    headers = ["variant", "median s", "min-max s", "exact / fast"]
+    keys = ["variant", "median_s", "min_max_s", "exact_over_fast"]
+    report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=args.layers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The exact mode's attention: one reduction over keys for decode (1 query), prefill and the trainer's forward.
+
+    attention(q [B, H, S_q, D], k_buf / v_buf [B, H_kv, S_k, D], key_valid [B, >= S_k], q_start, sm_scale,
+              k_scale=None, v_scale=None) -> [B, H, S_q, D]
+
+Query s of row b sits at cache column `q_start + s` (q_start: int, or an int64 tensor, 0-dim or [B]); it attends to
+the keys at columns <= its own whose `key_valid` is set (causal AND not padding). K/V may be stored as e4m3 with
+per-layer scales (the FP8 cache), read as `kv_dequant` reads them: equal to the trainer's fake-quantized K/V.
+
+On CUDA (`batch_invariant_kernels._attention_kernel`) a program takes 64 query rows (positions x the query heads of
+one KV head) and runs an online softmax over keys in blocks of 64 aligned to the row's first valid key, with one
+kernel configuration for every launch. A block a query may not see leaves its running max, sum and output bit for
+bit unchanged, so a query's result does not depend on how many other queries share its program or how far the
+loop runs: decode, prefill and training give the same bits for the same query. Elsewhere the twin runs
+(`attention_ref`): float64 scores and weights from elementwise products and innermost-dim sums (batch-invariant
+on CPU), rounded once. The trainer's forward (`causal_attention`) takes its gradient from SDPA recomputed over the
+same inputs (the forward bits are what must match the rollout; gradients need not).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nemo_jetrl.precision.kv import kv_dequant
+
+FP8 = torch.float8_e4m3fn
+REF_QUERY_CHUNK = 16  # queries per step of the float64 twin (bounds its [B, H, chunk, S_k, D] products)
+
+
+def attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    key_valid: torch.Tensor,
+    q_start: int | torch.Tensor,
+    sm_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Batch-invariant attention (module docstring); no autograd. Returns [B, H, S_q, D] in q.dtype."""
+    _check(q, k_buf, v_buf, key_valid, k_scale, v_scale)
+    if not q.is_cuda:
+        return attention_ref(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale, v_scale)
+    from nemo_jetrl.models import batch_invariant_kernels
+
+    start = q_start if isinstance(q_start, torch.Tensor) else torch.tensor(q_start, device=q.device)
+    if start.dtype != torch.int64 or start.shape not in ((), (q.shape[0],)):
+        raise ValueError(f"batch-invariant attention: q_start must be int64 of shape () or [B], got {start.shape}")
+    return batch_invariant_kernels.attention(q, k_buf, v_buf, key_valid, start, sm_scale, k_scale, v_scale)
+
+
+def attention_ref(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
+    """The float64 twin of `attention` (same arguments and result layout)."""
+    bsz, heads, s_q, _ = q.shape
+    s_k = k_buf.shape[2]
+    k, v = k_buf, v_buf
+    if k.dtype == FP8:
+        k, v = kv_dequant(k, k_scale, q.dtype), kv_dequant(v, v_scale, q.dtype)
+    n_rep = heads // k.shape[1]
+    k = k.to(q.dtype).double().repeat_interleave(n_rep, dim=1)  # [B, H, S_k, D]
+    vt = v.to(q.dtype).double().repeat_interleave(n_rep, dim=1).transpose(-1, -2)  # [B, H, D, S_k]
+    start = torch.as_tensor(q_start, device=q.device).reshape(-1, 1)  # [1 | B, 1]
+    k_col = torch.arange(s_k, device=q.device)
+    out = []
+    for lo in range(0, s_q, REF_QUERY_CHUNK):
+        qc = q[:, :, lo : lo + REF_QUERY_CHUNK].double()  # [B, H, c, D]
+        q_col = start + torch.arange(lo, lo + qc.shape[2], device=q.device)  # [1 | B, c]
+        allowed = key_valid[:, None, :s_k].bool() & (k_col <= q_col[..., None])  # [B, c, S_k]
+        scores = (qc[:, :, :, None, :] * k[:, :, None, :, :]).sum(-1) * sm_scale  # [B, H, c, S_k]
+        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+        top = scores.amax(-1, keepdim=True).nan_to_num(neginf=0.0)  # rows that may see no key: 0
+        weights = (scores - top).exp()  # [B, H, c, S_k]
+        num = (weights[:, :, :, None, :] * vt[:, :, None, :, :]).sum(-1)  # [B, H, c, D]
+        out.append(num / weights.sum(-1, keepdim=True).clamp_min(1e-300))
+    return torch.cat(out, dim=2).to(q.dtype)
+
+
+class _CausalAttention(torch.autograd.Function):
+    """Forward: `attention` over the sequence itself; backward: SDPA's gradient of the same masked attention."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_valid, sm_scale):
+        ctx.save_for_backward(q, k, v, key_valid)
+        ctx.sm_scale = sm_scale
+        return attention(q, k, v, key_valid, 0, sm_scale)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, key_valid = ctx.saved_tensors
+        seq, n_rep = q.shape[2], q.shape[1] // k.shape[1]
+        pos = torch.arange(seq, device=q.device)
+        # causal AND valid, and each query its own key (no fully masked row: the pad rows' grads stay finite)
+        mask = ((pos[None, :] <= pos[:, None]) & key_valid[:, None, :seq].bool()) | torch.eye(
+            seq, dtype=torch.bool, device=q.device
+        )  # [B, S, S]
+        with torch.enable_grad():
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            out = F.scaled_dot_product_attention(
+                qg, kg.repeat_interleave(n_rep, 1), vg.repeat_interleave(n_rep, 1), attn_mask=mask[:, None],
+                scale=ctx.sm_scale,
+            )  # fmt: skip
+            dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), d_out)
+        return dq, dk, dv, None, None
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, sm_scale: float):
+    """The trainer's forward: q [B, H, S, D], k/v [B, H_kv, S, D] of the sequence itself (no cache), key_valid
+    [B, S] -> [B, H, S, D]; differentiable."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _CausalAttention.apply(q, k, v, key_valid, sm_scale)
+    return attention(q, k, v, key_valid, 0, sm_scale)
+
+
+def decoder_attention(q, k, v, key_valid, kv_cache, layer_idx: int, cache_start, sm_scale: float) -> torch.Tensor:
+    """`decoder_forward`'s attention in the exact mode: q [B, H, S, D] over the sequence itself (k/v [B, H_kv, S, D],
+    the trainer; differentiable) or over the cache after writing k/v at `cache_start` (the rollout; an FP8 cache is
+    read as stored). key_valid: [B, S_total] bool. Returns [B, H, S, D]."""
+    if kv_cache is None:
+        return causal_attention(q, k, v, key_valid, sm_scale)
+    kv_cache.write(layer_idx, k, v, cache_start)
+    k_scale, v_scale = kv_cache.layer_scales(layer_idx)
+    width = key_valid.shape[1]  # S_total columns the queries may see
+    k_buf, v_buf = kv_cache.k[layer_idx][:, :, :width], kv_cache.v[layer_idx][:, :, :width]  # [B, H_kv, S_total, D]
+    return attention(q, k_buf, v_buf, key_valid, cache_start, sm_scale, k_scale, v_scale)
+
+
+def _check(q, k_buf, v_buf, key_valid, k_scale, v_scale) -> None:
+    bsz, heads, _, dim = q.shape
+    if k_buf.dim() != 4 or k_buf.shape != v_buf.shape or k_buf.shape[0] != bsz or k_buf.shape[-1] != dim:
+        raise ValueError(f"batch-invariant attention: q {tuple(q.shape)} does not fit k/v {tuple(k_buf.shape)}")
+    if heads % k_buf.shape[1] or dim & (dim - 1) or dim < 16:
+        raise ValueError(f"batch-invariant attention: heads {heads} / {k_buf.shape[1]}, head_dim {dim} (power of 2)")
+    if key_valid.dim() != 2 or key_valid.shape[0] != bsz or key_valid.shape[1] < k_buf.shape[2]:
+        raise ValueError(f"batch-invariant attention: key_valid must be [B, >= {k_buf.shape[2]}]")
+    if (k_buf.dtype == FP8) != (k_scale is not None and v_scale is not None):
+        raise ValueError("batch-invariant attention: an e4m3 cache needs k_scale and v_scale (and only it)")
+    if q.stride(-1) != 1 or k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1:
+        raise ValueError("batch-invariant attention: the head dim of q, k and v must be contiguous")

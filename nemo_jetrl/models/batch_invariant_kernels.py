@@ -1,0 +1,143 @@
+"""Triton kernels of the exact mode's attention and log-softmax (twins and contracts: `batch_invariant_attention.py`,
+`batch_invariant.py`). Imported on CUDA only (or under Triton's interpreter in tests)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nemo_jetrl.models.fused_ops import _TL_DTYPES, _round
+from nemo_jetrl.precision.kernels.triton_quant import _on_device
+
+# One configuration for every launch (decode, prefill, training): the reduction over keys must not change with it.
+ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program
+ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax
+ATTN_WARPS, ATTN_STAGES = 4, 2
+LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
+
+
+@triton.jit
+def _dot(a, b, DT: tl.constexpr):
+    if DT == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _load_kv(base, cols, in_range, stride_s, dims, scale, FP8: tl.constexpr, DT: tl.constexpr):
+    """[BLOCK_N, D] keys or values at cache columns `cols` in DT; an e4m3 cache is dequantized as `kv_dequant`
+    does (`(float32(q) * scale).to(DT)`), so it equals the trainer's fake-quantized K/V bit for bit."""
+    x = tl.load(base + cols.to(tl.int64)[:, None] * stride_s + dims[None, :], mask=in_range[:, None], other=0.0)
+    if FP8:
+        return _round(x.to(tl.float32) * scale, DT).to(DT)
+    return x.to(DT)
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, valid_ptr, start_ptr, ks_ptr, vs_ptr, out_ptr,
+    S_q, S_k, kv_heads, sm_scale,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos,
+    N_REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_FP8: tl.constexpr, DT: tl.constexpr,
+):  # fmt: skip
+    # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile row r: query s = r // N_REP of head hk * N_REP + r % N_REP.
+    # Keys are visited in blocks of BLOCK_N aligned to the row's first valid key column `lead`, up to the tile's
+    # last query; a block whose keys a row may not see leaves that row's state bit for bit unchanged.
+    pid_bh, pid_m = tl.program_id(0), tl.program_id(1)
+    b = pid_bh // kv_heads
+    hk = pid_bh % kv_heads
+    b64 = b.to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    s_idx = rows // N_REP
+    head = hk * N_REP + rows % N_REP
+    row_ok = s_idx < S_q
+    dims = tl.arange(0, D)
+    q_ptrs = q_ptr + b64 * sqb + head[:, None].to(tl.int64) * sqh + s_idx[:, None].to(tl.int64) * sqs + dims[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DT)  # q: [BM, D]
+    q0 = tl.load(start_ptr + b * sstart).to(tl.int32)  # cache column of query 0
+    qcol = q0 + s_idx  # [BM]
+    last_s = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // N_REP, S_q - 1)
+    hi = tl.minimum(q0 + last_s + 1, S_k)  # one past the tile's last query column
+    valid_row = valid_ptr + b64 * svalb
+    lead = hi
+    for c0 in range(0, hi, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        ok = tl.load(valid_row + cols, mask=cols < hi, other=0) != 0
+        lead = tl.minimum(lead, tl.min(tl.where(ok, cols, hi), axis=0))
+    k_scale = tl.load(ks_ptr)  # read by _load_kv only for an e4m3 cache
+    v_scale = tl.load(vs_ptr)
+    k_base = k_ptr + b64 * skb + hk * skh
+    v_base = v_ptr + b64 * svb + hk * svh
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start in range(lead, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        in_range = cols < hi
+        valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
+        k = _load_kv(k_base, cols, in_range, sks, dims, k_scale, KV_FP8, DT)  # [BN, D]
+        s = _dot(q, tl.trans(k), DT) * sm_scale  # [BM, BN]
+        allowed = valid[None, :] & (cols[None, :] <= qcol[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_new))
+        p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_kv(v_base, cols, in_range, svs, dims, v_scale, KV_FP8, DT)  # [BN, D]
+        acc = acc * alpha[:, None] + _dot(p.to(DT), v, DT)
+        m_i = m_new
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]  # a row that may see no key gives 0
+    o_ptrs = out_ptr + b64 * sob + head[:, None].to(tl.int64) * soh + s_idx[:, None].to(tl.int64) * sos + dims[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
+    """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]."""
+    bsz, heads, s_q, dim = q.shape
+    _, kv_heads, s_k, _ = k_buf.shape
+    is_fp8 = k_buf.dtype == torch.float8_e4m3fn
+    out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
+    n_rep = heads // kv_heads
+    grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, ATTN_BLOCK_M))
+    ones = q_start  # any pointer fills the scale slots of a high-precision cache (never read)
+    with _on_device(q):
+        _attention_kernel[grid](
+            q, k_buf, v_buf, key_valid, q_start, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones, out,
+            s_q, s_k, kv_heads, float(sm_scale),
+            *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
+            0 if q_start.dim() == 0 else q_start.stride(0), out.stride(0), out.stride(2), out.stride(1),
+            N_REP=n_rep, D=dim, BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
+            num_warps=ATTN_WARPS, num_stages=ATTN_STAGES,
+        )  # fmt: skip
+    return out.transpose(1, 2)  # [B, H, S_q, D]
+
+
+@triton.jit
+def _row_logsumexp_kernel(x_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr):
+    # one program per row: m = max (exact in any order), then sum of exp(x - m) per lane over BLOCK-wide steps in
+    # order, lanes summed once: log-sum-exp [R] fp32
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride_r
+    lanes = tl.arange(0, BLOCK)
+    mvec = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    for c0 in range(0, V, BLOCK):
+        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf"))
+        mvec = tl.maximum(mvec, x)
+    m = tl.max(mvec, axis=0)
+    svec = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in range(0, V, BLOCK):
+        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf"))
+        svec += tl.exp(x - m)
+    tl.store(out_ptr + row, m + tl.log(tl.sum(svec, axis=0)))
+
+
+def row_logsumexp(x2: torch.Tensor) -> torch.Tensor:
+    """x2 [R, V] fp32 (V contiguous) -> [R] fp32 log-sum-exp, one program per row."""
+    out = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
+    if x2.shape[0]:
+        with _on_device(x2):
+            _row_logsumexp_kernel[(x2.shape[0],)](x2, out, x2.shape[1], x2.stride(0), BLOCK=LSE_BLOCK, num_warps=8)
+    return out

@@ -1,0 +1,137 @@
+"""The exact mode's attention and log-sum-exp: the float64 twins give the same bits for a query in decode, prefill and
+training and stay close to SDPA / torch.logsumexp; the Triton kernels (interpreter, child process) agree with the
+twins and give decode == prefill == training bitwise over several key blocks, FP8 cache included."""
+
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nemo_jetrl.models.batch_invariant import logsumexp_ref, logsumexp_rows
+from nemo_jetrl.models.batch_invariant_attention import attention, causal_attention
+from nemo_jetrl.precision.kv import kv_dequant, kv_quant
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
+
+
+def _case(seq: int = 24):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, seq, 32).bfloat16(), torch.randn(3, 2, seq, 32).bfloat16(), torch.randn(3, 2, seq, 32)
+    valid = torch.ones(3, seq, dtype=torch.bool)
+    valid[0, :5], valid[1, :9], valid[2, seq - 3 :] = False, False, False  # left pads; a right pad
+    return q, k, v.bfloat16(), valid
+
+
+def _sdpa(q, k, v, valid, scale):
+    seq = q.shape[2]
+    mask = (torch.arange(seq)[None] <= torch.arange(seq)[:, None]) & valid[:, None]
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(
+        q.float(), k, v, attn_mask=mask[:, None] | torch.eye(seq, dtype=torch.bool), scale=scale
+    )
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16_cache", "fp8_cache"])
+def test_twin_decode_prefill_and_training_agree_bitwise(fp8):
+    q, k, v, valid = _case()
+    scale = 32**-0.5
+    scales = (torch.tensor(0.02), torch.tensor(0.015)) if fp8 else (None, None)
+    kc, vc = (kv_quant(k, scales[0]), kv_quant(v, scales[1])) if fp8 else (k, v)
+    kt, vt = (kv_dequant(kc, scales[0], k.dtype), kv_dequant(vc, scales[1], v.dtype)) if fp8 else (k, v)
+    train = attention(q, kt, vt, valid, 0, scale)  # [B, H, S, D]
+    real = valid[:, None, :, None].expand_as(q)
+    assert train.dtype == torch.bfloat16 and rel(train[real], _sdpa(q, kt, vt, valid, scale)[real]) < 5e-3
+    pre = attention(q[:, :, :12], kc[:, :, :12], vc[:, :, :12], valid[:, :12], 0, scale, *scales)
+    assert torch.equal(pre[real[:, :, :12]], train[:, :, :12][real[:, :, :12]])
+    for col in (12, 17, 23):
+        key_valid = valid.clone()
+        key_valid[:, col + 1 :] = False
+        out = attention(q[:, :, col : col + 1], kc, vc, key_valid, torch.tensor(col), scale, *scales)
+        rows = valid[:, col]
+        assert torch.equal(out[rows, :, 0], train[rows, :, col]), col
+    assert not attention(q[:1, :, :5], kt[:1], vt[:1], valid[:1], 0, scale).any()  # pad queries see no key: 0
+
+
+def test_causal_attention_gradient_is_sdpas():
+    q, k, v, valid = _case()
+    q, k, v = (t.float().requires_grad_() for t in (q, k, v))
+    out = causal_attention(q, k, v, valid, 0.2)
+    weight = valid[:, None, :, None].float()  # loss on real queries only, as the trainer's
+    (out * weight).square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    (_sdpa(q, k, v, valid, 0.2) * weight).square().sum().backward()
+    for got, t in zip(grads, (q, k, v)):
+        assert rel(got, t.grad) < 1e-5
+
+
+def test_logsumexp_twin_is_batch_invariant_close_and_differentiable():
+    torch.manual_seed(1)
+    x = (torch.randn(6, 9000) * 4).requires_grad_()
+    lse = logsumexp_rows(x)
+    assert torch.equal(logsumexp_rows(x[2:3])[0], lse[2])
+    assert rel(lse, torch.logsumexp(x.double(), -1)) < 1e-7
+    lse.sum().backward()
+    assert rel(x.grad, torch.softmax(x.detach().double(), -1)) < 1e-6
+    assert logsumexp_rows(x.detach().reshape(2, 3, 9000)).shape == (2, 3)
+    with pytest.raises(ValueError, match="float32"):
+        logsumexp_rows(x.detach().double())
+    assert torch.equal(logsumexp_ref(x.detach()), lse.detach())
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, torch
+    from nemo_jetrl.models import batch_invariant_kernels as K
+    from nemo_jetrl.models.batch_invariant import logsumexp_ref
+    from nemo_jetrl.models.batch_invariant_attention import attention_ref
+    from nemo_jetrl.precision.kv import kv_dequant, kv_quant
+
+    def rel(a, b):
+        return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
+
+    torch.manual_seed(0)
+    B, H, HKV, D, S, P = 3, 4, 2, 32, 150, 40  # 150 keys: three 64-key blocks
+    q, k, v = torch.randn(B, H, S, D), torch.randn(B, HKV, S, D), torch.randn(B, HKV, S, D)
+    valid = torch.ones(B, S, dtype=torch.bool)
+    valid[0, :7], valid[1, :70], valid[2, 145:] = False, False, False
+    zero = torch.zeros((), dtype=torch.long)
+    r = {"rel": [], "prefill": [], "decode": []}
+    for fp8 in (False, True):
+        sc = (torch.tensor(0.02), torch.tensor(0.015)) if fp8 else (None, None)
+        kc, vc = (kv_quant(k, sc[0]), kv_quant(v, sc[1])) if fp8 else (k, v)
+        kt, vt = (kv_dequant(kc, sc[0], torch.float32), kv_dequant(vc, sc[1], torch.float32)) if fp8 else (k, v)
+        train = K.attention(q, kt, vt, valid, zero, 0.125)
+        real = valid[:, None, :, None].expand_as(q)
+        r["rel"].append(rel(train[real], attention_ref(q, kt, vt, valid, 0, 0.125)[real]))
+        k_buf, v_buf = torch.zeros_like(kc), torch.zeros_like(vc)
+        k_buf[:, :, :P], v_buf[:, :, :P] = kc[:, :, :P], vc[:, :, :P]
+        pre = K.attention(q[:, :, :P], k_buf, v_buf, valid[:, :P], zero, 0.125, *sc)
+        r["prefill"].append(torch.equal(pre[real[:, :, :P]], train[:, :, :P][real[:, :, :P]]))
+        for t in (P, 64, 71, 128, 149):
+            k_buf[:, :, : t + 1], v_buf[:, :, : t + 1] = kc[:, :, : t + 1], vc[:, :, : t + 1]
+            key_valid = valid.clone()
+            key_valid[:, t + 1 :] = False
+            out = K.attention(q[:, :, t : t + 1], k_buf, v_buf, key_valid, torch.tensor(t), 0.125, *sc)
+            rows = valid[:, t]
+            per_row = K.attention(q[:, :, t : t + 1], k_buf, v_buf, key_valid, torch.full((B,), t), 0.125, *sc)
+            r["decode"].append(torch.equal(out[rows, :, 0], train[rows, :, t]) and torch.equal(per_row, out))
+    x = torch.randn(5, 10000) * 3
+    lse = K.row_logsumexp(x)
+    r["lse_rel"] = rel(lse, logsumexp_ref(x))
+    r["lse_row"] = torch.equal(K.row_logsumexp(x[2:3])[0], lse[2])
+    print(json.dumps(r))
+    """
+)
+
+
+def test_triton_attention_and_logsumexp_in_the_interpreter(run_interpreted):
+    pytest.importorskip("triton")
+    r = run_interpreted(CHILD)
+    assert all(r["prefill"]) and all(r["decode"]) and len(r["decode"]) == 10
+    assert max(r["rel"]) < 1e-6 and r["lse_rel"] < 1e-6 and r["lse_row"]

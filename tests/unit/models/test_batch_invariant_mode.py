@@ -1,0 +1,77 @@
+"""The exact mode on the tiny model (CPU twins): the switch, and the rollout's logprobs (prefill + decode of 6 rows)
+equal to the trainer's forward bitwise at every trainer micro-batch size, for BF16, unified FP8 and FP8 + KV."""
+
+import pytest
+import torch
+from torch import nn
+
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.models.batch_invariant import BatchInvariantLinear, enable_batch_invariant, is_batch_invariant
+from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook
+
+BF16 = torch.bfloat16
+
+
+def test_switch_covers_every_linear_and_keeps_the_parameters():
+    model = random_tiny_qwen3(0)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    head = model.lm_head.weight
+    fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    assert not is_batch_invariant(model)
+    assert enable_batch_invariant(model) == len(fp8) + 1  # the FP8 projections and the lm_head
+    assert is_batch_invariant(model) and all(m.batch_invariant for m in fp8)
+    assert isinstance(model.lm_head, BatchInvariantLinear) and model.lm_head.weight is head
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    with pytest.raises(ValueError, match="no linear layers"):
+        enable_batch_invariant(nn.Sequential(nn.ReLU()))
+    ids = torch.ones(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="exact mode refuses it"):
+        sequence_logprobs(model, ids, torch.ones_like(ids), causal_attention=True)
+
+
+def _rollout_and_trainer(preset: str):
+    model = random_tiny_qwen3(0)
+    recipe = PrecisionRecipe.preset(preset)
+    if recipe.any_fp8:
+        convert_to_fp8(model, recipe)
+    enable_batch_invariant(model)
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, 9, (6,), generator=gen).tolist()
+    prompts = [torch.randint(1, model.config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    engine = NativeGenerationEngine(
+        model, max_new_tokens=4, stop_token_ids=[], pad_token_id=0, compute_dtype=BF16,
+        kv_cache_dtype=recipe.kv_cache_dtype,
+    )  # fmt: skip
+    hook = None
+    if recipe.kv_fp8:  # scales from the trainer's calibration pass; the trainer fake-quantizes K/V with them
+        calib = QKVCalibrator(model.config.num_hidden_layers)
+        ids = torch.tensor([p[:3] for p in prompts])
+        with torch.no_grad():
+            sequence_logprobs(model, ids, torch.ones_like(ids), compute_dtype=BF16, attn_hook=calib)
+        scales = calib.scales()
+        engine.update_weights(kv_scales=scales.kv)
+        hook = make_attn_hook(None, scales)
+    out = engine.generate(prompts, generator=torch.Generator().manual_seed(1))
+    return model, out, hook
+
+
+@pytest.mark.parametrize("preset", ["bf16", "jetrl", "jetrl_kv"])
+def test_trainer_forward_equals_the_rollout_at_every_micro_batch(preset):
+    model, out, hook = _rollout_and_trainer(preset)
+    mask = out.response_mask.bool()
+    assert int(mask.sum()) == 6 * 4
+    for mbs in (1, 4, 6):  # rows scored alone, in uneven micro-batches, all at once
+        with torch.no_grad():
+            logp = torch.cat(
+                [
+                    sequence_logprobs(
+                        model, out.input_ids[i : i + mbs], out.attention_mask[i : i + mbs], compute_dtype=BF16,
+                        attn_hook=hook,
+                    )
+                    for i in range(0, len(out), mbs)
+                ]
+            )  # fmt: skip
+        assert torch.equal(logp[mask], out.generation_logprobs[mask]), (preset, mbs)
