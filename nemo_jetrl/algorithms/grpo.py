@@ -179,19 +179,14 @@ def validate(run: GrpoSetup, step: int) -> dict[str, float]:
     answers = [p.answer for p in problems]
     metrics = {}
     with rollout_phase(run.engine) as engine:
-        outs = {
-            name: engine.generate(
-                prompt_ids, greedy=greedy, generator=_step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
-            )
-            for name, greedy in (("accuracy", True), ("sampled_accuracy", False))
-        }
-    for name, out in outs.items():
-        greedy = name == "accuracy"
-        rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
-        metrics[name] = float((rewards > 0.5).float().mean())
-        env_metrics = _env_metrics(run.task)
-        if greedy:
-            metrics.update(env_metrics)
+        for name, greedy in (("accuracy", True), ("sampled_accuracy", False)):
+            gen = _step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
+            out = engine.generate(prompt_ids, greedy=greedy, generator=gen)
+            rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
+            metrics[name] = float((rewards > 0.5).float().mean())
+            env_metrics = _env_metrics(run.task)
+            if greedy:
+                metrics.update(env_metrics)
     return metrics
 
 

@@ -61,13 +61,6 @@ def seed_shards(prompt_ids: list[list[int]], num_shards: int, base_seed: int) ->
     return shards
 
 
-def micro_batch_ranges(num_rows: int, micro_batch_size: int) -> list[tuple[int, int]]:
-    """Row ranges of the single-process trainer's micro-batches: [0, mbs), [mbs, 2*mbs), ..."""
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    return [(s, min(s + micro_batch_size, num_rows)) for s in range(0, num_rows, micro_batch_size)]
-
-
 def assign_contiguous(items: Sequence, num_workers: int) -> list[list]:
     """Contiguous blocks of `items` per worker (sizes differ by at most one, earlier workers larger)."""
     return [list(items[lo:hi]) for lo, hi in split_evenly(len(items), num_workers)]

@@ -94,7 +94,7 @@ class RayPolicy(PolicyInterface):
         pieces = [logp for r in group_leaders(results, self.tp) if r is not None for logp in r]  # micro-batch order
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S]
         for part, logp in zip(parts, pieces, strict=True):
-            out[part.rows[:, None], torch.arange(out.shape[1])[part.cols]] = logp.float()
+            part.scatter(out, logp)
         return out
 
     def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
@@ -165,11 +165,7 @@ class RayPolicy(PolicyInterface):
         """Every worker quantizes its shards once; the rollout replicas all-gather FP8 bits + scales, and the KV
         scales of this step's calibration travel with them."""
         kv_metrics: dict[str, float] = {}
-        if (
-            self.recipe.kv_fp8
-            and self.kv_calibration_pass == "post_step"
-            and self._last_train_batch is not None
-        ):
+        if self.recipe.kv_fp8 and self.kv_calibration_pass == "post_step" and self._last_train_batch is not None:
             t0 = time.perf_counter()
             scales = self.calibrate_kv_scales(self._last_train_batch)
             kv_metrics = {"kv_calibration_s": time.perf_counter() - t0}

@@ -27,6 +27,10 @@ class MicroBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def scatter(self, into: torch.Tensor, values: torch.Tensor) -> None:
+        """Write this micro-batch's per-token `values` [b, w] back into the pass's [B, S] tensor `into`."""
+        into[self.rows, self.cols] = values.to(into.device, into.dtype)
+
 
 def fixed_micro_batches(num_rows: int, rows_per_micro_batch: int, width: int) -> list[MicroBatch]:
     """Contiguous chunks of `rows_per_micro_batch` rows over the full width (the last one may be shorter)."""
@@ -36,9 +40,7 @@ def fixed_micro_batches(num_rows: int, rows_per_micro_batch: int, width: int) ->
     ]
 
 
-def token_budget_micro_batches(
-    attention_mask: torch.Tensor, max_tokens: int, round_to: int = 1
-) -> list[MicroBatch]:
+def token_budget_micro_batches(attention_mask: torch.Tensor, max_tokens: int, round_to: int = 1) -> list[MicroBatch]:
     """Dynamic batching over `attention_mask` [B, S] (see module docstring). A row wider than the budget alone still
     forms its own micro-batch; an all-padding row joins the last micro-batch."""
     if max_tokens < 1 or round_to < 1:
@@ -79,9 +81,7 @@ def _rounded(n: int, round_to: int, width: int) -> int:
     return min(width, -(-max(n, 1) // round_to) * round_to)
 
 
-def plan_micro_batches(
-    attention_mask: torch.Tensor, policy_cfg: Mapping[str, Any], kind: str
-) -> list[MicroBatch]:
+def plan_micro_batches(attention_mask: torch.Tensor, policy_cfg: Mapping[str, Any], kind: str) -> list[MicroBatch]:
     """The micro-batches of one trainer pass over `attention_mask` [B, S]; `kind`: "train" (the training forward and
     backward) or "logprob" (no-grad logprob, reference and calibration forwards)."""
     if kind not in ("train", "logprob"):

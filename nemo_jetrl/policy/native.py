@@ -165,7 +165,7 @@ class NativePolicy(PolicyInterface):
                 attn_hook=attn_hook,
                 **self.kernels,
             )  # [b, w]
-            out[part.rows[:, None], torch.arange(out.shape[1])[part.cols]] = logp.float().cpu()
+            part.scatter(out, logp)
         return out
 
     def _kv_fused(self) -> bool:
@@ -251,12 +251,10 @@ class NativePolicy(PolicyInterface):
                 compute_dtype=self.compute_dtype,
                 attn_hook=self._attn_hook(calibrate=from_forward and self._kv_fused()),
                 **self.kernels,
-            )  # [b, S]
+            )  # [b, w]
             if from_forward:
                 mb.prev_logprobs = logp.detach().float()
-                batch.prev_logprobs[part.rows[:, None], torch.arange(batch.input_ids.shape[1])[part.cols]] = (
-                    mb.prev_logprobs.cpu()
-                )
+                part.scatter(batch.prev_logprobs, mb.prev_logprobs)
                 valid = mb.response_mask.bool()
                 bad = int((~torch.isfinite(mb.prev_logprobs[valid])).sum())
                 if bad:

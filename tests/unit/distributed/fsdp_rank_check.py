@@ -16,10 +16,11 @@ import torch.distributed as dist
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.distributed import weight_sync
-from nemo_jetrl.distributed.data_split import assign_contiguous, micro_batch_ranges
+from nemo_jetrl.distributed.data_split import assign_contiguous
 from nemo_jetrl.distributed.fsdp import shard_policy
 from nemo_jetrl.distributed.weight_sync import Fp8Refit
 from nemo_jetrl.distributed.worker import PolicyWorker
+from nemo_jetrl.policy.micro_batches import fixed_micro_batches
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
 from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear, build_rollout_replica
 
@@ -86,14 +87,15 @@ def main(reference_path: str, out_dir: str) -> None:
     batch = ref["batch"]  # prev_logprobs unset
     policy_cfg = ref["cfg"]["policy"]
     # logprob chunks cut as the single process cuts them: rank 0 runs two, rank 1 one + a dummy forward
-    blocks = assign_contiguous(micro_batch_ranges(len(batch), policy_cfg["logprob_batch_size"]), world)
-    chunks = [batch.select(slice(a, b)) for a, b in blocks[rank]]
+    width = batch.input_ids.shape[1]
+    blocks = assign_contiguous(fixed_micro_batches(len(batch), policy_cfg["logprob_batch_size"], width), world)
+    chunks = [batch.window(p.rows, p.cols) for p in blocks[rank]]
     dummy = batch.select(slice(0, 1))
     result["logprobs"] = torch.cat(worker.logprobs(chunks, 2, dummy))
 
     batch.prev_logprobs = ref["logprobs"]
-    blocks = assign_contiguous(micro_batch_ranges(len(batch), policy_cfg["train_micro_batch_size"]), world)
-    micro = [batch.select(slice(a, b)) for a, b in blocks[rank]]  # 3 micro-batches: rank 1 runs 1 + a dummy
+    blocks = assign_contiguous(fixed_micro_batches(len(batch), policy_cfg["train_micro_batch_size"], width), world)
+    micro = [batch.window(p.rows, p.cols) for p in blocks[rank]]  # 3 micro-batches: rank 1 runs 1 + a dummy
     loss_fn = ClippedPGLossFn(ref["cfg"]["loss_fn"])
     result["train"] = worker.train(micro, 2, ref["normalizer"], batch.select(slice(0, 1)), loss_fn)
     result["refit"] = worker.refit()

@@ -9,12 +9,12 @@ from nemo_jetrl.distributed.data_split import (
     ShardedGeneration,
     assign_contiguous,
     merge_generation_outputs,
-    micro_batch_ranges,
     seed_shards,
     shard_seed,
     split_evenly,
 )
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.policy.micro_batches import fixed_micro_batches
 
 
 def test_split_evenly_sizes_and_order():
@@ -44,10 +44,14 @@ def test_seed_shards_are_contiguous_and_drop_empty():
 
 
 def test_micro_batches_match_single_process_cut_and_go_contiguously_to_workers():
-    ranges = micro_batch_ranges(136, 64)
-    assert ranges == [(0, 64), (64, 128), (128, 136)]
-    assert assign_contiguous(ranges, 2) == [[(0, 64), (64, 128)], [(128, 136)]]
-    assert assign_contiguous(ranges[:1], 2) == [[(0, 64)], []]  # the second worker runs a dummy step
+    def spans(parts):
+        return [(int(p.rows[0]), int(p.rows[-1]) + 1) for p in parts]
+
+    parts = fixed_micro_batches(136, 64, 10)
+    assert spans(parts) == [(0, 64), (64, 128), (128, 136)]
+    assert all(torch.equal(p.rows, torch.arange(*s)) for p, s in zip(parts, spans(parts)))  # contiguous rows
+    assert [spans(b) for b in assign_contiguous(parts, 2)] == [[(0, 64), (64, 128)], [(128, 136)]]
+    assert [spans(b) for b in assign_contiguous(parts[:1], 2)] == [[(0, 64)], []]  # the second runs a dummy step
 
 
 def _out(ids: list[list[int]], prompt_len: int, pad: int = 0) -> GenerationOutput:
