@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.models import batch_invariant_attention
-from nemo_jetrl.models.batch_invariant import is_batch_invariant, logsumexp_rows
+from nemo_jetrl.models.batch_invariant import is_batch_invariant
+from nemo_jetrl.models.logprobs import token_logprobs
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
@@ -305,11 +306,14 @@ def decoder_forward(
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
 
 
-def compute_logits(model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """lm_head over hidden [B, S, H] -> float32 logits [B, S, V] (lm_head runs in `compute_dtype` when given)."""
+def compute_logits(
+    model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None, upcast: bool = True
+) -> torch.Tensor:
+    """lm_head over hidden [B, S, H] -> logits [B, S, V] (lm_head runs in `compute_dtype` when given), float32
+    unless `upcast=False` (then in lm_head's output dtype: the fused logprob reads bf16 logits in place)."""
     with _compute_context(model, hidden.device, compute_dtype):
         logits = model.lm_head(hidden)
-    return logits.float()
+    return logits.float() if upcast else logits
 
 
 def sequence_logprobs(
@@ -380,15 +384,13 @@ def _sequence_logprobs(
     hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
     targets = input_ids[:, 1:]  # [B, S-1]
     vocab = model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
-    logsumexp = logsumexp_rows if is_batch_invariant(model) else lambda t: torch.logsumexp(t, dim=-1)
+    exact = is_batch_invariant(model)
     rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab))
     pieces = []
     for start in range(0, bsz, rows):
-        logits = compute_logits(model, hidden[start : start + rows], compute_dtype=compute_dtype)  # [b, S-1, V]
-        if temperature != 1.0:
-            logits = logits / temperature
-        token_logit = logits.gather(-1, targets[start : start + rows, :, None]).squeeze(-1)  # [b, S-1]
-        pieces.append(token_logit - logsumexp(logits))
+        logits = compute_logits(model, hidden[start : start + rows], compute_dtype=compute_dtype, upcast=False)
+        # logits [b, S-1, V] in lm_head's dtype; the fused path (CUDA) never makes a float32 copy
+        pieces.append(token_logprobs(logits, targets[start : start + rows], temperature, batch_invariant=exact))
     logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
     valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # [B, S-1]
     logp = torch.where(valid, logp, torch.zeros_like(logp))

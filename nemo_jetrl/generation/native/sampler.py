@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nemo_jetrl.models.logprobs import token_logprobs
+
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64 constants as signed int64 (torch has no uint64 arithmetic)
 _MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MUL2 = 0x94D049BB133111EB - (1 << 64)
@@ -113,19 +115,3 @@ def sample(
         target = uniforms(keys, counters) * cdf[:, -1]  # [B] in [0, total)
         tokens = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
     return tokens, token_logprobs(logits, tokens, params.temperature, batch_invariant=batch_invariant)
-
-
-def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, *, batch_invariant: bool = False
-) -> torch.Tensor:
-    """[B] float32 log p(tokens) under softmax(logits [B, V] / temperature), full vocabulary.
-
-    `logit - logsumexp(logits)`, the very formula (and op order) of the trainer's `sequence_logprobs`:
-    `log_softmax` rounds differently, which alone made every token differ in the last bit. batch_invariant: the
-    log-sum-exp of the exact mode (`models.batch_invariant.logsumexp_rows`), as the trainer then takes it."""
-    if batch_invariant:
-        from nemo_jetrl.models.batch_invariant import token_logprobs as batch_invariant_logprobs
-
-        return batch_invariant_logprobs(logits, tokens, temperature)
-    scaled = logits.float() / temperature  # [B, V]
-    return scaled.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
