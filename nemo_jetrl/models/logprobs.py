@@ -46,7 +46,8 @@ def token_logprobs(
         flat = logits.reshape(-1, logits.shape[-1])  # [T, V]
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
-        return _FusedTokenLogprobs.apply(flat, tokens.reshape(-1), float(temperature)).reshape(tokens.shape)
+        ids = tokens.reshape(-1).contiguous()  # [T] (a column of [B, S] ids is strided: the kernel reads ids[t] at t)
+        return _FusedTokenLogprobs.apply(flat, ids, float(temperature)).reshape(tokens.shape)
     return token_logprobs_twin(logits, tokens, temperature)
 
 

@@ -22,6 +22,8 @@ for dtype, temp in ((torch.bfloat16, 1.0), (torch.bfloat16, 0.7), (torch.float32
     fused = token_logprobs(x, tokens, temp, fused=True)
     ref64 = (logits.double() / temp).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
     alone = token_logprobs(logits[3:4], tokens[3:4], temp, fused=True)
+    strided = torch.stack([tokens, tokens + 1], 1)[:, 0]  # a column of [T, 2]: ids with stride 2
+    strided_equal = torch.equal(token_logprobs(logits, strided, temp, fused=True), fused.detach())
     g = torch.linspace(-1.0, 2.0, 6)
     (fused * g).sum().backward()
     y = logits.detach().clone().requires_grad_(True)
@@ -30,6 +32,7 @@ for dtype, temp in ((torch.bfloat16, 1.0), (torch.bfloat16, 0.7), (torch.float32
     out[key] = {
         "fwd_err": float((fused.double() - ref64).abs().max()),
         "alone_equal": bool(torch.equal(alone[0], fused[3])),
+        "strided_equal": strided_equal,
         "grad_dtype": str(x.grad.dtype),
         "grad_err": float((x.grad.float() - y.grad.float()).abs().max()),
         "grad_scale": float(y.grad.float().abs().max()),
@@ -44,6 +47,7 @@ def test_fused_kernels_in_the_interpreter(run_interpreted):
     for key, r in res.items():
         assert r["fwd_err"] < 1e-5, (key, r)  # measured <= 1.5e-6: float32 sums over 9000 entries
         assert r["alone_equal"], key  # one row alone == the same row inside the batch, bitwise
+        assert r["strided_equal"], key  # strided token ids (a column of the rollout's [B, S] ids) read right
         assert r["grad_dtype"] == ("torch.bfloat16" if key.startswith("bfloat16") else "torch.float32")
         # the twin's gradient is computed in float32 then rounded to the logits' dtype: one bf16 ulp of the largest
         bound = 2**-7 * r["grad_scale"] if key.startswith("bfloat16") else 1e-6 * max(1.0, r["grad_scale"])
