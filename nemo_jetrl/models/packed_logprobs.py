@@ -42,6 +42,7 @@ def packed_sequence_logprobs(
         target_logprobs(model, hidden[lo : lo + step], ids[0, lo + 1 : lo + 1 + step], temperature, compute_dtype)
         for lo in range(0, hidden.shape[0], step)
     ]  # [n] each
-    logp = packing.unpack(F.pad(torch.cat(pieces), (1, 0))[None])  # [B, S]: each token's logp from its predecessor
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, device=hidden.device)  # [T-1]
+    logp = packing.unpack(F.pad(flat, (1, 0))[None])  # [B, S]: each token's logp from its predecessor
     valid = real[:, 1:] & real[:, :-1]  # [B, S-1]: the padded path's (a row's first real token has no context)
     return F.pad(torch.where(valid, logp[:, 1:], torch.zeros_like(logp[:, 1:])), (1, 0))  # [B, S]

@@ -96,6 +96,15 @@ def test_packed_fp8_is_as_accurate_as_padded_fp8_against_fp64():
     assert 0 < err_padded and err_packed <= 1.05 * err_padded, (err_packed, err_padded)  # measured 0.2110 / 0.2111
 
 
+@pytest.mark.parametrize("pack_round", [1, 4])
+def test_a_micro_batch_of_padding_only_gives_zeros(pack_round):
+    mask = torch.zeros(3, 5, dtype=torch.long)
+    packing = PackedRows.from_mask(mask, pack_round)  # one segment of rounding slots
+    assert packing.cu_seqlens.tolist() == [0, pack_round] and packing.width == pack_round
+    logp = sequence_logprobs(random_tiny_qwen3(0, num_layers=1), torch.ones_like(mask), mask, pack_round=pack_round)
+    assert torch.equal(logp, torch.zeros(3, 5))
+
+
 def test_decoder_forward_refuses_packing_it_cannot_honour():
     ids, mask, _ = _case()
     packing = PackedRows.from_mask(mask)
