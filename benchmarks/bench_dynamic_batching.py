@@ -1,4 +1,5 @@
-"""Trainer passes over long-tailed responses: fixed micro-batches vs dynamic batching (`policy.dynamic_batching`).
+"""Trainer passes over long-tailed responses: fixed micro-batches vs dynamic batching (`policy.dynamic_batching`) vs
+sequence packing (`policy.sequence_packing`), per precision preset.
 
     PYTHONPATH=. python3 benchmarks/bench_dynamic_batching.py --layers 8 --out dyn.json     # GPU: Qwen3-8B shape
     PYTHONPATH=. python3 benchmarks/bench_dynamic_batching.py --quick                       # CPU smoke test
@@ -6,10 +7,12 @@
 A GRPO-shaped batch: `--batch` sequences of a `--prompt-len` prompt (left-padded layout) and a response whose length
 is drawn from `--length-dist` (mean `--mean-len`, capped at `--max-len`, the rollout queue benchmark's draw), so the
 batch is `--prompt-len + --max-len` wide. One step = the logprob pass (prev_logprobs) + one optimizer step + the FP8
-re-quantization. Variants on ONE resident policy (`--preset`), its config switched between steps, alternating
-(fixed, dynamic, then dynamic, fixed, ...): `fixed` cuts `--micro-batch` rows at the full width, `dynamic` cuts
-length-sorted micro-batches of at most `--micro-batch x width` tokens, each trimmed to its rows' columns. Reports
-real-token throughput, the share of computed columns that hold a real token, and how many micro-batches ran.
+re-quantization. Per preset (`--presets`, one after the other in this process), the variants run on ONE resident
+policy, its config switched between steps, alternating (fixed, dynamic, packed, then packed, dynamic, fixed, ...):
+`fixed` cuts `--micro-batch` rows at the full width, `dynamic` cuts length-sorted micro-batches of at most
+`--micro-batch x width` tokens, each trimmed to its rows' columns, `packed` bins sequences of at most as many real
+tokens into one packed row each (varlen attention). Reports real-token throughput, the share of computed positions
+that hold a real token, how many micro-batches ran and the step's peak memory.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from common import (  # noqa: E402
 
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.micro_batches import plan_micro_batches  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
+from nemo_jetrl.policy.native import NativePolicy, trainer_kernels  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
 
 
@@ -52,9 +55,21 @@ def long_tailed_batch(lengths: list[int], prompt_len: int, max_len: int, vocab: 
     return TrainBatch(ids, attention, response, torch.randn(b, generator=gen), logp)
 
 
-def step_fn(policy: NativePolicy, batch: TrainBatch, dynamic: bool):
+VARIANTS = ("fixed", "dynamic", "packed")
+
+
+def switch(policy_cfg: dict, variant: str) -> dict:
+    """`policy_cfg` with dynamic batching / sequence packing switched on for `variant` (both off for fixed)."""
+    dyn = {**policy_cfg["dynamic_batching"], "enabled": variant == "dynamic"}
+    pack = {**policy_cfg["sequence_packing"], "enabled": variant == "packed"}
+    return {**policy_cfg, "dynamic_batching": dyn, "sequence_packing": pack}
+
+
+def step_fn(policy: NativePolicy, batch: TrainBatch, variant: str):
+    cfg = switch(policy.cfg, variant)
+
     def step():
-        policy.cfg["dynamic_batching"]["enabled"] = dynamic
+        policy.cfg, policy.kernels = cfg, trainer_kernels(cfg)
         batch.prev_logprobs = policy.get_logprobs(batch)
         policy.train(batch, LOSS)
         return policy.prepare_refit()
@@ -62,18 +77,22 @@ def step_fn(policy: NativePolicy, batch: TrainBatch, dynamic: bool):
     return step
 
 
-def occupancy(policy_cfg: dict, batch: TrainBatch, dynamic: bool) -> tuple[float, int]:
+def occupancy(policy_cfg: dict, batch: TrainBatch, variant: str) -> tuple[float, int]:
     """(real tokens / computed positions, micro-batches) of the training pass."""
-    cfg = {**policy_cfg, "dynamic_batching": {**policy_cfg["dynamic_batching"], "enabled": dynamic}}
+    cfg = switch(policy_cfg, variant)
     parts = plan_micro_batches(batch.attention_mask, cfg, "train")
-    computed = sum(len(p) * (p.cols.stop - p.cols.start) for p in parts)
+    if variant == "packed":
+        round_to = cfg["sequence_packing"]["sequence_length_round"]
+        computed = sum(-(-int(batch.attention_mask[p.rows].sum()) // round_to) * round_to for p in parts)
+    else:
+        computed = sum(len(p) * (p.cols.stop - p.cols.start) for p in parts)
     return float(batch.attention_mask.sum()) / computed, len(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--preset", default="jetrl", help="precision recipe preset (jetrl = unified FP8, bf16)")
+    p.add_argument("--presets", default="jetrl,bf16", help="precision recipe presets, comma-separated")
     p.add_argument("--batch", type=int, default=64, help="sequences per step (one optimizer step)")
     p.add_argument("--micro-batch", type=int, default=4, help="rows per fixed micro-batch (and the token budget)")
     p.add_argument("--prompt-len", type=int, default=256)
@@ -81,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean-len", type=int, default=800)
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--sigma", type=float, default=1.0)
-    p.add_argument("--round", type=int, default=64, help="policy.dynamic_batching.sequence_length_round")
+    p.add_argument("--round", type=int, default=64, help="sequence_length_round (dynamic batching and packing)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
@@ -92,37 +111,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         shape, shape_name = TINY, "tiny"
         args.layers, args.batch, args.micro_batch, args.prompt_len, args.mean_len, args.max_len = None, 16, 4, 8, 12, 48
-        args.round, args.warmup, args.steps = 8, 1, 2
+        args.round, args.warmup, args.steps, args.presets = 8, 1, 2, "bf16"
     lengths = draw_lengths(args.length_dist, args.batch, args.mean_len, args.max_len, args.sigma, seed=2)
     batch = long_tailed_batch(lengths, args.prompt_len, args.max_len, shape["vocab_size"])
     width = batch.input_ids.shape[1]
     cfg = policy_config(train_micro_batch_size=args.micro_batch, logprob_batch_size=args.micro_batch,
-                        max_total_sequence_length=width, dynamic_batching={"sequence_length_round": args.round})  # fmt: skip
-    model = build_model(shape, args.layers, device, torch.bfloat16).train()
-    policy = NativePolicy(cfg, PrecisionRecipe.preset(args.preset), device, model=model)
-    steps = {"fixed": step_fn(policy, batch, False), "dynamic": step_fn(policy, batch, True)}
+                        max_total_sequence_length=width, dynamic_batching={"sequence_length_round": args.round},
+                        sequence_packing={"sequence_length_round": args.round})  # fmt: skip
     info = device_info(device)
-    timings = alternating_timings(steps, args.warmup, args.steps, device)
     real_tokens = int(batch.attention_mask.sum())
     results = []
-    for name, t in timings.items():
-        occ, n_micro = occupancy(cfg, batch, name == "dynamic")
-        r = {"variant": name, **t, "real_tokens_per_s": real_tokens / t["median_s"], "occupancy": occ}
-        r.update(micro_batches=n_micro, min_max_s=f"{t['min_s']:.3f}-{t['max_s']:.3f}")
-        results.append(r)
-    for r in results:
-        r["speedup_vs_fixed"] = results[0]["median_s"] / r["median_s"]
-    n_layers = model.config.num_hidden_layers
+    for preset in args.presets.split(","):
+        model = build_model(shape, args.layers, device, torch.bfloat16).train()
+        policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), device, model=model)
+        timings = alternating_timings({v: step_fn(policy, batch, v) for v in VARIANTS}, args.warmup, args.steps, device)
+        for name, t in timings.items():
+            occ, n_micro = occupancy(cfg, batch, name)
+            r = {"preset": preset, "variant": name, **t, "real_tokens_per_s": real_tokens / t["median_s"]}
+            r.update(occupancy=occ, micro_batches=n_micro, min_max_s=f"{t['min_s']:.3f}-{t['max_s']:.3f}")
+            r["speedup_vs_fixed"] = timings["fixed"]["median_s"] / t["median_s"]
+            results.append(r)
+        n_layers = model.config.num_hidden_layers
+        del policy, model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     title = (
         f"trainer passes (logprob + train + requant) on {info['device']}: {shape_name} x {n_layers} layers, "
-        f"{args.preset}, {args.batch} x ({args.prompt_len} + {args.length_dist} responses, mean "
+        f"{args.batch} x ({args.prompt_len} + {args.length_dist} responses, mean "
         f"{sum(lengths) / len(lengths):.0f}, max {max(lengths)}); {args.steps} timed steps after {args.warmup} "
-        "warm-up, variants alternating"
+        "warm-up, variants alternating within each preset"
     )
-    keys = ["variant", "real_tokens_per_s", "speedup_vs_fixed", "median_s", "min_max_s", "occupancy",
+    keys = ["preset", "variant", "real_tokens_per_s", "speedup_vs_fixed", "median_s", "min_max_s", "occupancy",
             "micro_batches", "step_peak_gb"]  # fmt: skip
-    headers = ["variant", "real tok/s", "x fixed", "median s", "min-max s", "real/computed", "micro-batches",
-               "step peak GB"]  # fmt: skip
+    headers = ["preset", "variant", "real tok/s", "x fixed", "median s", "min-max s", "real/computed",
+               "micro-batches", "step peak GB"]  # fmt: skip
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers, lengths=lengths)
     return 0
 

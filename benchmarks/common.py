@@ -112,6 +112,11 @@ def policy_config(**overrides) -> dict:
             "enabled": False, "train_mb_tokens": None, "logprob_mb_tokens": None, "sequence_length_round": 64,
             **overrides.pop("dynamic_batching", {}),
         },  # fmt: skip
+        "sequence_packing": {
+            "enabled": False, "train_mb_tokens": None, "logprob_mb_tokens": None,
+            "algorithm": "modified_first_fit_decreasing", "sequence_length_round": 64,
+            **overrides.pop("sequence_packing", {}),
+        },  # fmt: skip
         "fp8_cfg": fp8_cfg,
         "dtensor_cfg": {"tensor_parallel_size": 1},
         "generation": generation,

@@ -62,10 +62,6 @@ KEY_RULES: dict[str, Rule] = {
     "policy.logprob_chunk_size": no_effect(MEMORY),
     "policy.offload_optimizer_for_logprob": no_effect(MEMORY),
     "policy.make_sequence_length_divisible_by": no_effect("padding only; the trainer masks padded tokens"),
-    "policy.sequence_packing.*": no_effect(
-        "packing concatenates sequences (same samples, same loss); not built here: policy.dynamic_batching.enabled "
-        "cuts length-sorted micro-batches with their padding trimmed instead"
-    ),
     "policy.optimizer.kwargs.lr": alias("policy.optimizer.lr"),
     "policy.optimizer.kwargs.weight_decay": alias("policy.optimizer.weight_decay"),
     "policy.optimizer.kwargs.betas": alias("policy.optimizer.betas"),

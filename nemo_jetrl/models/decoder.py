@@ -43,6 +43,7 @@ from torch import nn
 from nemo_jetrl.models import batch_invariant_attention
 from nemo_jetrl.models.batch_invariant import is_batch_invariant
 from nemo_jetrl.models.logprobs import token_logprobs
+from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
@@ -139,7 +140,7 @@ def _self_attention(
     layer_idx: int,
     x: torch.Tensor | QuantizedInput,
     cos_sin: tuple[torch.Tensor, torch.Tensor],
-    mask: torch.Tensor | None,
+    mask: torch.Tensor | PackedRows | None,
     kv_cache: KVCache | None,
     cache_start: int | torch.Tensor,
     attn_hook: AttnHook | None,
@@ -151,8 +152,9 @@ def _self_attention(
     """One attention block over the layer's own projections; x: [B, S, hidden] (or its QuantizedInput) -> [B, S, hidden].
 
     glue: a fused-kernel module (`fused_ops`, `fused_train_ops`) or None (eager); grouped: one GEMM over the
-    shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows);
-    key_valid [B, S_total] bool: the exact mode's batch-invariant attention (mask unused)."""
+    shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows); mask
+    PackedRows: varlen causal attention over one packed row; key_valid [B, S_total] bool: the exact mode's
+    batch-invariant attention (mask unused)."""
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
     bsz, seq = x.lead_shape if isinstance(x, QuantizedInput) else x.shape[:2]
     head_dim = attn.head_dim
@@ -180,6 +182,8 @@ def _self_attention(
         out = batch_invariant_attention.decoder_attention(
             q, k, v, key_valid, kv_cache, layer_idx, cache_start, attn.scaling
         )  # [B, H, S, D]
+    elif isinstance(mask, PackedRows):
+        out = varlen_causal_attention(q, k, v, mask, attn.scaling, repeat_kv)  # [1, H, T, D]
     elif kv_cache is not None and kv_cache.uses_fused_decode(q):  # CUDA decode: attends over the stored cache
         out = kv_cache.decode_attention(layer_idx, q, k, v, cache_start, mask, attn.scaling)  # [B, H, 1, D]
     elif mask is None:
@@ -243,12 +247,14 @@ def decoder_forward(
     fused: bool = False,
     fused_train: bool = False,
     causal_attention: bool = False,
+    packed: PackedRows | None = None,
 ) -> torch.Tensor:
     """Hidden states after the final norm, [B, S, H].
 
     fused: the rollout fast path (module docstring); needs tensors Triton can run. fused_train: the trainer's
     differentiable glue kernels. causal_attention: causal SDPA without a mask when there is no cache and no row
-    has a pad before a real token (else the explicit mask, as always).
+    has a pad before a real token (else the explicit mask, as always). packed: one packed row (B = 1, no cache,
+    position_ids = packed.position_ids) attending per sequence (models/packed.py).
 
     input_ids / position_ids: [B, S]; attention_mask: [B, S_total] (1 real, 0 pad) over every key the queries may
     see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions
@@ -274,14 +280,17 @@ def decoder_forward(
         raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
     backbone = _backbone(model)
     exact = is_batch_invariant(model)
-    if exact and causal_attention:
-        raise ValueError("decoder_forward: causal_attention rounds unlike the rollout; the exact mode refuses it")
+    if exact and (causal_attention or packed is not None):
+        raise ValueError("decoder_forward: causal / packed attention rounds unlike the rollout; exact mode refuses it")
+    if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):
+        raise ValueError(f"decoder_forward: packed rows need one row of {packed.width} tokens and no kv_cache")
     with _compute_context(model, input_ids.device, compute_dtype):
         x = backbone.embed_tokens(input_ids)  # [B, S, H]
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
         causal = causal_attention and kv_cache is None and _right_padded(attention_mask)
         key_valid = attention_mask.bool() if exact else None  # [B, S_total]
         mask = None if causal or exact else _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
+        mask = packed if packed is not None else mask
         triton_ok = fused_ops is not None and fused_ops.fused_ops_supported(x)
         if exact and x.is_cuda and triton_ok and not (fused or fused_train):
             raise ValueError(
@@ -326,6 +335,7 @@ def sequence_logprobs(
     attn_hook: AttnHook | None = None,
     fused_train: bool | None = None,
     causal_attention: bool = False,
+    pack_round: int | None = None,
 ) -> torch.Tensor:
     """Per-token logprobs [B, S] float32 in the shared layout.
 
@@ -337,6 +347,8 @@ def sequence_logprobs(
     fused_train (None: on CUDA): the trainer's differentiable glue kernels (`decoder_forward`). causal_attention:
     each row is rotated so that its left pads move behind its last token (positions, and so every real token's
     math, unchanged), the forward runs causal attention without a mask, and the logprobs are rotated back.
+    pack_round: the rows' real tokens run packed in one row (its length a multiple of `pack_round`) with varlen
+    causal attention (models/packed.py; causal_attention then changes nothing); the result is in the [B, S] layout.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -347,6 +359,12 @@ def sequence_logprobs(
         )
     if fused_train is None:
         fused_train = input_ids.is_cuda
+    if pack_round is not None:
+        from nemo_jetrl.models.packed_logprobs import packed_sequence_logprobs  # imports this module
+
+        return packed_sequence_logprobs(
+            model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round
+        )
     if causal_attention:
         index = left_align_index(attention_mask)  # [B, S]
         logp = _sequence_logprobs(
@@ -383,15 +401,26 @@ def _sequence_logprobs(
     )  # [B, S, H]  # fmt: skip
     hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
     targets = input_ids[:, 1:]  # [B, S-1]
-    vocab = model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
-    exact = is_batch_invariant(model)
-    rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab))
-    pieces = []
-    for start in range(0, bsz, rows):
-        logits = compute_logits(model, hidden[start : start + rows], compute_dtype=compute_dtype, upcast=False)
-        # logits [b, S-1, V] in lm_head's dtype; the fused path (CUDA) never makes a float32 copy
-        pieces.append(token_logprobs(logits, targets[start : start + rows], temperature, batch_invariant=exact))
+    rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab_size(model)))
+    pieces = [
+        target_logprobs(model, hidden[lo : lo + rows], targets[lo : lo + rows], temperature, compute_dtype)
+        for lo in range(0, bsz, rows)
+    ]  # [b, S-1] each
     logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
     valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # [B, S-1]
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     return F.pad(logp, (1, 0))  # [B, S]
+
+
+def vocab_size(model: nn.Module) -> int:
+    return model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
+
+
+def target_logprobs(
+    model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, compute_dtype
+) -> torch.Tensor:
+    """log_softmax(lm_head(hidden) / temperature)[targets]: hidden [..., H], targets [...] -> float32 [...].
+
+    The logits stay in lm_head's dtype: on CUDA the fused `token_logprobs` reads them in place (no float32 copy)."""
+    logits = compute_logits(model, hidden, compute_dtype=compute_dtype, upcast=False)  # [..., V]
+    return token_logprobs(logits, targets, temperature, batch_invariant=is_batch_invariant(model))

@@ -10,6 +10,7 @@ from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import FiniteFloat, NonEmptyStr, NonNegativeFloat, PositiveFloat, PositiveInt, Section
 from nemo_jetrl.generation.config import GenerationConfig
 from nemo_jetrl.policy.lr_scheduler import check_scheduler_config
+from nemo_jetrl.policy.sequence_packing import check_algorithm
 from nemo_jetrl.precision.config import Fp8Config, Precision
 
 Beta = Annotated[FiniteFloat, Field(ge=0, lt=1)]
@@ -49,6 +50,27 @@ class DynamicBatchingConfig(Section):
     sequence_length_round: PositiveInt = 64  # window widths are multiples of this (fewer distinct kernel shapes)
 
 
+class SequencePackingConfig(Section):
+    """NeMo-RL's `policy.sequence_packing`: each trainer micro-batch is a bin of sequences within the token budget
+    whose real tokens run as one packed row with varlen causal attention (policy/sequence_packing.py,
+    models/packed.py); the rollout is unaffected. Excludes dynamic batching and the exact mode."""
+
+    enabled: bool = False
+    train_mb_tokens: PositiveInt | None = None  # null = train_micro_batch_size * max_total_sequence_length
+    logprob_mb_tokens: PositiveInt | None = None  # null = logprob_batch_size * max_total_sequence_length
+    algorithm: NonEmptyStr = "modified_first_fit_decreasing"  # | first_fit_decreasing | concatenative
+    sequence_length_round: PositiveInt = 64  # packed rows are a multiple of this long (fewer distinct shapes)
+
+    @field_validator("algorithm")
+    @classmethod
+    def _check_algorithm(cls, value: str) -> str:
+        try:
+            check_algorithm(value)
+        except ValueError as exc:
+            raise KeyedValueError(str(exc)) from None
+        return value
+
+
 class PolicyConfig(Section):
     """`train_global_batch_size: null` = grpo.num_prompts_per_step * grpo.num_generations_per_prompt."""
 
@@ -73,6 +95,7 @@ class PolicyConfig(Section):
     # {name, kwargs}; null = constant lr. Stepped once per GRPO step (policy/lr_scheduler.py).
     scheduler: list[dict[str, Any]] | dict[str, Any] | None = None
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
+    sequence_packing: SequencePackingConfig = SequencePackingConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     fp8_cfg: Fp8Config = Fp8Config()
     generation: GenerationConfig = GenerationConfig()
@@ -114,6 +137,11 @@ class PolicyConfig(Section):
                 "policy.fp8_cfg.train_kv_fake_quant: true requires policy.generation.kv_cache_dtype: fp8 "
                 f"(got '{self.generation.kv_cache_dtype}')"
             )
+        if self.sequence_packing.enabled and self.dynamic_batching.enabled:
+            problems.append(
+                "policy.sequence_packing.enabled and policy.dynamic_batching.enabled exclude each other (as in "
+                "NeMo-RL): set one of them false"
+            )
         problems += self._exact_mode_problems()
         if problems:
             raise KeyedValueError("; ".join(problems))
@@ -139,6 +167,11 @@ class PolicyConfig(Section):
             problems.append(
                 "policy.generation.deterministic: true runs one attention for rollout and trainer: set "
                 "policy.train_causal_attention: false"
+            )
+        if self.sequence_packing.enabled:
+            problems.append(
+                "policy.generation.deterministic: true scores the rollout's padded rows with its attention: set "
+                "policy.sequence_packing.enabled: false"
             )
         if not self.fused_train_kernels:
             problems.append(

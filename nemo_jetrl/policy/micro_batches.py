@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from nemo_jetrl.policy.sequence_packing import pack_lengths
+
 
 @dataclass(frozen=True)
 class MicroBatch:
@@ -40,18 +42,24 @@ def fixed_micro_batches(num_rows: int, rows_per_micro_batch: int, width: int) ->
     ]
 
 
+def _spans(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(has a real token [B] bool, first real column [B] (S for none), last real column [B] (-1 for none))."""
+    width = attention_mask.shape[1]
+    real = attention_mask.bool()  # [B, S]
+    cols = torch.arange(width)
+    first = torch.where(real, cols, width).min(-1).values  # [B]
+    last = torch.where(real, cols, -1).max(-1).values  # [B]
+    return real.any(-1), first, last
+
+
 def token_budget_micro_batches(attention_mask: torch.Tensor, max_tokens: int, round_to: int = 1) -> list[MicroBatch]:
     """Dynamic batching over `attention_mask` [B, S] (see module docstring). A row wider than the budget alone still
     forms its own micro-batch; an all-padding row joins the last micro-batch."""
     if max_tokens < 1 or round_to < 1:
         raise ValueError(f"max_tokens and round_to must be >= 1, got {max_tokens}, {round_to}")
     width = attention_mask.shape[1]
-    real = attention_mask.bool()  # [B, S]
-    has_token = real.any(-1)  # [B]
-    cols = torch.arange(width)
-    first = torch.where(real, cols, width).min(-1).values  # [B]; S for an all-padding row
-    last = torch.where(real, cols, -1).max(-1).values  # [B]; -1 for an all-padding row
-    order = sorted(range(len(real)), key=lambda r: (-int(last[r]), int(first[r]), r))  # longest reach first
+    has_token, first, last = _spans(attention_mask)
+    order = sorted(range(len(has_token)), key=lambda r: (-int(last[r]), int(first[r]), r))  # longest reach first
     groups: list[list[int]] = []
     lo = hi = 0
     for r in (r for r in order if has_token[r]):
@@ -77,6 +85,24 @@ def token_budget_micro_batches(attention_mask: torch.Tensor, max_tokens: int, ro
     return out
 
 
+def packed_micro_batches(attention_mask: torch.Tensor, max_tokens: int, algorithm: str) -> list[MicroBatch]:
+    """Sequence packing over `attention_mask` [B, S]: one micro-batch per bin of `pack_lengths` (rows ascending),
+    over the columns from its earliest first real token to its latest last one; all-padding rows join the last."""
+    has_token, first, last = _spans(attention_mask)
+    lengths = attention_mask.bool().sum(-1)  # [B]
+    rows = has_token.nonzero().flatten().tolist()
+    bins = [sorted(rows[i] for i in b) for b in pack_lengths([int(lengths[r]) for r in rows], max_tokens, algorithm)]
+    empty = (~has_token).nonzero().flatten().tolist()
+    if not bins:
+        return [MicroBatch(torch.tensor(empty, dtype=torch.long), slice(0, 1))] if empty else []
+    bins[-1] += empty
+    out = []
+    for b in bins:
+        r = torch.tensor(b, dtype=torch.long)
+        out.append(MicroBatch(r, slice(int(first[r].min()), int(last[r].max()) + 1)))
+    return out
+
+
 def _rounded(n: int, round_to: int, width: int) -> int:
     return min(width, -(-max(n, 1) // round_to) * round_to)
 
@@ -88,7 +114,15 @@ def plan_micro_batches(attention_mask: torch.Tensor, policy_cfg: Mapping[str, An
         raise ValueError(f"kind must be 'train' or 'logprob', got {kind!r}")
     rows_key = "train_micro_batch_size" if kind == "train" else "logprob_batch_size"
     dyn = policy_cfg.get("dynamic_batching") or {}
-    if not dyn.get("enabled"):
+    pack = policy_cfg.get("sequence_packing") or {}
+    if dyn.get("enabled") and pack.get("enabled"):
+        raise ValueError(
+            "policy.dynamic_batching.enabled and policy.sequence_packing.enabled exclude each other (as in NeMo-RL)"
+        )
+    chosen = pack if pack.get("enabled") else dyn
+    if not chosen.get("enabled"):
         return fixed_micro_batches(attention_mask.shape[0], int(policy_cfg[rows_key]), attention_mask.shape[1])
-    budget = dyn.get(f"{kind}_mb_tokens") or int(policy_cfg[rows_key]) * int(policy_cfg["max_total_sequence_length"])
+    budget = chosen.get(f"{kind}_mb_tokens") or int(policy_cfg[rows_key]) * int(policy_cfg["max_total_sequence_length"])
+    if pack.get("enabled"):
+        return packed_micro_batches(attention_mask, int(budget), pack["algorithm"])
     return token_budget_micro_batches(attention_mask, int(budget), int(dyn.get("sequence_length_round", 1)))

@@ -70,7 +70,15 @@ DYNAMIC = [  # length-sorted micro-batches of <= 200 / 300 tokens, each trimmed 
 ]
 
 
-@pytest.mark.parametrize("batching", [[], DYNAMIC], ids=["fixed", "dynamic"])
+PACKED = [  # bins of <= 200 / 300 real tokens, each run as one packed row (varlen attention)
+    "policy.sequence_packing.enabled=true",
+    "policy.sequence_packing.train_mb_tokens=200",
+    "policy.sequence_packing.logprob_mb_tokens=300",
+    "policy.sequence_packing.sequence_length_round=4",
+]
+
+
+@pytest.mark.parametrize("batching", [[], DYNAMIC, PACKED], ids=["fixed", "dynamic", "packed"])
 def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, batching):
     run_grpo(_cfg(tmp_path / "local", "checkpointing.enabled=true", "checkpointing.save_period=2", *batching))
     run_grpo(
@@ -87,7 +95,7 @@ def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, bat
     local, dist = _metrics(tmp_path / "local" / "logs"), _metrics(tmp_path / "ray" / "logs")
     assert sorted(local) == sorted(dist) == [1, 2]
     micro = local[1]["train/num_micro_batches"]
-    assert (micro >= 4) if batching else (micro <= 2)  # fixed: 64-row micro-batches; dynamic: 200-token windows
+    assert (micro >= 4) if batching else (micro <= 2)  # fixed: 64-row micro-batches; else 200-token micro-batches
     for step in (1, 2):
         for key, value in local[step].items():
             if key.startswith("timing/") or key.endswith("_s") or key == "step":

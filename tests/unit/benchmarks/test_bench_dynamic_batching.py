@@ -1,5 +1,5 @@
-"""bench_dynamic_batching.py --quick on the CPU: both variants run on one policy, and the dynamic one computes fewer
-padding positions in fewer micro-batches over the same real tokens."""
+"""bench_dynamic_batching.py --quick on the CPU: the three variants run on one policy; the dynamic one computes fewer
+padding positions in fewer micro-batches over the same real tokens, the packed one fewer still."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ def test_quick_run_reports_occupancy_and_micro_batches(tmp_path):
     assert module.main(["--quick", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     rows = {r["variant"]: r for r in payload["results"]}
-    assert set(rows) == {"fixed", "dynamic"} and len(rows["fixed"]["times_s"]) == 2
+    assert set(rows) == {"fixed", "dynamic", "packed"} and len(rows["fixed"]["times_s"]) == 2
+    assert {r["preset"] for r in payload["results"]} == {"bf16"}
     lengths = payload["lengths"]
     real = len(lengths) * 8 + sum(lengths)  # prompts of 8 + responses
     width = 8 + 48
     assert rows["fixed"]["occupancy"] == real / (len(lengths) * width) and rows["fixed"]["micro_batches"] == 4
     assert rows["dynamic"]["occupancy"] > 2 * rows["fixed"]["occupancy"]
     assert rows["dynamic"]["micro_batches"] < rows["fixed"]["micro_batches"]
+    # packed: the budget's real tokens per row, each row rounded up to 8 slots
+    assert rows["packed"]["occupancy"] > rows["dynamic"]["occupancy"] and rows["packed"]["occupancy"] > 0.9
+    assert rows["packed"]["micro_batches"] == -(-real // (4 * width))

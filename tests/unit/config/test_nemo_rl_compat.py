@@ -110,6 +110,10 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
             {"data.dataset_name": "/d/train.jsonl", "data.val_dataset_name": "/d/val.jsonl"},
         ),
         (["cluster.gpus_per_node=8"], {"cluster.backend": "ray"}),
+        (
+            ["policy.sequence_packing.algorithm=first_fit_decreasing", "+policy.sequence_packing.train_mb_tokens=48"],
+            {"policy.sequence_packing.enabled": True, "policy.sequence_packing.train_mb_tokens": 48},
+        ),  # NeMo-RL's default (enabled, MFFD) is in the 1B-like file: honoured, no longer accepted without effect
     ],
 )
 def test_honoured_keys_change_the_resolved_config(overrides, expected):

@@ -158,6 +158,7 @@ def test_train_kv_fake_quant_requires_kv_fp8(base_yaml):
         (["policy.generation.kv_cache_dtype=fp8"], "needs policy.fp8_cfg.train_kv_fake_quant: true"),
         (["policy.train_causal_attention=true"], "set policy.train_causal_attention: false"),
         (["policy.fused_train_kernels=false"], "set policy.fused_train_kernels: true"),
+        (["policy.sequence_packing.enabled=true"], "set policy.sequence_packing.enabled: false"),
     ],
 )
 def test_exact_mode_refuses_what_it_cannot_honour(base_yaml, overrides, expected):
@@ -165,6 +166,19 @@ def test_exact_mode_refuses_what_it_cannot_honour(base_yaml, overrides, expected
     assert message.startswith("policy.generation.deterministic: true") and expected in message
     kv = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quant=true"]
     assert check(base_yaml, "policy.generation.deterministic=true", *kv).policy.generation.deterministic
+
+
+def test_sequence_packing_refuses_dynamic_batching_and_unseeded_or_unknown_algorithms(base_yaml):
+    cfg = check(base_yaml, "policy.sequence_packing.enabled=true", "policy.sequence_packing.algorithm=concatenative")
+    assert cfg.policy.sequence_packing.algorithm == "concatenative"
+    message = error_of(base_yaml, "policy.sequence_packing.enabled=true", "policy.dynamic_batching.enabled=true")
+    assert message == (
+        "policy.sequence_packing.enabled and policy.dynamic_batching.enabled exclude each other (as in NeMo-RL): "
+        "set one of them false"
+    )
+    message = error_of(base_yaml, "policy.sequence_packing.algorithm=first_fit_shuffle")
+    assert message.startswith("policy.sequence_packing.algorithm: 'first_fit_shuffle' is not supported here")
+    assert "is not one of" in error_of(base_yaml, "policy.sequence_packing.algorithm=best_fit")
 
 
 def test_samples_must_split_into_whole_global_batches(base_yaml):

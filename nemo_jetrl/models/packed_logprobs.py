@@ -1,0 +1,48 @@
+"""The trainer's logprobs over packed rows (`sequence_logprobs(pack_round=...)`, `policy.sequence_packing`): the
+micro-batch's real tokens run as one row (models/packed.py) and the logprobs come back in its [B, S] layout."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nemo_jetrl.models.decoder import (
+    LOGPROB_CHUNK_ELEMENTS,
+    AttnHook,
+    decoder_forward,
+    target_logprobs,
+    vocab_size,
+)
+from nemo_jetrl.models.packed import PackedRows
+
+
+def packed_sequence_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    compute_dtype: torch.dtype | None,
+    attn_hook: AttnHook | None,
+    fused_train: bool,
+    pack_round: int,
+) -> torch.Tensor:
+    """`sequence_logprobs` with the rows' real tokens packed into one row; logits in token chunks of at most
+    LOGPROB_CHUNK_ELEMENTS floats. The rounding slots hold the batch's pad id (0 without pads)."""
+    real = attention_mask.bool()  # [B, S]
+    packing = PackedRows.from_mask(real, pack_round).to(input_ids.device)
+    fill = int(input_ids[~real][0]) if bool((~real).any()) else 0
+    ids = packing.pack(input_ids, fill)  # [1, T]
+    hidden = decoder_forward(
+        model, ids, packing.position_ids, packing.real().long(), attn_hook=attn_hook, compute_dtype=compute_dtype,
+        fused_train=fused_train, packed=packing,
+    )[0, :-1]  # [T-1, H]: slot t predicts slot t+1  # fmt: skip
+    step = max(1, LOGPROB_CHUNK_ELEMENTS // vocab_size(model))
+    pieces = [
+        target_logprobs(model, hidden[lo : lo + step], ids[0, lo + 1 : lo + 1 + step], temperature, compute_dtype)
+        for lo in range(0, hidden.shape[0], step)
+    ]  # [n] each
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, device=hidden.device)  # [T-1]
+    logp = packing.unpack(F.pad(flat, (1, 0))[None])  # [B, S]: each token's logp from its predecessor
+    valid = real[:, 1:] & real[:, :-1]  # [B, S-1]: the padded path's (a row's first real token has no context)
+    return F.pad(torch.where(valid, logp[:, 1:], torch.zeros_like(logp[:, 1:])), (1, 0))  # [B, S]
