@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.models import batch_invariant_attention
-from nemo_jetrl.models.batch_invariant import is_batch_invariant, logsumexp_rows
+from nemo_jetrl.models.batch_invariant import exact_parts, logsumexp_rows
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
@@ -272,23 +272,23 @@ def decoder_forward(
     if attention_mask.shape != (bsz, expected):
         raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
     backbone = _backbone(model)
-    exact = is_batch_invariant(model)
-    if exact and causal_attention:
+    parts = exact_parts(model)  # the exact mode: all; the mismatch ablation: some
+    if parts.attention and causal_attention:
         raise ValueError("decoder_forward: causal_attention rounds unlike the rollout; the exact mode refuses it")
     with _compute_context(model, input_ids.device, compute_dtype):
         x = backbone.embed_tokens(input_ids)  # [B, S, H]
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
         causal = causal_attention and kv_cache is None and _right_padded(attention_mask)
-        key_valid = attention_mask.bool() if exact else None  # [B, S_total]
-        mask = None if causal or exact else _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
+        key_valid = attention_mask.bool() if parts.attention else None  # [B, S_total]
+        mask = None if causal or parts.attention else _attention_mask(attention_mask, seq, cache_start)  # [B,1,S,S_k]
         triton_ok = fused_ops is not None and fused_ops.fused_ops_supported(x)
-        if exact and x.is_cuda and triton_ok and not (fused or fused_train):
+        if parts.any and x.is_cuda and triton_ok and not (fused or fused_train):
             raise ValueError(
                 "decoder_forward: the exact mode on CUDA runs the per-row fused glue kernels on both sides "
                 "(fused=True for the rollout, fused_train=True for the trainer)"
             )
         grouped = fused and triton_ok
-        norm_quant = grouped and not exact  # the norm kernel writes the next FP8 linears' input quantized
+        norm_quant = grouped and not parts.plain_norm  # the norm kernel writes the next FP8 linears' input quantized
         glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
@@ -380,7 +380,7 @@ def _sequence_logprobs(
     hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
     targets = input_ids[:, 1:]  # [B, S-1]
     vocab = model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
-    logsumexp = logsumexp_rows if is_batch_invariant(model) else lambda t: torch.logsumexp(t, dim=-1)
+    logsumexp = logsumexp_rows if exact_parts(model).logsumexp else lambda t: torch.logsumexp(t, dim=-1)
     rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab))
     pieces = []
     for start in range(0, bsz, rows):

@@ -145,3 +145,20 @@ def test_logsumexp_row_does_not_depend_on_the_batch():
     for row in ROWS:
         assert torch.equal(logsumexp_rows(x[row : row + 1])[0], batch[row]), row
     assert rel_err(big, torch.logsumexp(x.double(), -1)) < 1e-6
+
+
+@pytest.mark.parametrize("config", [(16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (64, 8)], ids=str)
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16_kv", "fp8_kv"])
+def test_attention_decode_config_gives_the_default_bits(fp8, config):
+    """A decode step (4 query rows of one KV head: 1 position x 4 heads) under another tile / warp configuration
+    equals the default configuration's result bitwise (and so the trainer's)."""
+    from nemo_jetrl.models import batch_invariant_kernels as K
+
+    q, kc, vc, _, _, valid, scales = _attention_case(fp8)
+    scale = 128**-0.5
+    for col in (256, 383, 511, 589):
+        key_valid = valid.clone()
+        key_valid[:, col + 1 :] = False
+        start = torch.tensor(col, device=DEV)
+        args = (q[:, :, col : col + 1], kc, vc, key_valid, start, scale, *scales)
+        assert torch.equal(K.attention(*args, config=config), K.attention(*args)), col
