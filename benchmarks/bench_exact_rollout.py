@@ -29,6 +29,7 @@ from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: 
 from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant  # noqa: E402
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode  # noqa: E402
+from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
 from nemo_jetrl.precision.kv import QKVCalibrator  # noqa: E402
 
 
@@ -42,11 +43,15 @@ def kv_scales(model, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return calib.scales().kv
 
 
-def mode_parts(mode: str) -> ExactParts | None:
-    """`--modes` entry -> the exact parts it switches on: "fast" none, "exact" all, else "+"-joined part names."""
+def mode_parts(mode: str) -> tuple[ExactParts | None, bool]:
+    """`--modes` entry -> (exact parts it switches on, cuBLAS FP8 forward at every M): "fast" none, "exact" all,
+    "exact-a-b" all but parts a and b, else "+"-joined part names and/or "cublas"."""
     if mode == "fast":
-        return None
-    return ExactParts() if mode == "exact" else ExactParts.only(*mode.split("+"))
+        return None, False
+    if mode.startswith("exact"):
+        return ExactParts().without(*mode.split("-")[1:]), False
+    names = [n for n in mode.split("+") if n != "cublas"]
+    return (ExactParts.only(*names) if names else None), "cublas" in mode.split("+")
 
 
 def engines(preset: str, shape: dict, args, prompt_t: torch.Tensor, device) -> dict[str, NativeGenerationEngine]:
@@ -57,9 +62,11 @@ def engines(preset: str, shape: dict, args, prompt_t: torch.Tensor, device) -> d
     for mode in dict.fromkeys(["fast", *args.modes]):
         model = build_model(shape, args.layers, device, torch.bfloat16)
         convert_to_fp8(model, recipe)
-        parts = mode_parts(mode)
+        parts, cublas = mode_parts(mode)
         if parts is not None:
             enable_batch_invariant(model, parts)
+        if cublas:
+            use_cublas_fprop(model)
         engine = NativeGenerationEngine(
             model, max_new_tokens=args.gen_len, stop_token_ids=[], pad_token_id=0, kv_cache_dtype=recipe.kv_cache_dtype,
             cuda_graphs=device.type == "cuda",
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=256)
     p.add_argument("--presets", nargs="*", default=["jetrl", "jetrl_kv"])
-    p.add_argument("--modes", nargs="*", default=["exact"], help="exact, or parts joined by + (e.g. attention)")
+    p.add_argument("--modes", nargs="*", default=["exact"], help="exact, exact-PART, or PART+PART(+cublas)")
     p.add_argument("--profile-steps", type=int, default=0, help="GPU: kernel breakdown of N eager decode steps")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="timed rounds per variant")

@@ -13,7 +13,9 @@ Modes: "fast" (the default kernels), "sdpa_decode" (SDPA instead of the fused de
 
 `--ablate` attributes the fast path's mismatch: per preset the fast path, the exact mode, the exact mode with ONE part
 back on the fast path ("exact - attention": everything exact but the attention) and ONE part alone exact ("only
-fp8_gemm"); the parts are `models.batch_invariant.ExactParts`, handed to `enable_batch_invariant(model, parts)`.
+fp8_gemm"); the parts are `models.batch_invariant.ExactParts`, handed to `enable_batch_invariant(model, parts)`. On
+CUDA also the FP8 forward GEMMs on cuBLAS at every M (`precision.convert.use_cublas_fprop`), alone and with the
+cheap exact parts.
 Default there: one step per variant (the mismatch is measured before the update, so no training step runs).
 """
 
@@ -46,6 +48,7 @@ from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
 
 # (label, preset, mode: fast | sdpa_decode | exact)
 VARIANTS = (
@@ -66,8 +69,12 @@ FP8_ONLY_PARTS = ("fp8_gemm", "plain_norm")  # parts that change nothing without
 ONLY_PARTS = ("fp8_gemm", "attention")  # the two large sources, each alone exact
 
 
-def ablation_variants(presets=ABLATION_PRESETS) -> list[tuple[str, str, str, ExactParts | None]]:
-    """(label, preset, mode, parts) rows of `--ablate`: fast, exact, exact minus each part, each large part only."""
+CHEAP_PARTS = ("attention", "logsumexp")  # exact parts whose rollout cost is small (docs/mismatch.md)
+
+
+def ablation_variants(presets=ABLATION_PRESETS, cuda: bool = False) -> list[tuple[str, str, str, ExactParts | None]]:
+    """(label, preset, mode, parts) rows of `--ablate`: fast, exact, exact minus each part, each large part only;
+    on CUDA also the FP8 forward GEMMs on cuBLAS at every M (mode "cublas"), alone and with the cheap parts."""
     rows = []
     for preset in presets:
         fp8 = preset != "bf16"
@@ -75,6 +82,11 @@ def ablation_variants(presets=ABLATION_PRESETS) -> list[tuple[str, str, str, Exa
         rows += [(f"{preset} fast", preset, "fast", None), (f"{preset} exact", preset, "exact", ExactParts())]
         rows += [(f"{preset} exact - {n}", preset, "ablate", ExactParts().without(n)) for n in names]
         rows += [(f"{preset} only {n}", preset, "ablate", ExactParts.only(n)) for n in ONLY_PARTS if n in names]
+        if cuda and fp8:
+            rows += [(f"{preset} cuBLAS GEMMs", preset, "cublas", None)]
+            rows += [
+                (f"{preset} cuBLAS GEMMs + {'+'.join(CHEAP_PARTS)}", preset, "cublas", ExactParts.only(*CHEAP_PARTS))
+            ]
     return rows
 
 
@@ -87,8 +99,10 @@ def run_variant(label: str, preset: str, mode: str, model, prompts, args, device
     )
     started = time.perf_counter()
     policy = NativePolicy(cfg, recipe, device, model=model)
-    if mode == "ablate":  # a subset of the exact mode's parts, on the model both sides share
-        enable_batch_invariant(policy.model, parts)
+    if mode in ("ablate", "cublas") and parts is not None:  # a subset of the exact mode's parts, on the model both
+        enable_batch_invariant(policy.model, parts)  # sides share
+    if mode == "cublas":
+        use_cublas_fprop(policy.model)
     engine = bootstrapped_engine(
         policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda",
         fused_decode=False if mode == "sdpa_decode" else None,
@@ -193,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(1, shape["vocab_size"], (args.prompts, args.prompt_len), generator=gen).tolist()
     results = []
-    rows = ablation_variants(args.presets) if args.ablate else [(*v, None) for v in VARIANTS]
+    rows = ablation_variants(args.presets, device.type == "cuda") if args.ablate else [(*v, None) for v in VARIANTS]
     unknown = set(args.variants or ()) - {v[0] for v in rows}
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; known: {[v[0] for v in rows]}")

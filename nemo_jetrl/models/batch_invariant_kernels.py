@@ -102,11 +102,20 @@ def _attention_kernel(
 
 
 def attention(
-    q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None, config: tuple[int, int] | None = None
+    q,
+    k_buf,
+    v_buf,
+    key_valid,
+    q_start,
+    sm_scale,
+    k_scale=None,
+    v_scale=None,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]. config: (query rows per
-    program, warps), default (ATTN_BLOCK_M, ATTN_WARPS); the GPU tests check which configs give the default's bits."""
-    block_m, warps = config or (ATTN_BLOCK_M, ATTN_WARPS)
+    program, warps, pipeline stages), default (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES); the GPU tests check which
+    configs give the default's bits."""
+    block_m, warps, stages = config or (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES)
     bsz, heads, s_q, dim = q.shape
     _, kv_heads, s_k, _ = k_buf.shape
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
@@ -121,7 +130,7 @@ def attention(
             *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
             0 if q_start.dim() == 0 else q_start.stride(0), out.stride(0), out.stride(2), out.stride(1),
             N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
-            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", num_warps=warps, num_stages=ATTN_STAGES,
+            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out.transpose(1, 2)  # [B, H, S_q, D]
 
