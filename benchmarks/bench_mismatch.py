@@ -8,8 +8,10 @@ Each variant runs `--steps` GRPO steps on the same random-weight model (Qwen3-8B
 (`NativePolicy.get_logprobs`, the forward whose gradient is taken next) -> train (random advantages) -> refit.
 Mismatch is always rollout logprobs vs that trainer forward (never a replay of the rollout). Reported per variant:
 token_mult_prob_error, gen_kl_error, exact_token_fraction over all steps, and mean exp|d| per response-position bin.
-Modes: "fast" (the default kernels), "sdpa_decode" (SDPA instead of the fused decode attention), "exact"
-(`policy.generation.deterministic: true`: batch-invariant kernels in the rollout and the trainer).
+Modes: "fast" (the default kernels), "sdpa_decode" (SDPA instead of the fused decode attention), "matched" (the
+fast path with its two cheap mismatch sources matched: batch-invariant attention and log-sum-exp on both sides, FP8
+forward GEMMs on cuBLAS at every M on CUDA), "exact" (`policy.generation.deterministic: true`: batch-invariant
+kernels in the rollout and the trainer).
 
 `--ablate` attributes the fast path's mismatch: per preset the fast path, the exact mode, the exact mode with ONE part
 back on the fast path ("exact - attention": everything exact but the attention) and ONE part alone exact ("only
@@ -50,13 +52,15 @@ from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
 from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
 
-# (label, preset, mode: fast | sdpa_decode | exact)
+# (label, preset, mode: fast | sdpa_decode | matched | exact)
 VARIANTS = (
     ("bf16", "bf16", "fast"),
     ("fp8 rollout only", "fp8_rollout_only", "fast"),
     ("unified fp8 (jetrl)", "jetrl", "fast"),
     ("unified fp8 + kv (jetrl_kv)", "jetrl_kv", "fast"),
     ("jetrl_kv, SDPA decode", "jetrl_kv", "sdpa_decode"),
+    ("jetrl, matched", "jetrl", "matched"),
+    ("jetrl_kv, matched", "jetrl_kv", "matched"),
     ("bf16, exact", "bf16", "exact"),
     ("jetrl, exact", "jetrl", "exact"),
     ("jetrl_kv, exact", "jetrl_kv", "exact"),
@@ -65,7 +69,7 @@ VARIANTS = (
 
 # --ablate: per preset, (label suffix, ExactParts or None = the fast path); parts one at a time, both directions.
 ABLATION_PRESETS = ("bf16", "jetrl", "jetrl_kv")
-FP8_ONLY_PARTS = ("fp8_gemm", "plain_norm")  # parts that change nothing without FP8 linears
+FP8_ONLY_PARTS = ("fp8_gemm",)  # parts that change nothing without FP8 linears
 ONLY_PARTS = ("fp8_gemm", "attention")  # the two large sources, each alone exact
 
 
@@ -99,9 +103,11 @@ def run_variant(label: str, preset: str, mode: str, model, prompts, args, device
     )
     started = time.perf_counter()
     policy = NativePolicy(cfg, recipe, device, model=model)
-    if mode in ("ablate", "cublas") and parts is not None:  # a subset of the exact mode's parts, on the model both
-        enable_batch_invariant(policy.model, parts)  # sides share
-    if mode == "cublas":
+    if mode == "matched":
+        parts = ExactParts.only(*CHEAP_PARTS)
+    if mode in ("ablate", "cublas", "matched") and parts is not None:  # a subset of the exact mode's parts, on the
+        enable_batch_invariant(policy.model, parts)  # model both sides share
+    if mode == "cublas" or (mode == "matched" and device.type == "cuda"):
         use_cublas_fprop(policy.model)
     engine = bootstrapped_engine(
         policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda",

@@ -42,14 +42,12 @@ class ExactParts:
 
     fp8_gemm: the FP8 linears' forward GEMM (and an `Fp8Linear`'s BF16 path); linear: plain linears (lm_head);
     attention: decode, prefill and training attention, FP8 KV read included; logsumexp: the logprobs' log-sum-exp
-    (sampler and trainer); plain_norm: the rollout's RMSNorm writes its plain output (the FP8 linear quantizes it)
-    instead of quantizing it in the norm kernel."""
+    (sampler and trainer)."""
 
     fp8_gemm: bool = True
     linear: bool = True
     attention: bool = True
     logsumexp: bool = True
-    plain_norm: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -16,6 +16,9 @@ from nemo_jetrl.precision.kernels.triton_quant import _on_device
 ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program
 ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax
 ATTN_WARPS, ATTN_STAGES = 4, 2
+# A decode step (one query per row) takes 3 pipeline stages: the same arithmetic in the same order, so the same bits
+# (tests/gpu), and faster on an H100 (docs/mismatch.md).
+DECODE_CONFIG = (ATTN_BLOCK_M, ATTN_WARPS, 3)
 LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
 
 
@@ -115,8 +118,8 @@ def attention(
     """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]. config: (query rows per
     program, warps, pipeline stages), default (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES); the GPU tests check which
     configs give the default's bits."""
-    block_m, warps, stages = config or (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES)
     bsz, heads, s_q, dim = q.shape
+    block_m, warps, stages = config or (DECODE_CONFIG if s_q == 1 else (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES))
     _, kv_heads, s_k, _ = k_buf.shape
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
