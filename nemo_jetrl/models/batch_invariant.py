@@ -85,6 +85,23 @@ class ExactParts:
 NO_EXACT_PARTS = ExactParts.none()
 
 
+# `policy.generation.matched_kernels`: the parts whose exact form costs the rollout little, with the FP8 GEMMs on
+# cuBLAS at every M (no split-K decode kernel); docs/mismatch.md has the ablation behind the choice.
+MATCHED_PARTS = ExactParts.only("attention", "logsumexp")
+
+
+def match_kernels(model: nn.Module, device: torch.device) -> None:
+    """`policy.generation.matched_kernels`: `MATCHED_PARTS` on both sides, and on a GPU where cuBLAS runs the
+    blockwise FP8 recipe every FP8 forward GEMM there (`precision.convert.use_cublas_fprop`)."""
+    from nemo_jetrl.precision.convert import use_cublas_fprop
+    from nemo_jetrl.precision.gemm import gemm_backend
+
+    enable_batch_invariant(model, MATCHED_PARTS)
+    has_fp8 = any(isinstance(m, (Fp8Linear, Fp8RolloutLinear)) for m in model.modules())
+    if has_fp8 and gemm_backend(device) == "scaled_mm":
+        use_cublas_fprop(model)
+
+
 class BatchInvariantLinear(nn.Linear):
     """`nn.Linear` whose forward is `precision.batch_invariant.linear` (same parameters, same autocast rule)."""
 
