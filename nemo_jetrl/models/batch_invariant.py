@@ -17,7 +17,8 @@ The switch lives on the model, which the trainer and the native rollout engine s
 disagree. On CPU the twins run (float64, batch-invariant there too). Backward passes keep the usual kernels.
 
 `ExactParts` names the parts one by one; the exact mode switches all of them, the mismatch ablation
-(`benchmarks/bench_mismatch.py --ablate`) subsets, passed explicitly to `enable_batch_invariant`.
+(`benchmarks/bench_mismatch.py --ablate`) subsets, passed explicitly to `enable_batch_invariant`;
+`policy.generation.matched_kernels` (`match_kernels`) the cheap ones, with the FP8 GEMMs on cuBLAS at every M.
 """
 
 from __future__ import annotations
