@@ -46,7 +46,7 @@ from common import (  # noqa: E402
 )
 
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics  # noqa: E402
-from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant  # noqa: E402
+from nemo_jetrl.models.batch_invariant import MATCHED_PARTS, ExactParts, enable_batch_invariant  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
@@ -71,9 +71,7 @@ VARIANTS = (
 ABLATION_PRESETS = ("bf16", "jetrl", "jetrl_kv")
 FP8_ONLY_PARTS = ("fp8_gemm",)  # parts that change nothing without FP8 linears
 ONLY_PARTS = ("fp8_gemm", "attention")  # the two large sources, each alone exact
-
-
-CHEAP_PARTS = ("attention", "logsumexp")  # exact parts whose rollout cost is small (docs/mismatch.md)
+CHEAP_PARTS = tuple(n for n in ExactParts.names() if getattr(MATCHED_PARTS, n))  # what `matched_kernels` switches
 
 
 def ablation_variants(presets=ABLATION_PRESETS, cuda: bool = False) -> list[tuple[str, str, str, ExactParts | None]]:
@@ -99,15 +97,14 @@ def run_variant(label: str, preset: str, mode: str, model, prompts, args, device
     cfg = policy_config(
         train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch,
-        generation={"deterministic": mode == "exact"},  # the exact mode: NativePolicy switches the model's kernels
+        # the exact mode / matched kernels: NativePolicy switches the model's kernels (both sides share the model)
+        generation={"deterministic": mode == "exact", "matched_kernels": mode == "matched"},
     )
     started = time.perf_counter()
     policy = NativePolicy(cfg, recipe, device, model=model)
-    if mode == "matched":
-        parts = ExactParts.only(*CHEAP_PARTS)
-    if mode in ("ablate", "cublas", "matched") and parts is not None:  # a subset of the exact mode's parts, on the
-        enable_batch_invariant(policy.model, parts)  # model both sides share
-    if mode == "cublas" or (mode == "matched" and device.type == "cuda"):
+    if mode in ("ablate", "cublas") and parts is not None:  # a subset of the exact mode's parts
+        enable_batch_invariant(policy.model, parts)
+    if mode == "cublas":
         use_cublas_fprop(policy.model)
     engine = bootstrapped_engine(
         policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda",
