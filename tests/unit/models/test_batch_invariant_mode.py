@@ -77,6 +77,22 @@ def test_matched_kernels_switch_the_cheap_parts_and_the_policy_applies_them():
     assert exact_parts(other) == MATCHED_PARTS
 
 
+def test_cublas_fprop_is_refused_off_sm90_and_the_exact_gemm_wins():
+    from nemo_jetrl.precision.convert import use_cublas_fprop
+    from nemo_jetrl.precision.linear import fprop_backend
+
+    model = random_tiny_qwen3(0)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    with pytest.raises(ValueError, match="use_cublas_fprop: needs FP8 linears on a GPU"):
+        use_cublas_fprop(model)
+    linear = next(m for m in model.modules() if isinstance(m, Fp8Linear))
+    assert fprop_backend(linear) == "auto"
+    linear.fprop_cublas = True
+    assert fprop_backend(linear) == "scaled_mm"
+    linear.batch_invariant = True  # the exact mode's GEMM takes precedence
+    assert fprop_backend(linear) == "batch_invariant"
+
+
 def _rollout_and_trainer(preset: str):
     model = random_tiny_qwen3(0)
     recipe = PrecisionRecipe.preset(preset)
