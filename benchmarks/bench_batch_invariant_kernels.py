@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import device_info, report  # noqa: E402
 
 from nemo_jetrl.generation.native.decode_attention import decode_attention  # noqa: E402
+from nemo_jetrl.models import batch_invariant_kernels as K  # noqa: E402
 from nemo_jetrl.models.batch_invariant_attention import attention  # noqa: E402
 from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant  # noqa: E402
 from nemo_jetrl.precision.kernels import triton_batch_invariant as T  # noqa: E402
@@ -63,6 +64,9 @@ def gemm_rows(dev) -> list[dict]:
     return rows
 
 
+DECODE_CONFIGS = ((64, 4, 2), (64, 8, 2), (64, 4, 1), (64, 4, 3), (64, 8, 3), (64, 8, 1))
+
+
 def attention_rows(dev) -> list[dict]:
     bsz, heads, kv_heads, dim, ctx = 64, 32, 8, 128, 384
     scale = dim**-0.5
@@ -77,6 +81,9 @@ def attention_rows(dev) -> list[dict]:
     start = torch.tensor(ctx - 1, device=dev)
     exact = bench(lambda: attention(q, k, v, valid, start, scale, ks, vs))
     rows = [{"variant": "decode attention fp8 kv, 64 x 384", "fast_ms": fast, "exact_ms": exact}]
+    for config in DECODE_CONFIGS:  # (query rows per program, warps, stages) the decode may take (tested bitwise)
+        ms = bench(lambda c=config: K.attention(q, k, v, valid, start, scale, ks, vs, config=c))
+        rows.append({"variant": f"decode attention fp8 kv, config {config}", "fast_ms": fast, "exact_ms": ms})
     qp = torch.randn(bsz, heads, 256, dim, device=dev).bfloat16()
     kp = torch.randn(bsz, kv_heads, 256, dim, device=dev).bfloat16()
     vp = torch.randn(bsz, kv_heads, 256, dim, device=dev).bfloat16()
@@ -95,13 +102,14 @@ def attention_rows(dev) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
+    p.add_argument("--attention-only", action="store_true", help="the attention rows only")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_batch_invariant_kernels: needs a CUDA GPU", file=sys.stderr)
         return 0
     dev = torch.device("cuda")
     info = device_info(dev)
-    rows = attention_rows(dev) + gemm_rows(dev)
+    rows = attention_rows(dev) + ([] if args.attention_only else gemm_rows(dev))
     title = f"exact-mode kernels vs the fast path on {info['device']} (ms, medians of triton.testing.do_bench)"
     report(title, ["variant", "fast ms", "exact ms", "exact / fast"], ["variant", "fast_ms", "exact_ms", "exact_over_fast"],
            rows, args=args, info=info, shape={}, n_layers=0)  # fmt: skip

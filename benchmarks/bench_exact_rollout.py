@@ -8,7 +8,9 @@ GEMMs, fused FP8 decode attention) and the exact mode (`enable_batch_invariant`:
 and log-softmax; what `policy.generation.deterministic: true` runs). The engine as GRPO runs it (prefill, CUDA-graph
 decode, device sampling, fixed lengths). Full rollouts and prefill-only rollouts alternate between the two
 (`common.alternating_timings`: warm-up, then >= 5 timed rounds, order flipped every round); reported: median and
-min-max seconds, and exact / fast.
+min-max seconds, and exact / fast. `--modes` adds partial modes (`attention`: only the batch-invariant attention,
+`models.batch_invariant.ExactParts`); `--profile-steps N` adds a kernel breakdown of N eager decode steps per mode
+(`bench_rollout.kernel_profile`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.models.batch_invariant import enable_batch_invariant  # noqa: E402
+from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant  # noqa: E402
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode  # noqa: E402
+from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
 from nemo_jetrl.precision.kv import QKVCalibrator  # noqa: E402
 
 
@@ -40,15 +43,30 @@ def kv_scales(model, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return calib.scales().kv
 
 
+def mode_parts(mode: str) -> tuple[ExactParts | None, bool]:
+    """`--modes` entry -> (exact parts it switches on, cuBLAS FP8 forward at every M): "fast" none, "exact" all,
+    "exact-a-b" all but parts a and b, else "+"-joined part names and/or "cublas"."""
+    if mode == "fast":
+        return None, False
+    if mode.startswith("exact"):
+        return ExactParts().without(*mode.split("-")[1:]), False
+    names = [n for n in mode.split("+") if n != "cublas"]
+    return (ExactParts.only(*names) if names else None), "cublas" in mode.split("+")
+
+
 def engines(preset: str, shape: dict, args, prompt_t: torch.Tensor, device) -> dict[str, NativeGenerationEngine]:
-    """{"fast": ..., "exact": ...} over two copies of the same random weights, converted to `preset`."""
+    """{mode: engine} for "fast" and every `args.modes` entry, over copies of the same random weights, converted to
+    `preset`."""
     recipe = PrecisionRecipe.preset(preset)
     out, scales = {}, None
-    for mode in ("fast", "exact"):
+    for mode in dict.fromkeys(["fast", *args.modes]):
         model = build_model(shape, args.layers, device, torch.bfloat16)
         convert_to_fp8(model, recipe)
-        if mode == "exact":
-            enable_batch_invariant(model)
+        parts, cublas = mode_parts(mode)
+        if parts is not None:
+            enable_batch_invariant(model, parts)
+        if cublas:
+            use_cublas_fprop(model)
         engine = NativeGenerationEngine(
             model, max_new_tokens=args.gen_len, stop_token_ids=[], pad_token_id=0, kv_cache_dtype=recipe.kv_cache_dtype,
             cuda_graphs=device.type == "cuda",
@@ -71,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=256)
     p.add_argument("--presets", nargs="*", default=["jetrl", "jetrl_kv"])
+    p.add_argument("--modes", nargs="*", default=["exact"], help="exact, exact-PART, or PART+PART(+cublas)")
+    p.add_argument("--profile-steps", type=int, default=0, help="GPU: kernel breakdown of N eager decode steps")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="timed rounds per variant")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
@@ -95,8 +115,18 @@ def main(argv: list[str] | None = None) -> int:
             variants[f"{preset} {mode} prefill"] = lambda e=prefill_only: rollout(e, prompts, device)
         timings = alternating_timings(variants, args.warmup, args.steps, device)
         for name, t in timings.items():
-            base = timings[name.replace("exact", "fast")]["median_s"]
+            mode = name.split()[1]
+            base = timings[name.replace(f" {mode}", " fast", 1)]["median_s"]
             results.append({"variant": name, **t, "exact_over_fast": t["median_s"] / base})
+            if args.profile_steps and device.type == "cuda" and not name.endswith("prefill"):
+                from bench_rollout import kernel_profile
+
+                results[-1]["profile"] = profile = kernel_profile(
+                    pair[mode], args.batch, args.prompt_len + args.gen_len // 2, args.profile_steps, device
+                )  # fmt: skip
+                print(f"  {name} kernels, ms per decode step: {profile['categories_ms']}", flush=True)
+                for kernel, ms in profile["top_kernels_ms"]:
+                    print(f"    {ms:8.4f}  {kernel}", flush=True)
         del pair, variants
         gc.collect()
         if device.type == "cuda":
@@ -107,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         f"exact-mode rollout on {info['device']}: {shape_name} shape x {args.layers} layers, batch {args.batch}, "
         f"{args.prompt_len} -> {args.gen_len} tokens, {args.steps} timed rounds (variants alternating)"
     )
-    headers = ["variant", "median s", "min-max s", "exact / fast"]
+    headers = ["variant", "median s", "min-max s", "mode / fast"]
     keys = ["variant", "median_s", "min_max_s", "exact_over_fast"]
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=args.layers)
     return 0

@@ -8,8 +8,17 @@ Each variant runs `--steps` GRPO steps on the same random-weight model (Qwen3-8B
 (`NativePolicy.get_logprobs`, the forward whose gradient is taken next) -> train (random advantages) -> refit.
 Mismatch is always rollout logprobs vs that trainer forward (never a replay of the rollout). Reported per variant:
 token_mult_prob_error, gen_kl_error, exact_token_fraction over all steps, and mean exp|d| per response-position bin.
-Modes: "fast" (the default kernels), "sdpa_decode" (SDPA instead of the fused decode attention), "exact"
-(`policy.generation.deterministic: true`: batch-invariant kernels in the rollout and the trainer).
+Modes: "fast" (the default kernels), "sdpa_decode" (SDPA instead of the fused decode attention), "matched" (the
+fast path with its two cheap mismatch sources matched: batch-invariant attention and log-sum-exp on both sides, FP8
+forward GEMMs on cuBLAS at every M on CUDA), "exact" (`policy.generation.deterministic: true`: batch-invariant
+kernels in the rollout and the trainer).
+
+`--ablate` attributes the fast path's mismatch: per preset the fast path, the exact mode, the exact mode with ONE part
+back on the fast path ("exact - attention": everything exact but the attention) and ONE part alone exact ("only
+fp8_gemm"); the parts are `models.batch_invariant.ExactParts`, handed to `enable_batch_invariant(model, parts)`. On
+CUDA also the FP8 forward GEMMs on cuBLAS at every M (`precision.convert.use_cublas_fprop`), alone and with the
+cheap exact parts.
+Default there: one step per variant (the mismatch is measured before the update, so no training step runs).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import argparse
 import gc
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import torch
@@ -32,34 +42,70 @@ from common import (  # noqa: E402
     device_info,
     policy_config,
     report,
+    write_json,
 )
 
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics  # noqa: E402
+from nemo_jetrl.models.batch_invariant import MATCHED_PARTS, ExactParts, enable_batch_invariant  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
 
-# (label, preset, mode: fast | sdpa_decode | exact)
+# (label, preset, mode: fast | sdpa_decode | matched | exact)
 VARIANTS = (
     ("bf16", "bf16", "fast"),
     ("fp8 rollout only", "fp8_rollout_only", "fast"),
     ("unified fp8 (jetrl)", "jetrl", "fast"),
     ("unified fp8 + kv (jetrl_kv)", "jetrl_kv", "fast"),
     ("jetrl_kv, SDPA decode", "jetrl_kv", "sdpa_decode"),
+    ("jetrl, matched", "jetrl", "matched"),
+    ("jetrl_kv, matched", "jetrl_kv", "matched"),
     ("bf16, exact", "bf16", "exact"),
     ("jetrl, exact", "jetrl", "exact"),
     ("jetrl_kv, exact", "jetrl_kv", "exact"),
 )
 
 
-def run_variant(label: str, preset: str, mode: str, model, prompts, args, device) -> dict:
+# --ablate: per preset, (label suffix, ExactParts or None = the fast path); parts one at a time, both directions.
+ABLATION_PRESETS = ("bf16", "jetrl", "jetrl_kv")
+FP8_ONLY_PARTS = ("fp8_gemm",)  # parts that change nothing without FP8 linears
+ONLY_PARTS = ("fp8_gemm", "attention")  # the two large sources, each alone exact
+CHEAP_PARTS = tuple(n for n in ExactParts.names() if getattr(MATCHED_PARTS, n))  # what `matched_kernels` switches
+
+
+def ablation_variants(presets=ABLATION_PRESETS, cuda: bool = False) -> list[tuple[str, str, str, ExactParts | None]]:
+    """(label, preset, mode, parts) rows of `--ablate`: fast, exact, exact minus each part, each large part only;
+    on CUDA also the FP8 forward GEMMs on cuBLAS at every M (mode "cublas"), alone and with the cheap parts."""
+    rows = []
+    for preset in presets:
+        fp8 = preset != "bf16"
+        names = [n for n in ExactParts.names() if fp8 or n not in FP8_ONLY_PARTS]
+        rows += [(f"{preset} fast", preset, "fast", None), (f"{preset} exact", preset, "exact", ExactParts())]
+        rows += [(f"{preset} exact - {n}", preset, "ablate", ExactParts().without(n)) for n in names]
+        rows += [(f"{preset} only {n}", preset, "ablate", ExactParts.only(n)) for n in ONLY_PARTS if n in names]
+        if cuda and fp8:
+            rows += [(f"{preset} cuBLAS GEMMs", preset, "cublas", None)]
+            rows += [
+                (f"{preset} cuBLAS GEMMs + {'+'.join(CHEAP_PARTS)}", preset, "cublas", ExactParts.only(*CHEAP_PARTS))
+            ]
+    return rows
+
+
+def run_variant(label: str, preset: str, mode: str, model, prompts, args, device, parts: ExactParts | None = None):
     recipe = PrecisionRecipe.preset(preset)
     cfg = policy_config(
         train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch,
-        generation={"deterministic": mode == "exact"},  # the exact mode: NativePolicy switches the model's kernels
+        # the exact mode / matched kernels: NativePolicy switches the model's kernels (both sides share the model)
+        generation={"deterministic": mode == "exact", "matched_kernels": mode == "matched"},
     )
+    started = time.perf_counter()
     policy = NativePolicy(cfg, recipe, device, model=model)
+    if mode in ("ablate", "cublas") and parts is not None:  # a subset of the exact mode's parts
+        enable_batch_invariant(policy.model, parts)
+    if mode == "cublas":
+        use_cublas_fprop(policy.model)
     engine = bootstrapped_engine(
         policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda",
         fused_decode=False if mode == "sdpa_decode" else None,
@@ -77,6 +123,8 @@ def run_variant(label: str, preset: str, mode: str, model, prompts, args, device
         train_lp.append(batch.prev_logprobs[:, start:])
         gen_lp.append(batch.generation_logprobs[:, start:])
         masks.append(batch.response_mask[:, start:])
+        if seed == args.steps - 1:  # the last update would change nothing measured
+            break
         policy.train(batch, LOSS)
         policy.prepare_refit()
         if policy.kv_scales is not None:
@@ -84,7 +132,10 @@ def run_variant(label: str, preset: str, mode: str, model, prompts, args, device
     width = min(t.shape[1] for t in train_lp)
     train, gen, mask = (torch.cat([t[:, :width] for t in ts]) for ts in (train_lp, gen_lp, masks))  # [steps*B, R]
     result = {"variant": label, "preset": preset, "mode": mode, **mismatch_metrics(train, gen, mask)}
+    if parts is not None:
+        result["exact_parts"] = [n for n in ExactParts.names() if getattr(parts, n)]
     result["by_position"] = by_position(train, gen, mask, args.bins)
+    result["wall_s"] = time.perf_counter() - started
     del policy, engine
     gc.collect()
     if device.type == "cuda":
@@ -139,36 +190,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=256)
     p.add_argument("--micro-batch", type=int, default=8, help="trainer micro-batch (logprob and train)")
-    p.add_argument("--steps", type=int, default=3, help="GRPO steps per variant")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps per variant (default 3; --ablate: 1)")
     p.add_argument("--bins", type=int, default=8, help="response-position bins")
     p.add_argument("--variants", nargs="*", default=None, help="a subset of the variant labels (default: all)")
+    p.add_argument("--ablate", action="store_true", help="attribute the fast path's mismatch part by part")
+    p.add_argument("--presets", nargs="*", default=list(ABLATION_PRESETS), help="--ablate: presets to ablate")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--out", default=None, help="JSON path")
     p.add_argument("--plot", default=None, help="PNG path: mismatch by response position")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    if args.steps is None:
+        args.steps = 1 if args.ablate else 3
     if args.quick:
         shape, shape_name, args.layers, args.prompts, args.prompt_len, args.gen_len = TINY, "tiny", 2, 8, 8, 8
-        args.micro_batch, args.steps, args.bins = 4, 2, 4
+        args.micro_batch, args.steps, args.bins = 4, min(args.steps, 2), 4
     info = device_info(device)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(1, shape["vocab_size"], (args.prompts, args.prompt_len), generator=gen).tolist()
     results = []
-    unknown = set(args.variants or ()) - {v[0] for v in VARIANTS}
+    rows = ablation_variants(args.presets, device.type == "cuda") if args.ablate else [(*v, None) for v in VARIANTS]
+    unknown = set(args.variants or ()) - {v[0] for v in rows}
     if unknown:
-        p.error(f"unknown variants {sorted(unknown)}; known: {[v[0] for v in VARIANTS]}")
-    for label, preset, mode in VARIANTS:  # a fresh copy of the same random weights per variant
-        if args.variants and label not in args.variants:
-            continue
-        model = build_model(shape, args.layers, device, torch.bfloat16).train()
-        results.append(run_variant(label, preset, mode, model, prompts, args, device))
+        p.error(f"unknown variants {sorted(unknown)}; known: {[v[0] for v in rows]}")
+    headers = ["variant", "token_mult_prob_error", "gen_kl_error", "exact tokens", "tokens"]
+    keys = ["variant", "token_mult_prob_error", "gen_kl_error", "exact_token_fraction", "num_valid_tokens"]
     title = (
         f"mismatch on {info['device']}: {shape_name} shape x {args.layers} layers, {args.prompts} sequences, "
         f"{args.prompt_len} -> {args.gen_len} tokens, {args.steps} steps, trainer micro-batch {args.micro_batch}"
     )
-    headers = ["variant", "token_mult_prob_error", "gen_kl_error", "exact tokens", "tokens"]
-    keys = ["variant", "token_mult_prob_error", "gen_kl_error", "exact_token_fraction", "num_valid_tokens"]
+    for label, preset, mode, parts in rows:  # a fresh copy of the same random weights per variant
+        if args.variants and label not in args.variants:
+            continue
+        model = build_model(shape, args.layers, device, torch.bfloat16).train()
+        results.append(run_variant(label, preset, mode, model, prompts, args, device, parts))
+        r = results[-1]
+        print(f"{label}: tmpe {r['token_mult_prob_error']:.4f}, exact {r['exact_token_fraction']:.4f}", flush=True)
+        write_json(args.out, {**info, "args": vars(args), "partial": True, "results": results})
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=args.layers)
     if args.plot:
         plot(results, title, args.plot)

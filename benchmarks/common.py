@@ -75,6 +75,7 @@ def policy_config(**overrides) -> dict:
         "top_k": None,
         "stop_token_ids": None,
         "deterministic": False,
+        "matched_kernels": False,
         "cuda_graphs": True,
         "max_num_seqs": None,
         "gpu_memory_utilization": None,

@@ -33,6 +33,9 @@ class GenerationConfig(Section):
     stop_token_ids: list[NonNegativeInt] | None = None  # null = the tokenizer's eos
     # the exact mode: batch-invariant kernels in rollout AND trainer, rollout logprobs == trainer logprobs bitwise
     deterministic: bool = False
+    # the fast path with its two large mismatch sources matched: batch-invariant attention and log-sum-exp on both
+    # sides, FP8 forward GEMMs on cuBLAS at every M (docs/mismatch.md)
+    matched_kernels: bool = False
     cuda_graphs: bool = True  # capture the decode step on CUDA
     # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
     max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for a free KV slot
@@ -54,11 +57,12 @@ class GenerationConfig(Section):
     def _vllm_supported(self) -> GenerationConfig:
         if self.backend != "vllm":
             return self
-        if self.deterministic:
-            raise KeyedValueError(
-                "policy.generation.deterministic: true is the native engine's bitwise path; with backend: vllm set "
-                "it false (or backend=native)"
-            )
+        for key in ("deterministic", "matched_kernels"):
+            if getattr(self, key):
+                raise KeyedValueError(
+                    f"policy.generation.{key}: true is the native engine's path (kernels shared with the trainer); "
+                    "with backend: vllm set it false (or backend=native)"
+                )
         if self.top_p < 1.0 or self.top_k is not None:
             raise KeyedValueError(
                 "policy.generation.top_p < 1 / top_k with backend: vllm: vLLM's processed logprobs renormalise over "

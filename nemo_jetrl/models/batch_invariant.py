@@ -15,9 +15,16 @@ switches every kernel on that path to one whose per-row result does not depend o
 
 The switch lives on the model, which the trainer and the native rollout engine share, so the two sides cannot
 disagree. On CPU the twins run (float64, batch-invariant there too). Backward passes keep the usual kernels.
+
+`ExactParts` names the parts one by one; the exact mode switches all of them, the mismatch ablation
+(`benchmarks/bench_mismatch.py --ablate`) subsets, passed explicitly to `enable_batch_invariant`;
+`policy.generation.matched_kernels` (`match_kernels`) the cheap ones, with the FP8 GEMMs on cuBLAS at every M.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,8 +33,74 @@ from nemo_jetrl.precision import batch_invariant as bi_linear
 from nemo_jetrl.precision.linear import Fp8Linear
 from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 
-_FLAG = "jetrl_batch_invariant"
+_PARTS_ATTR = "jetrl_exact_parts"  # the model attribute holding its ExactParts
 LSE_REF_CHUNK = 4096  # vocabulary entries per float64 partial sum of the twin
+
+
+@dataclass(frozen=True)
+class ExactParts:
+    """Which parts of the path from a token to its logprob run their exact (batch-invariant) form.
+
+    fp8_gemm: the FP8 linears' forward GEMM (and an `Fp8Linear`'s BF16 path); linear: plain linears (lm_head);
+    attention: decode, prefill and training attention, FP8 KV read included; logsumexp: the logprobs' log-sum-exp
+    (sampler and trainer)."""
+
+    fp8_gemm: bool = True
+    linear: bool = True
+    attention: bool = True
+    logsumexp: bool = True
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def none(cls) -> ExactParts:
+        return cls(**dict.fromkeys(cls.names(), False))
+
+    @classmethod
+    def only(cls, *names: str) -> ExactParts:
+        """These parts exact, the others on the fast path."""
+        return cls.none().with_parts(names, True)
+
+    def without(self, *names: str) -> ExactParts:
+        """These parts back on the fast path."""
+        return self.with_parts(names, False)
+
+    def with_parts(self, names, value: bool) -> ExactParts:
+        unknown = set(names) - set(self.names())
+        if unknown:
+            raise ValueError(f"unknown exact-mode parts {sorted(unknown)}; known: {list(self.names())}")
+        return dataclasses.replace(self, **dict.fromkeys(names, value))
+
+    @property
+    def complete(self) -> bool:
+        """Every part exact: the exact mode."""
+        return all(getattr(self, name) for name in self.names())
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, name) for name in self.names())
+
+
+NO_EXACT_PARTS = ExactParts.none()
+
+
+# `policy.generation.matched_kernels`: the parts whose exact form costs the rollout little, with the FP8 GEMMs on
+# cuBLAS at every M (no split-K decode kernel); docs/mismatch.md has the ablation behind the choice.
+MATCHED_PARTS = ExactParts.only("attention", "logsumexp")
+
+
+def match_kernels(model: nn.Module, device: torch.device) -> None:
+    """`policy.generation.matched_kernels`: `MATCHED_PARTS` on both sides, and on a GPU where cuBLAS runs the
+    blockwise FP8 recipe every FP8 forward GEMM there (`precision.convert.use_cublas_fprop`)."""
+    from nemo_jetrl.precision.convert import use_cublas_fprop
+    from nemo_jetrl.precision.gemm import gemm_backend
+
+    enable_batch_invariant(model, MATCHED_PARTS)
+    has_fp8 = any(isinstance(m, (Fp8Linear, Fp8RolloutLinear)) for m in model.modules())
+    if has_fp8 and gemm_backend(device) == "scaled_mm":
+        use_cublas_fprop(model)
 
 
 class BatchInvariantLinear(nn.Linear):
@@ -44,29 +117,42 @@ class BatchInvariantLinear(nn.Linear):
         return bi_linear.linear(x, self.weight, self.bias)
 
 
-def enable_batch_invariant(model: nn.Module) -> int:
-    """Switch `model` (trainer and rollout alike) to the exact mode's kernels; returns the number of linears switched.
+def enable_batch_invariant(model: nn.Module, parts: ExactParts = ExactParts()) -> int:
+    """Switch `model` (trainer and rollout alike) to the exact mode's kernels (`parts`: all of them by default;
+    subsets for the mismatch ablation); returns the number of linears switched.
 
-    Plain `nn.Linear`s become `BatchInvariantLinear`s; FP8 linears (`Fp8Linear`, `Fp8RolloutLinear`) take the
-    batch-invariant forward GEMM; `decoder_forward` and the samplers read `is_batch_invariant(model)`."""
-    switched = 0
+    Plain `nn.Linear`s become `BatchInvariantLinear`s (`parts.linear`); FP8 linears (`Fp8Linear`,
+    `Fp8RolloutLinear`) take the batch-invariant forward GEMM (`parts.fp8_gemm`); `decoder_forward` and the
+    samplers read `exact_parts(model)`."""
+    if not parts.any:
+        raise ValueError("enable_batch_invariant: no exact-mode part selected")
+    has_linear, switched = False, 0
     for name, module in list(model.named_modules()):
         if isinstance(module, (Fp8Linear, Fp8RolloutLinear)):
-            module.batch_invariant = True
-            switched += 1
+            has_linear = True
+            module.batch_invariant = parts.fp8_gemm
+            switched += parts.fp8_gemm
         elif type(module) is nn.Linear:
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, BatchInvariantLinear.from_linear(module))
-            switched += 1
-    if switched == 0:
+            has_linear = True
+            if parts.linear:
+                parent_name, _, child = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                setattr(parent, child, BatchInvariantLinear.from_linear(module))
+                switched += 1
+    if not has_linear:
         raise ValueError(f"enable_batch_invariant: {type(model).__name__} has no linear layers to switch")
-    setattr(model, _FLAG, True)
+    setattr(model, _PARTS_ATTR, parts)
     return switched
 
 
+def exact_parts(model: nn.Module) -> ExactParts:
+    """The parts of `model` switched to their exact form (none unless `enable_batch_invariant` ran)."""
+    return getattr(model, _PARTS_ATTR, NO_EXACT_PARTS)
+
+
 def is_batch_invariant(model: nn.Module) -> bool:
-    return bool(getattr(model, _FLAG, False))
+    """Whether `model` runs the whole exact mode."""
+    return exact_parts(model).complete
 
 
 def logsumexp_rows(x: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -14,6 +16,9 @@ from nemo_jetrl.precision.kernels.triton_quant import _on_device
 ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program
 ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax
 ATTN_WARPS, ATTN_STAGES = 4, 2
+# A decode step (one query per row) takes 3 pipeline stages: the same arithmetic in the same order, so the same bits
+# (tests/gpu), and faster on an H100 (docs/mismatch.md).
+DECODE_CONFIG = (ATTN_BLOCK_M, ATTN_WARPS, 3)
 LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
 
 
@@ -26,11 +31,16 @@ def _dot(a, b, DT: tl.constexpr):
 
 
 @triton.jit
-def _load_kv(base, cols, in_range, stride_s, dims, scale, FP8: tl.constexpr, DT: tl.constexpr):
+def _load_kv(base, cols, in_range, stride_s, dims, scale, FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr):
     """[BLOCK_N, D] keys or values at cache columns `cols` in DT; an e4m3 cache is dequantized as `kv_dequant`
-    does (`(float32(q) * scale).to(DT)`), so it equals the trainer's fake-quantized K/V bit for bit."""
+    does (`(float32(q) * scale).to(DT)`), so it equals the trainer's fake-quantized K/V bit for bit. HW_CAST (a
+    GPU): the narrowing cast is the hardware's round-to-nearest-even conversion, one instruction per element
+    pair; the CPU interpreter truncates there, so it rounds on the bits (`_round`, several integer operations
+    per element: the decode's main cost over an FP8 cache)."""
     x = tl.load(base + cols.to(tl.int64)[:, None] * stride_s + dims[None, :], mask=in_range[:, None], other=0.0)
     if FP8:
+        if HW_CAST:
+            return (x.to(tl.float32) * scale).to(DT)
         return _round(x.to(tl.float32) * scale, DT).to(DT)
     return x.to(DT)
 
@@ -41,7 +51,7 @@ def _attention_kernel(
     S_q, S_k, kv_heads, sm_scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos,
     N_REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_FP8: tl.constexpr, DT: tl.constexpr,
+    KV_FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr,
 ):  # fmt: skip
     # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile row r: query s = r // N_REP of head hk * N_REP + r % N_REP.
     # Keys are visited in blocks of BLOCK_N aligned to the row's first valid key column `lead`, up to the tile's
@@ -78,7 +88,7 @@ def _attention_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         in_range = cols < hi
         valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
-        k = _load_kv(k_base, cols, in_range, sks, dims, k_scale, KV_FP8, DT)  # [BN, D]
+        k = _load_kv(k_base, cols, in_range, sks, dims, k_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
         s = _dot(q, tl.trans(k), DT) * sm_scale  # [BM, BN]
         allowed = valid[None, :] & (cols[None, :] <= qcol[:, None])
         s = tl.where(allowed, s, float("-inf"))
@@ -86,7 +96,7 @@ def _attention_kernel(
         alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_new))
         p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_kv(v_base, cols, in_range, svs, dims, v_scale, KV_FP8, DT)  # [BN, D]
+        v = _load_kv(v_base, cols, in_range, svs, dims, v_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
         acc = acc * alpha[:, None] + _dot(p.to(DT), v, DT)
         m_i = m_new
     out = acc / tl.maximum(l_i, 1e-30)[:, None]  # a row that may see no key gives 0
@@ -94,14 +104,27 @@ def _attention_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
-    """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]."""
+def attention(
+    q,
+    k_buf,
+    v_buf,
+    key_valid,
+    q_start,
+    sm_scale,
+    k_scale=None,
+    v_scale=None,
+    config: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]. config: (query rows per
+    program, warps, pipeline stages), default (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES); the GPU tests check which
+    configs give the default's bits."""
     bsz, heads, s_q, dim = q.shape
+    block_m, warps, stages = config or (DECODE_CONFIG if s_q == 1 else (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES))
     _, kv_heads, s_k, _ = k_buf.shape
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
     n_rep = heads // kv_heads
-    grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, ATTN_BLOCK_M))
+    grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
     ones = q_start  # any pointer fills the scale slots of a high-precision cache (never read)
     with _on_device(q):
         _attention_kernel[grid](
@@ -109,8 +132,8 @@ def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_sca
             s_q, s_k, kv_heads, float(sm_scale),
             *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
             0 if q_start.dim() == 0 else q_start.stride(0), out.stride(0), out.stride(2), out.stride(1),
-            N_REP=n_rep, D=dim, BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
-            num_warps=ATTN_WARPS, num_stages=ATTN_STAGES,
+            N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
+            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out.transpose(1, 2)  # [B, H, S_q, D]
 

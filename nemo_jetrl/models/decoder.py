@@ -21,9 +21,9 @@ prefill / decode attention, so it gives up bit-exact trainer == rollout logprobs
 Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model, so trainer and rollout agree):
 every query of every path (decode, prefill, training) goes through `batch_invariant_attention`, the linears run
 batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels on both sides (the rollout's `fused`,
-the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's RMSNorm
-then writes its output as the trainer's does (not pre-quantized): with FP32 activations the fused norm + FP8
-kernel's sum of squares rounds unlike the plain norm kernel's.
+the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's norm and
+SiLU*up kernels still write their output quantized: their FP8 bits equal the trainer's `act_quant` of the plain
+output, FP32 activations included (the product before the quantizer is rounded on its own, `fused_ops._mul_rn`).
 
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.models import batch_invariant_attention
-from nemo_jetrl.models.batch_invariant import is_batch_invariant
+from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.logprobs import token_logprobs
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
@@ -279,8 +279,8 @@ def decoder_forward(
     if attention_mask.shape != (bsz, expected):
         raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
     backbone = _backbone(model)
-    exact = is_batch_invariant(model)
-    if exact and (causal_attention or packed is not None):
+    parts = exact_parts(model)  # the exact mode: all; the mismatch ablation / matched kernels: some
+    if parts.attention and (causal_attention or packed is not None):
         raise ValueError("decoder_forward: causal / packed attention rounds unlike the rollout; exact mode refuses it")
     if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):
         raise ValueError(f"decoder_forward: packed rows need one row of {packed.width} tokens and no kv_cache")
@@ -288,17 +288,17 @@ def decoder_forward(
         x = backbone.embed_tokens(input_ids)  # [B, S, H]
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
         causal = causal_attention and kv_cache is None and _right_padded(attention_mask)
-        key_valid = attention_mask.bool() if exact else None  # [B, S_total]
-        mask = None if causal or exact else _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_total]
+        key_valid = attention_mask.bool() if parts.attention else None  # [B, S_total]
+        mask = None if causal or parts.attention else _attention_mask(attention_mask, seq, cache_start)  # [B,1,S,S_k]
         mask = packed if packed is not None else mask
         triton_ok = fused_ops is not None and fused_ops.fused_ops_supported(x)
-        if exact and x.is_cuda and triton_ok and not (fused or fused_train):
+        if parts.any and x.is_cuda and triton_ok and not (fused or fused_train):
             raise ValueError(
                 "decoder_forward: the exact mode on CUDA runs the per-row fused glue kernels on both sides "
                 "(fused=True for the rollout, fused_train=True for the trainer)"
             )
         grouped = fused and triton_ok
-        norm_quant = grouped and not exact  # the norm kernel writes the next FP8 linears' input quantized
+        norm_quant = grouped  # the norm kernel writes the next FP8 linears' input quantized (the same bits)
         glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
@@ -423,4 +423,4 @@ def target_logprobs(
 
     The logits stay in lm_head's dtype: on CUDA the fused `token_logprobs` reads them in place (no float32 copy)."""
     logits = compute_logits(model, hidden, compute_dtype=compute_dtype, upcast=False)  # [..., V]
-    return token_logprobs(logits, targets, temperature, batch_invariant=is_batch_invariant(model))
+    return token_logprobs(logits, targets, temperature, batch_invariant=exact_parts(model).logsumexp)

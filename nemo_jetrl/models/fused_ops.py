@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -92,6 +93,21 @@ def _round(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _mul_rn(a, b, HW: tl.constexpr):
+    """fp32 a * b rounded on its own (PTX `mul.rn`, which the assembler never contracts into a later FMA). A plain
+    product feeding the fused FP8 quantizer's division may be contracted there, so the fused kernel's FP8 bits
+    would differ from quantizing the stored output; the CPU interpreter (HW false) has no inline assembly and no
+    contraction."""
+    if HW:
+        return tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=r,r,r", [a.to(tl.float32), b.to(tl.float32)], dtype=tl.float32,
+            is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        return a * b
+
+
+@triton.jit
 def _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, group0,
                OUT: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     # y [BLOCK] fp32 (already rounded to OUT) at columns `cols` of row `row` of a [R, N] output: stored in OUT, or
@@ -109,7 +125,7 @@ def _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, group0,
 def _add_rms_norm_kernel(
     x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, q_ptr, s_ptr, N, stride_x, stride_d, stride_sg, eps,
     HAS_DELTA: tl.constexpr, RES: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
-    QUANT: tl.constexpr = False, QB: tl.constexpr = 128, POW2: tl.constexpr = False,
+    QUANT: tl.constexpr = False, QB: tl.constexpr = 128, POW2: tl.constexpr = False, HW: tl.constexpr = False,
 ):  # fmt: skip
     # One program per row: res = x + d (rounded to RES), out = w * (res * rsqrt(mean(res^2) + eps)).to(RES) -> OUT
     row = tl.program_id(0).to(tl.int64)
@@ -121,9 +137,9 @@ def _add_rms_norm_kernel(
         x = _round(x + d, RES)
         tl.store(res_ptr + row * N + cols, x.to(RES), mask=ok)
     rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    h = _round(x * rstd, RES)
+    h = _round(_mul_rn(x, rstd, HW), RES)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    y = tl.where(ok, _round(w * h, OUT), 0.0)
+    y = tl.where(ok, _round(_mul_rn(w, h, HW), OUT), 0.0)
     _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, 0, OUT, QUANT, QB, POW2, BLOCK)
 
 
@@ -168,7 +184,7 @@ def _silu(g, G: tl.constexpr):
 def _silu_mul_kernel(
     g_ptr, u_ptr, out_ptr, q_ptr, s_ptr, N, stride_g, stride_u, stride_sg,
     G: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
-    QUANT: tl.constexpr = False, QB: tl.constexpr = 128, POW2: tl.constexpr = False,
+    QUANT: tl.constexpr = False, QB: tl.constexpr = 128, POW2: tl.constexpr = False, HW: tl.constexpr = False,
 ):  # fmt: skip
     # out [M, N] (contiguous) = silu(g) (rounded to g's dtype) * u (rounded to OUT); g/u [M, N] with row strides
     row = tl.program_id(0).to(tl.int64)
@@ -177,7 +193,7 @@ def _silu_mul_kernel(
     g = tl.load(g_ptr + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
     s = _silu(g, G)
-    y = tl.where(ok, _round(s * u, OUT), 0.0)
+    y = tl.where(ok, _round(_mul_rn(s, u, HW), OUT), 0.0)
     group0 = tl.program_id(1) * (BLOCK // QB)
     _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, group0, OUT, QUANT, QB, POW2, BLOCK)
 
@@ -185,6 +201,11 @@ def _silu_mul_kernel(
 # ----------------------------------------------------------------------------------------------------------------
 # wrappers
 # ----------------------------------------------------------------------------------------------------------------
+def _hw() -> bool:
+    """A GPU compiles the kernels (not the CPU interpreter of TRITON_INTERPRET=1): inline assembly is available."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
 def normed_dtype(*dtypes: torch.dtype) -> torch.dtype:
     """The dtype the glue kernels return for these input dtypes (PyTorch's type promotion, as eager)."""
     return _promote(*dtypes)
@@ -255,7 +276,7 @@ def _add_rms_norm(x, delta, weight, eps, quant: tuple[int, bool] | None):
         _add_rms_norm_kernel[(x2.shape[0],)](
             x2, d2, weight, res, out, q, scale, n, x2.stride(0), d2.stride(0), scale.stride(-1), eps,
             HAS_DELTA=delta is not None, RES=_TL_DTYPES[res_dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block,
-            QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]),
+            QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]), HW=_hw(),
             num_warps=min(16, max(1, block // 256)),
         )  # fmt: skip
     res = res.view(*x.shape[:-1], n)
@@ -313,7 +334,7 @@ def _silu_mul(gate, up, quant: tuple[int, bool] | None):
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(f, block))](
             g2, u2, out, q, scale, f, g2.stride(0), u2.stride(0), scale.stride(-1),
             G=_TL_DTYPES[gate.dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block,
-            QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]),
+            QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]), HW=_hw(),
             num_warps=8 if block >= 1024 else 4,
         )  # fmt: skip
     return (q, scale) if quant is not None else out

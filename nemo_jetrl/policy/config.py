@@ -148,9 +148,15 @@ class PolicyConfig(Section):
         return self
 
     def _exact_mode_problems(self) -> list[str]:
-        """What `policy.generation.deterministic: true` (batch-invariant kernels, trainer == rollout bitwise)
-        cannot honour."""
-        if not self.generation.deterministic:
+        """What `policy.generation.deterministic: true` (batch-invariant kernels, trainer == rollout bitwise) or
+        `matched_kernels: true` (its cheap parts on the fast path) cannot honour."""
+        gen = self.generation
+        if gen.deterministic and gen.matched_kernels:
+            return ["policy.generation.deterministic: true already runs every kernel matched_kernels would: set "
+                    "policy.generation.matched_kernels: false"]  # fmt: skip
+        if gen.matched_kernels:
+            return self._shared_kernel_problems("policy.generation.matched_kernels: true")
+        if not gen.deterministic:
             return []
         problems = []
         if self.generation.precision != self.precision:
@@ -163,19 +169,23 @@ class PolicyConfig(Section):
                 "policy.generation.deterministic: true with kv_cache_dtype fp8 needs "
                 "policy.fp8_cfg.train_kv_fake_quant: true (the trainer must read the K/V the cache held)"
             )
+        return problems + self._shared_kernel_problems("policy.generation.deterministic: true")
+
+    def _shared_kernel_problems(self, mode: str) -> list[str]:
+        """What a mode running the rollout's attention and glue kernels in the trainer too cannot honour."""
+        problems = []
         if self.train_causal_attention:
             problems.append(
-                "policy.generation.deterministic: true runs one attention for rollout and trainer: set "
-                "policy.train_causal_attention: false"
+                f"{mode} runs one attention for rollout and trainer: set policy.train_causal_attention: false"
             )
         if self.sequence_packing.enabled:
             problems.append(
-                "policy.generation.deterministic: true scores the rollout's padded rows with its attention: set "
-                "policy.sequence_packing.enabled: false"
+                f"{mode} scores the rollout's padded rows with its attention (packed rows run varlen attention): "
+                "set policy.sequence_packing.enabled: false"
             )
         if not self.fused_train_kernels:
             problems.append(
-                "policy.generation.deterministic: true runs the rollout's per-row fused glue kernels in the trainer "
-                "too: set policy.fused_train_kernels: true"
+                f"{mode} runs the rollout's per-row fused glue kernels in the trainer too: set "
+                "policy.fused_train_kernels: true"
             )
         return problems

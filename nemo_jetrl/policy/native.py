@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.models.batch_invariant import enable_batch_invariant
+from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
@@ -130,6 +130,8 @@ class NativePolicy(PolicyInterface):
                     "policy.fp8_cfg.train_kv_fake_quant with an FP8 KV cache)"
                 )
             enable_batch_invariant(model)
+        elif policy_cfg["generation"]["matched_kernels"]:
+            match_kernels(model, device)
         self.model = model.train()
         self.optimizer = build_optimizer(self.model.parameters(), policy_cfg["optimizer"])
         self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg["scheduler"])

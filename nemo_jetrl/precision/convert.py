@@ -1,4 +1,4 @@
-"""Swap `nn.Linear` -> `Fp8Linear` in place, following the one layer map."""
+"""Swap `nn.Linear` -> `Fp8Linear` in place, following the one layer map; switch the FP8 forward to cuBLAS."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
+from nemo_jetrl.precision.gemm import gemm_backend
 from nemo_jetrl.precision.layer_map import LayerPrecision, build_layer_map
 from nemo_jetrl.precision.linear import Fp8Linear
 from nemo_jetrl.precision.recipe import PrecisionRecipe
@@ -42,3 +43,14 @@ def convert_to_fp8(
         setattr(parent, child, Fp8Linear.from_linear(module, recipe))
     group_sibling_linears(model)
     return layer_map
+
+
+def use_cublas_fprop(model: nn.Module) -> int:
+    """Run every FP8 linear's forward GEMM of `model` on cuBLAS (`scaled_mm`) at every M, decode batches included
+    (no split-K Triton kernel), trainer and rollout alike; returns the number of linears switched. sm90 only."""
+    modules = [m for m in model.modules() if hasattr(m, "fprop_cublas")]
+    if not modules or any(gemm_backend(m.quantized_weight().data.device) != "scaled_mm" for m in modules):
+        raise ValueError("use_cublas_fprop: needs FP8 linears on a GPU where scaled_mm runs the blockwise recipe")
+    for m in modules:
+        m.fprop_cublas = True
+    return len(modules)

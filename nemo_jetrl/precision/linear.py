@@ -23,7 +23,7 @@ from nemo_jetrl.precision.recipe import PrecisionRecipe
 
 Mode = Literal["train", "rollout"]
 _MODES = ("train", "rollout")
-FpropBackend = Literal["auto", "batch_invariant"]
+FpropBackend = Literal["auto", "batch_invariant", "scaled_mm"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,8 +143,11 @@ def quantized_input_forward(
 
 
 def fprop_backend(module: nn.Module) -> FpropBackend:
-    """The forward GEMM of an FP8 linear: "batch_invariant" in the exact mode, else "auto"."""
-    return "batch_invariant" if getattr(module, "batch_invariant", False) else "auto"
+    """The forward GEMM of an FP8 linear: "batch_invariant" in the exact mode, "scaled_mm" (cuBLAS at every M,
+    `convert.use_cublas_fprop`), else "auto"."""
+    if getattr(module, "batch_invariant", False):
+        return "batch_invariant"
+    return "scaled_mm" if getattr(module, "fprop_cublas", False) else "auto"
 
 
 def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype, backend: FpropBackend) -> torch.Tensor:
@@ -260,6 +263,7 @@ class Fp8Linear(nn.Module):
         # the TP all-reduce adds them before the one rounding to the output dtype. None: the output dtype.
         self.partial_dtype: torch.dtype | None = None
         self.batch_invariant = False  # the exact mode's forward GEMM (`models.batch_invariant.enable_batch_invariant`)
+        self.fprop_cublas = False  # the forward GEMM on cuBLAS at every M (`convert.use_cublas_fprop`)
 
     @classmethod
     def from_linear(

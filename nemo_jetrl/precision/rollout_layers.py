@@ -49,13 +49,14 @@ class Fp8RolloutLinear(nn.Module):
         self.weight_group: Fp8RolloutGroup | None = None
         self.partial_dtype: torch.dtype | None = None  # row-parallel: GEMM output dtype before the TP all-reduce
         self.batch_invariant = False  # the exact mode's forward GEMM, as the trainer's Fp8Linear
+        self.fprop_cublas = False  # cuBLAS at every M, as the trainer's Fp8Linear
 
     @classmethod
     def from_fp8_linear(cls, module: Fp8Linear) -> Fp8RolloutLinear:
         """Same shapes and recipe; starts on `module`'s current quantized weight."""
         bias = module.bias.detach() if module.bias is not None else None
         new = cls(module.in_features, module.out_features, module.recipe, bias)
-        new.batch_invariant = module.batch_invariant
+        new.batch_invariant, new.fprop_cublas = module.batch_invariant, module.fprop_cublas
         qweight = module.quantized_weight()
         new.weight_fp8 = new.weight_fp8.to(qweight.data.device)
         new.weight_scale = new.weight_scale.to(qweight.data.device)

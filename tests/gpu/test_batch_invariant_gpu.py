@@ -145,3 +145,36 @@ def test_logsumexp_row_does_not_depend_on_the_batch():
     for row in ROWS:
         assert torch.equal(logsumexp_rows(x[row : row + 1])[0], batch[row]), row
     assert rel_err(big, torch.logsumexp(x.double(), -1)) < 1e-6
+
+
+@pytest.mark.parametrize("config", [(64, 4, 2), (64, 8, 2), (64, 4, 1), (64, 4, 3), (64, 8, 3)], ids=str)
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16_kv", "fp8_kv"])
+def test_attention_decode_config_gives_the_default_bits(fp8, config):
+    """A decode step (4 query rows of one KV head: 1 position x 4 heads) under another tile / warp configuration
+    equals the decode default's (`DECODE_CONFIG`) bitwise; (64, 4, 2) is the prefill's and the trainer's."""
+    from nemo_jetrl.models import batch_invariant_kernels as K
+
+    q, kc, vc, _, _, valid, scales = _attention_case(fp8)
+    scale = 128**-0.5
+    for col in (256, 383, 511, 589):
+        key_valid = valid.clone()
+        key_valid[:, col + 1 :] = False
+        start = torch.tensor(col, device=DEV)
+        args = (q[:, :, col : col + 1], kc, vc, key_valid, start, scale, *scales)
+        assert torch.equal(K.attention(*args, config=config), K.attention(*args)), col
+
+
+@pytest.mark.parametrize(("n", "k"), FP8_SHAPES)
+def test_cublas_fp8_row_at_decode_prefill_and_trainer_sizes(n, k):
+    """The fast path's cuBLAS FP8 GEMM (`backend="scaled_mm"`, what `use_cublas_fprop` runs at every M): a row of a
+    decode batch (64 rows) equals the same row in the trainer's (4,096) and the prefill's (16,384) product."""
+    xq, xs, wq, ws = _fp8_operands(16384, n, k, n + 2 * k)
+    prefill = fp8_blockwise_mm(xq, xs, wq, ws, torch.bfloat16, backend="scaled_mm")
+    train = fp8_blockwise_mm(xq[:4096], xs[:4096], wq, ws, torch.bfloat16, backend="scaled_mm")
+    decode = fp8_blockwise_mm(xq[:64], xs[:64], wq, ws, torch.bfloat16, backend="scaled_mm")
+    same = {
+        "decode==train": (decode == train[:64]).all().item(),
+        "train==prefill": (train == prefill[:4096]).all().item(),
+    }
+    print(n, k, same)
+    assert all(same.values()), same

@@ -142,3 +142,20 @@ def test_fused_decoder_forward_matches_eager(fp8):
         fused = decoder_forward(model, ids, pos, mask, fused=True)
     assert fused.dtype == eager.dtype == torch.bfloat16
     assert rel_err(fused, eager) < (5e-2 if fp8 else 5e-3)  # rsqrt/exp last bits, amplified by FP8 rounding
+
+
+@pytest.mark.parametrize("width", [1024, 4096])
+def test_fused_norm_fp8_equals_plain_norm_then_act_quant_with_fp32_activations(width):
+    """FP32 master weights under BF16 autocast: an FP32 residual plus a BF16 branch output, an FP32 norm weight.
+    The norm kernel with the FP8 quantization fused writes the bits of the plain norm kernel + act_quant (the
+    trainer's path), and the same residual."""
+    gen = torch.Generator(device=DEV).manual_seed(width)
+    x = torch.randn(256, width, device=DEV, generator=gen)
+    d = torch.randn(256, width, device=DEV, generator=gen).bfloat16()
+    w = 1 + 0.1 * torch.randn(width, device=DEV, generator=gen)
+    res, normed = fused_ops.add_rms_norm(x, d, w, 1e-6)
+    res_q, q, s = fused_ops.add_rms_norm_fp8(x, d, w, 1e-6, 128, False)
+    assert normed.dtype == torch.float32 and torch.equal(res_q, res)
+    q0, s0 = act_quant(normed, 128, False)
+    assert torch.equal(s, s0)
+    assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8))

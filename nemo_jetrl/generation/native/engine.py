@@ -31,7 +31,7 @@ from nemo_jetrl.generation.native.decode_attention import triton_decode_availabl
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
 from nemo_jetrl.generation.native.scheduler import engine_kv_budget
-from nemo_jetrl.models.batch_invariant import is_batch_invariant
+from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import AttnHook, compute_logits, decoder_forward, position_ids_from_mask
 from nemo_jetrl.precision import rollout_mode
 
@@ -124,8 +124,9 @@ class NativeGenerationEngine(GenerationInterface):
         if fused_decode and not (on_cuda and triton_decode_available()):
             raise ValueError("fused_decode=True needs a CUDA model and triton")
         self.fused_decode = (on_cuda and triton_decode_available()) if fused_decode is None else bool(fused_decode)
-        self.batch_invariant = is_batch_invariant(model)  # the exact mode: the trainer's kernels, row by row
-        if self.batch_invariant and on_cuda and not self.fused_decode:
+        self.exact_parts = exact_parts(model)  # the exact mode (all parts): the trainer's kernels, row by row
+        self.batch_invariant = self.exact_parts.logsumexp  # the samplers' log-sum-exp
+        if self.exact_parts.any and on_cuda and not self.fused_decode:
             raise ValueError(
                 "fused_decode=False with a model in the exact mode: its rollout runs the fused glue kernels the "
                 "trainer runs (leave fused_decode unset)"

@@ -20,7 +20,7 @@ def results(tmp_path_factory):
     spec.loader.exec_module(module)
     out = tmp_path_factory.mktemp("bench") / "mismatch.json"
     variants = [label for label, _, mode in module.VARIANTS if mode != "exact"] + ["jetrl_kv, exact"]
-    assert len(module.VARIANTS) == 8  # the other exact presets (bf16, jetrl) run in test_batch_invariant_mode.py
+    assert len(module.VARIANTS) == 10  # the other exact presets (bf16, jetrl) run in test_batch_invariant_mode.py
     argv = ["--quick", "--out", str(out), "--plot", str(out.with_suffix(".png")), "--variants", *variants]
     assert module.main(argv) == 0
     assert out.with_suffix(".png").stat().st_size > 10_000
@@ -30,7 +30,7 @@ def results(tmp_path_factory):
 def test_every_variant_is_measured_on_every_generated_token(results):
     assert list(results) == [
         "bf16", "fp8 rollout only", "unified fp8 (jetrl)", "unified fp8 + kv (jetrl_kv)", "jetrl_kv, SDPA decode",
-        "jetrl_kv, exact",
+        "jetrl, matched", "jetrl_kv, matched", "jetrl_kv, exact",
     ]  # fmt: skip
     for r in results.values():
         assert r["num_valid_tokens"] == 2 * 8 * 8  # 2 steps x 8 sequences x 8 generated tokens

@@ -181,6 +181,23 @@ def test_sequence_packing_refuses_dynamic_batching_and_unseeded_or_unknown_algor
     assert "is not one of" in error_of(base_yaml, "policy.sequence_packing.algorithm=best_fit")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["policy.train_causal_attention=true"], "set policy.train_causal_attention: false"),
+        (["policy.fused_train_kernels=false"], "set policy.fused_train_kernels: true"),
+        (["policy.generation.deterministic=true"], "set policy.generation.matched_kernels: false"),
+        (["policy.sequence_packing.enabled=true"], "set policy.sequence_packing.enabled: false"),
+    ],
+)
+def test_matched_kernels_refuse_what_they_cannot_honour(base_yaml, overrides, expected):
+    message = error_of(base_yaml, "policy.generation.matched_kernels=true", *overrides)
+    assert message.startswith("policy.generation.") and expected in message
+    assert check(base_yaml, "policy.generation.matched_kernels=true").policy.generation.matched_kernels
+    message = error_of(base_yaml, "policy.generation.matched_kernels=true", "policy.generation.backend=vllm")
+    assert "policy.generation.matched_kernels: true is the native engine's path" in message
+
+
 def test_samples_must_split_into_whole_global_batches(base_yaml):
     assert check(base_yaml, "policy.train_global_batch_size=128").policy.train_global_batch_size == 128
     message = error_of(base_yaml, "policy.train_global_batch_size=96", "policy.train_micro_batch_size=32")

@@ -6,7 +6,15 @@ import torch
 from torch import nn
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.models.batch_invariant import BatchInvariantLinear, enable_batch_invariant, is_batch_invariant
+from nemo_jetrl.models.batch_invariant import (
+    MATCHED_PARTS,
+    BatchInvariantLinear,
+    ExactParts,
+    enable_batch_invariant,
+    exact_parts,
+    is_batch_invariant,
+    match_kernels,
+)
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
@@ -30,6 +38,59 @@ def test_switch_covers_every_linear_and_keeps_the_parameters():
     ids = torch.ones(1, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="exact mode refuses it"):
         sequence_logprobs(model, ids, torch.ones_like(ids), causal_attention=True)
+
+
+def test_exact_parts_name_subsets_and_refuse_unknown_names():
+    assert ExactParts().complete and not ExactParts.none().any
+    assert ExactParts.only("attention") == ExactParts(fp8_gemm=False, linear=False, attention=True, logsumexp=False)
+    assert ExactParts().without("attention", "linear") == ExactParts(linear=False, attention=False)
+    with pytest.raises(ValueError, match="unknown exact-mode parts"):
+        ExactParts.only("norm")
+    with pytest.raises(ValueError, match="no exact-mode part"):
+        enable_batch_invariant(random_tiny_qwen3(0), ExactParts.none())
+
+
+def test_partial_parts_switch_only_their_kernels():
+    model = random_tiny_qwen3(0)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    assert enable_batch_invariant(model, ExactParts.only("fp8_gemm")) == len(fp8)
+    assert all(m.batch_invariant for m in fp8) and type(model.lm_head) is nn.Linear
+    assert exact_parts(model) == ExactParts.only("fp8_gemm") and not is_batch_invariant(model)
+
+
+def test_matched_kernels_switch_the_cheap_parts_and_the_policy_applies_them():
+    from benchmarks.common import policy_config
+    from nemo_jetrl.policy.native import NativePolicy
+
+    model = random_tiny_qwen3(0)
+    cfg = policy_config(master_dtype="float32", generation={"matched_kernels": True})
+    policy = NativePolicy(cfg, PrecisionRecipe.preset("jetrl"), torch.device("cpu"), model=model)
+    assert exact_parts(policy.model) == MATCHED_PARTS == ExactParts.only("attention", "logsumexp")
+    fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    assert fp8 and not any(m.batch_invariant or m.fprop_cublas for m in fp8)  # CPU: the emulated GEMM, no cuBLAS
+    assert type(model.lm_head) is nn.Linear
+    engine = NativeGenerationEngine(model, max_new_tokens=2, stop_token_ids=[], pad_token_id=0)
+    assert engine.batch_invariant and not is_batch_invariant(model)  # the samplers' per-row log-sum-exp
+    other = random_tiny_qwen3(0)
+    match_kernels(other, torch.device("cpu"))  # no FP8 linears: attention and log-sum-exp only
+    assert exact_parts(other) == MATCHED_PARTS
+
+
+def test_cublas_fprop_is_refused_off_sm90_and_the_exact_gemm_wins():
+    from nemo_jetrl.precision.convert import use_cublas_fprop
+    from nemo_jetrl.precision.linear import fprop_backend
+
+    model = random_tiny_qwen3(0)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    with pytest.raises(ValueError, match="use_cublas_fprop: needs FP8 linears on a GPU"):
+        use_cublas_fprop(model)
+    linear = next(m for m in model.modules() if isinstance(m, Fp8Linear))
+    assert fprop_backend(linear) == "auto"
+    linear.fprop_cublas = True
+    assert fprop_backend(linear) == "scaled_mm"
+    linear.batch_invariant = True  # the exact mode's GEMM takes precedence
+    assert fprop_backend(linear) == "batch_invariant"
 
 
 def _rollout_and_trainer(preset: str):
