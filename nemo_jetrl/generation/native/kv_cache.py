@@ -33,7 +33,12 @@ from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 from nemo_jetrl.precision.quant import E4M3_MAX as FP8_E4M3_MAX
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
-__all__ = ["FP8_E4M3_MAX", "FP8_KV_DTYPE", "KVCache"]
+__all__ = ["FP8_E4M3_MAX", "FP8_KV_DTYPE", "KVCache", "encode_kv"]
+
+
+def encode_kv(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """x as a cache of `dtype` stores it: `kv_quant` with the layer's scale for FP8, else a cast."""
+    return x.to(dtype) if scale is None else kv_quant(x, scale)
 
 
 class KVCache:
@@ -143,7 +148,7 @@ class KVCache:
         self.v.zero_()
 
     def _encode(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-        return x.to(self.dtype) if scale is None else kv_quant(x, scale)
+        return encode_kv(x, self.dtype, scale)
 
     @staticmethod
     def _decode(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
