@@ -164,7 +164,6 @@ def test_every_cuda_graph_bucket_equals_eager_with_preemption(variant):
     agree = (a.input_ids[:, first] == c.input_ids[:, first]).float().mean().item()
     # GPU prefill is not batch-invariant (BF16: equal; FP8 GEMMs: 44 of 48 equal measured on an H100)
     assert agree == 1.0 if variant == "bf16" else agree >= 0.85, agree
-    assert torch.equal(c.response_lengths, a.response_lengths) or same < 1  # lengths follow the tokens
 
 
 def test_sampling_streams_are_equal_on_cpu_and_gpu():
