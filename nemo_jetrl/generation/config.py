@@ -35,10 +35,11 @@ class GenerationConfig(Section):
     deterministic: bool = False
     cuda_graphs: bool = True  # capture the decode step on CUDA
     # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
-    max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for a free KV slot
+    max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for free KV blocks
     gpu_memory_utilization: Annotated[FiniteFloat, Field(gt=0, le=1)] | None = None  # of the memory the trainer leaves
     kv_cache_memory_bytes: PositiveInt | None = None  # an explicit KV budget (any device; wins over the fraction)
     max_model_len: PositiveInt | None = None  # prompt + response cap per row (with max_total_sequence_length)
+    kv_block_size: PositiveInt = 16  # tokens per block of the paged KV pool (continuous batching)
 
     @model_validator(mode="after")
     def _deterministic_is_one_batch(self) -> GenerationConfig:
@@ -58,6 +59,11 @@ class GenerationConfig(Section):
             raise KeyedValueError(
                 "policy.generation.deterministic: true is the native engine's bitwise path; with backend: vllm set "
                 "it false (or backend=native)"
+            )
+        if self.kv_block_size != 16:
+            raise KeyedValueError(
+                "policy.generation.kv_block_size sizes the native engine's paged KV pool; with backend: vllm vLLM "
+                "keeps its own (16): set 16 or backend=native"
             )
         if self.top_p < 1.0 or self.top_k is not None:
             raise KeyedValueError(

@@ -116,5 +116,5 @@ def engine_kv_budget(engine, prompt_ids: list[list[int]], caps: list[int]) -> Kv
 
 def engine_budget_kwargs(gen: dict) -> dict:
     """The NativeGenerationEngine keyword arguments of a validated `policy.generation` section's KV budget."""
-    keys = ("max_num_seqs", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len")
+    keys = ("max_num_seqs", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "kv_block_size")
     return {key: gen.get(key) for key in keys}

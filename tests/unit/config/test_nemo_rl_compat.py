@@ -110,6 +110,7 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
             {"data.dataset_name": "/d/train.jsonl", "data.val_dataset_name": "/d/val.jsonl"},
         ),
         (["cluster.gpus_per_node=8"], {"cluster.backend": "ray"}),
+        (["+policy.generation.vllm_kwargs.block_size=32", "policy.generation.backend=native"], {"policy.generation.kv_block_size": 32}),
     ],
 )
 def test_honoured_keys_change_the_resolved_config(overrides, expected):

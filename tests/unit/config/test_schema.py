@@ -167,6 +167,12 @@ def test_exact_mode_refuses_what_it_cannot_honour(base_yaml, overrides, expected
     assert check(base_yaml, "policy.generation.deterministic=true", *kv).policy.generation.deterministic
 
 
+def test_kv_block_size_is_the_native_engines(base_yaml):
+    assert check(base_yaml, "policy.generation.kv_block_size=32").policy.generation.kv_block_size == 32
+    message = error_of(base_yaml, "policy.generation.backend=vllm", "policy.generation.kv_block_size=32")
+    assert message.startswith("policy.generation.kv_block_size") and "set 16 or backend=native" in message
+
+
 def test_samples_must_split_into_whole_global_batches(base_yaml):
     assert check(base_yaml, "policy.train_global_batch_size=128").policy.train_global_batch_size == 128
     message = error_of(base_yaml, "policy.train_global_batch_size=96", "policy.train_micro_batch_size=32")

@@ -6,6 +6,7 @@ import torch
 
 from nemo_jetrl.generation.native.block_scheduler import BlockPool, BlockScheduler
 from nemo_jetrl.generation.native.continuous import ContinuousRollout
+from nemo_jetrl.generation.native.cuda_graph import bucket_for, bucket_sizes
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.kv_cache import KVCache
 from nemo_jetrl.generation.native.paged_kv_cache import gather_pages
@@ -115,6 +116,17 @@ def test_tokens_equal_with_and_without_continuous_batching(tiny_model, queue, gr
     assert 0 < (queued.generation_logprobs - whole.generation_logprobs).abs().max() < FP32_BATCH_TOL
     assert stats.generated_tokens == int(whole.response_lengths.sum())
     check_layout(queued, queue, STOPS)
+
+
+def test_rows_are_compacted_into_smaller_buckets_as_the_queue_drains(tiny_model, queue):
+    assert bucket_sizes(20) == [8, 16, 20] and bucket_sizes(8) == [8] and bucket_for(9, [8, 16, 20]) == 16
+    batch = queue * 3  # 30 sequences over 20 rows
+    whole = engine(tiny_model).generate(batch, greedy=True)
+    eng = engine(tiny_model, max_num_seqs=20)
+    out = eng.generate(batch, greedy=True)
+    steps = eng.last_rollout_stats.bucket_steps
+    assert set(steps) == {8, 16, 20} and sum(steps.values()) == eng.last_rollout_stats.decode_steps, steps
+    assert torch.equal(out.input_ids, whole.input_ids)
 
 
 def test_a_sequence_does_not_depend_on_its_batch_in_bf16(tiny_model, queue):
