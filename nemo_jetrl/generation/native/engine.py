@@ -93,7 +93,7 @@ class NativeGenerationEngine(GenerationInterface):
         gpu_memory_utilization: float | None = None,
         max_model_len: int | None = None,
         continuous_batching: bool | None = None,
-        kv_block_size: int = DEFAULT_BLOCK_SIZE,
+        kv_block_size: int | None = None,
     ) -> None:
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
         if max_new_tokens < 1:
@@ -141,9 +141,9 @@ class NativeGenerationEngine(GenerationInterface):
         if self.max_model_len is not None:  # one total cap per row: the tighter of the two
             self.max_total_length = min(self.max_total_length or self.max_model_len, self.max_model_len)
         self.continuous_batching = continuous_batching
-        if int(kv_block_size) < 1:
+        self.kv_block_size = DEFAULT_BLOCK_SIZE if kv_block_size is None else int(kv_block_size)
+        if self.kv_block_size < 1:
             raise ValueError(f"kv_block_size must be >= 1, got {kv_block_size}")
-        self.kv_block_size = int(kv_block_size)
         self.last_rollout_stats: RolloutStats | None = None  # of the last continuous-batching generate
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
