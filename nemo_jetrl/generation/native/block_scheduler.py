@@ -10,8 +10,9 @@ after compaction) and a FIFO of waiting requests. At every host sync the rollout
   short, the most recently admitted sequence is preempted (blocks freed, requeued at the front with the tokens it
   has, to be prefilled again: recompute), until the rest fit;
 - `admit()`: waiting requests, in order, while a row and their blocks (prefill tokens + lookahead) are free.
-  Requests with the same prompt admitted in one round share the prompt's full blocks (the owner writes them);
-  each member gets its own copy of the last partial block.
+  A request whose prompt is held by a running sequence (its owner: the first of the group admitted, prefilled
+  then) shares the owner's full prompt blocks by reference and copies its last partial block, in this round or a
+  later one, and is not prefilled; the entry lives as long as its owner runs (`prefixes`).
 Every step appends to `events` (kind, request, blocks in use), so a test can assert the whole history.
 """
 
@@ -63,14 +64,23 @@ class BlockPool:
 
 
 @dataclass
+class Prefix:
+    """A running owner's prompt: its full blocks, the block holding the prompt's last partial block (or None)."""
+
+    owner: int
+    full: list[int]
+    partial: int | None
+
+
+@dataclass
 class Running:
     """One admitted sequence: its blocks (table order), the batch row it held at the last sync (None: new)."""
 
     request: int
     blocks: list[int]
     order: int  # admission counter: the largest is the most recently admitted
-    prefill_tokens: int  # tokens prefilled at admission (prompt, plus the generated ones on readmission)
-    shared_blocks: int = 0  # leading blocks shared with a group member admitted before it in the same round
+    prefill_tokens: int  # tokens at admission (prompt, plus the generated ones on readmission)
+    prefix: Prefix | None = None  # the owner's prompt this sequence shares instead of being prefilled
     row: int | None = None
 
 
@@ -92,6 +102,7 @@ class BlockScheduler:
     waiting: deque = field(default_factory=deque)
     events: list[tuple[str, int, int]] = field(default_factory=list)
     resume_tokens: dict[int, int] = field(default_factory=dict)  # preempted request -> tokens to prefill again
+    prefixes: dict = field(default_factory=dict)  # prompt key -> Prefix of its running owner
     admissions: int = 0  # admission rounds
     preemptions: int = 0
     peak_live: int = 0
@@ -122,8 +133,15 @@ class BlockScheduler:
         """The sequences in batch rows `rows` (indices into `self.rows`) ended: free their blocks."""
         for i in sorted(rows, reverse=True):
             seq = self.rows.pop(i)
-            self.pool.release(seq.blocks)
+            self._leave(seq)
             self._log("finish", seq.request)
+
+    def _leave(self, seq: Running) -> None:
+        """Free a sequence's blocks; its prompt stops being shareable if it owned it."""
+        self.pool.release(seq.blocks)
+        key = self.prompt_keys[seq.request]
+        if key in self.prefixes and self.prefixes[key].owner == seq.request:
+            del self.prefixes[key]
 
     def grow(self, cached: list[int]) -> list[int]:
         """Blocks for each running sequence's next `lookahead` tokens; cached[i]: tokens row i holds now.
@@ -137,7 +155,7 @@ class BlockScheduler:
             victim = max(self.rows, key=lambda s: s.order)
             self.rows.remove(victim)
             del needs[id(victim)]
-            self.pool.release(victim.blocks)
+            self._leave(victim)
             self.resume_tokens[victim.request] = held[id(victim)]
             preempted.append(victim.request)
             self.preemptions += 1
@@ -155,27 +173,27 @@ class BlockScheduler:
     def admit(self) -> list[Running]:
         """Waiting requests admitted in queue order while a row and their blocks are free (appended to rows)."""
         admitted: list[Running] = []
-        shared: dict = {}  # prompt key -> the full prompt blocks of this round's first member
         while self.waiting and len(self.rows) < self.max_rows:
             request = self.waiting[0]
             resumed = request in self.resume_tokens
             tokens = self.resume_tokens.get(request, self.prompt_lens[request])
             total = self.blocks_for(min(tokens + self.lookahead, self.max_tokens[request]))
-            owner = None if resumed else shared.get(self.prompt_keys[request])
-            if total - (len(owner) if owner else 0) > self.pool.num_free:
+            key = self.prompt_keys[request]
+            prefix = None if resumed else self.prefixes.get(key)
+            if total - (len(prefix.full) if prefix else 0) > self.pool.num_free:
                 break
             self.waiting.popleft()
             self.resume_tokens.pop(request, None)
-            if owner:
-                self.pool.share(owner)
-                blocks = owner + self.pool.allocate(total - len(owner))
+            if prefix:
+                self.pool.share(prefix.full)
+                blocks = prefix.full + self.pool.allocate(total - len(prefix.full))
             else:
                 blocks = self.pool.allocate(total)
-                full = self.prompt_lens[request] // self.block_size
-                if not resumed and full:
-                    shared[self.prompt_keys[request]] = blocks[:full]
+                full, rest = divmod(self.prompt_lens[request], self.block_size)
+                if not resumed:
+                    self.prefixes[key] = Prefix(request, blocks[:full], blocks[full] if rest else None)
             self._order += 1
-            seq = Running(request, blocks, self._order, tokens, len(owner) if owner else 0)
+            seq = Running(request, blocks, self._order, tokens, prefix)
             self.rows.append(seq)
             admitted.append(seq)
             self._log("admit", request)

@@ -5,9 +5,10 @@ number of sequences decoded at once follows their real lengths. The decode batch
 every `sync_every` decode steps the host reads which rows finished and how long the others are, frees finished
 sequences' blocks, gives the running ones blocks for the next window (preempting the most recently admitted when
 the pool runs dry), admits waiting sequences, moves the rows that stay to the front, and picks the smallest
-CUDA-graph bucket that holds them (`cuda_graph.BucketedSteps`). Admitted prompts are prefilled once per distinct
-prompt (a GRPO group shares its full prompt blocks by reference, each member copies the last partial one); a
-preempted sequence is prefilled again with the tokens it had generated and goes on where it stopped.
+CUDA-graph bucket that holds them (`cuda_graph.BucketedSteps`). A GRPO group's prompt is prefilled once, by the
+first member admitted (its owner); members admitted while the owner runs share its full prompt blocks by
+reference, copy its last partial block and take its next-token logits. A preempted sequence is prefilled again
+with the tokens it had generated and goes on where it stopped.
 
 Sampling streams are per sequence (`sampler.sequence_keys` of the request index, draw index = token index), so a
 sequence's tokens do not depend on the batch around it, on when it was admitted or on a preemption, as far as its
@@ -17,6 +18,7 @@ The output is the engine's shared layout (prompts left-padded to the longest, re
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -47,7 +49,7 @@ class RolloutStats:
     peak_blocks_used: int = 0
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens run through the model at admission (padding excluded)
-    prefill_tokens_shared: int = 0  # prompt tokens copied from a group member's prefill instead of recomputed
+    prefill_tokens_shared: int = 0  # prompt tokens shared with a running group owner instead of prefilled
     prefill_tokens_recomputed: int = 0  # generated tokens prefilled again after a preemption
 
     @property
@@ -95,6 +97,8 @@ class ContinuousRollout:
             max_tokens=[len(p) + c - 1 for p, c in zip(prompt_ids, caps)],  # the last token is never fed back
         )  # fmt: skip
         self.stats = RolloutStats(n, rows, budget.num_blocks, budget.block_size, self.cache.nbytes)
+        self.group_left = Counter(self.scheduler.prompt_keys)  # prompt key -> requests not yet admitted once
+        self.prompt_logits: dict = {}  # prompt key -> its owner's next-token logits [V], while members may follow
         self.buckets = bucket_sizes(rows)
         self.n = 0  # rows of the current bucket
         self._graphs: BucketedSteps | None = None
@@ -208,41 +212,56 @@ class ContinuousRollout:
         self.n = new_n
 
     def _prefill(self, admitted: list[Running], first_row: int) -> torch.Tensor:
-        """Prefill the admitted sequences (once per distinct token list), copy their K/V into their blocks, set
-        their rows' state; returns their next-token logits [len(admitted), V]."""
-        eng, dev = self.engine, self.engine.device
-        seqs = []
-        for seq in admitted:
-            tokens = list(self.prompts[seq.request])
-            generated = seq.prefill_tokens - len(tokens)
-            if generated:
-                tokens += self.tokens_out[seq.request, :generated].tolist()
-            seqs.append(tokens)
-        unique: dict[tuple[int, ...], int] = {}
-        for tokens in seqs:
-            unique.setdefault(tuple(tokens), len(unique))
-        width = max(len(t) for t in unique)
-        ids, mask = eng._left_pad([list(t) for t in unique], width)  # [U, P]
-        scratch = eng._new_cache(len(unique), width)
-        logits = eng._prefill(scratch, self.hook, ids, mask)  # [U, V]
-        page = self.cache.block_size
-        for seq, tokens in zip(admitted, seqs):
-            src, length = unique[tuple(tokens)], len(tokens)
-            skip = seq.shared_blocks * page  # tokens already in the blocks shared with the group's first member
-            k = scratch.k[:, src, :, width - length + skip :]  # [L, H_kv, length - skip, D]
-            v = scratch.v[:, src, :, width - length + skip :]
-            self.cache.write_blocks(seq.blocks[seq.shared_blocks :], k, v)
-        rows = torch.arange(first_row, first_row + len(admitted), device=dev)
-        self.cols[rows] = torch.tensor([len(t) for t in seqs], device=dev)
-        self.requests[rows] = torch.tensor([s.request for s in admitted], device=dev)
-        self.counts[rows] = torch.tensor([s.prefill_tokens - len(self.prompts[s.request]) for s in admitted], device=dev)
-        self.limits[rows] = torch.tensor([self.caps[s.request] for s in admitted], device=dev)
-        self.running[rows] = True
-        stats = self.stats
-        stats.prefill_tokens += sum(len(t) for t in unique)
-        stats.prefill_tokens_shared += sum(len(t) for t in seqs) - sum(len(t) for t in unique)
+        """Prefill the admitted sequences that own their prompt or resume (their K/V into their blocks); the others
+        share a running owner's prompt blocks and copy its partial block. Sets their rows' state; returns their
+        next-token logits [len(admitted), V]."""
+        dev, stats = self.engine.device, self.stats
+        rows: dict[int, torch.Tensor] = {}  # index in admitted -> logits [V]
+        fresh = [i for i, s in enumerate(admitted) if s.prefix is None]
+        if fresh:
+            logits = self._run_prefill([admitted[i] for i in fresh])  # [F, V]
+            for i, row in zip(fresh, logits):
+                rows[i] = row
+        for i, seq in enumerate(admitted):
+            key = self.scheduler.prompt_keys[seq.request]
+            if seq.prefill_tokens > len(self.prompts[seq.request]):
+                continue  # a resumed sequence: not a first admission
+            self.group_left[key] -= 1
+            if seq.prefix is None and self.group_left[key] > 0:
+                self.prompt_logits[key] = rows[i]  # later members of the group take these
+            elif seq.prefix is not None:
+                if seq.prefix.partial is not None:
+                    self.cache.copy_block(seq.prefix.partial, seq.blocks[len(seq.prefix.full)])
+                rows[i] = self.prompt_logits[key]
+                stats.prefill_tokens_shared += len(self.prompts[seq.request])
+            if self.group_left[key] == 0:
+                self.prompt_logits.pop(key, None)
+        index = torch.arange(first_row, first_row + len(admitted), device=dev)
+        self.cols[index] = torch.tensor([s.prefill_tokens for s in admitted], device=dev)
+        self.requests[index] = torch.tensor([s.request for s in admitted], device=dev)
+        self.counts[index] = torch.tensor([s.prefill_tokens - len(self.prompts[s.request]) for s in admitted], device=dev)
+        self.limits[index] = torch.tensor([self.caps[s.request] for s in admitted], device=dev)
+        self.running[index] = True
         stats.prefill_tokens_recomputed += sum(s.prefill_tokens - len(self.prompts[s.request]) for s in admitted)
-        return logits[[unique[tuple(t)] for t in seqs]]
+        return torch.stack([rows[i] for i in range(len(admitted))])
+
+    def _run_prefill(self, seqs: list[Running]) -> torch.Tensor:
+        """One left-padded prefill of the sequences' tokens (prompt + generated ones), K/V copied into their blocks
+        from the first; returns their next-token logits [len(seqs), V]."""
+        eng = self.engine
+        tokens = []
+        for seq in seqs:
+            generated = seq.prefill_tokens - len(self.prompts[seq.request])
+            tokens.append(list(self.prompts[seq.request]) + (self.tokens_out[seq.request, :generated].tolist()))
+        width = max(len(t) for t in tokens)
+        ids, mask = eng._left_pad(tokens, width)  # [F, P]
+        scratch = eng._new_cache(len(tokens), width)
+        logits = eng._prefill(scratch, self.hook, ids, mask)  # [F, V]
+        for i, (seq, toks) in enumerate(zip(seqs, tokens)):
+            start = width - len(toks)
+            self.cache.write_blocks(seq.blocks, scratch.k[:, i, :, start:], scratch.v[:, i, :, start:])  # [L, H_kv, n, D]
+        self.stats.prefill_tokens += sum(len(t) for t in tokens)
+        return logits
 
     def _finish_stats(self) -> None:
         sched, stats = self.scheduler, self.stats

@@ -145,6 +145,12 @@ class PagedKVCache:
             padded = F.pad(value, (0, 0, 0, nblk * page - n))  # [L, H_kv, nblk * page, D]
             pool[:, idx] = padded.view(layers, heads, nblk, page, dim).transpose(1, 2)  # [L, nblk, H_kv, page, D]
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block dst of every layer := block src (a group member's copy of its owner's partial prompt block)."""
+        for pool in (self.k, self.v):
+            view = pool.view(torch.uint8) if pool.dtype == FP8_KV_DTYPE else pool
+            view[:, dst].copy_(view[:, src])
+
     # ------------------------------------------------------------------ the decoder's cache interface
     def uses_fused_decode(self, q: torch.Tensor) -> bool:
         """Every decode step goes through `decode_attention` (kernels on CUDA, the twin elsewhere)."""

@@ -4,7 +4,7 @@ batching, paging and preemption, prefix sharing on blocks."""
 import pytest
 import torch
 
-from nemo_jetrl.generation.native.block_scheduler import BlockPool, BlockScheduler
+from nemo_jetrl.generation.native.block_scheduler import BlockPool, BlockScheduler, Prefix
 from nemo_jetrl.generation.native.continuous import ContinuousRollout
 from nemo_jetrl.generation.native.cuda_graph import bucket_for, bucket_sizes
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
@@ -55,7 +55,8 @@ def test_scheduler_admits_shares_grows_preempts_and_refills_under_a_tiny_pool():
     )  # fmt: skip
     admitted = sched.admit()
     # 0: 7 tokens -> 2 blocks; 1: min(5, 6) -> 2 blocks; 2 shares 0's full prompt block and takes one of its own
-    assert [(s.request, s.blocks, s.shared_blocks) for s in admitted] == [(0, [1, 2], 0), (1, [3, 4], 0), (2, [1, 5], 1)]
+    assert [(s.request, s.blocks) for s in admitted] == [(0, [1, 2]), (1, [3, 4]), (2, [1, 5])]
+    assert admitted[2].prefix == Prefix(owner=0, full=[1], partial=2) and admitted[0].prefix is None
     assert sched.pool.refs[1] == 2 and sched.pool.num_free == 0 and list(sched.waiting) == [3]
     # rows hold 7, 5, 7 tokens: 0 and 2 need a third block each, the pool has none -> the latest (2) is preempted
     assert sched.grow([7, 5, 7]) == [2]
@@ -65,14 +66,30 @@ def test_scheduler_admits_shares_grows_preempts_and_refills_under_a_tiny_pool():
     assert sched.grow([9]) == [] and sched.rows[0].blocks == [1, 2, 5]  # 9 + 2 tokens fit its 3 blocks
     assert sched.admit() == []  # 2 needs 3 blocks (7 tokens + 2), 2 are free; 3 waits behind it (FIFO)
     sched.finish([0])
+    assert "a" not in sched.prefixes  # its owner left: the prompt is no longer shareable
     resumed, fresh = sched.admit()
-    assert (resumed.request, resumed.prefill_tokens, len(resumed.blocks), resumed.shared_blocks) == (2, 7, 3, 0)
+    assert (resumed.request, resumed.prefill_tokens, len(resumed.blocks), resumed.prefix) == (2, 7, 3, None)
     assert (fresh.request, len(fresh.blocks)) == (3, 2) and sched.pool.num_free == 0 and sched.done is False
     assert sched.events == [
         ("admit", 0, 2), ("admit", 1, 4), ("admit", 2, 5), ("preempt", 2, 4), ("finish", 1, 3), ("finish", 0, 0),
         ("admit", 2, 3), ("admit", 3, 5),
     ]  # fmt: skip
     assert (sched.admissions, sched.preemptions, sched.peak_live, sched.peak_blocks) == (2, 1, 3, 5)
+
+
+def test_a_later_group_member_shares_the_running_owners_prompt_blocks():
+    sched = BlockScheduler(
+        BlockPool(10), 4, max_rows=1, lookahead=1, prompt_keys=["g", "g", "g"], prompt_lens=[9] * 3,
+        max_tokens=[20] * 3,
+    )  # fmt: skip
+    (owner,) = sched.admit()
+    assert owner.blocks == [1, 2, 3] and sched.prefixes["g"] == Prefix(0, [1, 2], 3)
+    sched.max_rows = 3
+    member, other = sched.admit()  # a later round: 2 full blocks by reference, 1 own (the partial block's copy)
+    assert member.blocks == [1, 2, 4] and other.blocks == [1, 2, 5] and member.prefix.owner == 0
+    assert sched.pool.refs[1:6] == [3, 3, 1, 1, 1]
+    sched.finish([0, 1, 2])
+    assert sched.pool.num_used == 0 and sched.prefixes == {}
 
 
 def test_kv_budget_counts_blocks_and_names_a_budget_too_small_for_one_sequence():
@@ -110,6 +127,7 @@ def test_tokens_equal_with_and_without_continuous_batching(tiny_model, queue, gr
     queued = cb_engine.generate(queue, greedy=greedy, generator=torch.Generator().manual_seed(3))
     stats = cb_engine.last_rollout_stats
     assert stats is not None and stats.num_rows == 3 and stats.peak_live == 3 and stats.admissions > 3
+    assert stats.prefill_tokens_shared > 0  # the group of 4 spans admission rounds and still shares its prompt
     assert torch.equal(queued.input_ids, whole.input_ids)
     assert torch.equal(queued.attention_mask, whole.attention_mask)
     assert torch.equal(queued.finished, whole.finished)
