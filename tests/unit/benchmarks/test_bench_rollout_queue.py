@@ -45,7 +45,7 @@ def test_quick_run_generates_the_drawn_lengths_and_fp8_kv_admits_twice_the_seque
     assert all(r["preempt"] == 0 for r in rows if r["case"].startswith("cb"))  # rows sized at their caps
     assert all(r["slots"] == 4 for r in rows if r["case"].startswith(("cb", "static")))
     cb = [r for r in rows if r["case"] == "cb lognormal"]
-    assert all(0 < r["occupancy"] < 1 for r in cb)  # long-tailed lengths leave slots idle between CPU syncs
+    assert all(0 < r["occupancy"] < 1 for r in cb)  # long-tailed lengths leave rows idle between CPU syncs
 
 
 @pytest.mark.parametrize("dist", ["fixed", "lognormal", "geometric"])
