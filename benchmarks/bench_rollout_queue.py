@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -142,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                     **rec,
                 }
             )
-            print(f"  {mode} {dist_name} {name}: {results[-1]['tokens_per_s']:,.0f} tok/s", flush=True)
+            r = results[-1]
+            extra = {k: r[k] for k in ("slots", "peak_live", "blocks", "preempt") if k in r}
+            print(f"  {mode} {dist_name} {name}: {r['tokens_per_s']:,.0f} tok/s ({r['range']}) {extra}", flush=True)
+        if args.out:  # what a run cut short by a time limit still leaves
+            Path(args.out + ".partial").write_text(json.dumps({"device": info["device"], "results": results}))
     for r in results:  # ratios: vs BF16 in the same case, vs the same variant's fixed-length figure
         same_case = {x["variant"]: x for x in results if x["case"] == r["case"]}
         fixed = next(x for x in results if x["case"] == "cb fixed" and x["variant"] == r["variant"])
