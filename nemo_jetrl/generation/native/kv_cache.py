@@ -5,7 +5,7 @@ Buffers are [L, B, H_kv, S_max, D]. `update(layer, k, v, start)` writes the new 
 - `start` an int: views over the written prefix [0, start+S);
 - `start` a 0-dim LongTensor: the whole [0, S_max) buffer (fixed shapes, so a decode step can be captured in a CUDA
   graph; the caller masks the unwritten tail, which holds zeros, never NaN);
-- `start` a [B] LongTensor (one new token per row, continuous batching): row b writes at its own column start[b];
+- `start` a [B] LongTensor (one new token per row; the reference of the paged write): row b writes at start[b];
   the whole buffer is returned, as for a 0-dim start.
 
 FP8 storage: with `dtype=torch.float8_e4m3fn`, K and V are stored as e4m3 with one FP32 dequantization scale per layer
