@@ -10,8 +10,11 @@ Each sequence gets a response length drawn from `--length-dist` (fixed: all `--m
 - `cb fixed`: continuous batching at `--concurrency` on fixed lengths (the reference figure);
 - `cb <dist>`: continuous batching at `--concurrency` on the drawn lengths;
 - `static <dist>`: the queue cut into batches of `--concurrency`, each decoded until its longest row (no refill);
-- `budget <dist>` (with `--kv-budget-gb`): continuous batching under a KV byte budget instead of a sequence cap,
-  so an FP8 cache holds about twice the sequences of a BF16 one.
+- `budget <dist>` (with `--kv-budget-gb`): continuous batching under a KV byte budget instead of a sequence cap
+  (rows up to `--concurrency * 2`), so an FP8 pool admits about twice the sequences of a BF16 one (`peak live`);
+  when the pool runs dry sequences are preempted and recomputed (`preempt`).
+The KV cache of the continuous cases is paged (`--block-size` tokens per block): `blocks` is the peak number of
+blocks in use, `buckets` the CUDA-graph batch sizes the decode ran at.
 Every case's rollouts run `--warmup` + `--repeats` times in rounds of alternating variant order; median and min-max.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -40,7 +44,9 @@ def build_engines(args, device) -> tuple[dict, torch.nn.Module]:
     bf16_model = build_model(shape, args.layers, device, torch.bfloat16)
     fp8_model = copy.deepcopy(bf16_model)
     convert_to_fp8(fp8_model, PrecisionRecipe.preset("jetrl"))
-    base = dict(max_new_tokens=args.max_len, stop_token_ids=[], pad_token_id=0, cuda_graphs=True)
+    base = dict(
+        max_new_tokens=args.max_len, stop_token_ids=[], pad_token_id=0, cuda_graphs=True, kv_block_size=args.block_size
+    )
     engines = {
         "bf16": NativeGenerationEngine(bf16_model, **base),
         "fp8": NativeGenerationEngine(fp8_model, **base),
@@ -68,8 +74,10 @@ def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args
             return
         out = engine.generate(prompts, generator=gen, max_new_tokens=lengths)
         stats = engine.last_rollout_stats
-        record.update(tokens=int(out.response_lengths.sum()), slots=stats.num_slots)
+        record.update(tokens=int(out.response_lengths.sum()), slots=stats.num_rows, peak_live=stats.peak_live)
         record.update(occupancy=stats.occupancy, decode_steps=stats.decode_steps, kv_gb=stats.kv_cache_bytes / 1e9)
+        record.update(blocks=stats.peak_blocks_used, pool=stats.num_blocks, preempt=stats.preemptions)
+        record.update(buckets=len(stats.bucket_steps))
 
     return run
 
@@ -85,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma")
     p.add_argument("--kv-budget-gb", type=float, default=None, help="also run under this KV byte budget")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size (tokens) of the paged cache")
+    p.add_argument("--skip-static", action="store_true", help="leave out the static-batches case (device time)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
@@ -100,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = torch.randint(1, model.config.vocab_size, (args.queue, args.prompt_len), generator=gen).tolist()
     dist = args.length_dist
     drawn = draw_lengths(dist, args.queue, args.mean_len, args.max_len, args.sigma, seed=2)
-    cases = [("cb", "fixed", [args.mean_len] * args.queue), ("cb", dist, drawn), ("static", dist, drawn)]
+    cases = [("cb", "fixed", [args.mean_len] * args.queue), ("cb", dist, drawn)]
+    if not args.skip_static:
+        cases.append(("static", dist, drawn))
     if args.kv_budget_gb:
         cases.append(("budget", dist, drawn))
     results = []
@@ -110,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "static":
                 engine = base  # one static batch per call
             elif mode == "budget":
-                engine = base.replace(kv_cache_memory_bytes=int(args.kv_budget_gb * 1e9), continuous_batching=True)
+                engine = base.replace(
+                    kv_cache_memory_bytes=int(args.kv_budget_gb * 1e9), max_num_seqs=2 * args.concurrency,
+                    continuous_batching=True,
+                )  # fmt: skip
             else:
                 engine = base.replace(max_num_seqs=args.concurrency, continuous_batching=True)
             records[name] = {}
@@ -128,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                     **rec,
                 }
             )
-            print(f"  {mode} {dist_name} {name}: {results[-1]['tokens_per_s']:,.0f} tok/s", flush=True)
+            r = results[-1]
+            extra = {k: r[k] for k in ("slots", "peak_live", "blocks", "preempt") if k in r}
+            print(f"  {mode} {dist_name} {name}: {r['tokens_per_s']:,.0f} tok/s ({r['range']}) {extra}", flush=True)
+        if args.out:  # what a run cut short by a time limit still leaves
+            Path(args.out + ".partial").write_text(json.dumps({"device": info["device"], "results": results}))
     for r in results:  # ratios: vs BF16 in the same case, vs the same variant's fixed-length figure
         same_case = {x["variant"]: x for x in results if x["case"] == r["case"]}
         fixed = next(x for x in results if x["case"] == "cb fixed" and x["variant"] == r["variant"])
@@ -146,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         "min-max",
         "x bf16",
         "vs fixed",
-        "slots",
+        "rows",
+        "peak live",
+        "blocks",
+        "preempt",
+        "buckets",
         "occupancy",
         "steps",
         "KV GB",
@@ -159,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         "x_bf16",
         "vs_fixed",
         "slots",
+        "peak_live",
+        "blocks",
+        "preempt",
+        "buckets",
         "occupancy",
         "decode_steps",
         "kv_gb",

@@ -135,6 +135,7 @@ KEY_RULES: dict[str, Rule] = {
     ),
     "policy.generation.vllm_kwargs.max_num_seqs": alias("policy.generation.max_num_seqs"),
     "policy.generation.vllm_kwargs.kv_cache_memory_bytes": alias("policy.generation.kv_cache_memory_bytes"),
+    "policy.generation.vllm_kwargs.block_size": alias("policy.generation.kv_block_size"),
     "policy.generation.vllm_cfg.*": no_effect(VLLM),
     "policy.generation.vllm_kwargs*": no_effect(VLLM),
     "policy.generation.stop_strings": only([None, []], "stop strings", "use policy.generation.stop_token_ids"),

@@ -38,19 +38,22 @@ class GenerationConfig(Section):
     matched_kernels: bool = False
     cuda_graphs: bool = True  # capture the decode step on CUDA
     # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
-    max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for a free KV slot
+    max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for free KV blocks
     gpu_memory_utilization: Annotated[FiniteFloat, Field(gt=0, le=1)] | None = None  # of the memory the trainer leaves
     kv_cache_memory_bytes: PositiveInt | None = None  # an explicit KV budget (any device; wins over the fraction)
     max_model_len: PositiveInt | None = None  # prompt + response cap per row (with max_total_sequence_length)
+    kv_block_size: PositiveInt = 16  # tokens per block of the paged KV pool (continuous batching)
 
     @model_validator(mode="after")
     def _deterministic_is_one_batch(self) -> GenerationConfig:
         budgeted = (self.max_num_seqs, self.gpu_memory_utilization, self.kv_cache_memory_bytes)
-        if self.deterministic and any(v is not None for v in budgeted):
-            raise KeyedValueError(
-                "policy.generation.deterministic: true decodes the whole batch at once (its bitwise claim is for "
-                "that path): unset policy.generation.max_num_seqs, gpu_memory_utilization and kv_cache_memory_bytes"
-            )
+        for key in ("deterministic", "matched_kernels"):
+            if getattr(self, key) and any(v is not None for v in budgeted):
+                raise KeyedValueError(
+                    f"policy.generation.{key}: true decodes the whole batch at once (its kernels and bitwise claim "
+                    "are for that path, not the paged continuous batching): unset policy.generation.max_num_seqs, "
+                    "gpu_memory_utilization and kv_cache_memory_bytes"
+                )
         return self
 
     @model_validator(mode="after")
@@ -63,6 +66,11 @@ class GenerationConfig(Section):
                     f"policy.generation.{key}: true is the native engine's path (kernels shared with the trainer); "
                     "with backend: vllm set it false (or backend=native)"
                 )
+        if self.kv_block_size != 16:
+            raise KeyedValueError(
+                "policy.generation.kv_block_size sizes the native engine's paged KV pool; with backend: vllm vLLM "
+                "keeps its own (16): set 16 or backend=native"
+            )
         if self.top_p < 1.0 or self.top_k is not None:
             raise KeyedValueError(
                 "policy.generation.top_p < 1 / top_k with backend: vllm: vLLM's processed logprobs renormalise over "

@@ -260,7 +260,8 @@ def decoder_forward(
     see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions
     `cache_start .. cache_start+S-1`; an int `cache_start` attends over the cache prefix (S_total == cache_start+S),
     a 0-dim LongTensor attends over the whole buffer (S_total == kv_cache.max_seq_len; static shapes for a captured
-    decode step), and so does a [B] LongTensor of per-row columns (one token per row: continuous batching).
+    decode step), and so does a [B] LongTensor of per-row columns (one token per row: continuous batching, whose
+    `PagedKVCache` serves every decode step itself).
     """
     if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
         raise ValueError(

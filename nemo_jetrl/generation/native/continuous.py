@@ -1,29 +1,34 @@
-"""Continuous batching for the native engine: a queue of sequences over a fixed number of KV slots.
+"""Continuous batching for the native engine: a queue of sequences over a paged KV cache.
 
-Each slot holds one sequence in cache columns [0, prompt + response); rows write their new token at their own
-column (`KVCache.update` / `decode_attention` with per-row starts) and the decode attention reads each row's own
-keys only. Every `sync_every` decode steps the host looks at which rows finished, frees their slots and admits
-waiting sequences: their prompts are prefilled (a prompt repeated in the admitted set, a GRPO group, is prefilled
-once and its KV copied into each member's slot) and their first tokens are sampled with the next step. Finished
-rows that wait for the next check decode a pad token over one key (cheap), never over their whole history.
+KV lives in blocks of a shared pool (`paged_kv_cache.py`), taken as sequences grow (`block_scheduler.py`), so the
+number of sequences decoded at once follows their real lengths. The decode batch is a set of rows kept compact:
+every `sync_every` decode steps the host reads which rows finished and how long the others are, frees finished
+sequences' blocks, gives the running ones blocks for the next window (preempting the most recently admitted when
+the pool runs dry), admits waiting sequences, moves the rows that stay to the front, and picks the smallest
+CUDA-graph bucket that holds them (`cuda_graph.BucketedSteps`). A GRPO group's prompt is prefilled once, by the
+first member admitted (its owner); members admitted while the owner runs share its full prompt blocks by
+reference, copy its last partial block and take its next-token logits. A preempted sequence is prefilled again
+with the tokens it had generated and goes on where it stopped.
 
 Sampling streams are per sequence (`sampler.sequence_keys` of the request index, draw index = token index), so a
-sequence's tokens do not depend on the batch around it or on when it was admitted, as far as its logits do not
-(CPU: equal greedy and sampled tokens with and without continuous batching; see docs/performance.md for the GPU).
+sequence's tokens do not depend on the batch around it, on when it was admitted or on a preemption, as far as its
+logits do not (CPU: equal greedy and sampled tokens with and without continuous batching and preemption).
 The output is the engine's shared layout (prompts left-padded to the longest, responses from column P).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 
 from nemo_jetrl.generation.interfaces import GenerationOutput
-from nemo_jetrl.generation.native.cuda_graph import CapturedStep
-from nemo_jetrl.generation.native.kv_cache import KVCache
+from nemo_jetrl.generation.native.block_scheduler import BlockPool, BlockScheduler, Running
+from nemo_jetrl.generation.native.cuda_graph import BucketedSteps, bucket_for, bucket_sizes
+from nemo_jetrl.generation.native.paged_kv_cache import PagedKVCache
 from nemo_jetrl.generation.native.sampler import sample, seed_of, sequence_keys
-from nemo_jetrl.generation.native.scheduler import KvBudget, SlotScheduler
+from nemo_jetrl.generation.native.scheduler import KvBudget
 
 
 @dataclass
@@ -31,46 +36,73 @@ class RolloutStats:
     """What one continuous-batching rollout did (`engine.last_rollout_stats`)."""
 
     num_sequences: int = 0
-    num_slots: int = 0
-    slot_tokens: int = 0
+    num_rows: int = 0  # most sequences decoded at once (max_num_seqs, within the pool)
+    num_blocks: int = 0  # pool size, the trash block included
+    block_size: int = 0
     kv_cache_bytes: int = 0
     decode_steps: int = 0
     generated_tokens: int = 0
-    slot_steps_live: int = 0  # sum over decode steps of the rows holding a running sequence
-    admissions: int = 0
+    row_steps_live: int = 0  # sum over decode steps of the rows holding a running sequence
+    bucket_steps: dict[int, int] = field(default_factory=dict)  # decode steps run at each batch bucket
+    admissions: int = 0  # admission rounds
     peak_live: int = 0
-    prefill_tokens: int = 0  # prompt tokens run through the model (padding excluded)
-    prefill_tokens_shared: int = 0  # prompt tokens copied from a group member's prefill instead of recomputed
+    peak_blocks_used: int = 0
+    preemptions: int = 0
+    prefill_tokens: int = 0  # tokens run through the model at admission (padding excluded)
+    prefill_tokens_shared: int = 0  # prompt tokens shared with a running group owner instead of prefilled
+    prefill_tokens_recomputed: int = 0  # generated tokens prefilled again after a preemption
 
     @property
     def occupancy(self) -> float:
-        """Mean fraction of slots holding a running sequence per decode step."""
-        return self.slot_steps_live / max(1, self.decode_steps * self.num_slots)
+        """Mean fraction of the rows holding a running sequence per decode step."""
+        return self.row_steps_live / max(1, self.decode_steps * self.num_rows)
 
 
 class ContinuousRollout:
-    """One `generate` call of `engine` (a NativeGenerationEngine) over `budget.num_slots` slots."""
+    """One `generate` call of `engine` (a NativeGenerationEngine) over the paged pool `budget` describes."""
 
     def __init__(self, engine, prompt_ids: list[list[int]], budget: KvBudget, caps: list[int]) -> None:
+        if engine.exact_parts.any:
+            raise ValueError(
+                "continuous batching with a model in the exact mode or on matched kernels "
+                "(policy.generation.deterministic / matched_kernels: true): their kernels and bitwise claim are for the one-batch path; "
+                "unset max_num_seqs / gpu_memory_utilization / kv_cache_memory_bytes"
+            )
         self.engine, self.prompts, self.caps = engine, prompt_ids, caps
-        dev, slots, width = engine.device, budget.num_slots, budget.slot_tokens
-        self.cache: KVCache = engine._new_cache(slots, width)
-        self.mask = torch.zeros((slots, width), dtype=torch.long, device=dev)  # [B, S] keys each row may see
-        # [B] next cache column of each row = its next position id (a slot holds its sequence from column 0)
-        self.cols = torch.zeros(slots, dtype=torch.long, device=dev)
-        self.requests = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] request in each slot
-        self.counts = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] tokens generated so far
-        self.limits = torch.zeros(slots, dtype=torch.long, device=dev)  # [B] length cap of each row's response
-        self.running = torch.zeros(slots, dtype=torch.bool, device=dev)  # [B]
-        self.logits: torch.Tensor | None = None  # [B, V] next-token logits of each row
+        dev, rows = engine.device, budget.num_rows
+        self.cache = PagedKVCache.for_model(
+            engine.model, budget.num_blocks, budget.block_size, rows, budget.max_blocks_per_seq,
+            dtype=engine.kv_cache_dtype, device=dev, fused_decode=engine.fused_decode,
+        )  # fmt: skip
+        if self.cache.is_fp8:
+            if engine.kv_scales is None:
+                raise ValueError("kv_cache_dtype=fp8 needs KV scales: call update_weights(kv_scales=(k, v)) first")
+            self.cache.set_scales(*engine.kv_scales)
+        self.table_host = torch.zeros((rows, budget.max_blocks_per_seq), dtype=torch.int32)  # [rows, M]
+        # attention mask of the twin path: all ones, the causal bound at each row's column does the rest
+        self.ones = torch.ones((rows, self.cache.max_seq_len), dtype=torch.long, device=dev)  # [rows, S]
+        self.cols = torch.zeros(rows, dtype=torch.long, device=dev)  # [rows] tokens in the cache = next position
+        self.requests = torch.zeros(rows, dtype=torch.long, device=dev)  # [rows]
+        self.counts = torch.zeros(rows, dtype=torch.long, device=dev)  # [rows] tokens generated so far
+        self.limits = torch.zeros(rows, dtype=torch.long, device=dev)  # [rows] response cap
+        self.running = torch.zeros(rows, dtype=torch.bool, device=dev)  # [rows]
+        self.logits: torch.Tensor | None = None  # [n, V] next-token logits of the bucket's rows
         n, t = len(prompt_ids), max(caps)
         self.tokens_out = torch.full((n + 1, t), engine.pad_token_id, dtype=torch.long, device=dev)  # row n: trash
         self.logprobs_out = torch.zeros((n + 1, t), dtype=torch.float32, device=dev)  # [N + 1, T]
         self.lengths_out = torch.zeros(n + 1, dtype=torch.long, device=dev)  # [N + 1]
         self.finished_out = torch.zeros(n + 1, dtype=torch.bool, device=dev)  # [N + 1]
-        self.scheduler = SlotScheduler(n, slots)
-        self.stats = RolloutStats(n, slots, width, self.cache.nbytes)
-        self._graph: CapturedStep | None = None
+        self.scheduler = BlockScheduler(
+            BlockPool(budget.num_blocks), budget.block_size, rows, engine.sync_every,
+            prompt_keys=[tuple(p) for p in prompt_ids], prompt_lens=[len(p) for p in prompt_ids],
+            max_tokens=[len(p) + c - 1 for p, c in zip(prompt_ids, caps)],  # the last token is never fed back
+        )  # fmt: skip
+        self.stats = RolloutStats(n, rows, budget.num_blocks, budget.block_size, self.cache.nbytes)
+        self.group_left = Counter(self.scheduler.prompt_keys)  # prompt key -> requests not yet admitted once
+        self.prompt_logits: dict = {}  # prompt key -> its owner's next-token logits [V], while members may follow
+        self.buckets = bucket_sizes(rows)
+        self.n = 0  # rows of the current bucket
+        self._graphs: BucketedSteps | None = None
 
     # ------------------------------------------------------------------ the loop
     def run(self, greedy: bool, generator: torch.Generator | None) -> GenerationOutput:
@@ -80,98 +112,162 @@ class ContinuousRollout:
         trash = len(self.prompts)
         self.hook = eng.attn_hook_factory() if eng.attn_hook_factory is not None else None
         live_steps = torch.zeros((), dtype=torch.long, device=eng.device)
-        self._admit()
+        self._sync()
         step = 0
         while True:
-            live = self.running  # [B] rows whose token this step is real
+            n = self.n
+            live = self.running[:n].clone()  # [n] rows whose token this step is real
+            counts = self.counts[:n]
             tokens, logprobs = sample(
-                self.logits, eng.sampling, greedy=greedy, keys=keys_all[self.requests], counters=self.counts,
+                self.logits, eng.sampling, greedy=greedy, keys=keys_all[self.requests[:n]], counters=counts,
                 batch_invariant=eng.batch_invariant,
-            )  # [B] each  # fmt: skip
-            rows = torch.where(live, self.requests, trash)  # finished / free rows write the trash row
-            cols = torch.where(live, self.counts, 0)
+            )  # [n] each  # fmt: skip
+            rows = torch.where(live, self.requests[:n], trash)  # rows not running write the trash row
+            cols = torch.where(live, counts, 0)
             self.tokens_out.index_put_((rows, cols), tokens)
             self.logprobs_out.index_put_((rows, cols), logprobs)
             stopped = live & torch.isin(tokens, stop_ids)
-            self.counts += live.long()
-            self.lengths_out.index_put_((rows,), self.counts)
+            counts += live.long()
+            self.lengths_out.index_put_((rows,), counts)
             self.finished_out.index_put_((rows,), stopped)
-            self.running = live & ~stopped & (self.counts < self.limits)
+            self.running[:n] = live & ~stopped & (counts < self.limits[:n])
             live_steps += live.sum()
             step += 1
-            self._decode(torch.where(live, tokens, eng.pad_token_id), live)
-            if step % eng.sync_every == 0 and self._refill():
+            self.stats.bucket_steps[n] = self.stats.bucket_steps.get(n, 0) + 1
+            self._decode(torch.where(self.running[:n], tokens, eng.pad_token_id))
+            if step % eng.sync_every == 0 and self._sync():
                 break
         self.stats.decode_steps = step
-        self.stats.slot_steps_live = int(live_steps)
+        self.stats.row_steps_live = int(live_steps)
         return self._output()
 
-    def _refill(self) -> bool:
-        """Free finished slots, admit waiting sequences (their prompt logits replace the rows' decode logits);
-        True when nothing is left to run."""
-        running = self.running.tolist()
-        finished = [s for s, r in enumerate(self.scheduler.slot_request) if r is not None and not running[s]]
-        if finished:
-            self.scheduler.release(finished)
-        if self.scheduler.done:
-            return True
-        self._admit()
-        return False
-
-    def _decode(self, tokens: torch.Tensor, live: torch.Tensor) -> None:
-        """Feed each row's token [B] at its column; rows not live decode a pad over one key at column 0."""
-        cols = torch.where(live, self.cols, 0)  # [B]
-        self.mask.scatter_(1, cols[:, None], 1)  # the new key is visible (rows not live: only their own pad key)
-        self.logits = self._step(tokens[:, None], self.cols[:, None], cols)
-        self.cols += live.long()
+    def _decode(self, tokens: torch.Tensor) -> None:
+        """Feed each running row's token [n] at its column; other rows point at the trash block, column 0."""
+        n = self.n
+        run = self.running[:n]
+        self.cache.table[:n].mul_(run[:, None].to(torch.int32))  # a stopped row's blocks are no longer touched
+        cols = torch.where(run, self.cols[:n], 0)  # [n]
+        self.logits = self._step(tokens[:, None], cols[:, None], cols)
+        self.cols[:n] += run.long()
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        eng = self.engine
+        """One decode step of the n = bucket rows: tokens/positions [n, 1], cols [n]. Returns logits [n, V]."""
+        eng, n = self.engine, self.n
         if not eng.cuda_graphs:
-            return eng._decode_step(self.cache, self.hook, tokens, positions, self.mask, cols)
-        if self._graph is None:
-            static = (torch.zeros_like(tokens), torch.zeros_like(positions), torch.zeros_like(cols))
-            self._graph = CapturedStep(
-                lambda t, p, c: eng._decode_step(self.cache, self.hook, t, p, self.mask, c), static
+            return eng._decode_step(self.cache, self.hook, tokens, positions, self.ones[:n], cols)
+        if self._graphs is None:
+            self._graphs = BucketedSteps(
+                lambda b: lambda t, p, c: eng._decode_step(self.cache, self.hook, t, p, self.ones[:b], c),
+                self._static_inputs,
             )
-        return self._graph(tokens, positions, cols)
+        return self._graphs(n, tokens, positions, cols)
 
-    # ------------------------------------------------------------------ admission (prefix-shared prefill)
-    def _admit(self) -> None:
-        pairs = self.scheduler.admit()
-        if not pairs:
-            return
+    def _static_inputs(self, bucket: int) -> tuple[torch.Tensor, ...]:
+        """A bucket's captured inputs: tokens [b, 1], positions [b, 1], cols [b]."""
+        dev = self.engine.device
+        return (
+            torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+            torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+            torch.zeros(bucket, dtype=torch.long, device=dev),
+        )
+
+    # ------------------------------------------------------------------ host sync: finish, grow, admit, compact
+    def _sync(self) -> bool:
+        """Host bookkeeping between decode windows; True when every sequence is done."""
+        sched, n = self.scheduler, self.n
+        state = torch.stack([self.running[:n].long(), self.cols[:n]]).tolist() if n else [[], []]
+        live = len(sched.rows)
+        sched.finish([r for r in range(live) if not state[0][r]])
+        sched.grow([state[1][s.row] for s in sched.rows])
+        self.stats.preemptions = sched.preemptions
+        if sched.done:
+            self._finish_stats()
+            return True
+        kept = [s.row for s in sched.rows]
+        admitted = sched.admit()
+        for row, seq in enumerate(sched.rows):
+            seq.row = row
+        self._compact(kept, admitted)
+        self._finish_stats()
+        return False
+
+    def _compact(self, kept: list[int], admitted: list[Running]) -> None:
+        """Rows `kept` (old indices, in order) move to the front, the admitted sequences follow them."""
+        dev, k = self.engine.device, len(kept)
+        live = k + len(admitted)
+        new_n = bucket_for(live, self.buckets)
+        idx = torch.tensor(kept, dtype=torch.long, device=dev)
+        for state in (self.cols, self.requests, self.counts, self.limits, self.running):
+            state[:k] = state[idx]
+            state[k:] = 0
+        parts = [self.logits[idx]] if k else []
+        if admitted:
+            parts.append(self._prefill(admitted, k))
+        vocab = parts[0].shape[-1]
+        parts.append(torch.zeros((new_n - live, vocab), dtype=parts[0].dtype, device=dev))
+        self.logits = torch.cat(parts)  # [new_n, V]
+        self.table_host.zero_()
+        for row, seq in enumerate(self.scheduler.rows):
+            self.table_host[row, : len(seq.blocks)] = torch.tensor(seq.blocks, dtype=torch.int32)
+        self.cache.table.copy_(self.table_host)
+        self.n = new_n
+
+    def _prefill(self, admitted: list[Running], first_row: int) -> torch.Tensor:
+        """Prefill the admitted sequences that own their prompt or resume (their K/V into their blocks); the others
+        share a running owner's prompt blocks and copy its partial block. Sets their rows' state; returns their
+        next-token logits [len(admitted), V]."""
+        dev, stats = self.engine.device, self.stats
+        rows: dict[int, torch.Tensor] = {}  # index in admitted -> logits [V]
+        fresh = [i for i, s in enumerate(admitted) if s.prefix is None]
+        if fresh:
+            logits = self._run_prefill([admitted[i] for i in fresh])  # [F, V]
+            for i, row in zip(fresh, logits):
+                rows[i] = row
+        for i, seq in enumerate(admitted):
+            key = self.scheduler.prompt_keys[seq.request]
+            if seq.prefill_tokens > len(self.prompts[seq.request]):
+                continue  # a resumed sequence: not a first admission
+            self.group_left[key] -= 1
+            if seq.prefix is None and self.group_left[key] > 0:
+                self.prompt_logits[key] = rows[i]  # later members of the group take these
+            elif seq.prefix is not None:
+                if seq.prefix.partial is not None:
+                    self.cache.copy_block(seq.prefix.partial, seq.blocks[len(seq.prefix.full)])
+                rows[i] = self.prompt_logits[key]
+                stats.prefill_tokens_shared += len(self.prompts[seq.request])
+            if self.group_left[key] == 0:
+                self.prompt_logits.pop(key, None)
+        index = torch.arange(first_row, first_row + len(admitted), device=dev)
+        self.cols[index] = torch.tensor([s.prefill_tokens for s in admitted], device=dev)
+        self.requests[index] = torch.tensor([s.request for s in admitted], device=dev)
+        self.counts[index] = torch.tensor([s.prefill_tokens - len(self.prompts[s.request]) for s in admitted], device=dev)
+        self.limits[index] = torch.tensor([self.caps[s.request] for s in admitted], device=dev)
+        self.running[index] = True
+        stats.prefill_tokens_recomputed += sum(s.prefill_tokens - len(self.prompts[s.request]) for s in admitted)
+        return torch.stack([rows[i] for i in range(len(admitted))])
+
+    def _run_prefill(self, seqs: list[Running]) -> torch.Tensor:
+        """One left-padded prefill of the sequences' tokens (prompt + generated ones), K/V copied into their blocks
+        from the first; returns their next-token logits [len(seqs), V]."""
         eng = self.engine
-        unique: dict[tuple[int, ...], int] = {}
-        for _, request in pairs:
-            unique.setdefault(tuple(self.prompts[request]), len(unique))
-        prompts = [list(p) for p in unique]
-        width = max(len(p) for p in prompts)
-        ids, mask = eng._left_pad(prompts, width)  # [U, P]
-        scratch = eng._new_cache(len(prompts), width)
-        logits = eng._prefill(scratch, self.hook, ids, mask)  # [U, V]
-        if self.logits is None:
-            self.logits = torch.zeros((self.mask.shape[0], logits.shape[-1]), dtype=logits.dtype, device=eng.device)
-        for slot, request in pairs:
-            prompt = self.prompts[request]
-            src, length = unique[tuple(prompt)], len(prompt)
-            for dst, buf in ((self.cache.k, scratch.k), (self.cache.v, scratch.v)):
-                dst[:, slot, :, :length] = buf[:, src, :, width - length :]  # [L, H_kv, p, D]
-            self.mask[slot].zero_()
-            self.mask[slot, :length] = 1
-            self.logits[slot] = logits[src]
-        slots = torch.tensor([s for s, _ in pairs], device=eng.device)
-        requests = torch.tensor([r for _, r in pairs], device=eng.device)
-        lengths = torch.tensor([len(self.prompts[r]) for _, r in pairs], device=eng.device)
-        self.cols[slots] = lengths
-        self.requests[slots] = requests
-        self.counts[slots] = 0
-        self.limits[slots] = torch.tensor([self.caps[r] for _, r in pairs], device=eng.device)
-        self.running[slots] = True
-        self.stats.admissions = self.scheduler.admissions
-        self.stats.peak_live = self.scheduler.peak_live
-        self.stats.prefill_tokens += sum(len(p) for p in prompts)
-        self.stats.prefill_tokens_shared += sum(len(self.prompts[r]) for _, r in pairs) - sum(len(p) for p in prompts)
+        tokens = []
+        for seq in seqs:
+            generated = seq.prefill_tokens - len(self.prompts[seq.request])
+            tokens.append(list(self.prompts[seq.request]) + (self.tokens_out[seq.request, :generated].tolist()))
+        width = max(len(t) for t in tokens)
+        ids, mask = eng._left_pad(tokens, width)  # [F, P]
+        scratch = eng._new_cache(len(tokens), width)
+        logits = eng._prefill(scratch, self.hook, ids, mask)  # [F, V]
+        for i, (seq, toks) in enumerate(zip(seqs, tokens)):
+            start = width - len(toks)
+            self.cache.write_blocks(seq.blocks, scratch.k[:, i, :, start:], scratch.v[:, i, :, start:])  # [L, H_kv, n, D]
+        self.stats.prefill_tokens += sum(len(t) for t in tokens)
+        return logits
+
+    def _finish_stats(self) -> None:
+        sched, stats = self.scheduler, self.stats
+        stats.admissions, stats.peak_live = sched.admissions, sched.peak_live
+        stats.peak_blocks_used, stats.preemptions = sched.peak_blocks, sched.preemptions
 
     # ------------------------------------------------------------------ output in the shared layout
     def _output(self) -> GenerationOutput:

@@ -11,6 +11,10 @@ attention mask, the cache position scalar, the KV cache) are read fresh at each 
 as long as they change in place. The FP8 weight cache of an `Fp8Linear` is a new tensor after each optimizer step,
 so a graph lives for one `generate()` call (the engine captures again per rollout: a few ms per layer).
 
+Batch-size buckets (`BucketedSteps`): the continuous rollout's live rows change at every host sync, so the step
+is captured once per bucket size it meets (8, 16, 32, ... up to the row count), all graphs in one memory pool, and
+each window runs the smallest bucket that holds the live rows: the drain at the end of a queue replays small graphs.
+
 Autocast casts are not cached while capturing (a cached cast would be freed when the autocast context exits while
 the graph still reads it); each replay casts again from the live weights.
 """
@@ -25,10 +29,13 @@ import torch
 class CapturedStep:
     """`fn(*static_inputs) -> Tensor` as a CUDA graph; `__call__(*inputs)` copies inputs in and replays."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: tuple[torch.Tensor, ...]) -> None:
+    def __init__(
+        self, fn: Callable[..., torch.Tensor], static_inputs: tuple[torch.Tensor, ...], pool: tuple | None = None
+    ) -> None:
         if not static_inputs or not all(isinstance(t, torch.Tensor) and t.is_cuda for t in static_inputs):
             raise ValueError("CapturedStep: static_inputs must be CUDA tensors")
         self.fn = fn
+        self.pool = pool  # a graph memory pool shared with other captures (`torch.cuda.graph_pool_handle()`)
         self.static_inputs = static_inputs
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: torch.Tensor | None = None
@@ -52,6 +59,36 @@ class CapturedStep:
                 self.fn(*self.static_inputs)  # warm-up (Triton JIT, cuBLAS handles)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool):
                 self.output = self.fn(*self.static_inputs)
         self.graph = graph
+
+
+def bucket_sizes(max_rows: int, smallest: int = 8) -> list[int]:
+    """Batch sizes to capture: powers of two from `smallest` below max_rows, then max_rows itself."""
+    sizes, size = [], smallest
+    while size < max_rows:
+        sizes.append(size)
+        size *= 2
+    return sizes + [max_rows]
+
+
+def bucket_for(rows: int, sizes: list[int]) -> int:
+    """The smallest bucket that holds `rows` rows."""
+    return next(s for s in sizes if s >= rows)
+
+
+class BucketedSteps:
+    """`fn(bucket)(*inputs)` captured per bucket size on first use, all in one graph memory pool.
+
+    make_inputs(bucket) -> the static input tensors of that bucket; `__call__(bucket, *inputs)` replays it."""
+
+    def __init__(self, fn: Callable[[int], Callable[..., torch.Tensor]], make_inputs: Callable[[int], tuple]) -> None:
+        self.fn, self.make_inputs = fn, make_inputs
+        self.pool = torch.cuda.graph_pool_handle()
+        self.steps: dict[int, CapturedStep] = {}
+
+    def __call__(self, bucket: int, *inputs: torch.Tensor) -> torch.Tensor:
+        if bucket not in self.steps:
+            self.steps[bucket] = CapturedStep(self.fn(bucket), self.make_inputs(bucket), pool=self.pool)
+        return self.steps[bucket](*inputs)

@@ -65,6 +65,7 @@ def decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     *,
+    block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
     impl: str = "auto",
 ) -> torch.Tensor:
@@ -72,14 +73,24 @@ def decode_attention(
     fine, last dim contiguous); key_valid [B, >= S_max] bool (1 = attend); kv_len: int64 device tensor, 0-dim (all
     rows) or [B] (per row, continuous batching), keys [0, kv_len) are read; FP8 buffers need k_scale/v_scale (0-dim fp32). Returns [B, H, D] in q.dtype.
 
+    Paged (`block_table` int32 [B, max_blocks]): k_buf/v_buf are one layer's block pool [num_blocks, H_kv, page, D]
+    and row b's key j lies in block block_table[b, j // page] at offset j % page, read in place; key_valid may be
+    None (every key below kv_len is attended), S_max = max_blocks * page.
+
     impl: "triton" (any cache), "cuda" (the hand-written e4m3-cache kernel, `fp8_decode_cuda.py`), or "auto": the
     CUDA kernel wherever it fits, Triton elsewhere."""
     import triton
 
     bsz, heads, dim = q.shape
     _, kv_heads, s_max, _ = k_buf.shape
-    if heads % kv_heads or k_buf.shape != v_buf.shape or k_buf.shape[0] != bsz or k_buf.shape[-1] != dim:
+    page = 0
+    if block_table is not None:
+        page, s_max = s_max, block_table.shape[1] * s_max
+        check_block_table(block_table, bsz)
+    if heads % kv_heads or k_buf.shape != v_buf.shape or k_buf.shape[-1] != dim or (not page and k_buf.shape[0] != bsz):
         raise ValueError(f"decode_attention: q {tuple(q.shape)} does not fit k/v {tuple(k_buf.shape)}")
+    if key_valid is None and not page:
+        raise ValueError("decode_attention: key_valid may be None only with a block_table")
     if dim & (dim - 1) or dim < 16:
         raise ValueError(f"decode_attention: head_dim must be a power of two >= 16, got {dim}")
     if k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1 or q.stride(-1) != 1:
@@ -93,7 +104,7 @@ def decode_attention(
         raise ValueError(f"decode_attention: impl must be auto, triton or cuda, got {impl!r}")
     on_cuda_kernel = False
     if impl != "triton":
-        problem = fp8_decode_cuda.cuda_kernel_problem(q, k_buf, v_buf, key_valid, n_rep)
+        problem = fp8_decode_cuda.cuda_kernel_problem(q, k_buf, v_buf, key_valid, n_rep, page)
         if impl == "cuda" and problem is not None:
             raise ValueError(f"decode_attention: the CUDA kernel {problem}")
         on_cuda_kernel = problem is None
@@ -108,8 +119,9 @@ def decode_attention(
         part_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
     if on_cuda_kernel:
         fp8_decode_cuda.launch(
-            q, k_buf, v_buf, key_valid, kv_len, sm_scale, k_scale, v_scale, out, part_out, part_lse, slen=slen
-        )
+            q, k_buf, v_buf, key_valid, kv_len, sm_scale, k_scale, v_scale, out, part_out, part_lse, slen=slen,
+            block_table=block_table, s_max=s_max,
+        )  # fmt: skip
         if part_out is None:
             return out
     else:
@@ -119,12 +131,14 @@ def decode_attention(
         dot = DOT_FP32 if q.dtype == torch.float32 or interpret else (DOT_FP16 if is_fp8 else DOT_BF16)
         tuning = {"BLOCK_N": 64} if interpret else {}  # on a GPU the kernel autotunes BLOCK_N / warps / stages
         ones = torch.ones((), dtype=torch.float32, device=q.device)
+        table = block_table if page else kv_len  # any pointer fills the unused slots
         _decode_kernel[(bsz * kv_heads, num_splits)](
-            q, k_buf, v_buf, key_valid, kv_len, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones,
-            part_out, part_lse, float(sm_scale), kv_heads, s_max,
-            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0), slen,
+            q, k_buf, v_buf, kv_len if key_valid is None else key_valid, kv_len, k_scale if is_fp8 else ones,
+            v_scale if is_fp8 else ones, part_out, part_lse, table, float(sm_scale), kv_heads, s_max,
+            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], 0 if key_valid is None else key_valid.stride(0),
+            slen, table.stride(0) if page else 0,
             N_REP=n_rep, R_PAD=max(16, triton.next_power_of_2(n_rep)), D=dim, NUM_SPLITS=num_splits, DOT=dot,
-            **tuning,
+            PAGE=page, HAS_VALID=key_valid is not None, **tuning,
         )  # fmt: skip
     merge_splits(part_out, part_lse, out)
     return out
@@ -137,6 +151,16 @@ def kv_len_stride(kv_len: torch.Tensor, batch: int) -> int:
             f"kv_len must be an int64 tensor of shape () or [B={batch}], got {kv_len.dtype} {kv_len.shape}"
         )
     return 0 if kv_len.dim() == 0 else kv_len.stride(0)
+
+
+def check_block_table(block_table: torch.Tensor, batch: int) -> None:
+    """A paged kernel's block table: int32 [B, max_blocks], unit stride along the blocks."""
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(
+            f"block_table must be int32 [B={batch}, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}"
+        )
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must have unit stride along the blocks")
 
 
 def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
@@ -158,14 +182,23 @@ def write_decode_kv(
     kv_len: torch.Tensor,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    *,
+    block_table: torch.Tensor | None = None,
 ) -> None:
     """Store one new token per sequence at cache position kv_len - 1, K and V in one launch (Triton).
+    Paged (`block_table` int32 [B, max_blocks]): k_buf/v_buf are a layer's block pool [num_blocks, H_kv, page, D]
+    and position j of row b lies in block block_table[b, j // page] at offset j % page.
 
     k_buf/v_buf [B, H_kv, S_max, D] (one layer of the cache, last dim contiguous); k/v [B, H_kv, 1, D]; kv_len an
     int64 device tensor, 0-dim (one position for all rows) or [B] (each row's own). FP8 buffers get `clamp(x / scale, -448, 448)` rounded to e4m3 (bitwise
     `precision.kv.kv_quant`), other buffers `x.to(buffer dtype)`: what `KVCache.update` writes, in one kernel
     instead of ~10 small ones."""
-    bsz, kv_heads, _, dim = k_buf.shape
+    bsz, kv_heads, page, dim = k_buf.shape
+    if block_table is not None:
+        bsz = k.shape[0]
+        check_block_table(block_table, bsz)
+    else:
+        page = 0
     if k.shape != (bsz, kv_heads, 1, dim) or v.shape != k.shape or v_buf.shape != k_buf.shape:
         raise ValueError(f"write_decode_kv: k/v {tuple(k.shape)} do not fit the cache {tuple(k_buf.shape)}")
     if dim & (dim - 1) or k.stride(-1) != 1 or v.stride(-1) != 1 or k_buf.stride() != v_buf.stride():
@@ -175,9 +208,11 @@ def write_decode_kv(
         raise ValueError("write_decode_kv: an FP8 cache needs k_scale and v_scale")
     slen = kv_len_stride(kv_len, bsz)
     # the kernel reads the scales only for FP8 buffers: otherwise any pointer fills their slots
+    table = kv_len if block_table is None else block_table
     _write_kernel[(bsz * kv_heads,)](
-        k, v, k_buf, v_buf, kv_len, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len, kv_heads,
-        *k.stride()[:2], *v.stride()[:2], *k_buf.stride()[:3], slen, D=dim, FP8=is_fp8,
+        k, v, k_buf, v_buf, kv_len, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len, table, kv_heads,
+        *k.stride()[:2], *v.stride()[:2], *k_buf.stride()[:3], slen, 0 if block_table is None else table.stride(0),
+        D=dim, FP8=is_fp8, PAGE=page,
     )  # fmt: skip
 
 
@@ -199,12 +234,13 @@ def _define_kernels():
     @autotuned
     @triton.jit
     def decode_kernel(
-        q_ptr, k_ptr, v_ptr, valid_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, out_ptr, lse_ptr,
+        q_ptr, k_ptr, v_ptr, valid_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, out_ptr, lse_ptr, table_ptr,
         sm_scale, kv_heads, s_max,
-        sqb, sqh, skb, skh, sks, svb, svh, svs, svalb, slen,
+        sqb, sqh, skb, skh, sks, svb, svh, svs, svalb, slen, stab,
         N_REP: tl.constexpr, R_PAD: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
-        BLOCK_N: tl.constexpr,
+        PAGE: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
+        # PAGE > 0: k/v are block pools [blocks, H_kv, PAGE, D]; key j of row b in block table[b, j // PAGE]
         pid_bh = tl.program_id(0)
         split = tl.program_id(1)
         b = pid_bh // kv_heads
@@ -227,13 +263,21 @@ def _define_kernels():
         m_i = tl.full([R_PAD], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([R_PAD], dtype=tl.float32)
         acc = tl.zeros([R_PAD, D], dtype=tl.float32)
-        k_base = k_ptr + b * skb + hk * skh
-        v_base = v_ptr + b * svb + hk * svh
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             in_range = cols < hi
-            valid = tl.load(valid_ptr + b * svalb + cols, mask=in_range, other=0) != 0
-            k = tl.load(k_base + cols[:, None] * sks + dims[None, :], mask=in_range[:, None], other=0.0)
+            if HAS_VALID:
+                valid = (tl.load(valid_ptr + b * svalb + cols, mask=in_range, other=0) != 0) & in_range
+            else:
+                valid = in_range
+            if PAGE > 0:
+                blk = tl.load(table_ptr + b * stab + cols // PAGE, mask=in_range, other=0).to(tl.int64)  # [BLOCK_N]
+                k_rows = k_ptr + blk * skb + hk * skh + (cols % PAGE) * sks
+                v_rows = v_ptr + blk * svb + hk * svh + (cols % PAGE) * svs
+            else:
+                k_rows = k_ptr + b * skb + hk * skh + cols * sks
+                v_rows = v_ptr + b * svb + hk * svh + cols * svs
+            k = tl.load(k_rows[:, None] + dims[None, :], mask=in_range[:, None], other=0.0)
             if DOT == 0:
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [R_PAD, BLOCK_N]
             elif DOT == 1:
@@ -246,7 +290,7 @@ def _define_kernels():
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + cols[:, None] * svs + dims[None, :], mask=in_range[:, None], other=0.0)
+            v = tl.load(v_rows[:, None] + dims[None, :], mask=in_range[:, None], other=0.0)
             if DOT == 0:
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
             elif DOT == 1:
@@ -287,9 +331,9 @@ def _define_kernels():
 
     @triton.jit
     def write_kernel(
-        k_ptr, v_ptr, kbuf_ptr, vbuf_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, kv_heads,
-        skb, skh, svb, svh, sbb, sbh, sbs, slen,
-        D: tl.constexpr, FP8: tl.constexpr,
+        k_ptr, v_ptr, kbuf_ptr, vbuf_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, table_ptr, kv_heads,
+        skb, skh, svb, svh, sbb, sbh, sbs, slen, stab,
+        D: tl.constexpr, FP8: tl.constexpr, PAGE: tl.constexpr,
     ):  # fmt: skip
         # one program per (sequence, KV head): k/v [D] -> cache[b, h, kv_len - 1, :]
         pid = tl.program_id(0)
@@ -301,7 +345,11 @@ def _define_kernels():
         if FP8:
             k = _to_e4m3(k.to(tl.float32), tl.load(k_scale_ptr))
             v = _to_e4m3(v.to(tl.float32), tl.load(v_scale_ptr))
-        dst = b.to(tl.int64) * sbb + h * sbh + pos * sbs + dims
+        if PAGE > 0:  # block pool [blocks, H_kv, PAGE, D]
+            blk = tl.load(table_ptr + b * stab + pos // PAGE).to(tl.int64)
+            dst = blk * sbb + h * sbh + (pos % PAGE) * sbs + dims
+        else:
+            dst = b.to(tl.int64) * sbb + h * sbh + pos * sbs + dims
         tl.store(kbuf_ptr + dst, k.to(kbuf_ptr.dtype.element_ty))
         tl.store(vbuf_ptr + dst, v.to(vbuf_ptr.dtype.element_ty))
 

@@ -30,7 +30,7 @@ from nemo_jetrl.generation.native.cuda_graph import CapturedStep
 from nemo_jetrl.generation.native.decode_attention import triton_decode_available
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
-from nemo_jetrl.generation.native.scheduler import engine_kv_budget
+from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import AttnHook, compute_logits, decoder_forward, position_ids_from_mask
 from nemo_jetrl.precision import rollout_mode
@@ -64,8 +64,9 @@ class NativeGenerationEngine(GenerationInterface):
     KV budget and continuous batching (`continuous.py`): max_num_seqs caps the sequences decoded at once;
     kv_cache_memory_bytes (any device) or gpu_memory_utilization (CUDA: that fraction of the memory the process
     does not hold) caps the KV cache; max_model_len caps each row's prompt + response. When the caps cannot hold
-    the whole batch at once (or continuous_batching=True), sequences queue for KV slots and refill them as others
-    finish; otherwise the batch is decoded in one static batch as before.
+    the whole batch at once (or continuous_batching=True), sequences queue for a paged KV pool of kv_block_size-
+    token blocks (preempted and recomputed when it runs dry) and take the rows of those that finish; otherwise
+    the batch is decoded in one static batch as before.
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class NativeGenerationEngine(GenerationInterface):
         gpu_memory_utilization: float | None = None,
         max_model_len: int | None = None,
         continuous_batching: bool | None = None,
+        kv_block_size: int | None = None,
     ) -> None:
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
         if max_new_tokens < 1:
@@ -140,6 +142,9 @@ class NativeGenerationEngine(GenerationInterface):
         if self.max_model_len is not None:  # one total cap per row: the tighter of the two
             self.max_total_length = min(self.max_total_length or self.max_model_len, self.max_model_len)
         self.continuous_batching = continuous_batching
+        self.kv_block_size = DEFAULT_BLOCK_SIZE if kv_block_size is None else int(kv_block_size)
+        if self.kv_block_size < 1:
+            raise ValueError(f"kv_block_size must be >= 1, got {kv_block_size}")
         self.last_rollout_stats: RolloutStats | None = None  # of the last continuous-batching generate
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -193,7 +198,7 @@ class NativeGenerationEngine(GenerationInterface):
         self._check_prompts(prompt_ids)
         caps = self._length_caps(prompt_ids, max_new_tokens)
         budget = engine_kv_budget(self, prompt_ids, caps)
-        if budget.num_slots < len(prompt_ids) or self.continuous_batching:
+        if not budget.whole_batch or self.continuous_batching:
             rollout = ContinuousRollout(self, prompt_ids, budget, caps)
             with torch.no_grad(), rollout_mode(self.model):
                 out = rollout.run(greedy, generator)

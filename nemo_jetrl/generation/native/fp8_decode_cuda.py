@@ -78,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, __MINB__) fp8_decode_atten
     const float* __restrict__ v_scale_ptr, float* __restrict__ part_out, float* __restrict__ part_lse,
     u16* __restrict__ out, double sm_scale, int kv_heads, int s_max, int n_rep, int num_splits,
     int sqb, int sqh, int skb, int skh, int sks, int svb, int svh, int svs, int svalb, int sob, int soh,
-    int slen) {
+    int slen, const int* __restrict__ table, int stab, int page, int use_valid) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int b = blockIdx.x / kv_heads, hk = blockIdx.x % kv_heads, split = blockIdx.y;
     const int kv_len = (int)min((long long)s_max, kv_len_ptr[(long long)b * slen]);
@@ -111,9 +111,18 @@ extern "C" __global__ void __launch_bounds__(NW * 32, __MINB__) fp8_decode_atten
     const int n_mine = n_tiles > warp ? (n_tiles - warp + NW - 1) / NW : 0;  // tiles warp, warp + NW, ...
     for (int it = 0; it < n_mine; ++it) {
         const int key0 = lo + 16 * (warp + it * NW);
+        const u8 *kt = kb, *vt = vb;
+        int t0 = key0, tlast = last;  // the tile's keys relative to kt / vt
+        if (page > 0) {  // a 16-key tile lies in one block (16 | page, key0 % 16 == 0)
+            const long long blk = table[(long long)b * stab + key0 / page];
+            kt = kc + blk * skb + (long long)hk * skh;
+            vt = vc + blk * svb + (long long)hk * svh;
+            t0 = key0 % page;
+            tlast = t0 + (last - key0);
+        }
         Tile cur;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) ld16(chunk(kb, vb, sks, svs, key0, last, g, c, i), tile_word(cur, i));
+        for (int i = 0; i < 8; ++i) ld16(chunk(kt, vt, sks, svs, t0, tlast, g, c, i), tile_word(cur, i));
         float s[2][2];  // keys key0 + 8j + 2c + e
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -133,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, __MINB__) fp8_decode_atten
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int key = key0 + 8 * j + 2 * c + e;
-                const bool ok = key < hi && vrow[key] != 0;
+                const bool ok = key < hi && (!use_valid || vrow[key] != 0);
                 s[j][e] = ok ? s[j][e] * qk2 : NEG_INF;
                 tmax = fmaxf(tmax, s[j][e]);
             }
@@ -229,18 +238,20 @@ def cuda_decode_available() -> bool:
 
 
 def cuda_kernel_problem(
-    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, key_valid: torch.Tensor, n_rep: int
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, key_valid: torch.Tensor | None, n_rep: int, page: int = 0
 ) -> str | None:
-    """Why this kernel cannot serve the call (None: it can). q [B, H, D]; k_buf/v_buf [B, H_kv, S_max, D];
-    key_valid [B, >= S_max] bool."""
+    """Why this kernel cannot serve the call (None: it can). q [B, H, D]; k_buf/v_buf [B, H_kv, S_max, D], or with
+    page > 0 a block pool [num_blocks, H_kv, page, D]; key_valid [B, >= S_max] bool or None (paged)."""
     if not (q.is_cuda and cuda_decode_available()):
         return "needs CUDA sm_89+ and torch.cuda._compile_kernel (NVRTC)"
     if k_buf.dtype != torch.float8_e4m3fn or q.dtype != torch.bfloat16:
         return "needs an e4m3 cache and bf16 queries"
     if q.shape[-1] != HEAD_DIM or n_rep > 8:
         return f"needs head_dim {HEAD_DIM} and at most 8 query heads per KV head"
-    if key_valid.dtype != torch.bool:
+    if key_valid is not None and key_valid.dtype != torch.bool:
         return f"needs a bool key mask, got {key_valid.dtype}"
+    if page % 16:
+        return f"reads 16-key tiles: needs a page size divisible by 16, got {page}"
     strides = (*q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3])
     if max(strides) >= 2**31 or any(t.stride(2) % 16 or t.data_ptr() % 16 for t in (k_buf, v_buf)):
         return "needs 16-byte aligned cache rows and int32 strides"
@@ -280,11 +291,15 @@ def launch(
     part_lse: torch.Tensor | None,
     *,
     slen: int = 0,
+    block_table: torch.Tensor | None = None,
+    s_max: int | None = None,
     num_warps: int = 4,
     min_blocks: int = 4,
 ) -> None:
     """Run the kernel on arguments `decode_attention` has checked (`cuda_kernel_problem`). out [B, H, D] bf16 is
-    written directly with one split; with S splits part_out [B, H, S, D] / part_lse [B, H, S] (fp32) are."""
+    written directly with one split; with S splits part_out [B, H, S, D] / part_lse [B, H, S] (fp32) are.
+    Paged: block_table int32 [B, max_blocks] over a pool k_buf/v_buf [num_blocks, H_kv, page, D], s_max the
+    table's key capacity."""
     bsz, heads, _ = q.shape
     kv_heads = k_buf.shape[1]
     num_splits = 1 if part_out is None else part_out.shape[2]
@@ -292,9 +307,12 @@ def launch(
         grid=(bsz * kv_heads, num_splits, 1),
         block=(32 * num_warps, 1, 1),
         args=[
-            q, k_buf, v_buf, key_valid, kv_len, k_scale, v_scale,
+            q, k_buf, v_buf, kv_len if key_valid is None else key_valid, kv_len, k_scale, v_scale,
             out if part_out is None else part_out, out if part_lse is None else part_lse, out,
-            float(sm_scale), kv_heads, k_buf.shape[2], heads // kv_heads, num_splits,
-            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0), *out.stride()[:2], slen,
+            float(sm_scale), kv_heads, k_buf.shape[2] if s_max is None else s_max, heads // kv_heads, num_splits,
+            *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3], 0 if key_valid is None else key_valid.stride(0),
+            *out.stride()[:2], slen, kv_len if block_table is None else block_table,
+            0 if block_table is None else block_table.stride(0), 0 if block_table is None else k_buf.shape[2],
+            int(key_valid is not None),
         ],
     )  # fmt: skip

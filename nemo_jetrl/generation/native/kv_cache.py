@@ -5,7 +5,7 @@ Buffers are [L, B, H_kv, S_max, D]. `update(layer, k, v, start)` writes the new 
 - `start` an int: views over the written prefix [0, start+S);
 - `start` a 0-dim LongTensor: the whole [0, S_max) buffer (fixed shapes, so a decode step can be captured in a CUDA
   graph; the caller masks the unwritten tail, which holds zeros, never NaN);
-- `start` a [B] LongTensor (one new token per row, continuous batching): row b writes at its own column start[b];
+- `start` a [B] LongTensor (one new token per row; the reference of the paged write): row b writes at start[b];
   the whole buffer is returned, as for a 0-dim start.
 
 FP8 storage: with `dtype=torch.float8_e4m3fn`, K and V are stored as e4m3 with one FP32 dequantization scale per layer
@@ -33,7 +33,12 @@ from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 from nemo_jetrl.precision.quant import E4M3_MAX as FP8_E4M3_MAX
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
-__all__ = ["FP8_E4M3_MAX", "FP8_KV_DTYPE", "KVCache"]
+__all__ = ["FP8_E4M3_MAX", "FP8_KV_DTYPE", "KVCache", "encode_kv"]
+
+
+def encode_kv(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """x as a cache of `dtype` stores it: `kv_quant` with the layer's scale for FP8, else a cast."""
+    return x.to(dtype) if scale is None else kv_quant(x, scale)
 
 
 class KVCache:
@@ -143,7 +148,7 @@ class KVCache:
         self.v.zero_()
 
     def _encode(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-        return x.to(self.dtype) if scale is None else kv_quant(x, scale)
+        return encode_kv(x, self.dtype, scale)
 
     @staticmethod
     def _decode(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

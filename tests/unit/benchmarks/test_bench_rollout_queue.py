@@ -1,5 +1,5 @@
 """benchmarks/bench_rollout_queue.py --quick on the CPU: every case and variant generates exactly the drawn lengths,
-an FP8 KV cache takes twice the slots of a BF16 one under one byte budget, the length draws have their means."""
+an FP8 KV pool holds twice the blocks and admits twice the sequences of a BF16 one under one byte budget, the length draws have their means."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def module():
     return mod
 
 
-def test_quick_run_generates_the_drawn_lengths_and_fp8_kv_doubles_the_slots(module, tmp_path):
+def test_quick_run_generates_the_drawn_lengths_and_fp8_kv_admits_twice_the_sequences(module, tmp_path):
     out = tmp_path / "queue.json"
     assert module.main(["--quick", "--kv-budget-gb", "0.0001", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
@@ -38,11 +38,14 @@ def test_quick_run_generates_the_drawn_lengths_and_fp8_kv_doubles_the_slots(modu
             r["tokens_per_s"]
             / next(x["tokens_per_s"] for x in rows if x["case"] == r["case"] and x["variant"] == "bf16")
         )
-    slots = {r["variant"]: r["slots"] for r in rows if r["case"] == "budget lognormal"}
-    assert slots["fp8+kv"] == 2 * slots["bf16"] == 2 * slots["fp8"] > 0
+    budget = {r["variant"]: r for r in rows if r["case"] == "budget lognormal"}
+    # 100 KB: 3 BF16 blocks of 16 tokens (one is the trash block), 6 FP8 ones
+    assert budget["fp8+kv"]["pool"] == 2 * budget["bf16"]["pool"] == 2 * budget["fp8"]["pool"] == 6
+    assert budget["fp8+kv"]["peak_live"] >= 2 * budget["bf16"]["peak_live"] > 0  # FP8 KV admits twice the sequences
+    assert all(r["preempt"] == 0 for r in rows if r["case"].startswith("cb"))  # rows sized at their caps
     assert all(r["slots"] == 4 for r in rows if r["case"].startswith(("cb", "static")))
     cb = [r for r in rows if r["case"] == "cb lognormal"]
-    assert all(0 < r["occupancy"] < 1 for r in cb)  # long-tailed lengths leave slots idle between CPU syncs
+    assert all(0 < r["occupancy"] < 1 for r in cb)  # long-tailed lengths leave rows idle between CPU syncs
 
 
 @pytest.mark.parametrize("dist", ["fixed", "lognormal", "geometric"])

@@ -114,6 +114,7 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
             ["policy.sequence_packing.algorithm=first_fit_decreasing", "+policy.sequence_packing.train_mb_tokens=48"],
             {"policy.sequence_packing.enabled": True, "policy.sequence_packing.train_mb_tokens": 48},
         ),  # NeMo-RL's default (enabled, MFFD) is in the 1B-like file: honoured, no longer accepted without effect
+        (["+policy.generation.vllm_kwargs.block_size=32", "policy.generation.backend=native"], {"policy.generation.kv_block_size": 32}),
     ],
 )
 def test_honoured_keys_change_the_resolved_config(overrides, expected):

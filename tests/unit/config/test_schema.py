@@ -198,6 +198,18 @@ def test_matched_kernels_refuse_what_they_cannot_honour(base_yaml, overrides, ex
     assert "policy.generation.matched_kernels: true is the native engine's path" in message
 
 
+@pytest.mark.parametrize("mode", ["deterministic", "matched_kernels"])
+def test_exact_and_matched_modes_refuse_a_kv_budget(base_yaml, mode):
+    message = error_of(base_yaml, f"policy.generation.{mode}=true", "policy.generation.max_num_seqs=4")
+    assert message.startswith(f"policy.generation.{mode}: true decodes the whole batch at once")
+
+
+def test_kv_block_size_is_the_native_engines(base_yaml):
+    assert check(base_yaml, "policy.generation.kv_block_size=32").policy.generation.kv_block_size == 32
+    message = error_of(base_yaml, "policy.generation.backend=vllm", "policy.generation.kv_block_size=32")
+    assert message.startswith("policy.generation.kv_block_size") and "set 16 or backend=native" in message
+
+
 def test_samples_must_split_into_whole_global_batches(base_yaml):
     assert check(base_yaml, "policy.train_global_batch_size=128").policy.train_global_batch_size == 128
     message = error_of(base_yaml, "policy.train_global_batch_size=96", "policy.train_micro_batch_size=32")
