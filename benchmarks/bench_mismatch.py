@@ -45,6 +45,8 @@ VARIANTS = (
     ("fp8 rollout only", "fp8_rollout_only", "fast"),
     ("unified fp8 (jetrl)", "jetrl", "fast"),
     ("unified fp8 + kv (jetrl_kv)", "jetrl_kv", "fast"),
+    ("unified fp8 rowwise", "rowwise", "fast"),
+    ("unified fp8 tensorwise", "tensorwise", "fast"),
     ("jetrl_kv, SDPA decode", "jetrl_kv", "sdpa_decode"),
     ("bf16, exact", "bf16", "exact"),
     ("jetrl, exact", "jetrl", "exact"),
