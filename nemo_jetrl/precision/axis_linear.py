@@ -8,7 +8,8 @@
 
 (*) rowwise: a second cast of the master W, made on the first backward after each weight change and cached with
 the FProp weight. tensorwise: one scale per tensor, so DGrad / WGrad read the FProp bits of W and X and the DGrad
-bits of dY transposed (no re-quantization). Token dims are zero-padded to a multiple of 16 for WGrad (cuBLAS).
+bits of dY, transposed (no re-quantization: the cast writes both layouts, `tensor_quant_dual`). Token dims are
+zero-padded to a multiple of 16 for WGrad (cuBLAS).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from nemo_jetrl.precision.axis_gemm import fp8_axis_mm, pad_rows, transpose_fp8
-from nemo_jetrl.precision.axis_quant import axis_dequant, col_quant_t, row_quant, tensor_quant
+from nemo_jetrl.precision.axis_quant import axis_dequant, col_quant_t, row_quant, tensor_quant, tensor_quant_dual
 from nemo_jetrl.precision.gemm import gemm_backend, no_autocast
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 
@@ -44,12 +45,17 @@ class AxisFp8LinearFunction(torch.autograd.Function):
         pow2, rowwise = recipe.pow2_activation_scales, recipe.granularity == "rowwise"
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
         with no_autocast(x.device.type):
-            x_fp8, x_scale = (row_quant if rowwise else tensor_quant)(x2, pow2)  # [M, K], [M, 1] | [1, 1]
-            if ctx.needs_input_grad[1]:
-                # WGrad operand: rowwise X^T [K, MP] per input channel over the tokens (MP: M padded to 16 with
-                # zero tokens); tensorwise: the FProp bits themselves (transposed in backward)
-                saved = col_quant_t(pad_rows(x2), pow2) if rowwise else (x_fp8, x_scale)
-                ctx.save_for_backward(*saved)
+            need_dw = ctx.needs_input_grad[1]
+            if rowwise or not need_dw:
+                x_fp8, x_scale = (row_quant if rowwise else tensor_quant)(x2, pow2)  # [M, K], [M, 1] | [1, 1]
+            if need_dw:
+                # WGrad operand X^T [K, MP] (MP: M padded to 16 with zero tokens): rowwise per input channel over
+                # the tokens; tensorwise the FProp bits themselves, written transposed by the same cast
+                if rowwise:
+                    ctx.save_for_backward(*col_quant_t(pad_rows(x2), pow2))
+                else:
+                    x_fp8, xt_fp8, x_scale = tensor_quant_dual(x2, pow2)
+                    ctx.save_for_backward(xt_fp8, x_scale)
             y2 = fp8_axis_mm(x_fp8, x_scale, qweight.data, qweight.scale, out_dtype, bias=bias,
                              b_dequant=qweight.dequantized())  # fmt: skip
         ctx.qweight, ctx.recipe, ctx.master = qweight, recipe, weight
@@ -68,9 +74,11 @@ class AxisFp8LinearFunction(torch.autograd.Function):
             if rowwise:
                 dy_fp8, dy_scale = row_quant(dy2, pow2) if need_dx else (None, None)  # [M, N], [M, 1]
                 dyt = col_quant_t(pad_rows(dy2), pow2) if need_dw else None  # [N, MP], [N, 1]
+            elif need_dw:
+                dy_fp8, dyt_fp8, dy_scale = tensor_quant_dual(dy2, pow2)  # [M, N], [N, MP], [1, 1]
+                dyt = (dyt_fp8, dy_scale)
             else:
                 dy_fp8, dy_scale = tensor_quant(dy2, pow2)  # [M, N], [1, 1]
-                dyt = (transpose_fp8(pad_rows(dy_fp8)), dy_scale) if need_dw else None  # [N, MP], [1, 1]
             # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W^T) [K, N]^T
             if need_dx:
                 wt_fp8, wt_scale, wt_dequant = dgrad_weight(ctx.qweight, ctx.master, recipe)
@@ -78,9 +86,7 @@ class AxisFp8LinearFunction(torch.autograd.Function):
                 grad_x = grad_x.reshape(ctx.x_shape)
             # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T) [K, MP]^T, contraction over the tokens
             if need_dw:
-                xt_fp8, xt_scale = ctx.saved_tensors
-                if not rowwise:
-                    xt_fp8 = transpose_fp8(pad_rows(xt_fp8))  # [K, MP]
+                xt_fp8, xt_scale = ctx.saved_tensors  # [K, MP]
                 grad_w = fp8_axis_mm(*dyt, xt_fp8, xt_scale, ctx.weight_dtype)
             # grad_bias: plain FP32 reduction over tokens
             if ctx.bias_dtype is not None and need_db:

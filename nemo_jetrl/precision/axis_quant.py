@@ -62,6 +62,20 @@ def tensor_quant(
     return out
 
 
+def tensor_quant_dual(
+    x: torch.Tensor, pow2: bool = False, pad: int = 16, backend: QuantBackend = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both training layouts of the tensorwise cast of x [M, N]: (e4m3 [M, N], e4m3 [N, MP], fp32 scale [1, 1]),
+    the second bitwise the first transposed with M zero-padded to MP = round_up(M, pad) (the WGrad operand)."""
+    _check_2d(x, "tensor_quant_dual")
+    if _use_triton(x, 128, backend):
+        from nemo_jetrl.precision.kernels import triton_axis_quant
+
+        return triton_axis_quant.quant_tensor_dual(x, pow2, pad)
+    q, scale = _tensor_quant_ref(x, pow2)
+    return q, _padded_transpose(q, pad), scale
+
+
 def row_quant_checked(
     x: torch.Tensor, pow2: bool = False, backend: QuantBackend = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,6 +113,15 @@ def _tensor_quant_ref(x: torch.Tensor, pow2: bool) -> tuple[torch.Tensor, torch.
     amax = _block_amax(xf.reshape(1, -1), (1,)) if xf.numel() else xf.new_zeros(1)  # amax: [1]
     scale = scale_from_amax(amax, pow2).view(1, 1)  # scale: [1, 1]
     return _to_e4m3(xf, scale).contiguous(), scale
+
+
+def _padded_transpose(q: torch.Tensor, pad: int) -> torch.Tensor:
+    """e4m3 q [M, N] -> [N, MP] row-major (bytes moved), M zero-padded to a multiple of `pad`."""
+    qb = q.view(torch.uint8)
+    rows = -qb.shape[0] % pad
+    if rows:
+        qb = torch.cat([qb, qb.new_zeros(rows, qb.shape[1])])
+    return qb.t().contiguous().view(FP8_DTYPE)
 
 
 def _nonfinite(x: torch.Tensor) -> torch.Tensor:

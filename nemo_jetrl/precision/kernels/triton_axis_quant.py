@@ -48,11 +48,11 @@ def _amax_kernel(
 
 @triton.jit
 def _quant_kernel(
-    x_ptr, y_ptr, amax_ptr, s_ptr, R, C, stride_r, stride_c,
+    x_ptr, y_ptr, amax_ptr, s_ptr, R, C, stride_r, stride_c, stride_y,
     PER_ROW: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, POW2: tl.constexpr,
 ):  # fmt: skip
-    # One program: the same [BR, BC] tile, scaled by its row's (or the tensor's) scale, written to y [R, C]
-    # row-major; the first column of programs also stores the scales.
+    # One program: the same [BR, BC] tile, scaled by its row's (or the tensor's) scale, written to y [R, >= C]
+    # (row stride stride_y); the first column of programs also stores the scales.
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
@@ -69,10 +69,10 @@ def _quant_kernel(
         q = _to_e4m3(x, scale)
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(s_ptr, scale)
-    tl.store(y_ptr + rows64[:, None] * C + cols64[None, :], q, mask=mask)
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols64[None, :], q, mask=mask)
 
 
-def _quant(x: torch.Tensor, per_row: bool, pow2: bool, count_nonfinite: bool):
+def _quant(x: torch.Tensor, per_row: bool, pow2: bool, count_nonfinite: bool, t_pad: int | None = None):
     _check(x)
     r, c = x.shape
     y = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
@@ -82,6 +82,9 @@ def _quant(x: torch.Tensor, per_row: bool, pow2: bool, count_nonfinite: bool):
     scale = torch.empty((n_scales, 1), dtype=torch.float32, device=x.device)
     if r == 0 or c == 0:
         scale.copy_(_scale_host(amax, pow2).view(-1, 1))
+        if t_pad is not None:
+            rp = -(-r // t_pad) * t_pad
+            return y, torch.zeros((c, rp), dtype=torch.float8_e4m3fn, device=x.device), scale
         return (y, scale, bad[0]) if count_nonfinite else (y, scale)
     # rows contiguous in memory (a transposed view): square tiles; else wide ones along the contiguous dim
     br, bc = (64, 64) if x.stride(0) == 1 and c > 1 else (8, 512)
@@ -89,7 +92,14 @@ def _quant(x: torch.Tensor, per_row: bool, pow2: bool, count_nonfinite: bool):
     args = (r, c, x.stride(0), x.stride(1))
     with _on_device(x):
         _amax_kernel[grid](x, amax, bad, *args, PER_ROW=per_row, BR=br, BC=bc, COUNT=count_nonfinite, num_warps=4)
-        _quant_kernel[grid](x, y, amax, scale, *args, PER_ROW=per_row, BR=br, BC=bc, POW2=pow2, num_warps=4)
+        _quant_kernel[grid](x, y, amax, scale, *args, c, PER_ROW=per_row, BR=br, BC=bc, POW2=pow2, num_warps=4)
+        if t_pad is not None:  # the same values written transposed, [C, R] in a zero-padded [C, RP] buffer
+            rp = -(-r // t_pad) * t_pad
+            yt = (torch.zeros if rp != r else torch.empty)((c, rp), dtype=torch.float8_e4m3fn, device=x.device)
+            t_args = (c, r, x.stride(1), x.stride(0), rp)
+            grid_t = (triton.cdiv(c, 64), triton.cdiv(r, 64))
+            _quant_kernel[grid_t](x, yt, amax, scale, *t_args, PER_ROW=False, BR=64, BC=64, POW2=pow2, num_warps=4)
+            return y, yt, scale
     return (y, scale, bad[0]) if count_nonfinite else (y, scale)
 
 
@@ -107,3 +117,9 @@ def quant_rows(x: torch.Tensor, pow2: bool, count_nonfinite: bool = False):
 def quant_tensor(x: torch.Tensor, pow2: bool, count_nonfinite: bool = False):
     """One scale for x [R, C] (any strides) -> (e4m3 [R, C], fp32 [1, 1]) (+ int32 non-finite count)."""
     return _quant(x, False, pow2, count_nonfinite)
+
+
+def quant_tensor_dual(x: torch.Tensor, pow2: bool, pad: int):
+    """One scale for x [R, C] -> (e4m3 [R, C], e4m3 [C, RP] = the same values transposed with R zero-padded to a
+    multiple of `pad`, fp32 [1, 1]): one amax pass, two writes (no transpose copy)."""
+    return _quant(x, False, pow2, False, t_pad=pad)

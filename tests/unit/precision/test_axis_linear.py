@@ -63,9 +63,11 @@ def test_tensorwise_backward_reuses_the_forward_bits():
     _, fp8 = make_pair("tensorwise", k=256, n=128)
     x = torch.randn(200, 256, requires_grad=True)
     y = fp8(x)
-    x_fp8, x_scale = y.grad_fn.saved_tensors  # the FProp cast of X itself (one scale: no WGrad re-quantization)
+    xt_fp8, x_scale = y.grad_fn.saved_tensors  # the FProp cast of X itself, transposed (no WGrad re-quantization)
     xq, xs = tensor_quant(x.detach())
-    assert torch.equal(x_fp8.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(x_scale, xs)
+    assert xt_fp8.shape == (256, 208) and torch.equal(x_scale, xs)  # tokens zero-padded to 208
+    assert torch.equal(xt_fp8.view(torch.uint8)[:, :200], xq.view(torch.uint8).t())
+    assert not xt_fp8.view(torch.uint8)[:, 200:].any()
     dy = torch.randn_like(y)
     y.backward(dy)
     qw = fp8.quantized_weight()

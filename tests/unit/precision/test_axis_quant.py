@@ -11,6 +11,7 @@ from nemo_jetrl.precision.axis_quant import (
     row_quant,
     row_quant_checked,
     tensor_quant,
+    tensor_quant_dual,
 )
 from nemo_jetrl.precision.quant import FLT_MAX, act_quant
 
@@ -50,6 +51,14 @@ def test_tensor_quant_is_one_group(pow2):
     q_ref, s_ref = act_quant(x.reshape(1, -1), block=x.numel(), pow2=pow2)
     assert torch.equal(bits(q), bits(q_ref.view(64, 130))) and torch.equal(s, s_ref)
     assert (axis_dequant(q, s) - x).abs().max().item() <= 448 * s.item() / 16  # half an e4m3 ulp at the top
+
+
+def test_tensor_quant_dual_is_the_cast_and_its_padded_transpose():
+    x = torch.randn(200, 96) * 3
+    q, qt, s = tensor_quant_dual(x, pad=16)
+    q_ref, s_ref = tensor_quant(x)
+    assert torch.equal(bits(q), bits(q_ref)) and torch.equal(s, s_ref) and qt.shape == (96, 208)
+    assert torch.equal(bits(qt)[:, :200], bits(q).t()) and not bits(qt)[:, 200:].any()
 
 
 def test_round_trip_error_and_dequant_shapes():
@@ -92,6 +101,10 @@ for pow2 in (False, True):
         q, s, n = k.quant_tensor(v, pow2, count_nonfinite=True)
         q_ref, s_ref = _tensor_quant_ref(v.contiguous(), pow2)
         out[f"tensor_{name}_{pow2}"] = [torch.equal(s, s_ref), int(n), list(q.shape)]
+        q, qt, s = k.quant_tensor_dual(v, pow2, 16)
+        b, bt = q.view(torch.uint8), qt.view(torch.uint8)
+        same = torch.equal(bt[:, : b.shape[0]], b.t()) and not bt[:, b.shape[0]:].any()
+        out[f"dual_{name}_{pow2}"] = [torch.equal(s, s_ref), same, list(qt.shape)]
 print(json.dumps(out))
 """
 
@@ -103,3 +116,5 @@ def test_triton_twins_scales_and_counts_under_the_interpreter(run_interpreted):
         assert out[f"rows_strided_{pow2}"] == [True, 3, [260, 300]]
         assert out[f"tensor_rows_{pow2}"] == [True, 3, [300, 260]]
         assert out[f"tensor_strided_{pow2}"] == [True, 3, [260, 300]]
+        assert out[f"dual_rows_{pow2}"] == [True, True, [260, 304]]
+        assert out[f"dual_strided_{pow2}"] == [True, True, [300, 272]]
