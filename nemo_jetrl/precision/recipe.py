@@ -95,7 +95,9 @@ class PrecisionRecipe:
 
     @property
     def unified(self) -> bool:
-        """Trainer and rollout compute the same function (same linear precision; FP8 KV mirrored in training)."""
+        """Trainer and rollout compute the same function (same linear precision; FP8 KV mirrored in training).
+        tensorwise: the same rule, but an activation scale spans its whole tensor, so a decode step's bits are not
+        the full-batch forward's (docs/precision.md, "which recipe when")."""
         return self.train == self.rollout and (not self.kv_fp8 or self.train_kv_fake_quant)
 
     # --- constructors --------------------------------------------------------------------------------------

@@ -72,6 +72,31 @@ def _quant_kernel(
     tl.store(y_ptr + rows64[:, None] * stride_y + cols64[None, :], q, mask=mask)
 
 
+@triton.jit
+def _row_cast_kernel(x_ptr, y_ptr, s_ptr, C, stride_r, BC: tl.constexpr, POW2: tl.constexpr):
+    # One program: one whole row of a row-major [R, C] input held in registers (C <= BC): one read, one write.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BC)
+    x = tl.load(x_ptr + row * stride_r + cols, mask=cols < C, other=0.0).to(tl.float32)  # x: [BC]
+    scale = _scale_from_amax(tl.max(_finite_abs(x), axis=0), POW2)
+    tl.store(y_ptr + row * C + cols, _to_e4m3(x, scale), mask=cols < C)
+    tl.store(s_ptr + row, scale)
+
+
+# Widest row the one-pass kernel holds in registers (fp32 elements); wider rows take the two-pass path.
+ROW_CAST_MAX = 16384
+
+
+def _row_cast(x: torch.Tensor, pow2: bool):
+    r, c = x.shape
+    y = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((r, 1), dtype=torch.float32, device=x.device)
+    bc = triton.next_power_of_2(c)
+    with _on_device(x):
+        _row_cast_kernel[(r,)](x, y, scale, c, x.stride(0), BC=bc, POW2=pow2, num_warps=min(16, max(4, bc // 1024)))
+    return y, scale
+
+
 def _quant(x: torch.Tensor, per_row: bool, pow2: bool, count_nonfinite: bool, t_pad: int | None = None):
     _check(x)
     r, c = x.shape
@@ -110,7 +135,11 @@ def _scale_host(amax: torch.Tensor, pow2: bool) -> torch.Tensor:
 
 
 def quant_rows(x: torch.Tensor, pow2: bool, count_nonfinite: bool = False):
-    """One scale per row of x [R, C] (any strides) -> (e4m3 [R, C], fp32 [R, 1]) (+ int32 non-finite count)."""
+    """One scale per row of x [R, C] (any strides) -> (e4m3 [R, C], fp32 [R, 1]) (+ int32 non-finite count).
+    Row-major rows of at most ROW_CAST_MAX elements take the one-pass kernel, the rest amax tiles + cast."""
+    _check(x)
+    if not count_nonfinite and x.stride(1) == 1 and 0 < x.shape[1] <= ROW_CAST_MAX and x.shape[0] > 0:
+        return _row_cast(x, pow2)
     return _quant(x, True, pow2, count_nonfinite)
 
 

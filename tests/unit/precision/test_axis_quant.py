@@ -98,6 +98,9 @@ for pow2 in (False, True):
         q, s, n = k.quant_rows(v, pow2, count_nonfinite=True)
         q_ref, s_ref = _row_quant_ref(v.contiguous(), pow2)
         out[f"rows_{name}_{pow2}"] = [torch.equal(s, s_ref), int(n), list(q.shape)]
+        q1, s1 = k.quant_rows(v.contiguous(), pow2)  # the one-pass row kernel (row-major rows)
+        same = torch.equal(q1.view(torch.uint8), q.view(torch.uint8))  # kernel vs kernel (the interpreter's cast)
+        out[f"onepass_{name}_{pow2}"] = [torch.equal(s1, s_ref), same]
         q, s, n = k.quant_tensor(v, pow2, count_nonfinite=True)
         q_ref, s_ref = _tensor_quant_ref(v.contiguous(), pow2)
         out[f"tensor_{name}_{pow2}"] = [torch.equal(s, s_ref), int(n), list(q.shape)]
@@ -117,4 +120,5 @@ def test_triton_twins_scales_and_counts_under_the_interpreter(run_interpreted):
         assert out[f"tensor_rows_{pow2}"] == [True, 3, [300, 260]]
         assert out[f"tensor_strided_{pow2}"] == [True, 3, [260, 300]]
         assert out[f"dual_rows_{pow2}"] == [True, True, [260, 304]]
+        assert out[f"onepass_rows_{pow2}"] == [True, True] and out[f"onepass_strided_{pow2}"] == [True, True]
         assert out[f"dual_strided_{pow2}"] == [True, True, [300, 272]]
