@@ -83,8 +83,9 @@ def _row_cast_kernel(x_ptr, y_ptr, s_ptr, C, stride_r, BC: tl.constexpr, POW2: t
     tl.store(s_ptr + row, scale)
 
 
-# Widest row the one-pass kernel holds in registers (fp32 elements); wider rows take the two-pass path.
-ROW_CAST_MAX = 16384
+# Widest row the one-pass kernel takes; wider rows take the two-pass path, which was faster at 12288 on an H100
+# (docs/precision.md, "which recipe when").
+ROW_CAST_MAX = 8192
 
 
 def _row_cast(x: torch.Tensor, pow2: bool):
