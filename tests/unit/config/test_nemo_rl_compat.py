@@ -174,6 +174,15 @@ REFUSED = {
 
 
 @pytest.mark.parametrize(
+    ("recipe", "line"),
+    [("rowwise", "recipe=rowwise-e4m3(w_per_row,a_per_row)"), ("tensorwise", "recipe=tensorwise-e4m3(w_per_tensor")],
+)
+def test_precision_line_names_the_recipe(recipe, line):
+    cfg = resolved(f"policy.megatron_cfg.fp8_cfg.fp8_recipe={recipe}", "policy.generation.backend=native")
+    assert line in precision_line(cfg.policy)
+
+
+@pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         ([], "fp8_recipe: rowwise with policy.generation.backend: vllm is not supported"),
