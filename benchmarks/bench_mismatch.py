@@ -58,6 +58,8 @@ VARIANTS = (
     ("fp8 rollout only", "fp8_rollout_only", "fast"),
     ("unified fp8 (jetrl)", "jetrl", "fast"),
     ("unified fp8 + kv (jetrl_kv)", "jetrl_kv", "fast"),
+    ("unified fp8 rowwise", "rowwise", "fast"),
+    ("unified fp8 tensorwise", "tensorwise", "fast"),
     ("jetrl_kv, SDPA decode", "jetrl_kv", "sdpa_decode"),
     ("jetrl, matched", "jetrl", "matched"),
     ("jetrl_kv, matched", "jetrl_kv", "matched"),

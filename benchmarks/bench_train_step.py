@@ -2,12 +2,13 @@
 
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --out train_step.json      # GPU: Qwen3-8B shape
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --quick                     # CPU smoke test
+    PYTHONPATH=. python3 benchmarks/bench_train_step.py --fp8-recipe rowwise        # other FP8 recipes
 
 One optimizer step = forward + backward of the clipped-PG loss over `--batch` packed sequences of `--seq-len`
 tokens (micro-batch 1 sequence, every token a response token), grad-norm clip and AdamW, then the FP8 weight
 re-quantization for the next step (`prepare_refit`). Random weights and tokens; BF16 master weights (both variants).
-Both policies (BF16, and FP8 recipe `jetrl` on a copy of the same weights) stay resident and their steps alternate
-(BF16, FP8, then FP8, BF16, ...): median and min-max over `--steps` timed steps, device and clocks, each step's peak
+All policies (BF16, and one per FP8 recipe of `--fp8-recipe`, default blockwise = `jetrl`, each on a copy of the
+same weights) stay resident and their steps alternate (BF16, FP8, then FP8, BF16, ...): median and min-max over `--steps` timed steps, device and clocks, each step's peak
 memory above what was resident, and each policy's weights + optimizer state. Two resident copies of the Qwen3-8B
 shape fit at `--layers 8` on an 80 GB H100 and `--layers 16` on an H200.
 """
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--causal-attention", action="store_true", help="policy.train_causal_attention: true (faster, not bit-exact)"
     )
+    p.add_argument(
+        "--fp8-recipe", nargs="+", default=["blockwise"], choices=["blockwise", "rowwise", "tensorwise"],
+        help="FP8 variants (policy.fp8_cfg.fp8_recipe); variant 'fp8' for blockwise, 'fp8_<recipe>' otherwise",
+    )  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -83,11 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     info = device_info(device)
     batch = make_batch(args.batch, args.seq_len, shape["vocab_size"])
     cfg = policy_config(train_causal_attention=args.causal_attention)
-    policies = {  # the same random weights (build_model seeds), one copy per variant, both resident
-        name: NativePolicy(cfg, PrecisionRecipe.preset(preset), device,
-                           model=build_model(shape, args.layers, device, torch.bfloat16).train())
-        for name, preset in (("bf16", "bf16"), ("fp8", "jetrl"))
-    }  # fmt: skip
+    variants = [("bf16", PrecisionRecipe.preset("bf16"))] + [
+        ("fp8" if name == "blockwise" else f"fp8_{name}", PrecisionRecipe.preset("jetrl", granularity=name))
+        for name in args.fp8_recipe
+    ]
+    policies = {  # the same random weights (build_model seeds), one copy per variant, all resident
+        name: NativePolicy(cfg, recipe, device, model=build_model(shape, args.layers, device, torch.bfloat16).train())
+        for name, recipe in variants
+    }
     steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
     timings = alternating_timings(steps, args.warmup, args.steps, device)
     tokens = batch.input_ids.numel()

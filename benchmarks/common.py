@@ -84,6 +84,7 @@ def policy_config(**overrides) -> dict:
         **overrides.pop("generation", {}),
     }
     fp8_cfg = {
+        "fp8_recipe": "blockwise",
         "block_size": 128,
         "num_first_layers_in_bf16": 0,
         "num_last_layers_in_bf16": 0,

@@ -87,8 +87,14 @@ KEY_RULES: dict[str, Rule] = {
     ),
     "policy.megatron_cfg.fp8_cfg.enabled": alias("policy.precision", {True: "fp8", False: None}),
     "policy.megatron_cfg.fp8_cfg.fp8": only(["e4m3"], "FP8 formats other than E4M3", "set e4m3"),
-    "policy.megatron_cfg.fp8_cfg.fp8_recipe": only(
-        ["blockwise"], "FP8 recipes other than blockwise (rowwise / tensorwise / mxfp8)", "set blockwise"
+    "policy.megatron_cfg.fp8_cfg.fp8_recipe": alias(
+        "policy.fp8_cfg.fp8_recipe",
+        {"blockwise": "blockwise", "tensorwise": "tensorwise", "rowwise": "rowwise"},
+        refused={
+            "mxfp8": "MXFP8 (E8M0 scales per 1x32) needs Blackwell's block-scaled tensor cores; Hopper has none",
+            "delayed": "delayed scaling takes scales from an amax history of earlier steps; every cast here "
+            "scales by its own current amax (use tensorwise)",
+        },
     ),
     "policy.megatron_cfg.fp8_cfg.fp8_param": only(
         [False], "FP8 parameter storage", "set false (FP32 master weights, policy.master_dtype)"

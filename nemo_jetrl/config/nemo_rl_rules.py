@@ -18,7 +18,8 @@ _UNSET = object()
 class Rule:
     """`kind`: honoured (moved to `target`, value through `values`), no_effect (dropped), refused (unless the
     value is one of `allowed`, which is then dropped as the neutral setting), same_as (dropped when equal to the
-    value of `target`, whose default is `allowed[0]`; refused otherwise)."""
+    value of `target`, whose default is `allowed[0]`; refused otherwise). `refused`: honoured keys' values refused
+    by name, each with its reason."""
 
     kind: str
     reason: str = ""
@@ -27,11 +28,15 @@ class Rule:
     allowed: tuple = ()
     instead: str = ""
     read_file: bool = False
+    refused: Mapping[Any, str] | None = None
 
     def refusal(self, key: str, value: Any) -> str | None:
         """The one-line error for `key: value`, or None when the value is accepted."""
         if self.kind == "refused" and not _is_in(value, self.allowed):
             return f"{key}: {format_value(value)} is not supported here ({self.reason}); {self.instead}"
+        if self.kind == "honoured" and self.refused and _is_in(value, tuple(self.refused)):
+            reason = next(r for v, r in self.refused.items() if _same(v, value))
+            return f"{key}: {format_value(value)} is not supported here ({reason})"
         if self.kind == "honoured" and self.values is not None and not _is_in(value, tuple(self.values)):
             allowed = ", ".join(format_value(v) for v in self.values)
             return f"{key}: {format_value(value)} is not supported here (one of {allowed})"
@@ -67,15 +72,23 @@ class Rule:
                 f"({self.reason}): {self.instead}"
             )
         if self.kind == "honoured":
-            return f"-> `{self.target}`" + (f" ({self.reason})" if self.reason else "")
+            refused = "".join(f"; `{format_value(v)}` refused ({r})" for v, r in (self.refused or {}).items())
+            return f"-> `{self.target}`" + (f" ({self.reason})" if self.reason else "") + refused
         if self.kind == "no_effect":
             return self.reason
         allowed = ", ".join(f"`{format_value(v)}`" for v in self.allowed)
         return f"{allowed} accepted; other values refused ({self.reason}): {self.instead}"
 
 
-def alias(target: str, values: Mapping[Any, Any] | None = None, *, read_file: bool = False, reason: str = "") -> Rule:
-    return Rule("honoured", reason, target=target, values=values, read_file=read_file)
+def alias(
+    target: str,
+    values: Mapping[Any, Any] | None = None,
+    *,
+    read_file: bool = False,
+    reason: str = "",
+    refused: Mapping[Any, str] | None = None,
+) -> Rule:
+    return Rule("honoured", reason, target=target, values=values, read_file=read_file, refused=refused)
 
 
 def no_effect(reason: str) -> Rule:

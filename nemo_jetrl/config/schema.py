@@ -24,6 +24,7 @@ from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.cluster_config import ClusterConfig
 from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.policy.config import PolicyConfig
+from nemo_jetrl.precision.config import recipe_problems
 from nemo_jetrl.utils.config import CheckpointingConfig, LoggerConfig
 
 
@@ -67,6 +68,14 @@ class MasterConfig(Section):
                     "policy.prev_logprobs_source: train_forward is not wired for cluster.backend: ray "
                     "(use logprob_forward or auto)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_fp8_recipe(self) -> MasterConfig:
+        """A rowwise / tensorwise FP8 recipe runs on the paths that derive every cast from it; others refuse it."""
+        problems = recipe_problems(self.policy, self.cluster.backend)
+        if problems:
+            raise KeyedValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")

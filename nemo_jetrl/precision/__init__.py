@@ -1,4 +1,4 @@
-"""FP8 precision core: one blockwise E4M3 recipe for the trainer's GEMMs and the rollout engine."""
+"""FP8 precision core: one E4M3 recipe (blockwise, rowwise or tensorwise) for the trainer's GEMMs and the rollout."""
 
 from nemo_jetrl._lazy import lazy_exports
 
@@ -11,8 +11,8 @@ _EXPORTS = {
     "decoder_layer_index": "layer_map",
     "Fp8Linear": "linear",
     "Fp8LinearFunction": "linear",
-    "QuantizedInput": "linear",
-    "QuantizedWeight": "linear",
+    "QuantizedInput": "quantized",
+    "QuantizedWeight": "quantized",
     "quantize_shared_input": "linear",
     "rollout_mode": "linear",
     "act_dequant": "quant",

@@ -1,4 +1,4 @@
-"""`policy.fp8_cfg:` — the one FP8 recipe shared by trainer and rollout (E4M3, 1x128 activations, 128x128 weights).
+"""`policy.fp8_cfg:` — the one FP8 recipe shared by trainer and rollout (E4M3; blockwise, rowwise or tensorwise).
 
 Not imported by `nemo_jetrl.precision` itself (the torch-only modules import without pydantic).
 """
@@ -16,6 +16,10 @@ SUPPORTED_BLOCK_SIZE = 128
 
 
 class Fp8Config(Section):
+    # blockwise (Jet-RL: 1x128 activations / gradients, 128x128 weights) | rowwise (one scale per row along each
+    # GEMM's contraction dim) | tensorwise (one scale per tensor, current scaling); NeMo-RL's
+    # megatron_cfg.fp8_cfg.fp8_recipe maps here
+    fp8_recipe: Literal["blockwise", "rowwise", "tensorwise"] = "blockwise"
     block_size: StrictInt = SUPPORTED_BLOCK_SIZE
     num_first_layers_in_bf16: NonNegativeInt = 0  # one layer map: trainer AND rollout keep these layers BF16
     num_last_layers_in_bf16: NonNegativeInt = 0
@@ -38,7 +42,12 @@ def precision_line(policy) -> str:
     gen = policy.generation
     if policy.precision == "fp8" or gen.precision == "fp8":
         pow2 = "+pow2w" * fp8.pow2_weight_scaling_factors + "+pow2a" * fp8.pow2_activation_scaling_factors
-        recipe = f"blockwise-e4m3(w128x128,a1x128,wgrad_x={fp8.wgrad_x_blocks}{pow2})"
+        layout = {
+            "blockwise": f"w128x128,a1x128,wgrad_x={fp8.wgrad_x_blocks}",
+            "rowwise": "w_per_row,a_per_row",
+            "tensorwise": "w_per_tensor,a_per_tensor",
+        }[fp8.fp8_recipe]
+        recipe = f"{fp8.fp8_recipe}-e4m3({layout}{pow2})"
     else:
         recipe = "none"
     kv = gen.kv_cache_dtype if gen.kv_cache_dtype == "fp8" else policy.compute_dtype
@@ -47,3 +56,34 @@ def precision_line(policy) -> str:
         f"rollout={gen.precision if gen.precision == 'fp8' else policy.compute_dtype} kv={kv} "
         f"bf16_first={fp8.num_first_layers_in_bf16} bf16_last={fp8.num_last_layers_in_bf16} recipe={recipe}"
     )
+
+
+def recipe_problems(policy, cluster_backend: str) -> list[str]:
+    """What a non-blockwise `policy.fp8_cfg.fp8_recipe` cannot run with (refused by name), for a PolicyConfig."""
+    name = policy.fp8_cfg.fp8_recipe
+    if name == "blockwise" or not (policy.precision == "fp8" or policy.generation.precision == "fp8"):
+        return []
+    key = f"policy.fp8_cfg.fp8_recipe: {name}"
+    problems = []
+    if policy.generation.backend == "vllm" and policy.generation.precision == "fp8":
+        problems.append(
+            f"{key} with policy.generation.backend: vllm is not supported: the vLLM adapter exports the trainer's "
+            "128x128 FP8 weights only (its per-tensor / per-channel loaders quantize activations with their own "
+            "kernels, not the trainer's bits); use backend: native or fp8_recipe: blockwise"
+        )
+    if policy.generation.deterministic:
+        problems.append(
+            f"{key} with policy.generation.deterministic: true is not supported: the batch-invariant FP8 GEMM is "
+            "blockwise; use fp8_recipe: blockwise"
+        )
+    if policy.generation.matched_kernels:
+        problems.append(
+            f"{key} with policy.generation.matched_kernels: true is not supported: its FP8 forward GEMM is cuBLAS's "
+            "blockwise one; use fp8_recipe: blockwise"
+        )
+    if cluster_backend == "ray":
+        problems.append(
+            f"{key} with cluster.backend: ray is not supported: the FP8 refit all-gathers 128x128 weight tiles "
+            "quantized per shard; use cluster.backend: local or fp8_recipe: blockwise"
+        )
+    return problems

@@ -10,95 +10,58 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.precision.gemm import fp8_blockwise_mm, gemm_backend, no_autocast
-from nemo_jetrl.precision.quant import act_quant, act_quant_dual, weight_dequant, weight_quant_checked
+from nemo_jetrl.precision.axis_gemm import fp8_axis_mm
+from nemo_jetrl.precision.axis_linear import AxisFp8LinearFunction
+from nemo_jetrl.precision.gemm import fp8_blockwise_mm, no_autocast
+from nemo_jetrl.precision.quant import act_quant, act_quant_dual
+from nemo_jetrl.precision.quantized import QuantizedInput, QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
+from nemo_jetrl.precision.recipe_quant import input_quant, input_quant_key, master_weight_quant
 
 Mode = Literal["train", "rollout"]
 _MODES = ("train", "rollout")
 FpropBackend = Literal["auto", "batch_invariant", "scaled_mm"]
 
 
-@dataclass(frozen=True, eq=False)
-class QuantizedWeight:
-    """FP8 weight shared by the trainer's FProp/DGrad and the rollout engine.
-
-    data: e4m3 [N, K]; scale: fp32 [ceil(N/128), ceil(K/128)] (dequant multipliers); version: the master weight's
-    `_version` when it was quantized; nonfinite: int32 0-dim count of the master weight's NaN / inf values then
-    (None where unknown).
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    version: int
-    block: int = 128
-    nonfinite: torch.Tensor | None = None
-    _cache: dict = field(default_factory=dict, init=False, repr=False)
-
-    def transposed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W^T for DGrad: e4m3 [K, N] and the same 128x128 tiles transposed, scale [K/128, N/128]. Cached."""
-        if "data_t" not in self._cache:
-            self._cache["data_t"] = self.data.t().contiguous()
-            self._cache["scale_t"] = self.scale.t().contiguous()
-        return self._cache["data_t"], self._cache["scale_t"]
-
-    def dequantized(self, transposed: bool = False) -> torch.Tensor | None:
-        """fp32 dequant(W) [N, K] (or W^T [K, N]) for the emulated GEMM; None where scaled_mm runs. Cached."""
-        if gemm_backend(self.data.device) != "emulated":
-            return None
-        if "dequant" not in self._cache:
-            self._cache["dequant"] = weight_dequant(self.data, self.scale, self.block)
-        wd = self._cache["dequant"]
-        return wd.t() if transposed else wd
-
-
-@dataclass(frozen=True, eq=False)
-class QuantizedInput:
-    """An activation quantized once for several rollout-mode FP8 linears that read it (q/k/v, gate/up).
-
-    data: e4m3 [M, K] and scale: fp32 [M, K/128], bitwise `act_quant(x)` of x [*lead, K]; out_dtype: the dtype
-    the linears return (what they would have returned for x).
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    lead_shape: tuple[int, ...]
-    out_dtype: torch.dtype
-
-
-def shared_input_quant(in_features: int, linears: tuple[nn.Module, ...]) -> tuple[int, bool] | None:
-    """(block, pow2) of the activation recipe when every module in `linears` runs the FP8 rollout forward now
+def shared_input_recipe(in_features: int, linears: tuple[nn.Module, ...]) -> PrecisionRecipe | None:
+    """The recipe of the activation cast when every module in `linears` runs the FP8 rollout forward now
     (`fp8_rollout_active`: an `Fp8Linear` in rollout mode, or a rollout replica's `Fp8RolloutLinear`) on
-    `in_features` inputs with that one recipe (each would compute the same `act_quant(x)`); else None."""
+    `in_features` inputs with one activation cast (each would compute the same bits for x); else None."""
     if not linears:
         return None
     first = linears[0]
-
-    def recipe(m: nn.Module) -> tuple[int, bool]:
-        return m.recipe.block_size, m.recipe.pow2_activation_scales
-
     shared = all(
-        getattr(m, "fp8_rollout_active", False) and m.in_features == in_features and recipe(m) == recipe(first)
+        getattr(m, "fp8_rollout_active", False)
+        and m.in_features == in_features
+        and input_quant_key(m.recipe) == input_quant_key(first.recipe)
         for m in linears
     )
-    return recipe(first) if shared else None
+    return first.recipe if shared else None
+
+
+def shared_input_quant(in_features: int, linears: tuple[nn.Module, ...]) -> tuple[int, bool] | None:
+    """(block, pow2) for the fused producers that write 1x128 groups (`fused_ops.*_fp8`): the blockwise recipe's
+    `shared_input_recipe`; None otherwise (rowwise / tensorwise inputs are cast by `quantize_shared_input`)."""
+    recipe = shared_input_recipe(in_features, linears)
+    if recipe is None or not recipe.blockwise:
+        return None
+    return recipe.block_size, recipe.pow2_activation_scales
 
 
 def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> torch.Tensor | QuantizedInput:
-    """x quantized once when every module in `linears` runs the FP8 rollout forward now with one activation
-    recipe (`shared_input_quant`); otherwise x itself, for the modules' own forwards."""
-    quant = shared_input_quant(x.shape[-1], linears)
-    if quant is None:
+    """x cast once when every module in `linears` runs the FP8 rollout forward now with one activation cast
+    (`shared_input_recipe`); otherwise x itself, for the modules' own forwards."""
+    recipe = shared_input_recipe(x.shape[-1], linears)
+    if recipe is None:
         return x
     with torch.no_grad(), no_autocast(x.device.type):
-        data, scale = act_quant(x.reshape(-1, x.shape[-1]), *quant)
+        data, scale = input_quant(x.reshape(-1, x.shape[-1]), recipe)
     return QuantizedInput(data, scale, tuple(x.shape[:-1]), output_dtype(x))
 
 
@@ -123,9 +86,9 @@ def fp8_linear_forward(
     out_dtype: torch.dtype,
     backend: FpropBackend = "auto",
 ) -> torch.Tensor:
-    """Y [M, N] = Q(X) [M, K] (1x128 groups) @ Q(W)^T (128x128 tiles) + bias; the one FP8 forward of both sides."""
+    """Y [M, N] = Q(X) [M, K] @ Q(W)^T + bias in the recipe's layouts; the one FP8 forward of both sides."""
     with no_autocast(x2.device.type):
-        x_fp8, x_scale = act_quant(x2, recipe.block_size, recipe.pow2_activation_scales)  # [M, K], [M, K/128]
+        x_fp8, x_scale = input_quant(x2, recipe)  # [M, K], scale in the recipe's layout
         return _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, backend)
 
 
@@ -151,6 +114,10 @@ def fprop_backend(module: nn.Module) -> FpropBackend:
 
 
 def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype, backend: FpropBackend) -> torch.Tensor:
+    if qweight.granularity != "blockwise":
+        _refuse_exact_mode(backend, qweight.granularity)
+        return fp8_axis_mm(x_fp8, x_scale, qweight.data, qweight.scale, out_dtype, bias=bias,
+                           b_dequant=qweight.dequantized())  # fmt: skip
     return fp8_blockwise_mm(
         x_fp8,
         x_scale,
@@ -162,6 +129,11 @@ def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype, backend
         backend=backend,
         w_dequant=qweight.dequantized() if backend == "auto" else None,
     )
+
+
+def _refuse_exact_mode(backend: FpropBackend, granularity: str) -> None:
+    if backend != "auto":
+        raise ValueError(f"the exact mode's FP8 GEMM is blockwise; the {granularity} recipe has none")
 
 
 class Fp8LinearFunction(torch.autograd.Function):
@@ -311,12 +283,11 @@ class Fp8Linear(nn.Module):
         return (w._version, w.data_ptr(), w.device, w.dtype, tuple(w.shape), self.recipe.pow2_weight_scales)
 
     def quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Fresh (e4m3 [N, K], fp32 scale [N/128, K/128], int32 non-finite count) of the master weight (the
-        128x128-tile recipe, one pass); of this rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (its
+        """Fresh (e4m3 [N, K], fp32 scale, int32 non-finite count) of the master weight in the recipe's weight
+        layout (one pass); of this rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (blockwise only: its
         tiles never straddle a shard boundary)."""
         with torch.no_grad():
-            w = local_tensor(self.weight).detach()
-            return weight_quant_checked(w, self.recipe.block_size, self.recipe.pow2_weight_scales)
+            return master_weight_quant(local_tensor(self.weight).detach(), self.recipe)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""
@@ -332,7 +303,8 @@ class Fp8Linear(nn.Module):
         self, data: torch.Tensor, scale: torch.Tensor, key: tuple, nonfinite: torch.Tensor | None = None
     ) -> None:
         """Cache (data, scale) as the FP8 weight for master-weight state `key` (a `weight_key()`)."""
-        self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size, nonfinite)
+        granularity = self.recipe.granularity
+        self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size, nonfinite, granularity)
         self._qweight_key = key
 
     def invalidate_quantized_weight(self) -> None:
@@ -362,6 +334,9 @@ class Fp8Linear(nn.Module):
             return y2.reshape(*x.shape[:-1], self.out_features)
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)
         out_dtype = self.partial_dtype or out_dtype
+        if not self.recipe.blockwise:
+            _refuse_exact_mode(fprop_backend(self), self.recipe.granularity)
+            return AxisFp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype)
         return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, fprop_backend(self))
 
     def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:

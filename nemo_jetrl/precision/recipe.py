@@ -15,9 +15,16 @@ from typing import Any, Literal
 Precision = Literal["bf16", "fp8"]
 KVCacheDtype = Literal["auto", "fp8"]
 WGradXBlocks = Literal["1x128", "128x128"]
+# Scale granularity of every FP8 cast (docs/precision.md, "which recipe when"):
+#   blockwise  (Jet-RL / DeepSeek-V3): activations and gradients 1x128 groups, weights 128x128 tiles
+#   rowwise    one scale per row of each GEMM operand along the dim that GEMM contracts
+#   tensorwise one scale per tensor, computed from that tensor's own amax (dynamic current scaling)
+Granularity = Literal["blockwise", "rowwise", "tensorwise"]
+GRANULARITIES: tuple[str, ...] = ("blockwise", "rowwise", "tensorwise")
 
 # policy.fp8_cfg key -> PrecisionRecipe field
 _FP8_CFG_FIELDS = {
+    "fp8_recipe": "granularity",
     "block_size": "block_size",
     "num_first_layers_in_bf16": "num_first_layers_in_bf16",
     "num_last_layers_in_bf16": "num_last_layers_in_bf16",
@@ -48,6 +55,7 @@ class PrecisionRecipe:
     train: Precision = "fp8"
     rollout: Precision = "fp8"
     kv_cache_dtype: KVCacheDtype = "auto"
+    granularity: Granularity = "blockwise"
     block_size: int = 128
     num_first_layers_in_bf16: int = 0
     num_last_layers_in_bf16: int = 0
@@ -67,6 +75,11 @@ class PrecisionRecipe:
         return self.rollout == "fp8"
 
     @property
+    def blockwise(self) -> bool:
+        """The Jet-RL layout (1x128 / 128x128 blocks); False for the rowwise and tensorwise recipes."""
+        return self.granularity == "blockwise"
+
+    @property
     def kv_fp8(self) -> bool:
         return self.kv_cache_dtype == "fp8"
 
@@ -82,7 +95,9 @@ class PrecisionRecipe:
 
     @property
     def unified(self) -> bool:
-        """Trainer and rollout compute the same function (same linear precision; FP8 KV mirrored in training)."""
+        """Trainer and rollout compute the same function (same linear precision; FP8 KV mirrored in training).
+        tensorwise: the same rule, but an activation scale spans its whole tensor, so a decode step's bits are not
+        the full-batch forward's (docs/precision.md, "which recipe when")."""
         return self.train == self.rollout and (not self.kv_fp8 or self.train_kv_fake_quant)
 
     # --- constructors --------------------------------------------------------------------------------------
@@ -92,7 +107,8 @@ class PrecisionRecipe:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> PrecisionRecipe:
-        """Named recipe (`bf16`, `fp8_rollout_only`, `jetrl`, `jetrl_kv`), optionally with field overrides."""
+        """Named recipe (`bf16`, `fp8_rollout_only`, `jetrl`, `jetrl_kv`, `rowwise`, `tensorwise`), optionally
+        with field overrides."""
         if name not in _PRESETS:
             raise ValueError(f"unknown precision preset {name!r}; known: {sorted(_PRESETS)}")
         return dataclasses.replace(_PRESETS[name], **overrides)
@@ -120,4 +136,6 @@ _PRESETS: dict[str, PrecisionRecipe] = {
     "fp8_rollout_only": PrecisionRecipe(train="bf16", rollout="fp8"),
     "jetrl": PrecisionRecipe(train="fp8", rollout="fp8"),
     "jetrl_kv": PrecisionRecipe(train="fp8", rollout="fp8", kv_cache_dtype="fp8", train_kv_fake_quant=True),
+    "rowwise": PrecisionRecipe(train="fp8", rollout="fp8", granularity="rowwise"),
+    "tensorwise": PrecisionRecipe(train="fp8", rollout="fp8", granularity="tensorwise"),
 }

@@ -2,8 +2,9 @@
 
 Linears that read the same activation can share one FP8 weight buffer: `Fp8WeightGroup` quantizes its members
 together into e4m3 [sum N_i, K] (+ fp32 scales [sum N_i / 128, K / 128]) and gives each member a row-slice view
-as its `QuantizedWeight`. Every 128x128 tile lies inside one member (each N_i is a multiple of 128), so the bits
-are exactly those each member would quantize alone; the trainer's per-linear FProp/DGrad/WGrad read the views
+as its `QuantizedWeight`. Every 128x128 tile (or row, rowwise) lies inside one member (each N_i is a multiple of
+128), so the bits are exactly those each member would quantize alone (tensorwise: each member's own scale, given
+to its rows of the buffer); the trainer's per-linear FProp/DGrad/WGrad read the views
 and the rollout's fast path reads the whole buffer in ONE GEMM (`project_shared_input(..., grouped=True)`): no
 copy of any weight, one launch instead of three (q/k/v) or two (gate/up) per layer. At decode sizes (M = 64-256
 rows) a launch streams the weights well below HBM speed, so one wide GEMM beats several narrow ones.
@@ -58,10 +59,15 @@ class Fp8WeightGroup:
         pieces = [m.quantize_weight() for m in self.members]  # [(e4m3 [N_i, K], fp32 [N_i/128, K/128], count)]
         counts = [c for _, _, c in pieces]
         if not any(hasattr(m.weight, "to_local") for m in self.members):  # no member sharded (DTensor) now
+            recipe = self.members[0].recipe
             data, data_views = stack_rows([d for d, _, _ in pieces])  # [sum N_i, K]
-            scale, scale_views = stack_rows([s for _, s, _ in pieces])  # [sum N_i / 128, K / 128]
-            block = self.members[0].recipe.block_size
-            self._qweight = QuantizedWeight(data, scale, version=0, block=block, nonfinite=sum(counts))
+            scale, scale_views = stack_rows([s for _, s, _ in pieces])  # [sum N_i / 128, K / 128] | [sum N_i, 1]
+            if recipe.granularity == "tensorwise":  # one scale per member: the buffer's GEMM scales its rows
+                scale = torch.cat([s.expand(n, 1) for (_, s, _), n in zip(pieces, self.splits)])  # [sum N_i, 1]
+                scale_views = [s for _, s, _ in pieces]  # each member keeps its [1, 1]
+            self._qweight = QuantizedWeight(
+                data, scale, version=0, block=recipe.block_size, nonfinite=sum(counts), granularity=recipe.granularity
+            )
             for m, d, s, key, c in zip(self.members, data_views, scale_views, keys, counts):
                 m.set_quantized_weight(d, s, key, c)
         else:  # e.g. sharded (DTensor) master weights: each member keeps its own tensors, no grouped GEMM

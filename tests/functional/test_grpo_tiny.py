@@ -51,18 +51,23 @@ def _merged_by_step(lines: list[dict]) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize(
-    ("config", "max_tmpe", "min_tmpe"),
+    ("config", "max_tmpe", "min_tmpe", "recipe"),
     [
         # Same forward, same weights: rollout and trainer agree to float32 rounding.
-        ("grpo_tiny_bf16.yaml", 1.001, 1.0),
+        ("grpo_tiny_bf16.yaml", 1.001, 1.0, "blockwise"),
         # Unified FP8: the rollout runs on the trainer's FP8 bits, so it stays on-policy.
-        ("grpo_tiny.yaml", 1.001, 1.0),
+        ("grpo_tiny.yaml", 1.001, 1.0, "blockwise"),
+        ("grpo_tiny.yaml", 1.001, 1.0, "rowwise"),  # per-token scales: the same bits too (measured 1.0)
+        # tensorwise: one activation scale per tensor, a decode step's vs the trainer's whole batch: measured
+        # 1.013 and 1.032 (docs/precision.md, "which recipe when")
+        ("grpo_tiny.yaml", 1.2, 1.005, "tensorwise"),
         # BF16 training + FP8 rollout: off-policy by construction (measured ~1.02 on this task).
-        ("grpo_tiny_fp8_rollout_only.yaml", 1.2, 1.005),
+        ("grpo_tiny_fp8_rollout_only.yaml", 1.2, 1.005, "blockwise"),
     ],
 )
-def test_two_grpo_steps_write_finite_metrics(config, max_tmpe, min_tmpe, tmp_path):
-    result, lines = _run(config, tmp_path, "grpo.max_num_steps=2", "grpo.val_period=2")
+def test_two_grpo_steps_write_finite_metrics(config, max_tmpe, min_tmpe, recipe, tmp_path):
+    overrides = ("grpo.max_num_steps=2", "grpo.val_period=2", f"policy.fp8_cfg.fp8_recipe={recipe}")
+    result, lines = _run(config, tmp_path, *overrides)
     steps = _merged_by_step(lines)
     assert sorted(steps) == [0, 1, 2]
     for step in (1, 2):
@@ -83,19 +88,23 @@ def test_two_grpo_steps_write_finite_metrics(config, max_tmpe, min_tmpe, tmp_pat
     assert (tmp_path / "plots" / "reward_accuracy.png").stat().st_size > 10_000
 
 
-def test_unified_rollout_runs_on_the_trainers_fp8_tensors(tmp_path, monkeypatch):
-    """One quantization per step: rollout, logprobs and the training forward all use the refit's QuantizedWeights."""
-    resolved = load_config(CONFIGS / "grpo_tiny.yaml", [*SMALL, f"logger.log_dir={tmp_path}"])
+@pytest.mark.parametrize("recipe", ["blockwise", "rowwise", "tensorwise"])
+def test_unified_rollout_runs_on_the_trainers_fp8_tensors(tmp_path, monkeypatch, recipe):
+    """One quantization per step: rollout, logprobs and the training forward all use the refit's QuantizedWeights,
+    in every FP8 recipe (`policy.fp8_cfg.fp8_recipe`)."""
+    overrides = [*SMALL, f"logger.log_dir={tmp_path}", f"policy.fp8_cfg.fp8_recipe={recipe}"]
+    resolved = load_config(CONFIGS / "grpo_tiny.yaml", overrides)
     run = grpo.setup(validate_config(resolved).model_dump())
     fp8_modules = {n: m for n, m in run.policy.model.named_modules() if isinstance(m, Fp8Linear)}
     assert len(fp8_modules) == 28  # 4 layers x 7 projections; lm_head stays BF16
+    assert {m.recipe.granularity for m in fp8_modules.values()} == {recipe} and run.policy.recipe.granularity == recipe
     run.policy.prepare_refit()
     refit = {n: m.quantized_weight() for n, m in fp8_modules.items()}
 
     calls = []
-    real_weight_quant = fp8_linear.weight_quant_checked
+    real_weight_quant = fp8_linear.master_weight_quant
     monkeypatch.setattr(
-        fp8_linear, "weight_quant_checked", lambda *a, **k: calls.append(1) or real_weight_quant(*a, **k)
+        fp8_linear, "master_weight_quant", lambda *a, **k: calls.append(1) or real_weight_quant(*a, **k)
     )
     seen: dict[str, list] = {n: [] for n in fp8_modules}
     hooks = [

@@ -20,7 +20,7 @@ def results(tmp_path_factory):
     spec.loader.exec_module(module)
     out = tmp_path_factory.mktemp("bench") / "mismatch.json"
     variants = [label for label, _, mode in module.VARIANTS if mode != "exact"] + ["jetrl_kv, exact"]
-    assert len(module.VARIANTS) == 10  # the other exact presets (bf16, jetrl) run in test_batch_invariant_mode.py
+    assert len(module.VARIANTS) == 12  # the other exact presets (bf16, jetrl) run in test_batch_invariant_mode.py
     argv = ["--quick", "--out", str(out), "--plot", str(out.with_suffix(".png")), "--variants", *variants]
     assert module.main(argv) == 0
     assert out.with_suffix(".png").stat().st_size > 10_000
@@ -29,8 +29,8 @@ def results(tmp_path_factory):
 
 def test_every_variant_is_measured_on_every_generated_token(results):
     assert list(results) == [
-        "bf16", "fp8 rollout only", "unified fp8 (jetrl)", "unified fp8 + kv (jetrl_kv)", "jetrl_kv, SDPA decode",
-        "jetrl, matched", "jetrl_kv, matched", "jetrl_kv, exact",
+        "bf16", "fp8 rollout only", "unified fp8 (jetrl)", "unified fp8 + kv (jetrl_kv)", "unified fp8 rowwise",
+        "unified fp8 tensorwise", "jetrl_kv, SDPA decode", "jetrl, matched", "jetrl_kv, matched", "jetrl_kv, exact",
     ]  # fmt: skip
     for r in results.values():
         assert r["num_valid_tokens"] == 2 * 8 * 8  # 2 steps x 8 sequences x 8 generated tokens
@@ -46,6 +46,10 @@ def test_rollout_only_fp8_mismatches_most_and_bf16_least(results):
     exact = results["jetrl_kv, exact"]
     assert exact["exact_token_fraction"] == 1.0 and exact["token_mult_prob_error"] == 1.0 and exact["gen_kl_error"] == 0
     assert results["unified fp8 + kv (jetrl_kv)"]["exact_token_fraction"] < 1.0  # the fast path is not, at this size
+    # rowwise shares jetrl's unified flow; tensorwise's activation scale spans each tensor's tokens (a decode step
+    # vs the trainer's whole batch), so its rollout sits between unified and rollout-only FP8
+    assert tmpe["unified fp8 rowwise"] < tmpe["fp8 rollout only"]
+    assert tmpe["unified fp8 rowwise"] < tmpe["unified fp8 tensorwise"]
     # the bins partition the tokens: their mean error, weighted by tokens per bin (equal here), is the total
     for r in results.values():
         mean_bins = sum(b["token_mult_prob_error"] for b in r["by_position"]) / len(r["by_position"])

@@ -58,6 +58,17 @@ def test_train_step_benchmark_reports_median_and_range_per_variant(tmp_path, cap
     assert results[0]["speedup_vs_bf16"] == 1.0
 
 
+def test_train_step_benchmark_runs_every_fp8_recipe_side_by_side(tmp_path):
+    bench = _load("bench_train_step")
+    argv = ["--quick", "--fp8-recipe", "rowwise", "tensorwise", "--out", str(tmp_path / "t.json")]
+    assert bench.main(argv) == 0
+    import json
+
+    payload = json.loads((tmp_path / "t.json").read_text())
+    assert [r["variant"] for r in payload["results"]] == ["bf16", "fp8_rowwise", "fp8_tensorwise"]
+    assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in payload["results"])
+
+
 def test_grpo_step_benchmark_alternates_and_train_forward_skips_the_logprob_pass(tmp_path):
     bench = _load("bench_grpo_step")
     out = tmp_path / "g.json"

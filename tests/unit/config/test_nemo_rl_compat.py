@@ -115,6 +115,14 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
             {"policy.sequence_packing.enabled": True, "policy.sequence_packing.train_mb_tokens": 48},
         ),  # NeMo-RL's default (enabled, MFFD) is in the 1B-like file: honoured, no longer accepted without effect
         (["+policy.generation.vllm_kwargs.block_size=32", "policy.generation.backend=native"], {"policy.generation.kv_block_size": 32}),
+        (
+            ["policy.megatron_cfg.fp8_cfg.fp8_recipe=tensorwise", "policy.generation.backend=native"],
+            {"policy.fp8_cfg.fp8_recipe": "tensorwise"},
+        ),
+        (
+            ["policy.megatron_cfg.fp8_cfg.fp8_recipe=rowwise", "policy.generation.backend=native"],
+            {"policy.fp8_cfg.fp8_recipe": "rowwise"},
+        ),
     ],
 )
 def test_honoured_keys_change_the_resolved_config(overrides, expected):
@@ -160,7 +168,7 @@ REFUSED = {
     "async": ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: true is not supported here (async GRPO)"),
     "noncolocated": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled: false"),
     "megatron": ("policy.megatron_cfg.enabled=true", "policy.megatron_cfg.enabled: true is not supported here"),
-    "tensorwise": ("policy.megatron_cfg.fp8_cfg.fp8_recipe=tensorwise", "fp8_recipe: 'tensorwise' is not supported"),
+    "mxfp8": ("policy.megatron_cfg.fp8_cfg.fp8_recipe=mxfp8", "fp8_recipe: 'mxfp8' is not supported here (MXFP8"),
     "hybrid": ("policy.megatron_cfg.fp8_cfg.fp8=hybrid", "policy.megatron_cfg.fp8_cfg.fp8: 'hybrid' is not supported"),
     "e5m2_kv": ("policy.generation.vllm_cfg.kv_cache_dtype=fp8_e5m2", "kv_cache_dtype: 'fp8_e5m2' is not supported"),
     "float16": ("policy.precision=float16", "policy.precision: 'float16' is not supported here"),
@@ -168,6 +176,49 @@ REFUSED = {
     "local_8_gpus": ("+cluster.backend=local", None),
     "inf_kl": ("loss_fn.reference_policy_kl_penalty=inf", "loss_fn.reference_policy_kl_penalty: inf is invalid"),
 }
+
+
+@pytest.mark.parametrize(
+    ("recipe", "line"),
+    [("rowwise", "recipe=rowwise-e4m3(w_per_row,a_per_row)"), ("tensorwise", "recipe=tensorwise-e4m3(w_per_tensor")],
+)
+def test_precision_line_names_the_recipe(recipe, line):
+    cfg = resolved(f"policy.megatron_cfg.fp8_cfg.fp8_recipe={recipe}", "policy.generation.backend=native")
+    assert line in precision_line(cfg.policy)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], "fp8_recipe: rowwise with policy.generation.backend: vllm is not supported"),
+        (
+            [
+                "policy.generation.backend=native",
+                "++policy.generation.deterministic=true",
+                "~policy.generation.vllm_cfg.gpu_memory_utilization",
+                "++policy.fp8_cfg.train_kv_fake_quant=true",
+                "++policy.sequence_packing.enabled=false",
+            ],
+            "fp8_recipe: rowwise with policy.generation.deterministic: true is not supported",
+        ),
+        (
+            [
+                "policy.generation.backend=native",
+                "++policy.generation.matched_kernels=true",
+                "~policy.generation.vllm_cfg.gpu_memory_utilization",
+                "++policy.sequence_packing.enabled=false",
+            ],
+            "fp8_recipe: rowwise with policy.generation.matched_kernels: true is not supported",
+        ),
+        (
+            ["policy.generation.backend=native", "cluster.gpus_per_node=8"],
+            "fp8_recipe: rowwise with cluster.backend: ray is not supported",
+        ),
+    ],
+)
+def test_non_blockwise_recipes_are_refused_by_name_where_not_built(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        resolved("policy.megatron_cfg.fp8_cfg.fp8_recipe=rowwise", *overrides)
 
 
 def test_neutral_values_of_refusable_keys_are_accepted():

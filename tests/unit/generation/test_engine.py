@@ -202,11 +202,14 @@ def test_fp8_kv_cache_matches_trainer_with_fake_quant_hook(tiny_model, prompts):
     assert mismatch.mean().item() > 1e-2  # the cache really is FP8 (measured mean 0.1 without the hook)
 
 
-def test_fp8_model_generates_in_rollout_mode(fresh_model, prompts):
-    """On an FP8-converted model the engine runs inside precision.rollout_mode and restores the trainer's mode."""
-    from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
+@pytest.mark.parametrize("recipe", ["jetrl", "rowwise", "tensorwise"])
+def test_fp8_model_generates_in_rollout_mode(fresh_model, prompts, recipe):
+    """On an FP8-converted model the engine runs inside precision.rollout_mode and restores the trainer's mode;
+    its logprobs are the trainer's forward's, in each recipe (the same FP8 weight bits and scales, by reference)."""
+    from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode
 
-    convert_to_fp8(fresh_model, PrecisionRecipe.preset("jetrl"))
+    convert_to_fp8(fresh_model, PrecisionRecipe.preset(recipe))
+    weight_bits = fresh_model.model.layers[0].self_attn.q_proj.quantized_weight()
     q_proj = fresh_model.model.layers[0].self_attn.q_proj
     modes = []
 
@@ -223,10 +226,21 @@ def test_fp8_model_generates_in_rollout_mode(fresh_model, prompts):
     check_layout(out, prompts, [31])
     with torch.no_grad():
         trainer = sequence_logprobs(fresh_model, out.input_ids, out.attention_mask)
+        with rollout_mode(fresh_model):  # the rollout's linears over the trainer's batch shape
+            rollout_full = sequence_logprobs(fresh_model, out.input_ids, out.attention_mask)
+    assert q_proj.quantized_weight() is weight_bits  # no re-quantization between rollout and trainer
+    assert torch.equal(trainer, rollout_full)  # same weight bits and scales, same activation cast
     diff = (trainer - out.generation_logprobs).abs()[out.response_mask.bool()]
-    # Unified flow: measured mean 5e-4..6e-3 over 4 seeds (FP8 activation rounding flips amplify the 1e-6 fp32
-    # noise between decode-shaped and full-sequence GEMMs). A plain fp32 rollout against this FP8 trainer: 0.21..0.29.
-    assert diff.mean().item() <= 2e-2
+    if recipe != "tensorwise":
+        # Unified flow: measured mean 5e-4..6e-3 over 4 seeds (FP8 activation rounding flips amplify the 1e-6
+        # fp32 noise between decode-shaped and full-sequence GEMMs); rowwise 2e-3 (seed 0). A plain fp32 rollout
+        # against this FP8 trainer: 0.21..0.29.
+        assert diff.mean().item() <= 2e-2
+    else:
+        # One activation scale per tensor: a decode step's amax is over its B tokens, the trainer's over all B x S
+        # (prompt, pads, outlier positions), so the rollout's activations are not the trainer's bits: measured
+        # mean 0.20 (seed 0) -- the gap docs/precision.md names (weights are still shared bit for bit).
+        assert 2e-2 < diff.mean().item() <= 0.5
 
 
 def test_bad_inputs_raise(tiny_model):

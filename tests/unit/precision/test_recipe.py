@@ -42,7 +42,14 @@ def test_preset_overrides_and_unknown_name():
     assert (r.num_last_layers_in_bf16, r.wgrad_x_blocks, r.train) == (2, "128x128", "fp8")
     with pytest.raises(ValueError, match="unknown precision preset 'fp9'"):
         PrecisionRecipe.preset("fp9")
-    assert set(PrecisionRecipe.preset_names()) == {"bf16", "fp8_rollout_only", "jetrl", "jetrl_kv"}
+    assert set(PrecisionRecipe.preset_names()) == {
+        "bf16", "fp8_rollout_only", "jetrl", "jetrl_kv", "rowwise", "tensorwise"
+    }  # fmt: skip
+    assert (PrecisionRecipe.preset("rowwise").granularity, PrecisionRecipe.preset("jetrl").blockwise) == (
+        "rowwise",
+        True,
+    )
+    assert not PrecisionRecipe.preset("tensorwise").blockwise
 
 
 def test_recipe_is_frozen():
@@ -70,6 +77,7 @@ def test_from_config_maps_every_key():
     policy["generation"].update(precision="fp8", kv_cache_dtype="fp8")
     policy["generation"]["kv_cache_calibration"] = {"percentile": 99.0, "margin": 1.2}
     policy["fp8_cfg"].update(
+        fp8_recipe="tensorwise",
         num_first_layers_in_bf16=1,
         num_last_layers_in_bf16=2,
         pow2_weight_scaling_factors=True,
@@ -82,6 +90,7 @@ def test_from_config_maps_every_key():
         train="bf16",
         rollout="fp8",
         kv_cache_dtype="fp8",
+        granularity="tensorwise",
         num_first_layers_in_bf16=1,
         num_last_layers_in_bf16=2,
         pow2_weight_scales=True,

@@ -1,0 +1,63 @@
+"""The FP8 tensors both sides share: a linear's cached FP8 weight and an activation cast once for several linears."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nemo_jetrl.precision.axis_quant import axis_dequant
+from nemo_jetrl.precision.gemm import gemm_backend
+from nemo_jetrl.precision.quant import weight_dequant
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """FP8 weight shared by the trainer's FProp/DGrad and the rollout engine.
+
+    data: e4m3 [N, K]; scale: fp32 dequant multipliers, [ceil(N/128), ceil(K/128)] (blockwise), [N, 1] (rowwise)
+    or [1, 1] (tensorwise; a weight group's buffer holds its members' scales as [N, 1]); version: the master
+    weight's `_version` when it was quantized; nonfinite: int32 0-dim count of the master weight's NaN / inf
+    values then (None where unknown); granularity: the recipe's (`PrecisionRecipe.granularity`).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    version: int
+    block: int = 128
+    nonfinite: torch.Tensor | None = None
+    granularity: str = "blockwise"
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    def transposed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W^T for DGrad: e4m3 [K, N] and the same 128x128 tiles transposed, scale [K/128, N/128]. Cached."""
+        if "data_t" not in self._cache:
+            self._cache["data_t"] = self.data.t().contiguous()
+            self._cache["scale_t"] = self.scale.t().contiguous()
+        return self._cache["data_t"], self._cache["scale_t"]
+
+    def dequantized(self, transposed: bool = False) -> torch.Tensor | None:
+        """fp32 dequant(W) [N, K] (or W^T [K, N]) for the emulated GEMM; None where scaled_mm runs. Cached."""
+        if gemm_backend(self.data.device) != "emulated":
+            return None
+        if "dequant" not in self._cache:
+            blockwise = self.granularity == "blockwise"
+            dequant = weight_dequant(self.data, self.scale, self.block) if blockwise else None
+            self._cache["dequant"] = axis_dequant(self.data, self.scale) if dequant is None else dequant
+        wd = self._cache["dequant"]
+        return wd.t() if transposed else wd
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedInput:
+    """An activation quantized once for several rollout-mode FP8 linears that read it (q/k/v, gate/up).
+
+    data: e4m3 [M, K] and scale: fp32 (the recipe's activation layout: [M, K/128], [M, 1] or [1, 1]), bitwise the
+    linears' own cast of x [*lead, K] (`recipe_quant.input_quant`); out_dtype: the dtype the linears return (what
+    they would have returned for x).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    lead_shape: tuple[int, ...]
+    out_dtype: torch.dtype
