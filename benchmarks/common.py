@@ -81,6 +81,7 @@ def policy_config(**overrides) -> dict:
         "gpu_memory_utilization": None,
         "kv_cache_memory_bytes": None,
         "max_model_len": None,
+        "kv_block_size": 16,
         **overrides.pop("generation", {}),
     }
     fp8_cfg = {

@@ -21,9 +21,10 @@ prefill / decode attention, so it gives up bit-exact trainer == rollout logprobs
 Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model, so trainer and rollout agree):
 every query of every path (decode, prefill, training) goes through `batch_invariant_attention`, the linears run
 batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels on both sides (the rollout's `fused`,
-the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's norm and
-SiLU*up kernels still write their output quantized: their FP8 bits equal the trainer's `act_quant` of the plain
-output, FP32 activations included (the product before the quantizer is rounded on its own, `fused_ops._mul_rn`).
+the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's RMSNorm
+then writes its plain output, as the trainer's does, and the FP8 linear quantizes it (with any exact part on): with
+FP32 activations the fused norm + FP8 kernel's sum of squares rounds unlike the plain norm kernel's (an exact-mode
+FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused one, H100).
 
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
@@ -299,7 +300,9 @@ def decoder_forward(
                 "(fused=True for the rollout, fused_train=True for the trainer)"
             )
         grouped = fused and triton_ok
-        norm_quant = grouped  # the norm kernel writes the next FP8 linears' input quantized (the same bits)
+        # the norm kernel writes the next FP8 linears' input quantized, except where trainer and rollout must agree
+        # bitwise (exact / matched kernels): with FP32 activations its sum of squares rounds unlike the trainer's norm
+        norm_quant = grouped and not parts.any
         glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
