@@ -56,7 +56,7 @@ def test_per_row_kv_write_is_bitwise_the_cache_update(dtype):
     k = (3 * torch.randn(5, 8, 1, 128, device="cuda")).bfloat16()
     v = (3 * torch.randn(5, 8, 1, 128, device="cuda")).bfloat16()
     ref.update(0, k, v, cols)
-    write_decode_kv(fused.k[0], fused.v[0], k, v, cols + 1, *fused._scales(0))
+    write_decode_kv(fused.k[0], fused.v[0], k, v, cols + 1, *fused.layer_scales(0))
     assert torch.equal(ref.k.view(torch.uint8), fused.k.view(torch.uint8))
     assert torch.equal(ref.v.view(torch.uint8), fused.v.view(torch.uint8))
     written = ref.k[0].float().ne(0).any(-1)  # [B, H_kv, S]

@@ -157,7 +157,7 @@ def test_fused_kv_write_is_bitwise_the_cache_update(dtype):
             v = (3 * torch.randn(6, 1, 1200, device="cuda")).bfloat16()[..., 100:1124].view(6, 1, 8, 128)
             k[0, 0, 0, :3] = torch.tensor([1e4, -1e4, 0.0])  # saturates in e4m3
             ref.update(layer, k, v.transpose(1, 2), torch.tensor(pos, device="cuda"))
-            scales = fused._scales(layer)
+            scales = fused.layer_scales(layer)
             write_decode_kv(
                 fused.k[layer], fused.v[layer], k, v.transpose(1, 2), torch.tensor(pos + 1, device="cuda"), *scales
             )

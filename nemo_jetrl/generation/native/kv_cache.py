@@ -41,7 +41,46 @@ def encode_kv(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -
     return x.to(dtype) if scale is None else kv_quant(x, scale)
 
 
-class KVCache:
+def model_head_dim(cfg) -> int:
+    """Attention head width of an HF config (`head_dim`, else hidden_size / num_attention_heads)."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class LayerKvScales:
+    """What an FP8 K/V store keeps besides its buffers, shared by `KVCache` and the paged `PagedKVCache`: per-layer
+    FP32 dequantization scales [L] and the dtype checks around them. The store sets `dtype`, `num_layers`, `k`, `v`
+    and `k_scales = v_scales = None`."""
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == FP8_KV_DTYPE
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def set_scales(self, k_scales: torch.Tensor, v_scales: torch.Tensor) -> None:
+        """Per-layer FP32 dequantization scales [L] for K and V (FP8 stores only); must be finite and > 0."""
+        if not self.is_fp8:
+            raise ValueError(f"set_scales is for FP8 KV caches; this cache stores {self.dtype}")
+        for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+            if scales.shape != (self.num_layers,):
+                raise ValueError(f"{name} must have shape [L={self.num_layers}], got {tuple(scales.shape)}")
+            if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
+                raise ValueError(f"{name} must be finite and > 0, got {scales.tolist()}")
+        self.k_scales = k_scales.detach().to(device=self.k.device, dtype=torch.float32)
+        self.v_scales = v_scales.detach().to(device=self.k.device, dtype=torch.float32)
+
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This layer's (k, v) dequantization scales (0-dim fp32) for an FP8 store, (None, None) otherwise."""
+        if not self.is_fp8:
+            return None, None
+        if self.k_scales is None or self.v_scales is None:
+            raise ValueError(f"an FP8 {type(self).__name__} needs set_scales(k_scales, v_scales) before it is written")
+        return self.k_scales[layer], self.v_scales[layer]
+
+
+class KVCache(LayerKvScales):
     """Pre-allocated K/V buffers for `num_layers` layers of a batch of `batch_size` sequences."""
 
     def __init__(
@@ -95,7 +134,7 @@ class KVCache:
     ) -> KVCache:
         """A cache sized from a HF Llama/Qwen2/Qwen3 config."""
         cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        head_dim = model_head_dim(cfg)
         return cls(
             cfg.num_hidden_layers,
             batch_size,
@@ -111,36 +150,16 @@ class KVCache:
     def token_bytes(model: nn.Module, dtype: torch.dtype) -> int:
         """Bytes one cached token takes over all layers of `model`, K and V, stored as `dtype`."""
         cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        head_dim = model_head_dim(cfg)
         return (
             2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         )
-
-    @property
-    def is_fp8(self) -> bool:
-        return self.dtype == FP8_KV_DTYPE
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes one cached token takes over all layers, K and V (per-layer FP8 scales are not per token)."""
         _, _, heads, _, head_dim = self.k.shape
         return 2 * self.num_layers * heads * head_dim * self.k.element_size()
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
-    def set_scales(self, k_scales: torch.Tensor, v_scales: torch.Tensor) -> None:
-        """Per-layer FP32 dequantization scales [L] for K and V (FP8 caches only); must be finite and > 0."""
-        if not self.is_fp8:
-            raise ValueError(f"set_scales is for FP8 KV caches; this cache stores {self.dtype}")
-        for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
-            if scales.shape != (self.num_layers,):
-                raise ValueError(f"{name} must have shape [L={self.num_layers}], got {tuple(scales.shape)}")
-            if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
-                raise ValueError(f"{name} must be finite and > 0, got {scales.tolist()}")
-        self.k_scales = k_scales.detach().to(device=self.k.device, dtype=torch.float32)
-        self.v_scales = v_scales.detach().to(device=self.k.device, dtype=torch.float32)
 
     def reset(self) -> None:
         """Zero the buffers (scales are kept)."""
@@ -181,14 +200,10 @@ class KVCache:
         on CUDA: one kernel for K and V (`write_decode_kv`, bitwise `_write`)."""
         if isinstance(start, torch.Tensor) and k.shape[2] == 1 and self.k.is_cuda and triton_decode_available():
             self._check_write(layer, k, v)
-            k_scale, v_scale = self._scales(layer)
+            k_scale, v_scale = self.layer_scales(layer)
             write_decode_kv(self.k[layer], self.v[layer], k, v, start + 1, k_scale, v_scale)
             return
         self._write(layer, k, v, start)
-
-    def layer_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """This layer's (k, v) dequantization scales (0-dim fp32) for an FP8 cache, (None, None) otherwise."""
-        return self._scales(layer)
 
     def uses_fused_decode(self, q: torch.Tensor) -> bool:
         """Whether `decode_attention` serves this query: fused decode on, one new token, bf16/fp32 math."""
@@ -209,7 +224,7 @@ class KVCache:
         self._check_write(layer, k, v)
         if k.shape[2] != 1:
             raise ValueError(f"decode_attention takes one new token per sequence, got k {tuple(k.shape)}")
-        k_scale, v_scale = self._scales(layer)
+        k_scale, v_scale = self.layer_scales(layer)
         if isinstance(start, torch.Tensor):
             kv_len = start + 1
         else:
@@ -232,20 +247,12 @@ class KVCache:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} out of range for a {self.num_layers}-layer cache")
 
-    def _scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """This layer's (k, v) dequantization scales (0-dim fp32) for an FP8 cache, (None, None) otherwise."""
-        if not self.is_fp8:
-            return None, None
-        if self.k_scales is None or self.v_scales is None:
-            raise ValueError("an FP8 KVCache needs set_scales(k_scales, v_scales) before update()")
-        return self.k_scales[layer], self.v_scales[layer]
-
     def _write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Store k, v [B, H_kv, S, D] at start..start+S-1 of `layer` (quantized for FP8); returns the scales."""
         self._check_write(layer, k, v)
-        k_scale, v_scale = self._scales(layer)
+        k_scale, v_scale = self.layer_scales(layer)
         seq = k.shape[2]
         k_buf, v_buf = self.k[layer], self.v[layer]  # [B, H_kv, S_max, D]
         if isinstance(start, torch.Tensor) and start.dim() == 1:  # per-row columns, one token each

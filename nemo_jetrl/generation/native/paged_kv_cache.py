@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.generation.native.decode_attention import decode_attention, decode_attention_ref, write_decode_kv
-from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache, encode_kv
+from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache, LayerKvScales, encode_kv, model_head_dim
 
 
 def gather_pages(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -71,7 +71,7 @@ def paged_write_ref(
         pool[blocks, :, offsets] = encoded
 
 
-class PagedKVCache:
+class PagedKVCache(LayerKvScales):
     """Block pools of `num_layers` layers and the block table of `rows` decode-batch rows (module docstring)."""
 
     def __init__(
@@ -105,30 +105,8 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model: nn.Module, num_blocks: int, block_size: int, rows: int, max_blocks: int, **kw):
         cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        head_dim = model_head_dim(cfg)
         return cls(cfg.num_hidden_layers, num_blocks, cfg.num_key_value_heads, block_size, head_dim, rows, max_blocks, **kw)
-
-    @property
-    def is_fp8(self) -> bool:
-        return self.dtype == FP8_KV_DTYPE
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
-    def set_scales(self, k_scales: torch.Tensor, v_scales: torch.Tensor) -> None:
-        """Per-layer FP32 dequantization scales [L] (FP8 pools only)."""
-        if not self.is_fp8 or k_scales.shape != (self.num_layers,) or v_scales.shape != (self.num_layers,):
-            raise ValueError(f"set_scales takes [L={self.num_layers}] scales for an FP8 pool (this one: {self.dtype})")
-        self.k_scales = k_scales.detach().to(device=self.k.device, dtype=torch.float32)
-        self.v_scales = v_scales.detach().to(device=self.k.device, dtype=torch.float32)
-
-    def layer_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if not self.is_fp8:
-            return None, None
-        if self.k_scales is None or self.v_scales is None:
-            raise ValueError("an FP8 PagedKVCache needs set_scales(k_scales, v_scales) first")
-        return self.k_scales[layer], self.v_scales[layer]
 
     def write_blocks(self, blocks: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy k, v [L, H_kv, n, D] (stored dtype, e.g. a scratch prefill cache's) into `blocks` from their first

@@ -157,7 +157,7 @@ def test_fused_kv_write_is_bitwise_the_cache_update_in_the_cpu_interpreter(run_i
                     k = (kq * ks[layer]).bfloat16().transpose(1, 2)
                     v = (vq * vs[layer]).bfloat16()[..., :64].view(3, 1, 2, 32).transpose(1, 2)
                     ref.update(layer, k, v, torch.tensor(pos))
-                    s = fused._scales(layer)
+                    s = fused.layer_scales(layer)
                     write_decode_kv(fused.k[layer], fused.v[layer], k, v, torch.tensor(pos + 1), *s)
             for a, b in ((ref.k, fused.k), (ref.v, fused.v)):
                 ok.append([torch.equal(a.view(torch.uint8), b.view(torch.uint8)), int(b.float().ne(0).sum())])
