@@ -319,14 +319,12 @@ def decoder_forward(
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
 
 
-def compute_logits(
-    model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None, upcast: bool = True
-) -> torch.Tensor:
-    """lm_head over hidden [B, S, H] -> logits [B, S, V] (lm_head runs in `compute_dtype` when given), float32
-    unless `upcast=False` (then in lm_head's output dtype: the fused logprob reads bf16 logits in place)."""
+def compute_logits(model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """lm_head over hidden [B, S, H] -> logits [B, S, V] in lm_head's output dtype (lm_head runs in `compute_dtype`
+    when given): trainer and rollout hand them as they are to `token_logprobs` (the fused kernel reads bf16 in place,
+    and a row's bits there follow the dtype it is given)."""
     with _compute_context(model, hidden.device, compute_dtype):
-        logits = model.lm_head(hidden)
-    return logits.float() if upcast else logits
+        return model.lm_head(hidden)
 
 
 def sequence_logprobs(
@@ -426,5 +424,5 @@ def target_logprobs(
     """log_softmax(lm_head(hidden) / temperature)[targets]: hidden [..., H], targets [...] -> float32 [...].
 
     The logits stay in lm_head's dtype: on CUDA the fused `token_logprobs` reads them in place (no float32 copy)."""
-    logits = compute_logits(model, hidden, compute_dtype=compute_dtype, upcast=False)  # [..., V]
+    logits = compute_logits(model, hidden, compute_dtype=compute_dtype)  # [..., V]
     return token_logprobs(logits, targets, temperature, batch_invariant=exact_parts(model).logsumexp)

@@ -305,7 +305,7 @@ class NativeGenerationEngine(GenerationInterface):
             fused=self.fused_decode,
         )  # [B, P, H]
         # logits in lm_head's dtype, as the trainer hands them to `token_logprobs` (same kernel, same bits)
-        return compute_logits(self.model, hidden[:, -1:], compute_dtype=self.compute_dtype, upcast=False)[:, 0]
+        return compute_logits(self.model, hidden[:, -1:], compute_dtype=self.compute_dtype)[:, 0]
 
     def _decode_step(
         self,
@@ -331,7 +331,7 @@ class NativeGenerationEngine(GenerationInterface):
             compute_dtype=self.compute_dtype,
             fused=self.fused_decode,
         )  # [B, 1, H]
-        return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype, upcast=False)[:, 0]  # [B, V]
+        return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 
     def _decoder(self, cache: KVCache, hook: AttnHook | None, mask: torch.Tensor) -> Callable:
         """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed."""

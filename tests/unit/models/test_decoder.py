@@ -100,7 +100,7 @@ def test_forward_bf16_autocast_matches_hf_autocast():
     ids, mask = left_padded_batch()
     with torch.no_grad():
         hidden = decoder_forward(model, ids, position_ids_from_mask(mask), mask, compute_dtype=torch.bfloat16)
-        ours = compute_logits(model, hidden, compute_dtype=torch.bfloat16)
+        ours = compute_logits(model, hidden, compute_dtype=torch.bfloat16).float()  # bf16 logits, exactly upcast
         with torch.autocast("cpu", dtype=torch.bfloat16):
             ref = hf_logits(model, ids, mask).float()
     # Same ops in the same order under the same autocast: identical on CPU (measured max diff 0).
