@@ -409,9 +409,14 @@ def _sequence_logprobs(
         for lo in range(0, bsz, rows)
     ]  # [b, S-1] each
     logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
+    return scored_tokens_only(logp, attention_mask)
+
+
+def scored_tokens_only(logp: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """logp [B, S-1] of tokens 1..S-1 -> [B, S] in the shared layout: 0 at t = 0, on pads and on a row's first real
+    token (no real context before it)."""
     valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # [B, S-1]
-    logp = torch.where(valid, logp, torch.zeros_like(logp))
-    return F.pad(logp, (1, 0))  # [B, S]
+    return F.pad(torch.where(valid, logp, torch.zeros_like(logp)), (1, 0))  # [B, S]
 
 
 def vocab_size(model: nn.Module) -> int:

@@ -11,6 +11,7 @@ from nemo_jetrl.models.decoder import (
     LOGPROB_CHUNK_ELEMENTS,
     AttnHook,
     decoder_forward,
+    scored_tokens_only,
     target_logprobs,
     vocab_size,
 )
@@ -44,5 +45,4 @@ def packed_sequence_logprobs(
     ]  # [n] each
     flat = torch.cat(pieces) if pieces else torch.zeros(0, device=hidden.device)  # [T-1]
     logp = packing.unpack(F.pad(flat, (1, 0))[None])  # [B, S]: each token's logp from its predecessor
-    valid = real[:, 1:] & real[:, :-1]  # [B, S-1]: the padded path's (a row's first real token has no context)
-    return F.pad(torch.where(valid, logp[:, 1:], torch.zeros_like(logp[:, 1:])), (1, 0))  # [B, S]
+    return scored_tokens_only(logp[:, 1:], real)  # the padded path's zeros (a row's first real token has no context)
