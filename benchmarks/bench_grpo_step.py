@@ -75,24 +75,26 @@ def grpo_step(policy: NativePolicy, engine: NativeGenerationEngine, prompts, see
     }
 
 
-VARIANTS = {  # name -> (preset, prev_logprobs_source)
-    "bf16": ("bf16", "logprob_forward"),
-    "fp8+kv": ("jetrl_kv", "logprob_forward"),
-    "bf16 train_forward": ("bf16", "train_forward"),
-    "fp8+kv train_forward": ("jetrl_kv", "train_forward"),
+VARIANTS = {  # name -> (preset, prev_logprobs_source, generation overrides)
+    "bf16": ("bf16", "logprob_forward", {}),
+    "fp8+kv": ("jetrl_kv", "logprob_forward", {}),
+    "bf16 train_forward": ("bf16", "train_forward", {}),
+    "fp8+kv train_forward": ("jetrl_kv", "train_forward", {}),
+    "fp8+kv matched": ("jetrl_kv", "logprob_forward", {"matched_kernels": True}),
+    "fp8+kv exact": ("jetrl_kv", "logprob_forward", {"deterministic": True}),
 }
 
 
 def build_variant(name: str, model, prompts, args, device):
     """(policy, engine) of one variant, KV scales bootstrapped where the cache is FP8."""
-    preset, source = VARIANTS[name]
+    preset, source, generation = VARIANTS[name]
     recipe = PrecisionRecipe.preset(preset)
     cfg = policy_config(
         train_causal_attention=args.causal_attention,
         train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch * 2,
         prev_logprobs_source=source,
-        generation={"kv_cache_calibration_pass": "fused"},
+        generation={"kv_cache_calibration_pass": "fused", **generation},
     )
     policy = NativePolicy(cfg, recipe, device, model=model)
     engine = bootstrapped_engine(policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=True)
