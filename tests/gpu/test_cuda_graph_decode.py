@@ -178,3 +178,31 @@ def test_fp32_master_autocast_graph():
         model.lm_head.weight.mul_(-1.0)
     c = graphed.generate(prompts(), greedy=True)
     assert not torch.equal(a.input_ids, c.input_ids)
+
+
+def test_capture_survives_a_dead_cycle_holding_an_older_graph():
+    """A rollout's graphs close over the rollout (a reference cycle). Left to the cyclic collector, such a cycle
+    can be freed in the middle of the next capture, destroying a graph while the stream captures, which invalidates
+    that capture; `CapturedStep` collects first and keeps the collector off while it captures. The collector is
+    made to run at nearly every allocation so that, without that, the old graph would die inside the capture."""
+    import gc
+
+    from nemo_jetrl.generation.native.cuda_graph import CapturedStep
+
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+
+    old = {"step": CapturedStep(lambda t: t * 2, (x.clone(),))}
+    old["self"] = old  # a dead cycle once dropped: only the cyclic collector frees it (and its graph)
+    assert torch.equal(old["step"](x), x * 2)
+    del old
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        new = CapturedStep(lambda t: torch.stack([t + i for i in range(64)]).sum(0), (x.clone(),))
+        out = new(x)  # captures with the collector eager to run
+        torch.cuda.synchronize()
+    finally:
+        gc.set_threshold(*thresholds)
+    assert gc.isenabled()
+    assert torch.equal(out, 64 * x + sum(range(64)))
+    assert torch.equal(new(x + 1), 64 * (x + 1) + sum(range(64)))  # the replay reads the new input

@@ -139,6 +139,7 @@ class ContinuousRollout:
                 break
         self.stats.decode_steps = step
         self.stats.row_steps_live = int(live_steps)
+        self._graphs = None  # the graphs close over self: drop them here, not in a later garbage collection
         return self._output()
 
     def _decode(self, tokens: torch.Tensor) -> None:

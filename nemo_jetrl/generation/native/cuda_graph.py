@@ -17,13 +17,34 @@ each window runs the smallest bucket that holds the live rows: the drain at the 
 
 Autocast casts are not cached while capturing (a cached cast would be freed when the autocast context exits while
 the graph still reads it); each replay casts again from the live weights.
+
+Python's cyclic garbage collector is run before the warm-up and kept off until the capture ends (`collector_paused`):
+torch no longer collects at capture start (`torch.compiler.config.force_cudagraph_gc`), and an automatic collection
+in the middle of a capture that frees a dead cycle holding an older graph destroys it while the stream captures, which
+invalidates the capture (seen on the H100 with 36 layers: "operation failed due to a previous error during capture").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 
 import torch
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Collect Python's cyclic garbage now, then keep the automatic collector off until the block exits (restored to
+    its previous state, also on an exception)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class CapturedStep:
@@ -52,7 +73,8 @@ class CapturedStep:
         return self.output
 
     def _capture(self) -> None:
-        with torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False):
+        autocast = torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
+        with collector_paused(), autocast:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
