@@ -45,18 +45,6 @@ class GenerationConfig(Section):
     kv_block_size: PositiveInt = 16  # tokens per block of the paged KV pool (continuous batching)
 
     @model_validator(mode="after")
-    def _deterministic_is_one_batch(self) -> GenerationConfig:
-        budgeted = (self.max_num_seqs, self.gpu_memory_utilization, self.kv_cache_memory_bytes)
-        for key in ("deterministic", "matched_kernels"):
-            if getattr(self, key) and any(v is not None for v in budgeted):
-                raise KeyedValueError(
-                    f"policy.generation.{key}: true decodes the whole batch at once (its kernels and bitwise claim "
-                    "are for that path, not the paged continuous batching): unset policy.generation.max_num_seqs, "
-                    "gpu_memory_utilization and kv_cache_memory_bytes"
-                )
-        return self
-
-    @model_validator(mode="after")
     def _vllm_supported(self) -> GenerationConfig:
         if self.backend != "vllm":
             return self

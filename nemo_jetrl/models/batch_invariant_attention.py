@@ -15,6 +15,13 @@ loop runs: decode, prefill and training give the same bits for the same query. E
 (`attention_ref`): float64 scores and weights from elementwise products and innermost-dim sums (batch-invariant
 on CPU), rounded once. The trainer's forward (`causal_attention`) takes its gradient from SDPA recomputed over the
 same inputs (the forward bits are what must match the rollout; gradients need not).
+
+Paged decode (`paged_attention`, continuous batching): one query per row over keys [0, kv_len) of the row, read
+through a block table from one layer's block pools (key j: block table[b, j // page], slot j % page). A row there
+has no left padding, so its first valid key is column 0: the CUDA kernel is `attention`'s with the addresses
+looked up in the table (no gather copy), the same key blocks relative to the first key, hence the same bits as the
+left-padded contiguous cache's decode step for the same keys; the twin gathers the row's blocks and runs
+`attention_ref`.
 """
 
 from __future__ import annotations
@@ -76,6 +83,47 @@ def attention_ref(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v
     return torch.cat(out, dim=2).to(q.dtype)
 
 
+def paged_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_len: torch.Tensor,
+    sm_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Batch-invariant decode attention over a paged KV pool (module docstring): q [B, H, 1, D]; k_pool / v_pool
+    [num_blocks, H_kv, page, D] (bf16/fp32, or e4m3 with 0-dim k_scale / v_scale); block_table int32 [B, max_blocks];
+    kv_len int64 [B] in [1, max_blocks * page] (the query sits at column kv_len - 1). Returns [B, H, 1, D] in q.dtype."""
+    _check_paged(q, k_pool, v_pool, block_table, kv_len, k_scale, v_scale)
+    if not q.is_cuda:
+        return paged_attention_ref(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale, v_scale)
+    from nemo_jetrl.models import batch_invariant_kernels
+
+    return batch_invariant_kernels.paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale, v_scale)
+
+
+def paged_attention_ref(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
+    """The twin of `paged_attention` (same arguments): each row's blocks gathered into columns [0, W) of a contiguous
+    buffer (W: the longest row's key count), then `attention_ref` with keys [0, kv_len[b]) valid."""
+    page = k_pool.shape[2]
+    width = int(kv_len.max())
+    table = block_table[:, : -(-width // page)].long()  # [B, n] the blocks holding keys [0, W)
+    k_buf, v_buf = (_gather_blocks(pool, table)[:, :, :width] for pool in (k_pool, v_pool))  # [B, H_kv, W, D]
+    key_valid = torch.arange(width, device=q.device) < kv_len[:, None]  # [B, W]
+    return attention_ref(q, k_buf, v_buf, key_valid, kv_len - 1, sm_scale, k_scale, v_scale)
+
+
+def _gather_blocks(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """pool [num_blocks, H_kv, page, D] read through table [B, n] -> [B, H_kv, n * page, D] (stored dtype)."""
+    raw = pool.view(torch.uint8) if pool.dtype == FP8 else pool  # CPU indexing has no e4m3 kernel everywhere
+    blocks = raw[table]  # [B, n, H_kv, page, D]
+    bsz, nblk, heads, page, dim = blocks.shape
+    out = blocks.permute(0, 2, 1, 3, 4).reshape(bsz, heads, nblk * page, dim)
+    return out.view(FP8) if pool.dtype == FP8 else out
+
+
 class _CausalAttention(torch.autograd.Function):
     """Forward: `attention` over the sequence itself; backward: SDPA's gradient of the same masked attention."""
 
@@ -115,9 +163,12 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
 def decoder_attention(q, k, v, key_valid, kv_cache, layer_idx: int, cache_start, sm_scale: float) -> torch.Tensor:
     """`decoder_forward`'s attention in the exact mode: q [B, H, S, D] over the sequence itself (k/v [B, H_kv, S, D],
     the trainer; differentiable) or over the cache after writing k/v at `cache_start` (the rollout; an FP8 cache is
-    read as stored). key_valid: [B, S_total] bool. Returns [B, H, S, D]."""
+    read as stored; a paged cache serves the step itself, `paged_attention`). key_valid: [B, S_total] bool.
+    Returns [B, H, S, D]."""
     if kv_cache is None:
         return causal_attention(q, k, v, key_valid, sm_scale)
+    if kv_cache.is_paged:  # continuous batching: one query per row at its own column, keys through the table
+        return kv_cache.exact_decode_attention(layer_idx, q, k, v, cache_start, sm_scale)
     kv_cache.write(layer_idx, k, v, cache_start)
     k_scale, v_scale = kv_cache.layer_scales(layer_idx)
     width = key_valid.shape[1]  # S_total columns the queries may see
@@ -125,15 +176,34 @@ def decoder_attention(q, k, v, key_valid, kv_cache, layer_idx: int, cache_start,
     return attention(q, k_buf, v_buf, key_valid, cache_start, sm_scale, k_scale, v_scale)
 
 
-def _check(q, k_buf, v_buf, key_valid, k_scale, v_scale) -> None:
-    bsz, heads, _, dim = q.shape
-    if k_buf.dim() != 4 or k_buf.shape != v_buf.shape or k_buf.shape[0] != bsz or k_buf.shape[-1] != dim:
-        raise ValueError(f"batch-invariant attention: q {tuple(q.shape)} does not fit k/v {tuple(k_buf.shape)}")
+def _check_paged(q, k_pool, v_pool, block_table, kv_len, k_scale, v_scale) -> None:
+    bsz, _, s_q, dim = q.shape
+    if s_q != 1 or k_pool.dim() != 4 or k_pool.shape != v_pool.shape or k_pool.shape[-1] != dim:
+        raise ValueError(
+            f"batch-invariant paged attention: one query per row over [blocks, H_kv, page, D] pools, got q "
+            f"{tuple(q.shape)} and pools {tuple(k_pool.shape)}"
+        )
+    if block_table.dtype != torch.int32 or block_table.shape[0] != bsz or block_table.stride(-1) != 1:
+        raise ValueError(f"batch-invariant paged attention: block_table must be int32 [B={bsz}, max_blocks]")
+    if kv_len.dtype != torch.int64 or kv_len.shape != (bsz,):
+        raise ValueError(f"batch-invariant paged attention: kv_len must be int64 [B={bsz}], got {kv_len.shape}")
+    _check_heads_and_scales(q, k_pool, v_pool, k_scale, v_scale)
+
+
+def _check_heads_and_scales(q, k_buf, v_buf, k_scale, v_scale) -> None:
+    heads, dim = q.shape[1], q.shape[-1]
     if heads % k_buf.shape[1] or dim & (dim - 1) or dim < 16:
         raise ValueError(f"batch-invariant attention: heads {heads} / {k_buf.shape[1]}, head_dim {dim} (power of 2)")
-    if key_valid.dim() != 2 or key_valid.shape[0] != bsz or key_valid.shape[1] < k_buf.shape[2]:
-        raise ValueError(f"batch-invariant attention: key_valid must be [B, >= {k_buf.shape[2]}]")
     if (k_buf.dtype == FP8) != (k_scale is not None and v_scale is not None):
         raise ValueError("batch-invariant attention: an e4m3 cache needs k_scale and v_scale (and only it)")
     if q.stride(-1) != 1 or k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1:
         raise ValueError("batch-invariant attention: the head dim of q, k and v must be contiguous")
+
+
+def _check(q, k_buf, v_buf, key_valid, k_scale, v_scale) -> None:
+    bsz, dim = q.shape[0], q.shape[-1]
+    if k_buf.dim() != 4 or k_buf.shape != v_buf.shape or k_buf.shape[0] != bsz or k_buf.shape[-1] != dim:
+        raise ValueError(f"batch-invariant attention: q {tuple(q.shape)} does not fit k/v {tuple(k_buf.shape)}")
+    if key_valid.dim() != 2 or key_valid.shape[0] != bsz or key_valid.shape[1] < k_buf.shape[2]:
+        raise ValueError(f"batch-invariant attention: key_valid must be [B, >= {k_buf.shape[2]}]")
+    _check_heads_and_scales(q, k_buf, v_buf, k_scale, v_scale)

@@ -31,13 +31,24 @@ def _dot(a, b, DT: tl.constexpr):
 
 
 @triton.jit
-def _load_kv(base, cols, in_range, stride_s, dims, scale, FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr):
-    """[BLOCK_N, D] keys or values at cache columns `cols` in DT; an e4m3 cache is dequantized as `kv_dequant`
-    does (`(float32(q) * scale).to(DT)`), so it equals the trainer's fake-quantized K/V bit for bit. HW_CAST (a
-    GPU): the narrowing cast is the hardware's round-to-nearest-even conversion, one instruction per element
-    pair; the CPU interpreter truncates there, so it rounds on the bits (`_round`, several integer operations
-    per element: the decode's main cost over an FP8 cache)."""
-    x = tl.load(base + cols.to(tl.int64)[:, None] * stride_s + dims[None, :], mask=in_range[:, None], other=0.0)
+def _key_offsets(cols, in_range, table_row, stride_blk, stride_s, PAGE: tl.constexpr, PAGED: tl.constexpr):
+    """Element offsets [BLOCK_N] (int64) of cache columns `cols` from a (row, KV head)'s base: `cols * stride_s`, or
+    PAGED (a block pool read through the row's block table `table_row`) block `table_row[col // PAGE]` at slot
+    `col % PAGE`. Columns out of range read block 0 (never used: their loads are masked)."""
+    if PAGED:
+        block = tl.load(table_row + cols // PAGE, mask=in_range, other=0).to(tl.int64)
+        return block * stride_blk + (cols % PAGE).to(tl.int64) * stride_s
+    return cols.to(tl.int64) * stride_s
+
+
+@triton.jit
+def _load_kv(base, offsets, in_range, dims, scale, FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr):
+    """[BLOCK_N, D] keys or values at element `offsets` [BLOCK_N] from `base` in DT; an e4m3 cache is dequantized as
+    `kv_dequant` does (`(float32(q) * scale).to(DT)`), so it equals the trainer's fake-quantized K/V bit for bit.
+    HW_CAST (a GPU): the narrowing cast is the hardware's round-to-nearest-even conversion, one instruction per
+    element pair; the CPU interpreter truncates there, so it rounds on the bits (`_round`, several integer
+    operations per element: the decode's main cost over an FP8 cache)."""
+    x = tl.load(base + offsets[:, None] + dims[None, :], mask=in_range[:, None], other=0.0)
     if FP8:
         if HW_CAST:
             return (x.to(tl.float32) * scale).to(DT)
@@ -47,15 +58,17 @@ def _load_kv(base, cols, in_range, stride_s, dims, scale, FP8: tl.constexpr, DT:
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, valid_ptr, start_ptr, ks_ptr, vs_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, valid_ptr, start_ptr, ks_ptr, vs_ptr, out_ptr, table_ptr,
     S_q, S_k, kv_heads, sm_scale,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos, stable,
     N_REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr,
+    KV_FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
 ):  # fmt: skip
     # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile row r: query s = r // N_REP of head hk * N_REP + r % N_REP.
     # Keys are visited in blocks of BLOCK_N aligned to the row's first valid key column `lead`, up to the tile's
     # last query; a block whose keys a row may not see leaves that row's state bit for bit unchanged.
+    # PAGED: k/v are one layer's block pools [blocks, H_kv, PAGE, D] (skb / svb: the block stride) read through the
+    # row's block table; the row's keys are columns [0, S_k) with no padding, so `lead` is 0 and every key is valid.
     pid_bh, pid_m = tl.program_id(0), tl.program_id(1)
     b = pid_bh // kv_heads
     hk = pid_bh % kv_heads
@@ -72,23 +85,33 @@ def _attention_kernel(
     last_s = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // N_REP, S_q - 1)
     hi = tl.minimum(q0 + last_s + 1, S_k)  # one past the tile's last query column
     valid_row = valid_ptr + b64 * svalb
-    lead = hi
-    for c0 in range(0, hi, BLOCK_N):
-        cols = c0 + tl.arange(0, BLOCK_N)
-        ok = tl.load(valid_row + cols, mask=cols < hi, other=0) != 0
-        lead = tl.minimum(lead, tl.min(tl.where(ok, cols, hi), axis=0))
+    table_row = table_ptr + b64 * stable
+    if PAGED:
+        lead = 0
+        k_base = k_ptr + hk * skh
+        v_base = v_ptr + hk * svh
+    else:
+        lead = hi
+        for c0 in range(0, hi, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            ok = tl.load(valid_row + cols, mask=cols < hi, other=0) != 0
+            lead = tl.minimum(lead, tl.min(tl.where(ok, cols, hi), axis=0))
+        k_base = k_ptr + b64 * skb + hk * skh
+        v_base = v_ptr + b64 * svb + hk * svh
     k_scale = tl.load(ks_ptr)  # read by _load_kv only for an e4m3 cache
     v_scale = tl.load(vs_ptr)
-    k_base = k_ptr + b64 * skb + hk * skh
-    v_base = v_ptr + b64 * svb + hk * svh
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for start in range(lead, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         in_range = cols < hi
-        valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
-        k = _load_kv(k_base, cols, in_range, sks, dims, k_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
+        if PAGED:
+            valid = in_range
+        else:
+            valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
+        k_offs = _key_offsets(cols, in_range, table_row, skb, sks, PAGE, PAGED)  # [BN]
+        k = _load_kv(k_base, k_offs, in_range, dims, k_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
         s = _dot(q, tl.trans(k), DT) * sm_scale  # [BM, BN]
         allowed = valid[None, :] & (cols[None, :] <= qcol[:, None])
         s = tl.where(allowed, s, float("-inf"))
@@ -96,7 +119,8 @@ def _attention_kernel(
         alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_new))
         p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_kv(v_base, cols, in_range, svs, dims, v_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
+        v_offs = _key_offsets(cols, in_range, table_row, svb, svs, PAGE, PAGED)  # [BN]
+        v = _load_kv(v_base, v_offs, in_range, dims, v_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
         acc = acc * alpha[:, None] + _dot(p.to(DT), v, DT)
         m_i = m_new
     out = acc / tl.maximum(l_i, 1e-30)[:, None]  # a row that may see no key gives 0
@@ -129,13 +153,39 @@ def attention(
     with _on_device(q):
         _attention_kernel[grid](
             q, k_buf, v_buf, key_valid, q_start, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones, out,
-            s_q, s_k, kv_heads, float(sm_scale),
+            ones, s_q, s_k, kv_heads, float(sm_scale),
             *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
-            0 if q_start.dim() == 0 else q_start.stride(0), out.stride(0), out.stride(2), out.stride(1),
+            0 if q_start.dim() == 0 else q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), 0,
             N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
-            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", num_warps=warps, num_stages=stages,
+            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", PAGE=1, PAGED=False, num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
     return out.transpose(1, 2)  # [B, H, S_q, D]
+
+
+def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
+    """See `batch_invariant_attention.paged_attention`: the decode step of `attention` (same kernel, same
+    configuration, same key-block order) with K/V read in place through block_table int32 [B, max_blocks] from
+    one layer's pools [num_blocks, H_kv, page, D]; kv_len int64 [B]."""
+    bsz, heads, s_q, dim = q.shape
+    _, kv_heads, page, _ = k_pool.shape
+    block_m, warps, stages = DECODE_CONFIG
+    is_fp8 = k_pool.dtype == torch.float8_e4m3fn
+    out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, 1, H, D]
+    n_rep = heads // kv_heads
+    q_start = kv_len - 1  # [B] the query's column: the row's last key
+    grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
+    with _on_device(q):
+        _attention_kernel[grid](
+            q, k_pool, v_pool, block_table, q_start, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len,
+            out, block_table, s_q, block_table.shape[1] * page, kv_heads, float(sm_scale),
+            *q.stride()[:3], *k_pool.stride()[:3], *v_pool.stride()[:3], 0,
+            q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), block_table.stride(0),
+            N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
+            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", PAGE=page, PAGED=True, num_warps=warps,
+            num_stages=stages,
+        )  # fmt: skip
+    return out.transpose(1, 2)  # [B, H, 1, D]
 
 
 @triton.jit

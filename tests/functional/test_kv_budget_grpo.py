@@ -25,3 +25,19 @@ def test_budgeted_rollout_gives_the_unbudgeted_run(tmp_path):
         for key in CLOSE:
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-3, abs=1e-5), (step, key)
     assert any(a[s]["train/reward_mean"] != a[1]["train/reward_mean"] for s in a)  # the rewards are not constant
+
+
+def test_exact_mode_with_a_kv_budget_stays_bitwise_on_policy(tmp_path):
+    """The exact mode (grpo_tiny: FP8 + FP8 KV) through the driver with 5 sequences decoded at once: every
+    generated token's rollout logprob equals the trainer's, and the run is the unbudgeted exact run's."""
+    exact = [*STEPS, "policy.generation.deterministic=true", "policy.logprob_batch_size=8"]
+    _, whole = _run("grpo_tiny.yaml", tmp_path / "whole", *exact)
+    _, budgeted = _run("grpo_tiny.yaml", tmp_path / "budget", *exact, "policy.generation.max_num_seqs=5")
+    a, b = _merged_by_step(whole), _merged_by_step(budgeted)
+    assert sorted(a) == sorted(b) and len(a) == 3
+    for step in a:
+        assert b[step]["train/exact_token_fraction"] == 1.0 and a[step]["train/exact_token_fraction"] == 1.0, step
+        assert b[step]["train/token_mult_prob_error"] == 1.0 and b[step]["train/num_valid_tokens"] >= 40, step
+        for key in [*EXACT, *CLOSE]:
+            if key in a[step]:
+                assert b[step][key] == a[step][key], (step, key)

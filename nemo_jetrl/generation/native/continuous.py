@@ -14,6 +14,12 @@ Sampling streams are per sequence (`sampler.sequence_keys` of the request index,
 sequence's tokens do not depend on the batch around it, on when it was admitted or on a preemption, as far as its
 logits do not (CPU: equal greedy and sampled tokens with and without continuous batching and preemption).
 The output is the engine's shared layout (prompts left-padded to the longest, responses from column P).
+
+The exact mode and matched kernels (`models.batch_invariant`): admission prefills run the batch-invariant prefill
+(the scratch cache's K/V copied into the blocks as stored), decode steps the batch-invariant attention read through
+the block table (`PagedKVCache.exact_decode_attention`). A row's bits then follow neither its batch, nor its
+admission round, nor a preemption (decode == prefill bitwise: a re-prefill writes the same K/V), nor a shared
+prompt: with every part exact, the rollout's logprobs equal the trainer's forward and the unbudgeted run's bitwise.
 """
 
 from __future__ import annotations
@@ -62,12 +68,6 @@ class ContinuousRollout:
     """One `generate` call of `engine` (a NativeGenerationEngine) over the paged pool `budget` describes."""
 
     def __init__(self, engine, prompt_ids: list[list[int]], budget: KvBudget, caps: list[int]) -> None:
-        if engine.exact_parts.any:
-            raise ValueError(
-                "continuous batching with a model in the exact mode or on matched kernels "
-                "(policy.generation.deterministic / matched_kernels: true): their kernels and bitwise claim are for the one-batch path; "
-                "unset max_num_seqs / gpu_memory_utilization / kv_cache_memory_bytes"
-            )
         self.engine, self.prompts, self.caps = engine, prompt_ids, caps
         dev, rows = engine.device, budget.num_rows
         self.cache = PagedKVCache.for_model(
@@ -241,7 +241,9 @@ class ContinuousRollout:
         index = torch.arange(first_row, first_row + len(admitted), device=dev)
         self.cols[index] = torch.tensor([s.prefill_tokens for s in admitted], device=dev)
         self.requests[index] = torch.tensor([s.request for s in admitted], device=dev)
-        self.counts[index] = torch.tensor([s.prefill_tokens - len(self.prompts[s.request]) for s in admitted], device=dev)
+        self.counts[index] = torch.tensor(
+            [s.prefill_tokens - len(self.prompts[s.request]) for s in admitted], device=dev
+        )
         self.limits[index] = torch.tensor([self.caps[s.request] for s in admitted], device=dev)
         self.running[index] = True
         stats.prefill_tokens_recomputed += sum(s.prefill_tokens - len(self.prompts[s.request]) for s in admitted)
@@ -261,7 +263,9 @@ class ContinuousRollout:
         logits = eng._prefill(scratch, self.hook, ids, mask)  # [F, V]
         for i, (seq, toks) in enumerate(zip(seqs, tokens)):
             start = width - len(toks)
-            self.cache.write_blocks(seq.blocks, scratch.k[:, i, :, start:], scratch.v[:, i, :, start:])  # [L, H_kv, n, D]
+            self.cache.write_blocks(
+                seq.blocks, scratch.k[:, i, :, start:], scratch.v[:, i, :, start:]
+            )  # [L, H_kv, n, D]
         self.stats.prefill_tokens += sum(len(t) for t in tokens)
         return logits
 

@@ -83,6 +83,8 @@ class LayerKvScales:
 class KVCache(LayerKvScales):
     """Pre-allocated K/V buffers for `num_layers` layers of a batch of `batch_size` sequences."""
 
+    is_paged = False  # the exact mode's attention reads these buffers itself (`PagedKVCache` serves its own)
+
     def __init__(
         self,
         num_layers: int,

@@ -11,6 +11,9 @@ Decode step (one token per row, row b at its own column start[b]):
   pools through it, in place (Triton; the e4m3 pool through the CUDA kernel where it fits);
 - elsewhere (the twin): `paged_write_ref` writes through the table and each row's SDPA reads its own keys,
   gathered and dequantized (`paged_decode_attention_ref` is the attention kernel's twin for the parity tests).
+The exact mode and matched kernels (`exact_decode_attention`): the same write, then the batch-invariant attention
+read through the table (`batch_invariant_attention.paged_attention`: in place on CUDA, gathered by its twin
+elsewhere), bitwise the one-batch path's decode step over the same keys.
 Prefill goes into a contiguous scratch `KVCache` whose K/V `write_blocks` copies into a sequence's blocks.
 """
 
@@ -22,6 +25,7 @@ from torch import nn
 
 from nemo_jetrl.generation.native.decode_attention import decode_attention, decode_attention_ref, write_decode_kv
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache, LayerKvScales, encode_kv, model_head_dim
+from nemo_jetrl.models.batch_invariant_attention import paged_attention
 
 
 def gather_pages(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -74,6 +78,8 @@ def paged_write_ref(
 class PagedKVCache(LayerKvScales):
     """Block pools of `num_layers` layers and the block table of `rows` decode-batch rows (module docstring)."""
 
+    is_paged = True  # the exact mode's decode step goes through `exact_decode_attention`
+
     def __init__(
         self,
         num_layers: int,
@@ -106,7 +112,9 @@ class PagedKVCache(LayerKvScales):
     def for_model(cls, model: nn.Module, num_blocks: int, block_size: int, rows: int, max_blocks: int, **kw):
         cfg = model.config
         head_dim = model_head_dim(cfg)
-        return cls(cfg.num_hidden_layers, num_blocks, cfg.num_key_value_heads, block_size, head_dim, rows, max_blocks, **kw)
+        return cls(
+            cfg.num_hidden_layers, num_blocks, cfg.num_key_value_heads, block_size, head_dim, rows, max_blocks, **kw
+        )
 
     def write_blocks(self, blocks: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy k, v [L, H_kv, n, D] (stored dtype, e.g. a scratch prefill cache's) into `blocks` from their first
@@ -146,19 +154,37 @@ class PagedKVCache(LayerKvScales):
     ) -> torch.Tensor:
         """Write k, v [B, H_kv, 1, D] at columns start [B] through the table, attend q [B, H, 1, D] over keys
         [0, start] of each row (`mask` unused: a row's keys are its own blocks). Returns [B, H, 1, D] in q.dtype."""
+        kv_len, table = self._write(layer, q, k, v, start)
+        if not (self.fused_decode and q.dtype in (torch.bfloat16, torch.float32)):
+            return self._rowwise_sdpa(layer, q, kv_len.tolist(), sm_scale)
+        k_scale, v_scale = self.layer_scales(layer)
+        out = decode_attention(
+            q[:, :, 0], self.k[layer], self.v[layer], None, kv_len, sm_scale, k_scale, v_scale, block_table=table
+        )  # [B, H, D]
+        return out[:, :, None]
+
+    def exact_decode_attention(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, sm_scale: float
+    ) -> torch.Tensor:
+        """The exact mode's decode step: write k, v [B, H_kv, 1, D] at columns start [B] through the table (as
+        `decode_attention`), attend q [B, H, 1, D] over keys [0, start] of each row with the batch-invariant kernel
+        read through the table. Returns [B, H, 1, D] in q.dtype."""
+        kv_len, table = self._write(layer, q, k, v, start)
+        return paged_attention(q, self.k[layer], self.v[layer], table, kv_len, sm_scale, *self.layer_scales(layer))
+
+    def _write(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor):
+        """Store the step's k, v [B, H_kv, 1, D] at columns start [B] (one kernel on CUDA, its bitwise twin
+        elsewhere); returns (kv_len [B], the rows' block table [B, max_blocks])."""
         if not isinstance(start, torch.Tensor) or start.shape != (q.shape[0],) or k.shape[2] != 1:
             raise ValueError(f"PagedKVCache takes one token per row at per-row columns, got k {tuple(k.shape)}")
         k_scale, v_scale = self.layer_scales(layer)
         table = self.table[: q.shape[0]]
         kv_len = start + 1  # [B]
-        if not (self.fused_decode and q.dtype in (torch.bfloat16, torch.float32)):
+        if self.fused_decode and q.dtype in (torch.bfloat16, torch.float32):
+            write_decode_kv(self.k[layer], self.v[layer], k, v, kv_len, k_scale, v_scale, block_table=table)
+        else:
             paged_write_ref(self.k[layer], self.v[layer], k, v, kv_len, table, k_scale, v_scale)
-            return self._rowwise_sdpa(layer, q, kv_len.tolist(), sm_scale)
-        write_decode_kv(self.k[layer], self.v[layer], k, v, kv_len, k_scale, v_scale, block_table=table)
-        out = decode_attention(
-            q[:, :, 0], self.k[layer], self.v[layer], None, kv_len, sm_scale, k_scale, v_scale, block_table=table
-        )  # [B, H, D]
-        return out[:, :, None]
+        return kv_len, table
 
     def _rowwise_sdpa(self, layer: int, q: torch.Tensor, kv_lens: list[int], sm_scale: float) -> torch.Tensor:
         """The twin path: each row's SDPA over exactly its own keys, as the one-batch path's masked SDPA computes a
@@ -172,5 +198,7 @@ class PagedKVCache(LayerKvScales):
             n_rep = q.shape[1] // keys.shape[1]
             keys, values = keys.repeat_interleave(n_rep, 1), values.repeat_interleave(n_rep, 1)  # [1, H, n, D]
             allowed = torch.ones((1, 1, 1, n), dtype=torch.bool, device=q.device)
-            out[b : b + 1] = F.scaled_dot_product_attention(q[b : b + 1], keys, values, attn_mask=allowed, scale=sm_scale)
+            out[b : b + 1] = F.scaled_dot_product_attention(
+                q[b : b + 1], keys, values, attn_mask=allowed, scale=sm_scale
+            )
         return out

@@ -199,9 +199,12 @@ def test_matched_kernels_refuse_what_they_cannot_honour(base_yaml, overrides, ex
 
 
 @pytest.mark.parametrize("mode", ["deterministic", "matched_kernels"])
-def test_exact_and_matched_modes_refuse_a_kv_budget(base_yaml, mode):
-    message = error_of(base_yaml, f"policy.generation.{mode}=true", "policy.generation.max_num_seqs=4")
-    assert message.startswith(f"policy.generation.{mode}: true decodes the whole batch at once")
+def test_exact_and_matched_modes_take_a_kv_budget(base_yaml, mode):
+    budget = ("policy.generation.max_num_seqs=4", "policy.generation.kv_cache_memory_bytes=1000000")
+    generation = check(base_yaml, f"policy.generation.{mode}=true", *budget).policy.generation
+    assert getattr(generation, mode) and (generation.max_num_seqs, generation.kv_cache_memory_bytes) == (4, 10**6)
+    message = error_of(base_yaml, f"policy.generation.{mode}=true", "policy.generation.backend=vllm", budget[0])
+    assert message.startswith(f"policy.generation.{mode}: true is the native engine's path")
 
 
 def test_kv_block_size_is_the_native_engines(base_yaml):

@@ -11,7 +11,6 @@ from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.kv_cache import KVCache
 from nemo_jetrl.generation.native.paged_kv_cache import gather_pages
 from nemo_jetrl.generation.native.scheduler import engine_kv_budget, plan_kv_budget
-from nemo_jetrl.models.batch_invariant import enable_batch_invariant
 
 from .test_engine import check_layout
 
@@ -225,11 +224,3 @@ def test_a_budget_below_one_sequence_is_an_error_before_any_work(tiny_model, que
     with pytest.raises(ValueError, match="kv_cache_memory_bytes leaves .* one sequence of 31 tokens needs"):
         eng.generate(queue)
     assert eng.last_rollout_stats is None
-
-
-def test_the_exact_mode_refuses_continuous_batching_by_name(fresh_model, queue):
-    enable_batch_invariant(fresh_model)
-    eng = engine(fresh_model, max_num_seqs=3)
-    with pytest.raises(ValueError, match=r"policy.generation.deterministic / matched_kernels: true.*unset max_num_seqs"):
-        eng.generate(queue)
-    assert eng.generate(queue[:3], greedy=True).input_ids.shape[0] == 3  # the one-batch path still runs

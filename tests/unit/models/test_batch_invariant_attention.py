@@ -3,13 +3,14 @@ training and stay close to SDPA / torch.logsumexp; the Triton kernels (interpret
 twins and give decode == prefill == training bitwise over several key blocks, FP8 cache included."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from nemo_jetrl.models.batch_invariant import logsumexp_ref, logsumexp_rows
-from nemo_jetrl.models.batch_invariant_attention import attention, causal_attention
+from nemo_jetrl.models.batch_invariant_attention import attention, causal_attention, paged_attention
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 
 
@@ -135,3 +136,105 @@ def test_triton_attention_and_logsumexp_in_the_interpreter(run_interpreted):
     r = run_interpreted(CHILD)
     assert all(r["prefill"]) and all(r["decode"]) and len(r["decode"]) == 10
     assert max(r["rel"]) < 1e-6 and r["lse_rel"] < 1e-6 and r["lse_row"]
+
+
+def _paged_case(dtype, page: int, lengths: list[int], seed: int = 0):
+    """Rows of `lengths` keys scattered over shuffled blocks of a pool [blocks, H_kv, page, D] (block 0: the trash
+    block, holding garbage), and the same keys left-padded into a contiguous buffer [B, H_kv, S, D] (the one-batch
+    path's layout: row b's keys in its last lengths[b] columns). Returns q, pools, table, kv_len, buffers, key_valid."""
+    gen = torch.Generator().manual_seed(seed)
+    bsz, heads, kv_heads, dim = len(lengths), 4, 2, 32
+    per_row = [-(-n // page) for n in lengths]
+    num_blocks = 1 + sum(per_row) + 3  # a few blocks no row holds
+    k_pool = (torch.randn(num_blocks, kv_heads, page, dim, generator=gen) * 3).to(dtype)
+    v_pool = torch.randn(num_blocks, kv_heads, page, dim, generator=gen).to(dtype)
+    order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    table = torch.zeros(bsz, max(per_row) + 2, dtype=torch.int32)  # [B, M]; unused entries -> the trash block
+    width = max(lengths) + 5
+    k_buf = torch.zeros(bsz, kv_heads, width, dim, dtype=dtype)
+    v_buf, key_valid = torch.zeros_like(k_buf), torch.zeros(bsz, width, dtype=torch.bool)
+    for b, (n, m) in enumerate(zip(lengths, per_row)):
+        table[b, :m] = torch.tensor(order[:m], dtype=torch.int32)
+        order = order[m:]
+        for pool, buf in ((k_pool, k_buf), (v_pool, v_buf)):
+            keys = pool[table[b, :m].long()].transpose(0, 1).reshape(kv_heads, m * page, dim)[:, :n]  # [H_kv, n, D]
+            buf[b, :, width - n :] = keys
+        key_valid[b, width - n :] = True
+    q = torch.randn(bsz, heads, 1, dim, generator=gen).bfloat16()
+    return q, k_pool, v_pool, table, torch.tensor(lengths), k_buf, v_buf, key_valid
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16_cache", "fp8_cache"])
+def test_paged_twin_equals_the_left_padded_contiguous_twin_bitwise(fp8):
+    lengths = [1, 7, 64, 65, 150]  # one key, within a block, a whole 64-key block, across blocks
+    q, k_pool, v_pool, table, kv_len, k_buf, v_buf, key_valid = _paged_case(torch.bfloat16, 16, lengths)
+    scales = (None, None)
+    if fp8:
+        scales = (torch.tensor(0.02), torch.tensor(0.015))
+        k_pool, v_pool = kv_quant(k_pool, scales[0]), kv_quant(v_pool, scales[1])
+        k_buf, v_buf = kv_quant(k_buf, scales[0]), kv_quant(v_buf, scales[1])  # elementwise: the same codes
+    paged = paged_attention(q, k_pool, v_pool, table, kv_len, 0.125, *scales)  # [B, H, 1, D]
+    start = torch.full((len(lengths),), k_buf.shape[2] - 1)  # every query at the buffer's last column
+    contiguous = attention(q, k_buf, v_buf, key_valid, start, 0.125, *scales)
+    assert paged.shape == (5, 4, 1, 32) and paged.dtype == torch.bfloat16
+    assert torch.equal(paged, contiguous)
+    for b, n in enumerate(lengths):  # each row alone, over exactly its own keys
+        alone = attention(q[b : b + 1], k_buf[b : b + 1, :, -n:], v_buf[b : b + 1, :, -n:], key_valid[b : b + 1, -n:],
+                          n - 1, 0.125, *scales)  # fmt: skip
+        assert torch.equal(alone[0], paged[b]), b
+    kt = kv_dequant(k_buf, scales[0], torch.float32) if fp8 else k_buf.float()
+    vt = kv_dequant(v_buf, scales[1], torch.float32) if fp8 else v_buf.float()
+    sdpa = F.scaled_dot_product_attention(
+        q.float(), kt.repeat_interleave(2, 1), vt.repeat_interleave(2, 1), attn_mask=key_valid[:, None, None], scale=0.125
+    )  # fmt: skip
+    assert rel(paged, sdpa) < 5e-3  # bf16 output rounding
+
+
+def test_paged_attention_refuses_what_it_cannot_read():
+    q, k_pool, v_pool, table, kv_len, *_ = _paged_case(torch.bfloat16, 4, [3, 9])
+    with pytest.raises(ValueError, match="one query per row"):
+        paged_attention(q.expand(-1, -1, 2, -1), k_pool, v_pool, table, kv_len, 0.1)
+    with pytest.raises(ValueError, match="block_table must be int32"):
+        paged_attention(q, k_pool, v_pool, table.long(), kv_len, 0.1)
+    with pytest.raises(ValueError, match="kv_len must be int64"):
+        paged_attention(q, k_pool, v_pool, table, kv_len.int(), 0.1)
+    with pytest.raises(ValueError, match="an e4m3 cache needs k_scale and v_scale"):
+        paged_attention(q, kv_quant(k_pool, torch.tensor(0.1)), kv_quant(v_pool, torch.tensor(0.1)), table, kv_len, 0.1)
+
+
+PAGED_CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, HERE)
+    from test_batch_invariant_attention import _paged_case
+    from nemo_jetrl.models import batch_invariant_kernels as K
+    from nemo_jetrl.models.batch_invariant_attention import paged_attention_ref
+    from nemo_jetrl.precision.kv import kv_quant
+
+    def rel(a, b):
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    lengths = [1, 16, 64, 65, 130]
+    r = {"contiguous": [], "rel": []}
+    for fp8 in (False, True):
+        q, k_pool, v_pool, table, kv_len, k_buf, v_buf, key_valid = _paged_case(torch.float32, 16, lengths, seed=1)
+        q = q.float()
+        sc = (torch.tensor(0.02), torch.tensor(0.015)) if fp8 else (None, None)
+        if fp8:
+            k_pool, v_pool = kv_quant(k_pool, sc[0]), kv_quant(v_pool, sc[1])
+            k_buf, v_buf = kv_quant(k_buf, sc[0]), kv_quant(v_buf, sc[1])
+        paged = K.paged_attention(q, k_pool, v_pool, table, kv_len, 0.125, *sc)
+        start = torch.full((len(lengths),), k_buf.shape[2] - 1)
+        contiguous = K.attention(q, k_buf, v_buf, key_valid, start, 0.125, *sc)
+        r["contiguous"].append(torch.equal(paged, contiguous))
+        r["rel"].append(rel(paged, paged_attention_ref(q, k_pool, v_pool, table, kv_len, 0.125, *sc)))
+    print(json.dumps(r))
+    """
+)
+
+
+def test_triton_paged_attention_in_the_interpreter_equals_the_contiguous_kernel(run_interpreted):
+    pytest.importorskip("triton")
+    r = run_interpreted(PAGED_CHILD.replace("HERE", repr(str(Path(__file__).parent))))
+    assert r["contiguous"] == [True, True]  # bf16 and e4m3 pools: the same bits as the left-padded cache
+    assert len(r["rel"]) == 2 and max(r["rel"]) < 1e-6
