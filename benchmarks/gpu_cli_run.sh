@@ -5,7 +5,8 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_cli_run.sh OUT_DIR [STAGE ...]
 #
 # From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
-# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8_kv report (default: all, in order);
+# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv report (default: all but fp8, in order;
+# fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
@@ -18,7 +19,7 @@
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
 set -euo pipefail
 
-OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8_kv report]}
+OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv report]}
 shift
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
@@ -38,7 +39,7 @@ mkdir -p "$OUT/logs"
 copy_results() {  # the small result files into $COPY_TO (runs on exit)
     [ -n "$COPY_TO" ] || return 0
     local f v
-    for v in bf16 fp8_kv; do
+    for v in bf16 fp8 fp8_kv; do
         [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
         for f in metrics.jsonl config.yaml gpu_memory.csv; do
             [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
@@ -83,8 +84,9 @@ stage_build() {
         2>&1 | tee "$OUT/build.log"
 }
 
-run_variant() {  # $1: bf16 | fp8_kv
-    local variant=$1 log=$OUT/logs/$1 rc=0 smi
+run_variant() {  # $1: bf16 | fp8 | fp8_kv
+    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=grpo_math_random_1p7B_$1.yaml
+    [ "$variant" = fp8 ] && config=grpo_math_random_1p7B.yaml  # FP8 linears, BF16 KV cache
     rm -rf "$log" && mkdir -p "$log"
     smi=""
     if command -v nvidia-smi > /dev/null; then
@@ -92,7 +94,7 @@ run_variant() {  # $1: bf16 | fp8_kv
             > "$log/gpu_memory.csv" 2>/dev/null &
         smi=$!
     fi
-    "$PY" examples/run_grpo.py --config "examples/configs/grpo_math_random_1p7B_${variant}.yaml" \
+    "$PY" examples/run_grpo.py --config "examples/configs/$config" \
         "policy.model_name=$CKPT/model" \
         "data.dataset_name=$CKPT/data/train.jsonl" \
         "data.val_dataset_name=$CKPT/data/val.jsonl" \
@@ -109,7 +111,7 @@ run_variant() {  # $1: bf16 | fp8_kv
 stage_report() {
     echo
     echo "per-phase GRPO step time (median over steps 2..$STEPS; first step in brackets) and peak GPU memory:"
-    "$PY" benchmarks/gpu_cli_report.py "bf16=$OUT/logs/bf16" "fp8_kv=$OUT/logs/fp8_kv" --json "$OUT/summary.json"
+    "$PY" benchmarks/gpu_cli_report.py "bf16=$OUT/logs/bf16" "fp8=$OUT/logs/fp8" "fp8_kv=$OUT/logs/fp8_kv" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
 
@@ -118,8 +120,8 @@ for stage in "${STAGES[@]}"; do
     case $stage in
         check) stage_check ;;
         build) stage_build ;;
-        bf16 | fp8_kv) run_variant "$stage" ;;
+        bf16 | fp8 | fp8_kv) run_variant "$stage" ;;
         report) stage_report ;;
-        *) echo "error: unknown stage '$stage' (check build bf16 fp8_kv report)" >&2; exit 2 ;;
+        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv report)" >&2; exit 2 ;;
     esac
 done

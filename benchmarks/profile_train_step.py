@@ -14,14 +14,16 @@ import gc
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_step import make_batch, train_step_fn  # noqa: E402
-from common import QWEN3_8B, build_model, policy_config  # noqa: E402
+from common import build_model, policy_config  # noqa: E402
 
+from nemo_jetrl.models.random_checkpoint import SHAPES  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
 
@@ -42,13 +44,19 @@ def family(name: str) -> str:
     return next((f for f, pat in FAMILIES if re.search(pat, name, re.I)), "other")
 
 
-def profile_variant(preset: str, args, device) -> list[dict]:
-    model = build_model(QWEN3_8B, args.layers, device, torch.bfloat16).train()
+def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
+    """(the step's CUDA kernels by device time, the wall time of the same step unprofiled in s)."""
+    shape = SHAPES[args.shape]
+    model = build_model(shape, args.layers, device, torch.bfloat16).train()
     policy = NativePolicy(policy_config(), PrecisionRecipe.preset(preset), device, model=model)
-    step = train_step_fn(policy, make_batch(args.batch, args.seq_len, QWEN3_8B["vocab_size"]))
+    step = train_step_fn(policy, make_batch(args.batch, args.seq_len, shape["vocab_size"]))
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    wall_s = time.perf_counter() - start
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         step()
@@ -62,12 +70,13 @@ def profile_variant(preset: str, args, device) -> list[dict]:
     del policy, model, step
     gc.collect()
     torch.cuda.empty_cache()
-    return rows
+    return rows, wall_s
 
 
-def summarize(name: str, rows: list[dict], top: int) -> None:
+def summarize(name: str, rows: list[dict], wall_s: float, top: int) -> None:
+    """Kernel families and the top kernels; kernel time well below the wall time means the host is the bound."""
     total = sum(r["ms"] for r in rows)
-    print(f"\n=== {name}: {total:.1f} ms of kernels ===")
+    print(f"\n=== {name}: {total:.1f} ms of kernels in a {wall_s * 1e3:.1f} ms step (unprofiled) ===")
     fams: dict[str, float] = {}
     for r in rows:
         fams[family(r["name"])] = fams.get(family(r["name"]), 0.0) + r["ms"]
@@ -79,6 +88,7 @@ def summarize(name: str, rows: list[dict], top: int) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="model shape (random weights)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=4096)
@@ -89,10 +99,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda")
     result = {v: profile_variant(v, args, device) for v in args.variants.split(",")}
-    for v, rows in result.items():
-        summarize(v, rows, args.top)
+    print(
+        f"{torch.cuda.get_device_name(device)}: {args.shape} x {args.layers} layers, {args.batch} x {args.seq_len} tokens"
+    )
+    for v, (rows, wall_s) in result.items():
+        summarize(v, rows, wall_s, args.top)
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "kernels": result}, indent=1))
+        kernels = {v: rows for v, (rows, _) in result.items()}
+        walls = {v: wall_s for v, (_, wall_s) in result.items()}
+        Path(args.out).write_text(json.dumps({"args": vars(args), "wall_s": walls, "kernels": kernels}, indent=1))
     return 0
 
 
