@@ -110,15 +110,16 @@ def paged_attention_ref(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scal
     page = k_pool.shape[2]
     width = int(kv_len.max())
     table = block_table[:, : -(-width // page)].long()  # [B, n] the blocks holding keys [0, W)
-    k_buf, v_buf = (_gather_blocks(pool, table)[:, :, :width] for pool in (k_pool, v_pool))  # [B, H_kv, W, D]
+    k_buf, v_buf = (gather_pages(pool, table)[:, :, :width] for pool in (k_pool, v_pool))  # [B, H_kv, W, D]
     key_valid = torch.arange(width, device=q.device) < kv_len[:, None]  # [B, W]
     return attention_ref(q, k_buf, v_buf, key_valid, kv_len - 1, sm_scale, k_scale, v_scale)
 
 
-def _gather_blocks(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """pool [num_blocks, H_kv, page, D] read through table [B, n] -> [B, H_kv, n * page, D] (stored dtype)."""
+def gather_pages(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """One layer's pool [num_blocks, H_kv, page, D] read through table [B, n] -> [B, H_kv, n * page, D] (stored
+    dtype; the twins' gather of a paged KV pool)."""
     raw = pool.view(torch.uint8) if pool.dtype == FP8 else pool  # CPU indexing has no e4m3 kernel everywhere
-    blocks = raw[table]  # [B, n, H_kv, page, D]
+    blocks = raw[table.long()]  # [B, n, H_kv, page, D]
     bsz, nblk, heads, page, dim = blocks.shape
     out = blocks.permute(0, 2, 1, 3, 4).reshape(bsz, heads, nblk * page, dim)
     return out.view(FP8) if pool.dtype == FP8 else out

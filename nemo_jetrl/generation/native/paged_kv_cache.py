@@ -25,14 +25,7 @@ from torch import nn
 
 from nemo_jetrl.generation.native.decode_attention import decode_attention, decode_attention_ref, write_decode_kv
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache, LayerKvScales, encode_kv, model_head_dim
-from nemo_jetrl.models.batch_invariant_attention import paged_attention
-
-
-def gather_pages(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """One layer's pool [num_blocks, H_kv, page, D] read through table [B, max_blocks] -> [B, H_kv, S, D]."""
-    blocks = pool[table.long()]  # [B, max_blocks, H_kv, page, D]
-    bsz, nblk, heads, page, dim = blocks.shape
-    return blocks.permute(0, 2, 1, 3, 4).reshape(bsz, heads, nblk * page, dim)
+from nemo_jetrl.models.batch_invariant_attention import gather_pages, paged_attention
 
 
 def paged_decode_attention_ref(
