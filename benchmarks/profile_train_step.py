@@ -57,8 +57,17 @@ def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
     step()
     torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
+    if args.cprofile:  # the Python functions of one step by their own time (cProfile inflates, ranks hold)
+        import cProfile
+        import pstats
+
+        py = cProfile.Profile()
+        py.runcall(step)
+        torch.cuda.synchronize()
+        print(f"\n--- {preset}: Python functions by own time (cProfile, one step) ---")
+        pstats.Stats(py).sort_stats("tottime").print_stats(args.cprofile)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
+    with torch.profiler.profile(activities=acts, with_stack=False) as prof:
         step()
         torch.cuda.synchronize()
     rows = []
@@ -67,6 +76,11 @@ def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
         if dev > 0 and e.device_type == torch.autograd.DeviceType.CUDA and "#" not in e.key:  # no annotations
             rows.append({"name": e.key, "ms": dev / 1e3, "calls": e.count})
     rows.sort(key=lambda r: -r["ms"])
+    if args.cpu_top:  # the host side: where the Python of the step spends its time (self CPU time per op)
+        host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.cpu_top]
+        print(f"\n--- {preset}: top host ops by self CPU time ---")
+        for e in host:
+            print(f"  {e.self_cpu_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:100]}")
     del policy, model, step
     gc.collect()
     torch.cuda.empty_cache()
@@ -94,6 +108,8 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--cpu-top", type=int, default=0, help="also print the N host ops with the most self CPU time")
+    p.add_argument("--cprofile", type=int, default=0, help="also print the N Python functions with the most own time")
     p.add_argument("--variants", default="bf16,jetrl")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
