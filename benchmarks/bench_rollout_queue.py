@@ -14,7 +14,12 @@ Each sequence gets a response length drawn from `--length-dist` (fixed: all `--m
   (rows up to `--concurrency * 2`), so an FP8 pool admits about twice the sequences of a BF16 one (`peak live`);
   when the pool runs dry sequences are preempted and recomputed (`preempt`).
 The KV cache of the continuous cases is paged (`--block-size` tokens per block): `blocks` is the peak number of
-blocks in use, `buckets` the CUDA-graph batch sizes the decode ran at.
+blocks in use, `buckets` the CUDA-graph batch sizes the decode ran at. `decode s` / `admit s`: the rollout's device
+time in decode steps and in admissions (prefills; graph captures excluded from both), medians over the timed runs;
+`decode TB/s` and `% HBM`: the decode's bytes (every linear weight once per step, in the variant's dtype, plus the
+keys the running rows read) over its time, against the device's HBM peak. `--generations G`: each prompt appears G
+times in a row (a GRPO group), and `shared` counts the prompt tokens group members took from their owner's blocks
+instead of prefilling them.
 Every case's rollouts run `--warmup` + `--repeats` times in rounds of alternating variant order; median and min-max.
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -30,9 +36,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_rollout import calibrate  # noqa: E402
-from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, draw_lengths, report  # noqa: E402
+from common import (  # noqa: E402
+    QWEN3_8B,
+    TINY,
+    alternating_timings,
+    build_model,
+    device_info,
+    draw_lengths,
+    linear_weight_bytes,
+    report,
+)
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
+from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8  # noqa: E402
 
 VARIANTS = ("bf16", "fp8", "fp8+kv")
@@ -78,6 +94,9 @@ def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args
         record.update(occupancy=stats.occupancy, decode_steps=stats.decode_steps, kv_gb=stats.kv_cache_bytes / 1e9)
         record.update(blocks=stats.peak_blocks_used, pool=stats.num_blocks, preempt=stats.preemptions)
         record.update(buckets=len(stats.bucket_steps))
+        record.update(key_reads=stats.key_reads, prefill_shared=stats.prefill_tokens_shared)
+        for key in ("decode_s", "admission_s", "capture_s"):  # per run; the table takes the median
+            record.setdefault(key + "_runs", []).append(getattr(stats, key))
 
     return run
 
@@ -88,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue", type=int, default=512, help="sequences in the queue")
     p.add_argument("--concurrency", type=int, default=128, help="sequences decoded at once (max_num_seqs)")
     p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--generations", type=int, default=1, help="consecutive copies of each prompt (a GRPO group)")
     p.add_argument("--length-dist", default="lognormal", choices=["fixed", "lognormal", "geometric"])
     p.add_argument("--mean-len", type=int, default=512)
     p.add_argument("--max-len", type=int, default=2048)
@@ -107,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     info = device_info(device)
     engines, model = build_engines(args, device)
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(1, model.config.vocab_size, (args.queue, args.prompt_len), generator=gen).tolist()
+    if args.generations < 1 or args.queue % args.generations:
+        p.error(f"--generations must divide --queue ({args.queue}), got {args.generations}")
+    unique = torch.randint(1, model.config.vocab_size, (args.queue // args.generations, args.prompt_len), generator=gen)
+    prompts = unique.repeat_interleave(args.generations, dim=0).tolist()  # [queue, prompt_len]
     dist = args.length_dist
     drawn = draw_lengths(dist, args.queue, args.mean_len, args.max_len, args.sigma, seed=2)
     cases = [("cb", "fixed", [args.mean_len] * args.queue), ("cb", dist, drawn)]
@@ -148,6 +171,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode} {dist_name} {name}: {r['tokens_per_s']:,.0f} tok/s ({r['range']}) {extra}", flush=True)
         if args.out:  # what a run cut short by a time limit still leaves
             Path(args.out + ".partial").write_text(json.dumps({"device": info["device"], "results": results}))
+    kv_bytes = {
+        name: KVCache.for_model(model, 1, 1, dtype=torch.float8_e4m3fn if name == "fp8+kv" else torch.bfloat16,
+                                device="meta").bytes_per_token
+        for name in engines
+    }  # fmt: skip
+    for r in results:  # decode bandwidth: weights once per step + the keys the running rows read, over decode time
+        if "decode_s_runs" not in r:
+            continue  # static batches: one-batch engine, no rollout stats
+        r["decode_s"] = statistics.median(r["decode_s_runs"])
+        r["admission_s"] = statistics.median(r["admission_s_runs"])
+        step_bytes = linear_weight_bytes(model, r["variant"] != "bf16") * r["decode_steps"]
+        r["decode_tbs"] = (step_bytes + r["key_reads"] * kv_bytes[r["variant"]]) / r["decode_s"] / 1e12
+        r["hbm_pct"] = 100 * r["decode_tbs"] / info["hbm_peak_tbs"] if info["hbm_peak_tbs"] else None
     for r in results:  # ratios: vs BF16 in the same case, vs the same variant's fixed-length figure
         same_case = {x["variant"]: x for x in results if x["case"] == r["case"]}
         fixed = next(x for x in results if x["case"] == "cb fixed" and x["variant"] == r["variant"])
@@ -173,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         "occupancy",
         "steps",
         "KV GB",
+        "shared",
+        "decode s",
+        "admit s",
+        "decode TB/s",
+        "% HBM",
     ]
     keys = [
         "case",
@@ -189,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         "occupancy",
         "decode_steps",
         "kv_gb",
+        "prefill_shared",
+        "decode_s",
+        "admission_s",
+        "decode_tbs",
+        "hbm_pct",
     ]
     report(title, headers, keys, results, args=args, info=info, shape={}, n_layers=model.config.num_hidden_layers)
     return 0

@@ -24,6 +24,7 @@ prompt: with every part exact, the rollout's logprobs equal the trainer's forwar
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -57,11 +58,42 @@ class RolloutStats:
     prefill_tokens: int = 0  # tokens run through the model at admission (padding excluded)
     prefill_tokens_shared: int = 0  # prompt tokens shared with a running group owner instead of prefilled
     prefill_tokens_recomputed: int = 0  # generated tokens prefilled again after a preemption
+    key_reads: int = 0  # sum over decode steps of the keys each running row attended to (its KV length)
+    rollout_s: float = 0.0  # device time of the whole rollout (stream marks, no extra host sync)
+    admission_s: float = 0.0  # of which admissions: prefills, prompt sharing, row compaction
+    capture_s: float = 0.0  # of which CUDA-graph captures (one per bucket the rollout meets)
+
+    @property
+    def decode_s(self) -> float:
+        """Device time of the decode steps and the host syncs between windows (the rest of `rollout_s`)."""
+        return self.rollout_s - self.admission_s - self.capture_s
 
     @property
     def occupancy(self) -> float:
         """Mean fraction of the rows holding a running sequence per decode step."""
         return self.row_steps_live / max(1, self.decode_steps * self.num_rows)
+
+
+class StreamClock:
+    """Marks on the current stream, read after the rollout's final sync: CUDA events (no host sync when set), the
+    host clock elsewhere (CPU ops run in order)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.spans: dict[str, list] = {"admission": [], "capture": []}
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+    def total(self, span: str) -> float:
+        return sum(self.seconds(a, b) for a, b in self.spans[span])
 
 
 class ContinuousRollout:
@@ -103,6 +135,8 @@ class ContinuousRollout:
         self.buckets = bucket_sizes(rows)
         self.n = 0  # rows of the current bucket
         self._graphs: BucketedSteps | None = None
+        self.clock = StreamClock(dev)
+        self.key_reads = torch.zeros((), dtype=torch.long, device=dev)  # [] device-side sum of KV lengths read
 
     # ------------------------------------------------------------------ the loop
     def run(self, greedy: bool, generator: torch.Generator | None) -> GenerationOutput:
@@ -112,6 +146,7 @@ class ContinuousRollout:
         trash = len(self.prompts)
         self.hook = eng.attn_hook_factory() if eng.attn_hook_factory is not None else None
         live_steps = torch.zeros((), dtype=torch.long, device=eng.device)
+        start = self.clock.mark()
         self._sync()
         step = 0
         while True:
@@ -137,8 +172,12 @@ class ContinuousRollout:
             self._decode(torch.where(self.running[:n], tokens, eng.pad_token_id))
             if step % eng.sync_every == 0 and self._sync():
                 break
+        end = self.clock.mark()
         self.stats.decode_steps = step
-        self.stats.row_steps_live = int(live_steps)
+        self.stats.row_steps_live = int(live_steps)  # a host sync: every mark above has completed
+        self.stats.key_reads = int(self.key_reads)
+        self.stats.rollout_s = self.clock.seconds(start, end)
+        self.stats.admission_s, self.stats.capture_s = self.clock.total("admission"), self.clock.total("capture")
         self._graphs = None  # the graphs close over self: drop them here, not in a later garbage collection
         return self._output()
 
@@ -148,6 +187,7 @@ class ContinuousRollout:
         run = self.running[:n]
         self.cache.table[:n].mul_(run[:, None].to(torch.int32))  # a stopped row's blocks are no longer touched
         cols = torch.where(run, self.cols[:n], 0)  # [n]
+        self.key_reads += torch.where(run, cols + 1, 0).sum()
         self.logits = self._step(tokens[:, None], cols[:, None], cols)
         self.cols[:n] += run.long()
 
@@ -161,7 +201,12 @@ class ContinuousRollout:
                 lambda b: lambda t, p, c: eng._decode_step(self.cache, self.hook, t, p, self.ones[:b], c),
                 self._static_inputs,
             )
-        return self._graphs(n, tokens, positions, cols)
+        if n in self._graphs.steps:
+            return self._graphs(n, tokens, positions, cols)
+        begin = self.clock.mark()  # this bucket's first call captures its graph
+        logits = self._graphs(n, tokens, positions, cols)
+        self.clock.spans["capture"].append((begin, self.clock.mark()))
+        return logits
 
     def _static_inputs(self, bucket: int) -> tuple[torch.Tensor, ...]:
         """A bucket's captured inputs: tokens [b, 1], positions [b, 1], cols [b]."""
@@ -188,7 +233,9 @@ class ContinuousRollout:
         admitted = sched.admit()
         for row, seq in enumerate(sched.rows):
             seq.row = row
+        begin = self.clock.mark()
         self._compact(kept, admitted)
+        self.clock.spans["admission"].append((begin, self.clock.mark()))
         self._finish_stats()
         return False
 

@@ -136,6 +136,20 @@ def test_tokens_equal_with_and_without_continuous_batching(tiny_model, queue, gr
     check_layout(queued, queue, STOPS)
 
 
+def test_stats_count_the_keys_each_decode_step_read_and_split_the_rollout_time(tiny_model, queue):
+    """A sequence of prompt P and T tokens feeds its first T - 1 tokens back, the j-th at column P + j - 1, so its
+    decode steps read P + 1, ..., P + T - 1 keys; admissions (prefills) and decode split the rollout's time."""
+    eng = engine(tiny_model, max_num_seqs=3)
+    out = eng.generate(queue, greedy=True)
+    stats = eng.last_rollout_stats
+    assert stats.preemptions == 0
+    lengths = out.response_lengths.tolist()
+    expected = sum((t - 1) * len(p) + t * (t - 1) // 2 for p, t in zip(queue, lengths))
+    assert stats.key_reads == expected > 0
+    assert 0 < stats.admission_s < stats.rollout_s and stats.capture_s == 0.0  # no CUDA graphs on CPU
+    assert stats.decode_s == pytest.approx(stats.rollout_s - stats.admission_s) and stats.decode_s > 0
+
+
 def test_rows_are_compacted_into_smaller_buckets_as_the_queue_drains(tiny_model, queue):
     assert bucket_sizes(20) == [8, 16, 20] and bucket_sizes(8) == [8] and bucket_for(9, [8, 16, 20]) == 16
     batch = queue * 3  # 30 sequences over 20 rows
