@@ -111,7 +111,10 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv
 stage_report() {
     echo
     echo "per-phase GRPO step time (median over steps 2..$STEPS; first step in brackets) and peak GPU memory:"
-    "$PY" benchmarks/gpu_cli_report.py "bf16=$OUT/logs/bf16" "fp8=$OUT/logs/fp8" "fp8_kv=$OUT/logs/fp8_kv" --json "$OUT/summary.json"
+    local runs=("bf16=$OUT/logs/bf16")
+    [ -f "$OUT/logs/fp8/metrics.jsonl" ] && runs+=("fp8=$OUT/logs/fp8")  # the optional stage, when it ran
+    runs+=("fp8_kv=$OUT/logs/fp8_kv")
+    "$PY" benchmarks/gpu_cli_report.py "${runs[@]}" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
 

@@ -67,7 +67,7 @@ def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
         print(f"\n--- {preset}: Python functions by own time (cProfile, one step) ---")
         pstats.Stats(py).sort_stats("tottime").print_stats(args.cprofile)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts, with_stack=False) as prof:
+    with torch.profiler.profile(activities=acts) as prof:
         step()
         torch.cuda.synchronize()
     rows = []

@@ -187,7 +187,7 @@ class ContinuousRollout:
         run = self.running[:n]
         self.cache.table[:n].mul_(run[:, None].to(torch.int32))  # a stopped row's blocks are no longer touched
         cols = torch.where(run, self.cols[:n], 0)  # [n]
-        self.key_reads += torch.where(run, cols + 1, 0).sum()
+        self.key_reads += (cols + run).sum()  # a running row reads cols + 1 keys, a stopped one none (cols 0)
         self.logits = self._step(tokens[:, None], cols[:, None], cols)
         self.cols[:n] += run.long()
 
