@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trace_gaps  # noqa: E402
 from bench_train_step import make_batch, train_step_fn  # noqa: E402
 from common import build_model, policy_config  # noqa: E402
 
@@ -76,6 +79,14 @@ def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
         if dev > 0 and e.device_type == torch.autograd.DeviceType.CUDA and "#" not in e.key:  # no annotations
             rows.append({"name": e.key, "ms": dev / 1e3, "calls": e.count})
     rows.sort(key=lambda r: -r["ms"])
+    if args.trace:  # the step's timeline, and the device's idle gaps charged to the host ops that ran in them
+        path = Path(args.trace) / f"trace_{args.shape}_{preset}.json"
+        prof.export_chrome_trace(str(path))
+        with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        path.unlink()
+        print(f"\n--- {preset}: device idle gaps (trace {path}.gz) ---")
+        trace_gaps.report(f"{path}.gz", top=args.top)
     if args.cpu_top:  # the host side: where the Python of the step spends its time (self CPU time per op)
         host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.cpu_top]
         print(f"\n--- {preset}: top host ops by self CPU time ---")
@@ -111,6 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-top", type=int, default=0, help="also print the N host ops with the most self CPU time")
     p.add_argument("--cprofile", type=int, default=0, help="also print the N Python functions with the most own time")
     p.add_argument("--variants", default="bf16,jetrl")
+    p.add_argument("--trace", default=None, help="folder: write each variant's chrome trace (gz), print idle gaps")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda")

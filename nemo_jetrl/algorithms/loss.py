@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from nemo_jetrl.algorithms.mismatch import kl_estimator
-from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.interfaces import TrainBatch, metrics_to_floats
 
 LossSettings = Mapping[str, Any]
 """The validated `loss_fn` section as a plain mapping (algorithms/config.py's `LossConfig.to_dict()`): every key
@@ -134,16 +134,17 @@ def _reduce(values: torch.Tensor, m: torch.Tensor, token_level: bool, normalizer
     return per_seq.sum() / denom
 
 
-def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:
-    return float(torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp_min(1))
+def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Mean of x [B, S] over m's tokens (0 without any): a 0-d tensor, no host sync."""
+    return torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp_min(1)
 
 
-def _sampling_ratio(w: torch.Tensor, m: torch.Tensor, per_sequence: bool) -> float:
-    """Mean IS weight over tokens, or over sequences (one weight each) with sequence-level ratios."""
+def _sampling_ratio(w: torch.Tensor, m: torch.Tensor, per_sequence: bool) -> torch.Tensor:
+    """Mean IS weight over tokens, or over sequences (one weight each) with sequence-level ratios (0-d)."""
     if not per_sequence:
         return _masked_mean(w, m)
     per_seq = (w * m).sum(-1) / m.sum(-1).clamp_min(1)  # [B]: the sequence's weight (0 without tokens)
-    return float(per_seq.sum() / m.any(-1).sum().clamp_min(1))
+    return per_seq.sum() / m.any(-1).sum().clamp_min(1)
 
 
 def _check_normalizer(normalizer: Any) -> None:
@@ -165,13 +166,16 @@ def clipped_pg_loss(
     *,
     logp_ref: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    sync_metrics: bool = True,
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """Clipped PG loss (see module docstring). logp [B, S] carries the grad; advantages [B] or [B, S].
 
     Padding (mask == 0) may hold any value, NaN included: it changes neither the loss nor the gradient.
     Metrics: ``loss`` follows the loss's normalization (sum it over micro-batches); every other metric is a mean
     over THIS call's tokens (``is_oob_ratio`` of seq-mask-tis: over its sequences), ``probs_ratio_min/max`` are
-    extrema; ``kl_penalty`` is the KL before the coefficient.
+    extrema (+inf / -inf without tokens); ``kl_penalty`` is the KL before the coefficient. Floats, read in one
+    host sync; with ``sync_metrics=False`` 0-d tensors on logp's device (no sync: a trainer reads them once per
+    optimizer step, `metrics_to_floats`).
     """
     _check_inputs(mask, advantages, logp=logp, logp_old=logp_old, logp_gen=logp_gen, logp_ref=logp_ref)
     _check_normalizer(normalizer)
@@ -202,7 +206,7 @@ def clipped_pg_loss(
     w = trunc_w if cfg["use_importance_sampling_correction"] else m.to(dtype)
     loss = _reduce(w * pg, m, cfg["token_level_loss"], normalizer)
 
-    kl_value = 0.0
+    kl_value = zero
     if cfg["reference_policy_kl_penalty"] != 0:
         ref = torch.where(m, logp_ref.detach().to(dtype), zero)
         if cfg["use_on_policy_kl_approximation"]:
@@ -219,32 +223,31 @@ def clipped_pg_loss(
             weights=kl_w,
         )  # [B, S]
         loss = loss + cfg["reference_policy_kl_penalty"] * _reduce(kl_tok, m, cfg["token_level_loss"], normalizer)
-        kl_value = float(_reduce(kl_tok.detach(), m, cfg["token_level_loss"], None))
+        kl_value = _reduce(kl_tok.detach(), m, cfg["token_level_loss"], None)
 
     with torch.no_grad():
         r, rc = ratio.detach(), ratio_clamped.detach()
         entropy_w = torch.nan_to_num(torch.exp(cur.detach() - logp_gen.detach().to(dtype)), 0.0, 0.0, 0.0)
         if cfg["truncated_importance_sampling_type"] == "seq-mask-tis":
             has_tok = m.any(-1)
-            oob_ratio = float((oob.any(-1) & has_tok).sum() / has_tok.sum().clamp_min(1))
+            oob_ratio = (oob.any(-1) & has_tok).sum() / has_tok.sum().clamp_min(1)
         else:
             oob_ratio = _masked_mean(oob.to(dtype), m)
-        any_tok = bool(m.any())
         metrics = {
-            "loss": float(loss.detach()),
+            "loss": loss.detach(),
             "kl_penalty": kl_value,
             "probs_ratio": _masked_mean(r, m),
             "probs_ratio_clamped": _masked_mean(rc, m),
-            "probs_ratio_min": float(r[m].min()) if any_tok else math.inf,
-            "probs_ratio_max": float(r[m].max()) if any_tok else -math.inf,
+            "probs_ratio_min": torch.where(m, r, math.inf).amin(),  # +inf without tokens
+            "probs_ratio_max": torch.where(m, r, -math.inf).amax(),
             "clip_fraction": _masked_mean((r != rc).to(dtype), m),
             "approx_entropy": -_masked_mean(entropy_w * cur.detach(), m),
             "sampling_importance_ratio": _sampling_ratio(trunc_w, m, cfg["sequence_level_importance_ratios"]),
             "is_oob_ratio": oob_ratio,
-            "num_valid_tokens": float(m.sum()),
-            "num_valid_samples": float(m.any(-1).sum()),
+            "num_valid_tokens": m.sum(),
+            "num_valid_samples": m.any(-1).sum(),
         }
-    return loss, metrics
+    return loss, (metrics_to_floats([metrics])[0] if sync_metrics else metrics)
 
 
 @dataclass(frozen=True)
@@ -264,7 +267,8 @@ class ClippedPGLossFn:
 
     def __call__(
         self, logprobs: torch.Tensor, batch: TrainBatch, normalizer: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch's loss and metrics, 0-d tensors on the device (no host sync; `metrics_to_floats`)."""
         return clipped_pg_loss(
             logprobs,
             batch.prev_logprobs,
@@ -274,4 +278,5 @@ class ClippedPGLossFn:
             self.cfg,
             logp_ref=batch.reference_logprobs,
             normalizer=normalizer,
+            sync_metrics=False,
         )

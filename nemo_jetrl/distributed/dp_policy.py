@@ -11,6 +11,7 @@ ranks of one TP group get the same rows; rank r is TP rank r % T of data-paralle
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
 from nemo_jetrl.models.decoder import sequence_logprobs
-from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch
+from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch, metrics_to_floats
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.native import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
@@ -257,18 +258,20 @@ class DataParallelPolicy:
                 raise ValueError("train() needs batch.prev_logprobs (call get_logprobs first)")
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        per_mb: list[dict[str, float]] = []
-        nonfinite = None  # every rank must finish the collectives: decide after the backward passes
+        per_mb, losses = [], []  # every rank must finish the collectives: decide after the backward passes
         for i in range(num_steps):
             real = i < len(micro_batches)
             mb = (micro_batches[i] if real else dummy).to(self.device)
             logp = self.module(mb.input_ids, mb.attention_mask, attn_hook=self._attn_hook(None))  # [b, S]
             loss, metrics = loss_fn(logp, mb, normalizer)
             (loss if real else loss * 0.0).backward()
-            if real:
-                per_mb.append({k: float(v) for k, v in metrics.items()})
-                if nonfinite is None and not torch.isfinite(loss.detach()):
-                    nonfinite = f"loss (rank {self.rank}, micro-batch {i}, value {loss.item()})"
+            if real:  # read after the loop, in one host sync
+                per_mb.append(metrics)
+                losses.append({"loss": loss.detach()})
+        resolved = metrics_to_floats(per_mb + losses)
+        per_mb, losses = resolved[: len(per_mb)], [v["loss"] for v in resolved[len(per_mb) :]]
+        bad = [(i, v) for i, v in enumerate(losses) if not math.isfinite(v)]
+        nonfinite = f"loss (rank {self.rank}, micro-batch {bad[0][0]}, value {bad[0][1]})" if bad else None
         if self.tp_group is not None:  # q_norm / k_norm saw this rank's heads only
             reduce_head_local_grads(self.model, self.tp_group)
         grad_norm = clip_grad_norm(self.model.parameters(), self.cfg["max_grad_norm"])

@@ -55,8 +55,17 @@ class TrainBatch:
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:
+        """The batch on `device`; host -> CUDA copies go through pinned memory without a host sync (a pageable copy
+        waits for the device, which would drain the launch queue before every micro-batch)."""
+        device = torch.device(device)
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return TrainBatch(**{k: (v.to(device) if v is not None else None) for k, v in values.items()})
+        return TrainBatch(**{k: (_to_device(v, device) if v is not None else None) for k, v in values.items()})
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)  # the caching host allocator keeps the pinned source
+    return t.to(device)
 
 
 def split_global_batches(
@@ -73,6 +82,13 @@ def split_global_batches(
         if len(rows):
             chunks.append(batch.select(rows))
     return chunks
+
+
+def metrics_to_floats(metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """Metric dicts whose values are floats or 0-d tensors, as floats, with one host sync for all of them."""
+    tensors = [v.detach().reshape(()).double() for m in metrics for v in m.values() if isinstance(v, torch.Tensor)]
+    values = iter(torch.stack([t.to(tensors[0].device) for t in tensors]).tolist() if tensors else [])
+    return [{k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in m.items()} for m in metrics]
 
 
 def combine_step_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -103,8 +119,9 @@ class LossFunction(Protocol):
 
     def __call__(
         self, logprobs: torch.Tensor, batch: TrainBatch, normalizer: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss of one micro-batch (logprobs [b, S] carry the gradient) and its metrics."""
+    ) -> tuple[torch.Tensor, dict[str, float | torch.Tensor]]:
+        """Loss of one micro-batch (logprobs [b, S] carry the gradient) and its metrics: floats or 0-d tensors (the
+        trainers read the tensors of all micro-batches in one host sync at the end of the optimizer step)."""
 
 
 class PolicyInterface(ABC):

@@ -16,7 +16,13 @@ import torch
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
-from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
+from nemo_jetrl.policy.interfaces import (
+    LossFunction,
+    PolicyInterface,
+    TrainBatch,
+    combine_step_metrics,
+    metrics_to_floats,
+)
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
@@ -233,7 +239,11 @@ class NativePolicy(PolicyInterface):
         return combine_step_metrics(per_step)
 
     def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
-        """One optimizer step; the loss is normalised over the GLOBAL batch so micro-batches sum to its mean."""
+        """One optimizer step; the loss is normalised over the GLOBAL batch so micro-batches sum to its mean.
+
+        No host sync between micro-batches (the launch queue stays ahead of the device): metrics, non-finite
+        checks and the gradient norm are read together once, after the last backward and before the update.
+        """
         from_forward = batch.prev_logprobs is None  # train_forward: this forward's logprobs are prev_logprobs
         if from_forward:
             batch.prev_logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S], filled below
@@ -241,11 +251,8 @@ class NativePolicy(PolicyInterface):
         self._last_train_batch = batch if self.kv_calibration_pass == "post_step" else None
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        bad_fp8 = self._first_nonfinite_fp8_weight()
-        if bad_fp8 is not None:
-            raise NonFiniteError(bad_fp8, self.step)
-        sums: dict[str, float] = {}
-        n_micro = 0
+        fp8_ok = self._fp8_weights_finite()  # 0-d bool (None without FP8 layers), read with the metrics
+        per_mb, checks, forward_logps = [], [], []
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "train"):
             mb = batch.window(part.rows, part.cols).to(self.device)
             logp = sequence_logprobs(
@@ -257,44 +264,65 @@ class NativePolicy(PolicyInterface):
                 attn_hook=self._attn_hook(calibrate=from_forward and self._kv_fused()),
                 **self.kernels,
             )  # [b, w]
+            valid = mb.response_mask.bool()  # [b, w]
+            bad_logps = torch.zeros((), dtype=torch.long, device=logp.device)
             if from_forward:
                 mb.prev_logprobs = logp.detach().float()
-                part.scatter(batch.prev_logprobs, mb.prev_logprobs)
-                valid = mb.response_mask.bool()
-                bad = int((~torch.isfinite(mb.prev_logprobs[valid])).sum())
-                if bad:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise NonFiniteError(f"trainer logprobs ({bad} of {int(valid.sum())} generated tokens)", self.step)
+                forward_logps.append((part, mb.prev_logprobs))
+                bad_logps = (~torch.isfinite(mb.prev_logprobs) & valid).sum()
             loss, metrics = loss_fn(logp.float(), mb, normalizer)
-            if not torch.isfinite(loss.detach()).item():
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError(f"loss (micro-batch {n_micro}, value {loss.item()})", self.step)
             loss.backward()
-            n_micro += 1
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+            per_mb.append(metrics)
+            checks.append({"bad_logps": bad_logps, "valid": valid.sum(), "loss": loss.detach()})
         # = clip_grad_norm_, split so that a non-finite norm is caught with the gradients still as computed
         params = [p for p in self.model.parameters() if p.grad is not None]
         total_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        grad_norm = float(total_norm)
-        if not math.isfinite(grad_norm):
-            name = next(
-                (n for n, p in self.model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()),
-                "gradient norm",
-            )
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"gradient of {name} (grad norm {grad_norm})", self.step)
+        step_checks = {"grad_norm": total_norm, **({"fp8_ok": fp8_ok} if fp8_ok is not None else {})}
+        *checks, step_checks = metrics_to_floats([*checks, step_checks])  # the step's one host sync
+        self._raise_if_nonfinite(checks, step_checks)
+        for part, logps in forward_logps:  # device -> host after the sync: no wait between micro-batches
+            part.scatter(batch.prev_logprobs, logps)
+        grad_norm = step_checks["grad_norm"]
         if self.cfg["max_grad_norm"] is not None:
             torch.nn.utils.clip_grads_with_norm_(params, float(self.cfg["max_grad_norm"]), total_norm)
         self.optimizer.step()
         self._invalidate_fp8_weights()
         self.step += 1
+        sums: dict[str, float] = {}
+        for metrics in metrics_to_floats(per_mb):
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+        n_micro = len(per_mb)
         out = {k: v / n_micro for k, v in sums.items()}
         # `loss` is a sum of globally-normalised micro-batch losses, not a mean of them.
         if "loss" in sums:
             out["loss"] = sums["loss"]
         out.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], num_micro_batches=float(n_micro))
         return out
+
+    def _raise_if_nonfinite(self, checks: list[dict[str, float]], step_checks: dict[str, float]) -> None:
+        """NonFiniteError (gradients dropped, no update) for the first of: a non-finite FP8 weight, trainer
+        logprob, micro-batch loss, gradient norm."""
+        what = None
+        if step_checks.get("fp8_ok", 1.0) != 1.0:
+            what = self._first_nonfinite_fp8_weight()
+        for i, c in enumerate(checks):
+            if what is not None:
+                break
+            if c["bad_logps"]:
+                what = f"trainer logprobs ({int(c['bad_logps'])} of {int(c['valid'])} generated tokens)"
+            elif not math.isfinite(c["loss"]):
+                what = f"loss (micro-batch {i}, value {c['loss']})"
+        grad_norm = step_checks["grad_norm"]
+        if what is None and not math.isfinite(grad_norm):
+            what = next(
+                (n for n, p in self.model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()),
+                "gradient norm",
+            )
+            what = f"gradient of {what} (grad norm {grad_norm})"
+        if what is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(what, self.step)
 
     def _invalidate_fp8_weights(self) -> None:
         """Drop every cached FP8 weight after an optimizer step: the fused AdamW writes the master weights without
@@ -303,30 +331,42 @@ class NativePolicy(PolicyInterface):
             if isinstance(module, Fp8Linear):
                 module.invalidate_quantized_weight()
 
-    def _first_nonfinite_fp8_weight(self) -> str | None:
-        """Name of the first FP8 layer whose master weight or FP8 scale is non-finite (one device sync when all ok).
+    def _fp8_layers(self) -> list[tuple[str, Fp8Linear]]:
+        modules = self.model.named_modules()
+        return [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
+
+    def _fp8_ok_flags(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per FP8 layer: (its FP8 scales are finite, its master weight is finite) as 0-d bools on the device.
 
         The quantizer ignores NaN for the amax and saturates inf, so a bad master weight can hide behind finite
         scales: both are checked, the master weight through the non-finite count its quantization pass took.
         """
-        modules = self.model.named_modules()
-        layers = [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
-        if not layers:
-            return None
+        layers = self._fp8_layers()
         qweights = [m.quantized_weight() for _, m in layers]
         scale_ok = [qw.scale.isfinite().all() for qw in qweights]
         weight_ok = [
             qw.nonfinite == 0 if qw.nonfinite is not None else m.weight.isfinite().all()
             for qw, (_, m) in zip(qweights, layers)
         ]
-        if bool(torch.stack(scale_ok + weight_ok).all()):
+        return scale_ok, weight_ok
+
+    def _fp8_weights_finite(self) -> torch.Tensor | None:
+        """0-d bool: every FP8 layer's scales and master weight are finite (no host sync); None without FP8."""
+        if not self._fp8_layers():
             return None
-        for (name, _), s_ok, w_ok in zip(layers, scale_ok, weight_ok):
+        scale_ok, weight_ok = self._fp8_ok_flags()
+        return torch.stack(scale_ok + weight_ok).all()
+
+    def _first_nonfinite_fp8_weight(self) -> str:
+        """Name of the first FP8 layer whose FP8 scale or master weight is non-finite (after `_fp8_weights_finite`
+        said one is)."""
+        scale_ok, weight_ok = self._fp8_ok_flags()
+        for (name, _), s_ok, w_ok in zip(self._fp8_layers(), scale_ok, weight_ok):
             if not bool(s_ok):
                 return f"FP8 weight scale of {name}"
             if not bool(w_ok):
                 return f"master weight of FP8 layer {name}"
-        return None
+        return "an FP8 weight"
 
     def nonfinite_state(self) -> str | None:
         """Name of the first non-finite master weight, cached FP8 weight scale or KV scale, else None: one fused

@@ -65,3 +65,33 @@ def test_grouped_training_gemms_match_per_linear_ones(wgrad_x_blocks):
     assert all(rel(a, b) < 1e-2 for a, b in zip(y1, y0))  # bf16 outputs: same products, accumulation order
     assert rel(dx1, dx0) < 1e-2
     assert all(rel(a, b) < 1e-2 for a, b in zip(dw1, dw0))
+
+
+@pytest.mark.parametrize("preset", ["bf16", "jetrl"])
+def test_train_step_syncs_with_the_host_once(preset, monkeypatch):
+    """No host sync between micro-batches (the launch queue stays ahead of the device): CUDA's sync debug mode
+    raises on any sync until the step reads its metrics, non-finite checks and grad norm together."""
+    import nemo_jetrl.policy.native as native
+
+    model = build_model(TINY, None, DEV, torch.bfloat16).train()
+    cfg = policy_config(train_micro_batch_size=1)
+    policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), DEV, model=model)
+    batch = make_batch(3, 128, TINY["vocab_size"])
+    policy.train(batch, LOSS)  # warm-up: first-call allocations and kernel compilation may sync
+    reads = []
+    real_read = native.metrics_to_floats
+
+    def read(metrics):
+        reads.append(len(metrics))
+        torch.cuda.set_sync_debug_mode(0)
+        return real_read(metrics)
+
+    monkeypatch.setattr(native, "metrics_to_floats", read)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = policy.train(batch, LOSS)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert reads[0] == 3 + 1  # the first read: the 3 micro-batches' checks and the step's (grad norm, FP8 weights)
+    assert out["num_micro_batches"] == 3.0 and out["grad_norm"] > 0

@@ -1,0 +1,101 @@
+"""Where the GPU sits idle in a profiled step: gaps between kernels and what the host was doing meanwhile.
+
+    PYTHONPATH=. python3 benchmarks/trace_gaps.py trace.json.gz [--min-gap-us 5] [--top 25]
+
+Reads a PyTorch profiler chrome trace (`profile_train_step.py --trace`). The device timeline (kernels, memcpys,
+memsets) is merged into busy intervals; every idle gap longer than `--min-gap-us` is charged to:
+- the host ops that ran during it (CPU ops overlapping the gap, by name, nested ops each counted), and
+- "after a sync" when a synchronizing CUDA runtime call (stream / device / event synchronize, a device-to-host
+  copy) overlaps the gap: the queue ran dry because the host waited for the device.
+A step whose idle time is large against its kernel time is bound by the host, not by the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from bisect import bisect_left
+from collections import defaultdict
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def load_events(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def idle_gaps(events: list[dict], min_gap_us: float) -> tuple[list[tuple[float, float]], float, float]:
+    """(gaps [(start, end) us], busy us, span us) of the device timeline."""
+    device = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in DEVICE_CATS)
+    if not device:
+        return [], 0.0, 0.0
+    gaps, busy = [], 0.0
+    cur_start, cur_end = device[0]
+    for start, end in device[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            if start - cur_end >= min_gap_us:
+                gaps.append((cur_end, start))
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    return gaps, busy, device[-1][1] - device[0][0]
+
+
+def charge_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> tuple[dict[str, float], float]:
+    """(idle us overlapped per host op name, idle us in gaps that a synchronizing call overlaps)."""
+    starts = [g[0] for g in gaps]
+    by_op: dict[str, float] = defaultdict(float)
+    synced = [False] * len(gaps)
+    for e in events:
+        cat = e.get("cat")
+        if cat not in ("cpu_op", "cuda_runtime", "cuda_driver", "python_function"):
+            continue
+        t0, t1 = e["ts"], e["ts"] + e["dur"]
+        i = max(bisect_left(starts, t0) - 1, 0)
+        while i < len(gaps) and gaps[i][0] < t1:
+            overlap = min(t1, gaps[i][1]) - max(t0, gaps[i][0])
+            if overlap > 0:
+                if cat == "cpu_op":
+                    by_op[e["name"]] += overlap
+                elif e["name"].startswith(SYNC_CALLS):
+                    synced[i] = True
+            i += 1
+    sync_us = sum(end - start for (start, end), s in zip(gaps, synced) if s)
+    return by_op, sync_us
+
+
+def report(path: str, min_gap_us: float = 5.0, top: int = 25) -> dict:
+    events = load_events(path)
+    gaps, busy, span = idle_gaps(events, min_gap_us)
+    by_op, sync_us = charge_gaps(events, gaps)
+    idle = sum(end - start for start, end in gaps)
+    print(f"{path}: device span {span / 1e3:.1f} ms, busy {busy / 1e3:.1f} ms, idle {idle / 1e3:.1f} ms in "
+          f"{len(gaps)} gaps >= {min_gap_us:g} us; {sync_us / 1e3:.1f} ms of it after a sync")  # fmt: skip
+    for name, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {us / 1e3:8.2f} ms  {name[:110]}")
+    return {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": idle / 1e3, "gaps": len(gaps),
+            "after_sync_ms": sync_us / 1e3, "top_ops_ms": dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:top])}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("traces", nargs="+")
+    p.add_argument("--min-gap-us", type=float, default=5.0)
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args(argv)
+    for path in args.traces:
+        report(path, args.min_gap_us, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
