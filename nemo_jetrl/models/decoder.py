@@ -113,8 +113,10 @@ def _attention_mask(attention_mask: torch.Tensor, num_queries: int, cache_start:
     would otherwise be fully masked and give NaN. Real queries never see pad keys, so this changes no real output.
     """
     device = attention_mask.device
-    starts = torch.as_tensor(cache_start, device=device).reshape(-1, 1)  # [1, 1], or [B, 1] per-row starts
-    q_pos = starts + torch.arange(num_queries, device=device)  # [1 | B, S_q]
+    if isinstance(cache_start, torch.Tensor):  # [B] per-row starts (or one)
+        q_pos = cache_start.to(device).reshape(-1, 1) + torch.arange(num_queries, device=device)  # [1 | B, S_q]
+    else:  # no host -> device copy (it would sync the host with the device)
+        q_pos = torch.arange(cache_start, cache_start + num_queries, device=device)[None]  # [1, S_q]
     k_pos = torch.arange(attention_mask.shape[1], device=device)  # [S_k]
     causal = k_pos <= q_pos[..., None]  # [1 | B, S_q, S_k]
     allowed = causal & attention_mask.bool()[:, None, :]  # [B, S_q, S_k]
@@ -338,6 +340,7 @@ def sequence_logprobs(
     fused_train: bool | None = None,
     causal_attention: bool = False,
     pack_round: int | None = None,
+    host_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token logprobs [B, S] float32 in the shared layout.
 
@@ -351,6 +354,7 @@ def sequence_logprobs(
     math, unchanged), the forward runs causal attention without a mask, and the logprobs are rotated back.
     pack_round: the rows' real tokens run packed in one row (its length a multiple of `pack_round`) with varlen
     causal attention (models/packed.py; causal_attention then changes nothing); the result is in the [B, S] layout.
+    host_mask: attention_mask on the host, where the caller has it (the packing is planned there, no host sync).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -365,7 +369,7 @@ def sequence_logprobs(
         from nemo_jetrl.models.packed_logprobs import packed_sequence_logprobs  # imports this module
 
         return packed_sequence_logprobs(
-            model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round
+            model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round, host_mask
         )
     if causal_attention:
         index = left_align_index(attention_mask)  # [B, S]

@@ -76,8 +76,15 @@ class PackedRows:
         return flat.view(self.shape)
 
     def to(self, device: torch.device | str) -> PackedRows:
-        return PackedRows(self.index.to(device), self.position_ids.to(device), self.cu_seqlens.to(device),
-                          self.max_seqlen, self.shape)  # fmt: skip
+        """On `device` (host -> CUDA through pinned memory, no host sync)."""
+        device = torch.device(device)
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if device.type == "cuda" and t.device.type == "cpu":
+                return t.pin_memory().to(device, non_blocking=True)
+            return t.to(device)
+
+        return PackedRows(move(self.index), move(self.position_ids), move(self.cu_seqlens), self.max_seqlen, self.shape)
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, width: int) -> torch.Tensor:

@@ -27,13 +27,19 @@ def packed_sequence_logprobs(
     attn_hook: AttnHook | None,
     fused_train: bool,
     pack_round: int,
+    host_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`sequence_logprobs` with the rows' real tokens packed into one row; logits in token chunks of at most
-    LOGPROB_CHUNK_ELEMENTS floats. The rounding slots hold the batch's pad id (0 without pads)."""
+    LOGPROB_CHUNK_ELEMENTS floats. The rounding slots hold the batch's first pad id (0 without pads).
+    host_mask: attention_mask's copy on the host, if the caller has one: the packing is planned from it without
+    a device -> host sync."""
     real = attention_mask.bool()  # [B, S]
-    packing = PackedRows.from_mask(real, pack_round).to(input_ids.device)
-    fill = int(input_ids[~real][0]) if bool((~real).any()) else 0
-    ids = packing.pack(input_ids, fill)  # [1, T]
+    plan = host_mask.bool() if host_mask is not None else real
+    packing = PackedRows.from_mask(plan, pack_round).to(input_ids.device)
+    pads = ~real.flatten()  # [B * S]
+    first_pad = input_ids.flatten().index_select(0, pads.long().argmax()[None])[0]  # 0-d (a tensor index syncs)
+    fill = torch.where(pads.any(), first_pad, 0)  # the first pad's id, 0 without pads
+    ids = torch.where(packing.real(), packing.pack(input_ids), fill)  # [1, T]
     hidden = decoder_forward(
         model, ids, packing.position_ids, packing.real().long(), attn_hook=attn_hook, compute_dtype=compute_dtype,
         fused_train=fused_train, packed=packing,

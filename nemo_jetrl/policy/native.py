@@ -166,7 +166,8 @@ class NativePolicy(PolicyInterface):
     def _logprobs(self, model: torch.nn.Module, batch: TrainBatch, attn_hook=None) -> torch.Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S]; 0 outside each micro-batch window
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "logprob"):
-            mb = batch.window(part.rows, part.cols).to(self.device)
+            host_mb = batch.window(part.rows, part.cols)
+            mb = host_mb.to(self.device)
             logp = sequence_logprobs(
                 model,
                 mb.input_ids,
@@ -174,6 +175,7 @@ class NativePolicy(PolicyInterface):
                 temperature=self.temperature,
                 compute_dtype=self.compute_dtype,
                 attn_hook=attn_hook,
+                host_mask=host_mb.attention_mask,
                 **self.kernels,
             )  # [b, w]
             part.scatter(out, logp)
@@ -254,7 +256,8 @@ class NativePolicy(PolicyInterface):
         fp8_ok = self._fp8_weights_finite()  # 0-d bool (None without FP8 layers), read with the metrics
         per_mb, checks, forward_logps = [], [], []
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "train"):
-            mb = batch.window(part.rows, part.cols).to(self.device)
+            host_mb = batch.window(part.rows, part.cols)
+            mb = host_mb.to(self.device)
             logp = sequence_logprobs(
                 self.model,
                 mb.input_ids,
@@ -262,6 +265,7 @@ class NativePolicy(PolicyInterface):
                 temperature=self.temperature,
                 compute_dtype=self.compute_dtype,
                 attn_hook=self._attn_hook(calibrate=from_forward and self._kv_fused()),
+                host_mask=host_mb.attention_mask,
                 **self.kernels,
             )  # [b, w]
             valid = mb.response_mask.bool()  # [b, w]
@@ -278,7 +282,9 @@ class NativePolicy(PolicyInterface):
         params = [p for p in self.model.parameters() if p.grad is not None]
         total_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         step_checks = {"grad_norm": total_norm, **({"fp8_ok": fp8_ok} if fp8_ok is not None else {})}
-        *checks, step_checks = metrics_to_floats([*checks, step_checks])  # the step's one host sync
+        n_micro = len(per_mb)
+        resolved = metrics_to_floats([*per_mb, *checks, step_checks])  # the step's one host sync
+        per_mb, checks, step_checks = resolved[:n_micro], resolved[n_micro:-1], resolved[-1]
         self._raise_if_nonfinite(checks, step_checks)
         for part, logps in forward_logps:  # device -> host after the sync: no wait between micro-batches
             part.scatter(batch.prev_logprobs, logps)
@@ -289,10 +295,9 @@ class NativePolicy(PolicyInterface):
         self._invalidate_fp8_weights()
         self.step += 1
         sums: dict[str, float] = {}
-        for metrics in metrics_to_floats(per_mb):
+        for metrics in per_mb:
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
-        n_micro = len(per_mb)
         out = {k: v / n_micro for k, v in sums.items()}
         # `loss` is a sum of globally-normalised micro-batch losses, not a mean of them.
         if "loss" in sums:

@@ -67,16 +67,18 @@ def test_grouped_training_gemms_match_per_linear_ones(wgrad_x_blocks):
     assert all(rel(a, b) < 1e-2 for a, b in zip(dw1, dw0))
 
 
-@pytest.mark.parametrize("preset", ["bf16", "jetrl"])
-def test_train_step_syncs_with_the_host_once(preset, monkeypatch):
+@pytest.mark.parametrize("preset,packing", [("bf16", False), ("jetrl", False), ("jetrl", True)])
+def test_train_step_syncs_with_the_host_once(preset, packing, monkeypatch):
     """No host sync between micro-batches (the launch queue stays ahead of the device): CUDA's sync debug mode
     raises on any sync until the step reads its metrics, non-finite checks and grad norm together."""
     import nemo_jetrl.policy.native as native
 
     model = build_model(TINY, None, DEV, torch.bfloat16).train()
-    cfg = policy_config(train_micro_batch_size=1)
-    policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), DEV, model=model)
+    pack = {"enabled": True, "train_mb_tokens": 256, "logprob_mb_tokens": 256} if packing else {}
+    policy = NativePolicy(policy_config(sequence_packing=pack), PrecisionRecipe.preset(preset), DEV, model=model)
     batch = make_batch(3, 128, TINY["vocab_size"])
+    batch.attention_mask[1, :40] = 0  # a left-padded row
+    batch.response_mask[1, :40] = 0
     policy.train(batch, LOSS)  # warm-up: first-call allocations and kernel compilation may sync
     reads = []
     real_read = native.metrics_to_floats
@@ -93,5 +95,6 @@ def test_train_step_syncs_with_the_host_once(preset, monkeypatch):
         out = policy.train(batch, LOSS)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert reads[0] == 3 + 1  # the first read: the 3 micro-batches' checks and the step's (grad norm, FP8 weights)
-    assert out["num_micro_batches"] == 3.0 and out["grad_norm"] > 0
+    n_micro = 2 if packing else 3  # 128 + 88 tokens share a packed 256-token row
+    assert reads == [2 * n_micro + 1]  # one read: each micro-batch's metrics and checks, the step's checks
+    assert out["num_micro_batches"] == float(n_micro) and out["grad_norm"] > 0
