@@ -24,7 +24,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     LOSS,
-    QWEN3_8B,
     TINY,
     alternating_timings,
     build_model,
@@ -33,6 +32,7 @@ from common import (  # noqa: E402
     report,
 )
 
+from nemo_jetrl.models.random_checkpoint import SHAPES  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
@@ -66,7 +66,8 @@ def train_step_fn(policy: NativePolicy, batch: TrainBatch):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: all 36 of Qwen3-8B)")
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="model shape (random weights)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: all of the shape's)")
     p.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=2)
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    shape, shape_name = SHAPES[args.shape], args.shape
     if args.quick:
         shape, shape_name, args.batch, args.seq_len, args.warmup, args.steps = TINY, "tiny", 2, 128, 1, 2
     info = device_info(device)

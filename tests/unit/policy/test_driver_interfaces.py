@@ -115,3 +115,14 @@ def test_clipped_pg_loss_fn_is_the_loss_with_the_global_normalizer(cfg, token_le
     assert torch.equal(loss, ref) and metrics == ref_metrics
     empty = batch.select(slice(2, 3))
     assert loss_fn.normalizer(empty) == 1.0  # no token: never a division by zero
+
+
+def test_metrics_to_floats_reads_tensors_and_floats_in_order():
+    from nemo_jetrl.policy.interfaces import metrics_to_floats
+
+    metrics = [
+        {"a": torch.tensor(1.5), "b": 2, "c": torch.tensor([3], dtype=torch.long)},
+        {"a": torch.tensor(float("inf")), "d": torch.tensor(True)},
+    ]
+    assert metrics_to_floats(metrics) == [{"a": 1.5, "b": 2.0, "c": 3.0}, {"a": float("inf"), "d": 1.0}]
+    assert metrics_to_floats([{"x": 0.25}]) == [{"x": 0.25}] and metrics_to_floats([]) == []

@@ -1,0 +1,45 @@
+"""trace_gaps: the device's idle gaps in a profiler trace, charged to the host ops that ran in them."""
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+import trace_gaps  # noqa: E402
+
+
+def _trace(tmp_path, gz: bool):
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "kernel", "name": "k2", "ts": 30, "dur": 10},  # gap 10..30 (20 us)
+        {"ph": "X", "cat": "gpu_memset", "name": "m", "ts": 38, "dur": 5},  # overlaps k2: one busy span 30..43
+        {"ph": "X", "cat": "kernel", "name": "k3", "ts": 50, "dur": 10},  # gap 43..50 (7 us)
+        {"ph": "X", "cat": "kernel", "name": "k4", "ts": 62, "dur": 8},  # gap 60..62 (2 us: below the minimum)
+        {"ph": "X", "cat": "cpu_op", "name": "aten::foo", "ts": 5, "dur": 30},  # overlaps the first gap: 20 us
+        {"ph": "X", "cat": "cpu_op", "name": "aten::bar", "ts": 44, "dur": 3},  # inside the second gap: 3 us
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 44, "dur": 2},
+        {"ph": "i", "cat": "kernel", "name": "instant", "ts": 1},  # not a duration event: ignored
+    ]
+    path = tmp_path / ("t.json.gz" if gz else "t.json")
+    with (gzip.open if gz else open)(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return str(path)
+
+
+def test_gaps_busy_time_and_host_ops(tmp_path):
+    for gz in (False, True):
+        out = trace_gaps.report(_trace(tmp_path, gz), min_gap_us=5.0)
+        assert out["gaps"] == 2
+        assert abs(out["idle_ms"] - 0.027) < 1e-9  # 20 + 7 us
+        assert abs(out["busy_ms"] - (10 + 13 + 10 + 8) / 1e3) < 1e-9
+        assert abs(out["span_ms"] - 0.070) < 1e-9
+        assert abs(out["after_sync_ms"] - 0.007) < 1e-9  # the sync overlaps the second gap only
+        assert out["top_ops_ms"] == {"aten::foo": 20.0, "aten::bar": 3.0}  # us, per op name
+
+
+def test_a_trace_without_device_events(tmp_path):
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]))
+    out = trace_gaps.report(str(path))
+    assert out["gaps"] == 0 and out["idle_ms"] == 0.0 and out["busy_ms"] == 0.0
