@@ -330,3 +330,16 @@ def test_bad_tensor_input():
         clipped_pg_loss(logp, old, gen[:, :2], ADV, MASK, _cfg())
     with pytest.raises(ValueError, match="normalizer"):
         clipped_pg_loss(logp, old, gen, ADV, MASK, _cfg(), normalizer=0)
+
+
+def test_metrics_without_a_host_sync_equal_the_synced_ones():
+    logp, old, gen = _inputs()
+    mask = MASK.clone()
+    mask[1] = 0  # a row without tokens
+    _, synced = clipped_pg_loss(logp, old, gen, ADV, mask, _cfg(**IS))
+    _, lazy = clipped_pg_loss(logp, old, gen, ADV, mask, _cfg(**IS), sync_metrics=False)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in lazy.values())
+    assert synced == {k: float(v) for k, v in lazy.items()}
+    _, empty = clipped_pg_loss(logp, old, gen, ADV, torch.zeros_like(mask), _cfg(**IS))
+    assert empty["probs_ratio_min"] == math.inf and empty["probs_ratio_max"] == -math.inf
+    assert empty["num_valid_tokens"] == 0.0 and empty["loss"] == 0.0
