@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from nemo_jetrl.utils.transfer import to_device
+
 try:
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:  # pragma: no cover - torch without the varlen API: the twin runs everywhere
@@ -78,13 +80,8 @@ class PackedRows:
     def to(self, device: torch.device | str) -> PackedRows:
         """On `device` (host -> CUDA through pinned memory, no host sync)."""
         device = torch.device(device)
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            if device.type == "cuda" and t.device.type == "cpu":
-                return t.pin_memory().to(device, non_blocking=True)
-            return t.to(device)
-
-        return PackedRows(move(self.index), move(self.position_ids), move(self.cu_seqlens), self.max_seqlen, self.shape)
+        moved = (to_device(t, device) for t in (self.index, self.position_ids, self.cu_seqlens))
+        return PackedRows(*moved, self.max_seqlen, self.shape)
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, width: int) -> torch.Tensor:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from nemo_jetrl.utils.transfer import to_device
+
 if TYPE_CHECKING:
     from nemo_jetrl.precision import PrecisionRecipe
     from nemo_jetrl.precision.kv import KVScales
@@ -59,13 +61,7 @@ class TrainBatch:
         waits for the device, which would drain the launch queue before every micro-batch)."""
         device = torch.device(device)
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return TrainBatch(**{k: (_to_device(v, device) if v is not None else None) for k, v in values.items()})
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)  # the caching host allocator keeps the pinned source
-    return t.to(device)
+        return TrainBatch(**{k: (to_device(v, device) if v is not None else None) for k, v in values.items()})
 
 
 def split_global_batches(
