@@ -268,16 +268,16 @@ class NativePolicy(PolicyInterface):
                 host_mask=host_mb.attention_mask,
                 **self.kernels,
             )  # [b, w]
-            valid = mb.response_mask.bool()  # [b, w]
-            bad_logps = torch.zeros((), dtype=torch.long, device=logp.device)
+            check = {}
             if from_forward:
                 mb.prev_logprobs = logp.detach().float()
                 forward_logps.append((part, mb.prev_logprobs))
-                bad_logps = (~torch.isfinite(mb.prev_logprobs) & valid).sum()
+                valid = mb.response_mask.bool()  # [b, w]
+                check = {"bad_logps": (~torch.isfinite(mb.prev_logprobs) & valid).sum(), "valid": valid.sum()}
             loss, metrics = loss_fn(logp.float(), mb, normalizer)
             loss.backward()
             per_mb.append(metrics)
-            checks.append({"bad_logps": bad_logps, "valid": valid.sum(), "loss": loss.detach()})
+            checks.append({**check, "loss": loss.detach()})
         # = clip_grad_norm_, split so that a non-finite norm is caught with the gradients still as computed
         params = [p for p in self.model.parameters() if p.grad is not None]
         total_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
@@ -314,7 +314,7 @@ class NativePolicy(PolicyInterface):
         for i, c in enumerate(checks):
             if what is not None:
                 break
-            if c["bad_logps"]:
+            if c.get("bad_logps"):
                 what = f"trainer logprobs ({int(c['bad_logps'])} of {int(c['valid'])} generated tokens)"
             elif not math.isfinite(c["loss"]):
                 what = f"loss (micro-batch {i}, value {c['loss']})"
@@ -336,37 +336,32 @@ class NativePolicy(PolicyInterface):
             if isinstance(module, Fp8Linear):
                 module.invalidate_quantized_weight()
 
-    def _fp8_layers(self) -> list[tuple[str, Fp8Linear]]:
-        modules = self.model.named_modules()
-        return [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
-
-    def _fp8_ok_flags(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per FP8 layer: (its FP8 scales are finite, its master weight is finite) as 0-d bools on the device.
+    def _fp8_ok_flags(self) -> tuple[list[tuple[str, Fp8Linear]], list[torch.Tensor], list[torch.Tensor]]:
+        """The FP8 layers and, per layer, its FP8 scales are finite / its master weight is finite (0-d device bools).
 
         The quantizer ignores NaN for the amax and saturates inf, so a bad master weight can hide behind finite
         scales: both are checked, the master weight through the non-finite count its quantization pass took.
         """
-        layers = self._fp8_layers()
+        modules = self.model.named_modules()
+        layers = [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
         qweights = [m.quantized_weight() for _, m in layers]
         scale_ok = [qw.scale.isfinite().all() for qw in qweights]
         weight_ok = [
             qw.nonfinite == 0 if qw.nonfinite is not None else m.weight.isfinite().all()
             for qw, (_, m) in zip(qweights, layers)
         ]
-        return scale_ok, weight_ok
+        return layers, scale_ok, weight_ok
 
     def _fp8_weights_finite(self) -> torch.Tensor | None:
         """0-d bool: every FP8 layer's scales and master weight are finite (no host sync); None without FP8."""
-        if not self._fp8_layers():
-            return None
-        scale_ok, weight_ok = self._fp8_ok_flags()
-        return torch.stack(scale_ok + weight_ok).all()
+        layers, scale_ok, weight_ok = self._fp8_ok_flags()
+        return torch.stack(scale_ok + weight_ok).all() if layers else None
 
     def _first_nonfinite_fp8_weight(self) -> str:
         """Name of the first FP8 layer whose FP8 scale or master weight is non-finite (after `_fp8_weights_finite`
         said one is)."""
-        scale_ok, weight_ok = self._fp8_ok_flags()
-        for (name, _), s_ok, w_ok in zip(self._fp8_layers(), scale_ok, weight_ok):
+        layers, scale_ok, weight_ok = self._fp8_ok_flags()
+        for (name, _), s_ok, w_ok in zip(layers, scale_ok, weight_ok):
             if not bool(s_ok):
                 return f"FP8 weight scale of {name}"
             if not bool(w_ok):
