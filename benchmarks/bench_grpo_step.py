@@ -91,6 +91,7 @@ def build_variant(name: str, model, prompts, args, device):
     recipe = PrecisionRecipe.preset(preset)
     cfg = policy_config(
         train_causal_attention=args.causal_attention,
+        train_cuda_graphs=args.train_cuda_graphs,
         train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch * 2,
         prev_logprobs_source=source,
@@ -140,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--causal-attention", action="store_true", help="policy.train_causal_attention: true (faster, not bit-exact)"
     )
+    p.add_argument(
+        "--train-cuda-graphs", action="store_true", help="policy.train_cuda_graphs: true for every variant (CUDA)"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         f"GRPO step on {info['device']} ({info.get('clocks')}): {shape_name} shape x {n_layers} layers, "
         f"{args.prompts} sequences, {args.prompt_len} -> {args.gen_len} tokens, micro-batch {args.micro_batch}; "
         f"{args.steps} timed steps after {args.warmup} warm-up, variants alternating"
+        + (", trainer micro-batches in CUDA graphs" if args.train_cuda_graphs else "")
     )
     headers = ["variant", "median s", "min-max s", f"x {results[0]['variant']}", "rollout s", "logprobs s",
                "train s", "refit s", "tmpe"]  # fmt: skip

@@ -80,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         "--fp8-recipe", nargs="+", default=["blockwise"], choices=["blockwise", "rowwise", "tensorwise"],
         help="FP8 variants (policy.fp8_cfg.fp8_recipe); variant 'fp8' for blockwise, 'fp8_<recipe>' otherwise",
     )  # fmt: skip
+    p.add_argument(
+        "--cuda-graphs", default="off", choices=["off", "on", "both"],
+        help="policy.train_cuda_graphs for every variant (on), or each variant eager and '+graphs' (both)",
+    )  # fmt: skip
+    p.add_argument(
+        "--per-linear", action="store_true",
+        help="also 'fp8 per-linear': blockwise FP8 with q/k/v and gate/up as separate GEMMs (the grouping's ablation)",
+    )  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,33 +96,49 @@ def main(argv: list[str] | None = None) -> int:
         shape, shape_name, args.batch, args.seq_len, args.warmup, args.steps = TINY, "tiny", 2, 128, 1, 2
     info = device_info(device)
     batch = make_batch(args.batch, args.seq_len, shape["vocab_size"])
-    cfg = policy_config(train_causal_attention=args.causal_attention)
+    if args.cuda_graphs != "off" and device.type != "cuda":
+        p.error("--cuda-graphs needs a CUDA device")
     variants = [("bf16", PrecisionRecipe.preset("bf16"))] + [
         ("fp8" if name == "blockwise" else f"fp8_{name}", PrecisionRecipe.preset("jetrl", granularity=name))
         for name in args.fp8_recipe
     ]
+    if args.per_linear:
+        variants.append(("fp8 per-linear", PrecisionRecipe.preset("jetrl")))
+    graph_modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
     policies = {  # the same random weights (build_model seeds), one copy per variant, all resident
-        name: NativePolicy(cfg, recipe, device, model=build_model(shape, args.layers, device, torch.bfloat16).train())
+        name + ("+graphs" if graphs and args.cuda_graphs == "both" else ""): NativePolicy(
+            policy_config(train_causal_attention=args.causal_attention, train_cuda_graphs=graphs), recipe, device,
+            model=build_model(shape, args.layers, device, torch.bfloat16).train(),
+        )
+        for graphs in graph_modes
         for name, recipe in variants
-    }
+    }  # fmt: skip
+    for name, policy in policies.items():
+        if "per-linear" in name:
+            for group in {id(m.weight_group): m.weight_group for m in policy.model.modules()
+                          if getattr(m, "weight_group", None) is not None}.values():  # fmt: skip
+                group.train_grouped = False
     steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
     timings = alternating_timings(steps, args.warmup, args.steps, device)
     tokens = batch.input_ids.numel()
     results = []
     for name, t in timings.items():
+        graphs = policies[name].train_graphs
         r = {"variant": name, **t, "tokens_per_s": tokens / t["median_s"], "state_gb": state_gb(policies[name])}
+        r["graph_pool_gb"] = graphs.pool_bytes() / 1e9 if graphs is not None else 0.0
         r["min_max_s"] = f"{t['min_s']:.3f}-{t['max_s']:.3f}"
         results.append(r)
     for r in results:
         r["speedup_vs_bf16"] = results[0]["median_s"] / r["median_s"]
-    n_layers = policies["bf16"].model.config.num_hidden_layers
+    n_layers = next(iter(policies.values())).model.config.num_hidden_layers
     title = (
         f"train step on {info['device']} ({info.get('clocks')}): {shape_name} shape x {n_layers} layers, "
         f"{args.batch} x {args.seq_len} tokens, fwd+bwd+AdamW+requant; {args.steps} timed steps after "
-        f"{args.warmup} warm-up, variants alternating"
+        f"{args.warmup} warm-up, variants alternating, CUDA graphs {args.cuda_graphs}"
     )
-    keys = ["variant", "tokens_per_s", "speedup_vs_bf16", "median_s", "min_max_s", "step_peak_gb", "state_gb"]
-    headers = ["variant", "tok/s", "x bf16", "median s", "min-max s", "step peak GB", "state GB"]
+    keys = ["variant", "tokens_per_s", "speedup_vs_bf16", "median_s", "min_max_s", "step_peak_gb", "graph_pool_gb",
+            "state_gb"]
+    headers = ["variant", "tok/s", "x bf16", "median s", "min-max s", "step peak GB", "graph pool GB", "state GB"]
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0
 

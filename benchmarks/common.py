@@ -108,6 +108,7 @@ def policy_config(**overrides) -> dict:
         "max_grad_norm": 1.0,
         "fused_train_kernels": True,
         "train_causal_attention": False,
+        "train_cuda_graphs": False,
         "prev_logprobs_source": "logprob_forward",
         "optimizer": optimizer,
         "scheduler": None,

@@ -88,6 +88,8 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         )
     if gen["deterministic"] and (spec.backend != "local" or spec.num_seed_shards > 1):
         raise ValueError("policy.generation.deterministic needs the local backend with one rollout batch")
+    if cfg["policy"]["train_cuda_graphs"] and spec.backend != "local":
+        raise ValueError("policy.train_cuda_graphs needs the local backend (cluster.backend: local)")
     if gen["matched_kernels"] and spec.backend != "local":
         raise ValueError("policy.generation.matched_kernels needs the local backend (cluster.backend: local)")
     loss_fn = ClippedPGLossFn(dict(cfg["loss_fn"]))

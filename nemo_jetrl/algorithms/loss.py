@@ -148,10 +148,16 @@ def _sampling_ratio(w: torch.Tensor, m: torch.Tensor, per_sequence: bool) -> tor
 
 
 def _check_normalizer(normalizer: Any) -> None:
+    """A number > 0, or a one-element floating tensor (its value is the caller's to check: reading it would sync
+    the host with the device, and a captured training step passes its normalizer as a device tensor)."""
     if normalizer is None:
         return
-    value = float(normalizer.detach()) if isinstance(normalizer, torch.Tensor) else normalizer
-    if not _is_number(value) or value <= 0:
+    if isinstance(normalizer, torch.Tensor):
+        if normalizer.numel() != 1 or not normalizer.is_floating_point():
+            raise ValueError(f"a tensor normalizer must be one floating value, got {tuple(normalizer.shape)} "
+                             f"{normalizer.dtype}")  # fmt: skip
+        return
+    if not _is_number(normalizer) or normalizer <= 0:
         raise ValueError(f"normalizer must be a number > 0 (the global token/sequence count), got {normalizer!r}")
 
 

@@ -54,6 +54,23 @@ def vllm_missing_reason() -> str | None:
     return None
 
 
+def cpu_fp8_kv_missing_reason(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """Why vLLM's CPU build cannot hold an FP8 KV cache on this machine (it needs x86 AVX-512 or AMX), or None
+    (also when the CPU flags cannot be read: vLLM then says so itself)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    if flags is None or {"avx512f", "amx_tile"} & set(flags):
+        return None
+    return (
+        "policy.generation.kv_cache_dtype: fp8 with backend: vllm on CPU needs x86 AVX-512 or AMX (vLLM's CPU FP8 KV "
+        "cache), which this CPU lacks: set policy.generation.kv_cache_dtype=auto, or backend=native (the built-in "
+        "engine's FP8 KV cache runs on any CPU)"
+    )
+
+
 @torch.library.custom_op("jetrl::vllm_fp8_linear", mutates_args=())
 def _vllm_fp8_linear(
     x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, block: int, pow2: bool
@@ -161,6 +178,8 @@ class VllmGenerationEngine(GenerationInterface):
                 f"fp8_recipe {recipe.granularity!r} with backend: vllm is not supported: the adapter exports the "
                 "trainer's 128x128 FP8 weights only; use backend: native or fp8_recipe: blockwise"
             )
+        if kv_cache_dtype == "fp8" and not torch.cuda.is_available() and (reason := cpu_fp8_kv_missing_reason()):
+            raise ValueError(reason)
         self.model, self.tokenizer, self.recipe = model, tokenizer, recipe
         self.max_new_tokens, self.max_total_length = int(max_new_tokens), int(max_total_length)
         self.temperature, self.stop_token_ids = float(temperature), [int(t) for t in stop_token_ids]

@@ -45,6 +45,7 @@ from nemo_jetrl.models import batch_invariant_attention
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.logprobs import token_logprobs
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
+from nemo_jetrl.models.sdpa import sdpa
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
@@ -133,9 +134,9 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     """Causal attention, no mask: q [B, H, S, D], k/v [B, H_kv, S, D] -> [B, H, S, D]. Grouped K/V are read
     in place by the half-precision kernels (enable_gqa); FP32 repeats them (no GQA kernel takes FP32)."""
     if q.dtype in (torch.float16, torch.bfloat16):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        return sdpa(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True, scale=scale)
+    return sdpa(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True, scale=scale)
 
 
 def _self_attention(
@@ -196,7 +197,7 @@ def _self_attention(
             k, v = kv_cache.update(layer_idx, k, v, cache_start)  # [B, H_kv, S_k, D]
         n_rep = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # [B, H, S_k, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # [B, H, S, D]
+        out = sdpa(q, k, v, attn_mask=mask, scale=attn.scaling)  # [B, H, S, D]
     out = out.transpose(1, 2).reshape(bsz, seq, -1)  # [B, S, H * D]
     return attn.o_proj(out)
 
@@ -251,12 +252,14 @@ def decoder_forward(
     fused_train: bool = False,
     causal_attention: bool = False,
     packed: PackedRows | None = None,
+    right_padded: bool | None = None,
 ) -> torch.Tensor:
     """Hidden states after the final norm, [B, S, H].
 
     fused: the rollout fast path (module docstring); needs tensors Triton can run. fused_train: the trainer's
     differentiable glue kernels. causal_attention: causal SDPA without a mask when there is no cache and no row
-    has a pad before a real token (else the explicit mask, as always). packed: one packed row (B = 1, no cache,
+    has a pad before a real token (else the explicit mask, as always); `right_padded` says so where the caller
+    knows (None: checked on the device, a host sync a captured step cannot make). packed: one packed row (B = 1, no cache,
     position_ids = packed.position_ids) attending per sequence (models/packed.py).
 
     input_ids / position_ids: [B, S]; attention_mask: [B, S_total] (1 real, 0 pad) over every key the queries may
@@ -291,7 +294,8 @@ def decoder_forward(
     with _compute_context(model, input_ids.device, compute_dtype):
         x = backbone.embed_tokens(input_ids)  # [B, S, H]
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
-        causal = causal_attention and kv_cache is None and _right_padded(attention_mask)
+        causal = causal_attention and kv_cache is None
+        causal = causal and (_right_padded(attention_mask) if right_padded is None else right_padded)
         key_valid = attention_mask.bool() if parts.attention else None  # [B, S_total]
         mask = None if causal or parts.attention else _attention_mask(attention_mask, seq, cache_start)  # [B,1,S,S_k]
         mask = packed if packed is not None else mask
@@ -403,7 +407,7 @@ def _sequence_logprobs(
     position_ids = position_ids_from_mask(attention_mask)
     hidden = decoder_forward(
         model, input_ids, position_ids, attention_mask, attn_hook=attn_hook, compute_dtype=compute_dtype,
-        fused_train=fused_train, causal_attention=causal_attention,
+        fused_train=fused_train, causal_attention=causal_attention, right_padded=True if causal_attention else None,
     )  # [B, S, H]  # fmt: skip
     hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
     targets = input_ids[:, 1:]  # [B, S-1]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from nemo_jetrl.models.sdpa import sdpa
 from nemo_jetrl.utils.transfer import to_device
 
 try:
@@ -119,7 +120,7 @@ def varlen_causal_attention(
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # [1, H, T, D]
     if kwargs is None:  # the twin
         mask = block_causal_mask(packed.cu_seqlens.to(q.device), q.shape[2])  # [1, 1, T, T]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return sdpa(q, k, v, attn_mask=mask, scale=scale)
     cu = packed.cu_seqlens.to(q.device)
     q3, k3, v3 = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))  # [T, H(_kv), D]
     out = varlen_attn(q3, k3, v3, cu, cu, packed.max_seqlen, packed.max_seqlen, **kwargs)  # [T, H, D]

@@ -86,6 +86,10 @@ class PolicyConfig(Section):
     max_grad_norm: PositiveFloat | None = 1.0  # null = no clipping
     fused_train_kernels: bool = True  # CUDA trainer: RMSNorm / q-k-norm+RoPE / SiLU*up as fused fwd+bwd kernels
     train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
+    # CUDA trainer (local backend): each micro-batch shape's forward + loss + backward captured in a CUDA graph and
+    # replayed (policy/train_graphs.py): far fewer host launches (the FP8 trainer is host-bound at small widths);
+    # one micro-batch's activations stay reserved between steps
+    train_cuda_graphs: bool = False
     # prev_logprobs (the trainer's logprobs of the rollout tokens): a separate no-grad forward before training, or the
     # training forward itself (one forward less per step; needs one optimizer step per GRPO step, local backend);
     # auto: train_forward where both hold, else logprob_forward (resolved at validation)
@@ -142,10 +146,23 @@ class PolicyConfig(Section):
                 "policy.sequence_packing.enabled and policy.dynamic_batching.enabled exclude each other (as in "
                 "NeMo-RL): set one of them false"
             )
-        problems += self._exact_mode_problems()
+        problems += self._exact_mode_problems() + self._train_graph_problems()
         if problems:
             raise KeyedValueError("; ".join(problems))
         return self
+
+    def _train_graph_problems(self) -> list[str]:
+        """What `train_cuda_graphs: true` cannot capture (it would run eagerly: refused instead of ignored)."""
+        if not self.train_cuda_graphs:
+            return []
+        problems = []
+        if self.sequence_packing.enabled:
+            problems.append("policy.train_cuda_graphs: true cannot capture packed micro-batches (each packing is its "
+                            "own varlen layout): set policy.sequence_packing.enabled: false")  # fmt: skip
+        if self.generation.deterministic:
+            problems.append("policy.train_cuda_graphs: true is not supported with policy.generation.deterministic: "
+                            "true (the exact mode's trainer runs eagerly)")  # fmt: skip
+        return problems
 
     def _exact_mode_problems(self) -> list[str]:
         """What `policy.generation.deterministic: true` (batch-invariant kernels, trainer == rollout bitwise) or

@@ -7,6 +7,7 @@ so in unified FP8 the rollout uses the trainer's cached FP8 weight bits and scal
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from nemo_jetrl.policy.interfaces import (
 )
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
+from nemo_jetrl.policy.train_graphs import MicroBatchGraphs, batch_key, requantize_fp8_in_place
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 from nemo_jetrl.utils.checkpoint import first_nonfinite
@@ -153,6 +155,11 @@ class NativePolicy(PolicyInterface):
         )
         self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
+        self.train_graphs: MicroBatchGraphs | None = None  # policy.train_cuda_graphs (policy/train_graphs.py)
+        if policy_cfg.get("train_cuda_graphs"):
+            if device.type != "cuda":
+                raise ValueError(f"policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on {device}")
+            self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
 
     @property
     def has_reference(self) -> bool:
@@ -199,9 +206,20 @@ class NativePolicy(PolicyInterface):
             raise ValueError("train_kv_fake_quant needs KV scales first: call calibrate_kv_scales / set_kv_scales")
         return make_attn_hook(self.kv_calibrator if calibrate else None, fake)
 
+    def _captured_inputs(self) -> list[torch.Tensor]:
+        """Tensors besides the model's that captured micro-batches read: the K/V fake-quant scales."""
+        return [] if self.kv_scales is None else [self.kv_scales.q, self.kv_scales.k, self.kv_scales.v]
+
     def set_kv_scales(self, scales: KVScales) -> None:
-        """The scales the rollout runs with from now on (the trainer's K/V fake-quant mirrors them)."""
-        self.kv_scales = scales.to(self.device)
+        """The scales the rollout runs with from now on (the trainer's K/V fake-quant mirrors them); written into
+        the tensors already held when training micro-batches are captured (they read them where they lie)."""
+        new = scales.to(self.device)
+        held = self.kv_scales
+        if self.train_graphs is not None and held is not None and held.k.shape == new.k.shape:
+            for name in ("q", "k", "v"):
+                getattr(held, name).copy_(getattr(new, name))
+        else:
+            self.kv_scales = new
 
     @torch.no_grad()
     def calibrate_kv_scales(self, batch: TrainBatch) -> KVScales:
@@ -252,32 +270,48 @@ class NativePolicy(PolicyInterface):
         normalizer = loss_fn.normalizer(batch)
         self._last_train_batch = batch if self.kv_calibration_pass == "post_step" else None
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        graphs = self.train_graphs
+        self.optimizer.zero_grad(set_to_none=graphs is None)  # captured backwards accumulate into kept gradients
+        if graphs is not None:
+            graphs.check_state()
         fp8_ok = self._fp8_weights_finite()  # 0-d bool (None without FP8 layers), read with the metrics
-        per_mb, checks, forward_logps = [], [], []
+        calibrating = from_forward and self._kv_fused()  # the forward observes Q/K/V: host-side state, eager
+        attn_hook = self._attn_hook(calibrate=calibrating)
+
+        def micro_batch(mb: TrainBatch, norm: torch.Tensor | float):
+            """Forward, loss, backward of one micro-batch on the device -> (its logprobs when they are prev_logprobs,
+            {metric: 0-d tensor, plus the non-finite checks as check/*})."""
+            logp = sequence_logprobs(
+                self.model, mb.input_ids, mb.attention_mask, temperature=self.temperature,
+                compute_dtype=self.compute_dtype, attn_hook=attn_hook, host_mask=host_mb.attention_mask,
+                **self.kernels,
+            )  # [b, w]  # fmt: skip
+            check, prev = {}, None
+            if from_forward:
+                prev = logp.detach().float()
+                mb = dataclasses.replace(mb, prev_logprobs=prev)
+                valid = mb.response_mask.bool()  # [b, w]
+                check = {"check/bad_logps": (~torch.isfinite(prev) & valid).sum(), "check/valid": valid.sum()}
+            loss, metrics = loss_fn(logp.float(), mb, norm)
+            loss.backward()
+            return prev, {**metrics, **check, "check/loss": loss.detach()}
+
+        # On CUDA the normalizer is a device scalar (as a captured micro-batch needs it: same bits either way).
+        per_mb, checks, forward_logps, graphed = [], [], [], 0
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "train"):
             host_mb = batch.window(part.rows, part.cols)
-            mb = host_mb.to(self.device)
-            logp = sequence_logprobs(
-                self.model,
-                mb.input_ids,
-                mb.attention_mask,
-                temperature=self.temperature,
-                compute_dtype=self.compute_dtype,
-                attn_hook=self._attn_hook(calibrate=from_forward and self._kv_fused()),
-                host_mask=host_mb.attention_mask,
-                **self.kernels,
-            )  # [b, w]
-            check = {}
-            if from_forward:
-                mb.prev_logprobs = logp.detach().float()
-                forward_logps.append((part, mb.prev_logprobs))
-                valid = mb.response_mask.bool()  # [b, w]
-                check = {"bad_logps": (~torch.isfinite(mb.prev_logprobs) & valid).sum(), "valid": valid.sum()}
-            loss, metrics = loss_fn(logp.float(), mb, normalizer)
-            loss.backward()
-            per_mb.append(metrics)
-            checks.append({**check, "loss": loss.detach()})
+            if graphs is not None and not calibrating:
+                key = batch_key(host_mb, from_forward, attn_hook is not None)
+                prev, outputs = graphs.run(key, host_mb, normalizer, micro_batch)
+                graphed += 1
+            else:
+                mb = host_mb.to(self.device)
+                norm = torch.full((), normalizer, device=self.device) if self.device.type == "cuda" else normalizer
+                prev, outputs = micro_batch(mb, norm)
+            if prev is not None:
+                forward_logps.append((part, prev))
+            per_mb.append({k: v for k, v in outputs.items() if not k.startswith("check/")})
+            checks.append({k.removeprefix("check/"): v for k, v in outputs.items() if k.startswith("check/")})
         # = clip_grad_norm_, split so that a non-finite norm is caught with the gradients still as computed
         params = [p for p in self.model.parameters() if p.grad is not None]
         total_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
@@ -292,7 +326,10 @@ class NativePolicy(PolicyInterface):
         if self.cfg["max_grad_norm"] is not None:
             torch.nn.utils.clip_grads_with_norm_(params, float(self.cfg["max_grad_norm"]), total_norm)
         self.optimizer.step()
-        self._invalidate_fp8_weights()
+        if graphs is not None:  # the captured micro-batches read the FP8 weights where they lie
+            requantize_fp8_in_place(self.model.modules())
+        else:
+            self._invalidate_fp8_weights()
         self.step += 1
         sums: dict[str, float] = {}
         for metrics in per_mb:
@@ -303,6 +340,8 @@ class NativePolicy(PolicyInterface):
         if "loss" in sums:
             out["loss"] = sums["loss"]
         out.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], num_micro_batches=float(n_micro))
+        if graphs is not None:  # micro-batches that went through the graphs (the rest observed Q/K/V, eagerly)
+            out["cuda_graph_micro_batch_fraction"] = graphed / n_micro
         return out
 
     def _raise_if_nonfinite(self, checks: list[dict[str, float]], step_checks: dict[str, float]) -> None:

@@ -307,6 +307,22 @@ class Fp8Linear(nn.Module):
         self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size, nonfinite, granularity)
         self._qweight_key = key
 
+    def requantize_in_place(self) -> None:
+        """Re-quantize the master weight into the cached FP8 tensors themselves (`QuantizedWeight.refill`), the
+        group's shared buffer for a grouped layer; a fresh cache where none is held or the master weight's storage,
+        shape or dtype changed (a captured step that read the old tensors then sees them replaced)."""
+        if self.weight_group is not None:
+            self.weight_group.requantize_in_place()
+            return
+        key = self.weight_key()
+        if self._qweight is None or self._qweight_key is None or key[1:] != self._qweight_key[1:]:
+            self.invalidate_quantized_weight()
+            self.quantized_weight()
+            return
+        data, scale, nonfinite = self.quantize_weight()
+        self._qweight.refill(data, scale, nonfinite)
+        self._qweight_key = key
+
     def invalidate_quantized_weight(self) -> None:
         """Drop the cache (for weight writes that bypass the version counter, e.g. through `.data`)."""
         self._qweight, self._qweight_key = None, None

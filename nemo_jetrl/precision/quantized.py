@@ -36,6 +36,25 @@ class QuantizedWeight:
             self._cache["scale_t"] = self.scale.t().contiguous()
         return self._cache["data_t"], self._cache["scale_t"]
 
+    def refill(
+        self, data: torch.Tensor | None = None, scale: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
+    ) -> None:
+        """Write a fresh quantization of the same weight into these very tensors, and refresh the cached transpose /
+        dequantized copy from them in place: whatever baked their addresses (a captured training step,
+        `policy/train_graphs.py`) reads the new bits. None leaves that part as it is (a weight group's members
+        write their rows of the shared buffer themselves)."""
+        with torch.no_grad():
+            for mine, fresh in ((self.data, data), (self.scale, scale), (self.nonfinite, nonfinite)):
+                if fresh is not None and mine is not None:
+                    mine.copy_(fresh)
+            if "data_t" in self._cache:
+                self._cache["data_t"].copy_(self.data.t())
+                self._cache["scale_t"].copy_(self.scale.t())
+            if "dequant" in self._cache:
+                wd = self._cache.pop("dequant")
+                wd.copy_(self.dequantized())  # recomputed, then written where the old copy lives
+                self._cache["dequant"] = wd
+
     def dequantized(self, transposed: bool = False) -> torch.Tensor | None:
         """fp32 dequant(W) [N, K] (or W^T [K, N]) for the emulated GEMM; None where scaled_mm runs. Cached."""
         if gemm_backend(self.data.device) != "emulated":

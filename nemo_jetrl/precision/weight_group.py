@@ -4,9 +4,9 @@ Linears that read the same activation can share one FP8 weight buffer: `Fp8Weigh
 together into e4m3 [sum N_i, K] (+ fp32 scales [sum N_i / 128, K / 128]) and gives each member a row-slice view
 as its `QuantizedWeight`. Every 128x128 tile (or row, rowwise) lies inside one member (each N_i is a multiple of
 128), so the bits are exactly those each member would quantize alone (tensorwise: each member's own scale, given
-to its rows of the buffer); the trainer's per-linear FProp/DGrad/WGrad read the views
-and the rollout's fast path reads the whole buffer in ONE GEMM (`project_shared_input(..., grouped=True)`): no
-copy of any weight, one launch instead of three (q/k/v) or two (gate/up) per layer. At decode sizes (M = 64-256
+to its rows of the buffer); the per-linear paths read the views, while the rollout's fast path
+(`project_shared_input(..., grouped=True)`) and the CUDA trainer (`grouped_linear.py`: FProp, DGrad and WGrad)
+read the whole buffer in ONE GEMM: no copy of any weight, one launch instead of three (q/k/v) or two (gate/up). At decode sizes (M = 64-256
 rows) a launch streams the weights well below HBM speed, so one wide GEMM beats several narrow ones.
 
 Grouping is decided once, at conversion (`group_sibling_linears`): members must be FP8 `Fp8Linear`s of one
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nemo_jetrl.precision.gemm import no_autocast
+from nemo_jetrl.precision.grouped_linear import grouped_train_projections, trains_grouped
 from nemo_jetrl.precision.linear import (
     Fp8Linear,
     QuantizedInput,
@@ -44,6 +45,7 @@ class Fp8WeightGroup:
             raise ValueError(f"Fp8WeightGroup: {problem}")
         self.members = members
         self.splits = tuple(m.out_features for m in members)  # N_i
+        self.train_grouped = True  # the CUDA trainer runs the members as one GEMM per pass (False: per linear)
         self._keys: tuple | None = None
         self._qweight: QuantizedWeight | None = None  # the whole buffer; None while members hold their own
         self._bias: torch.Tensor | None = None
@@ -76,8 +78,31 @@ class Fp8WeightGroup:
                 m.set_quantized_weight(d, s, key, c)
         self._keys = keys
 
+    def requantize_in_place(self) -> None:
+        """`refresh` into the buffers already held (`Fp8Linear.requantize_in_place`): each member's rows of the
+        shared buffer (or its own tensors) are rewritten in place; a fresh `refresh` when nothing is held or a
+        member's master weight changed storage, shape or dtype."""
+        self._bias_key = None  # the rollout's grouped GEMM re-reads the biases too
+        keys = tuple(m.weight_key() for m in self.members)
+        held = self._keys is not None and all(m._qweight is not None for m in self.members)
+        if not held or any(k[1:] != old[1:] for k, old in zip(keys, self._keys)):
+            self.invalidate()
+            self.refresh()
+            return
+        pieces = [m.quantize_weight() for m in self.members]  # [(e4m3 [N_i, K], fp32 scale, count)]
+        for m, (data, scale, count), key in zip(self.members, pieces, keys):
+            m._qweight.refill(data, scale, count)  # a member's data / scale: row views of the shared buffer
+            m._qweight_key = key
+        if self._qweight is not None:
+            scale = None
+            if self._qweight.granularity == "tensorwise":  # the buffer's [sum N_i, 1] is its own copy
+                scale = torch.cat([s.expand(n, 1) for (_, s, _), n in zip(pieces, self.splits)])
+            self._qweight.refill(None, scale, sum(c for _, _, c in pieces))
+        self._keys = keys
+
     def invalidate(self) -> None:
-        self._keys, self._qweight = None, None
+        """Drop the shared buffer and the cached bias (an optimizer that bumps no version counter wrote them)."""
+        self._keys, self._qweight, self._bias_key = None, None, None
         for m in self.members:
             m._qweight, m._qweight_key = None, None
 
@@ -173,11 +198,16 @@ def project_shared_input(
     or a rollout replica's `Fp8RolloutGroup`: anything with `members`, `splits`, `quantized_weight()`, `bias()`),
     the projections are ONE GEMM over the shared buffer, returned as column views [*lead, N_i] of its
     [*lead, sum N_i] output (same products per output element; the accumulation order may differ from separate
-    GEMMs in the last bits).
+    GEMMs in the last bits). The CUDA trainer's blockwise FP8 members run grouped too, forward and backward
+    (`grouped_linear.trains_grouped`).
     """
     linears = tuple(linears)
-    xin = x if isinstance(x, QuantizedInput) else quantize_shared_input(x, linears)
     group = getattr(linears[0], "weight_group", None)
+    if isinstance(x, torch.Tensor) and trains_grouped(x, linears, group):  # the trainer: one GEMM per pass
+        ys = grouped_train_projections(x, group)
+        if ys is not None:
+            return ys
+    xin = x if isinstance(x, QuantizedInput) else quantize_shared_input(x, linears)
     if grouped and isinstance(xin, QuantizedInput) and group is not None and group.members == linears:
         qweight = group.quantized_weight()
         if qweight is not None:

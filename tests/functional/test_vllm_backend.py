@@ -11,7 +11,7 @@ import torch
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.config import load_config, validate_config
-from nemo_jetrl.generation.vllm_engine import vllm_missing_reason
+from nemo_jetrl.generation.vllm_engine import cpu_fp8_kv_missing_reason, vllm_missing_reason
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
@@ -38,6 +38,10 @@ def _steps(run: grpo.GrpoSetup, n: int) -> list[dict[str, float]]:
 
 @pytest.fixture(scope="module")
 def fp8_kv_run(tmp_path_factory):
+    if not torch.cuda.is_available() and (reason := cpu_fp8_kv_missing_reason()):
+        with pytest.raises(ValueError, match="needs x86 AVX-512 or AMX"):  # refused by name, before vLLM starts
+            _setup(tmp_path_factory.mktemp("vllm_fp8_kv_refused"))
+        pytest.skip(reason)
     run = _setup(tmp_path_factory.mktemp("vllm_fp8_kv"))
     history = _steps(run, 3)
     yield run, history

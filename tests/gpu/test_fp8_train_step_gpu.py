@@ -67,19 +67,25 @@ def test_grouped_training_gemms_match_per_linear_ones(wgrad_x_blocks):
     assert all(rel(a, b) < 1e-2 for a, b in zip(dw1, dw0))
 
 
-@pytest.mark.parametrize("preset,packing", [("bf16", False), ("jetrl", False), ("jetrl", True)])
-def test_train_step_syncs_with_the_host_once(preset, packing, monkeypatch):
+@pytest.mark.parametrize(
+    "preset,packing,graphs",
+    [("bf16", False, False), ("jetrl", False, False), ("jetrl", True, False), ("jetrl", False, True)],
+)
+def test_train_step_syncs_with_the_host_once(preset, packing, graphs, monkeypatch):
     """No host sync between micro-batches (the launch queue stays ahead of the device): CUDA's sync debug mode
-    raises on any sync until the step reads its metrics, non-finite checks and grad norm together."""
+    raises on any sync until the step reads its metrics, non-finite checks and grad norm together. With
+    policy.train_cuda_graphs the checked step replays every micro-batch (warm-up steps ran it eagerly and captured it)."""
     import nemo_jetrl.policy.native as native
 
     model = build_model(TINY, None, DEV, torch.bfloat16).train()
     pack = {"enabled": True, "train_mb_tokens": 256, "logprob_mb_tokens": 256} if packing else {}
-    policy = NativePolicy(policy_config(sequence_packing=pack), PrecisionRecipe.preset(preset), DEV, model=model)
+    cfg = policy_config(sequence_packing=pack, train_cuda_graphs=graphs)
+    policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), DEV, model=model)
     batch = make_batch(3, 128, TINY["vocab_size"])
     batch.attention_mask[1, :40] = 0  # a left-padded row
     batch.response_mask[1, :40] = 0
-    policy.train(batch, LOSS)  # warm-up: first-call allocations and kernel compilation may sync
+    for _ in range(2 if graphs else 1):  # warm-up: first-call allocations, kernel compilation, captures may sync
+        policy.train(batch, LOSS)
     reads = []
     real_read = native.metrics_to_floats
 
@@ -98,3 +104,5 @@ def test_train_step_syncs_with_the_host_once(preset, packing, monkeypatch):
     n_micro = 2 if packing else 3  # 128 + 88 tokens share a packed 256-token row
     assert reads == [2 * n_micro + 1]  # one read: each micro-batch's metrics and checks, the step's checks
     assert out["num_micro_batches"] == float(n_micro) and out["grad_norm"] > 0
+    if graphs:
+        assert out["cuda_graph_micro_batch_fraction"] == 1.0 and policy.train_graphs.captures == 1  # one shape

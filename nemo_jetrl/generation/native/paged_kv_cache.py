@@ -26,6 +26,7 @@ from torch import nn
 from nemo_jetrl.generation.native.decode_attention import decode_attention, decode_attention_ref, write_decode_kv
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache, LayerKvScales, encode_kv, model_head_dim
 from nemo_jetrl.models.batch_invariant_attention import gather_pages, paged_attention
+from nemo_jetrl.models.sdpa import sdpa
 
 
 def paged_decode_attention_ref(
@@ -191,7 +192,5 @@ class PagedKVCache(LayerKvScales):
             n_rep = q.shape[1] // keys.shape[1]
             keys, values = keys.repeat_interleave(n_rep, 1), values.repeat_interleave(n_rep, 1)  # [1, H, n, D]
             allowed = torch.ones((1, 1, 1, n), dtype=torch.bool, device=q.device)
-            out[b : b + 1] = F.scaled_dot_product_attention(
-                q[b : b + 1], keys, values, attn_mask=allowed, scale=sm_scale
-            )
+            out[b : b + 1] = sdpa(q[b : b + 1], keys, values, attn_mask=allowed, scale=sm_scale)
         return out

@@ -38,10 +38,11 @@ def test_every_variant_is_measured_on_every_generated_token(results):
         assert 0.0 <= r["exact_token_fraction"] <= 1.0 and r["token_mult_prob_error"] >= 1.0
 
 
-def test_rollout_only_fp8_mismatches_most_and_bf16_least(results):
+def test_rollout_only_fp8_mismatches_most(results):
     tmpe = {k: r["token_mult_prob_error"] for k, r in results.items()}
-    assert tmpe["fp8 rollout only"] > tmpe["unified fp8 (jetrl)"] > tmpe["bf16"]
-    assert tmpe["bf16"] < 1.005 < 1.01 < tmpe["fp8 rollout only"]  # measured 1.0013 and 1.02
+    assert tmpe["fp8 rollout only"] > max(tmpe["unified fp8 (jetrl)"], tmpe["bf16"])
+    # measured 1.0 (unified: the same bits on both sides) / 1.0002 (bf16) and 1.02 (rollout-only FP8)
+    assert max(tmpe["bf16"], tmpe["unified fp8 (jetrl)"]) < 1.005 < 1.01 < tmpe["fp8 rollout only"]
     assert results["fp8 rollout only"]["exact_token_fraction"] == 0.0
     exact = results["jetrl_kv, exact"]
     assert exact["exact_token_fraction"] == 1.0 and exact["token_mult_prob_error"] == 1.0 and exact["gen_kl_error"] == 0

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
@@ -95,14 +96,15 @@ def test_greedy_matches_hf_fp32_with_stop_tokens(tiny_model, prompts):
 def test_greedy_matches_hf_bf16(tiny_model, prompts):
     # compute_dtype=bf16 over fp32 params == HF generate under the same CPU autocast, token for token
     out = engine(tiny_model, compute_dtype=torch.bfloat16).generate(prompts, greedy=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.MATH):  # our CPU attention kernel
         ref = hf_greedy(tiny_model, prompts, [])
     assert torch.equal(out.input_ids, ref)
     assert not torch.equal(out.input_ids, engine(tiny_model).generate(prompts, greedy=True).input_ids)  # bf16 differs
     # a model cast to bf16 == HF on that bf16 model
     bf16_model = copy.deepcopy(tiny_model).to(torch.bfloat16)
     out = engine(bf16_model).generate(prompts, greedy=True)
-    assert torch.equal(out.input_ids, hf_greedy(bf16_model, prompts, []))
+    with sdpa_kernel(SDPBackend.MATH):
+        assert torch.equal(out.input_ids, hf_greedy(bf16_model, prompts, []))
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["prefix", "static"])

@@ -102,3 +102,16 @@ def test_sleep_mode_needs_cuda():
             compute_dtype=torch.float32, kv_cache_dtype=None, enforce_eager=True, seed=0,
             weights_version=lambda: 0, sleep_level=2,
         )  # fmt: skip
+
+
+def test_cpu_fp8_kv_cache_needs_avx512_or_amx(tmp_path):
+    from nemo_jetrl.generation.vllm_engine import cpu_fp8_kv_missing_reason
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert "needs x86 AVX-512 or AMX" in cpu_fp8_kv_missing_reason(str(info))
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 avx512f\n")
+    assert cpu_fp8_kv_missing_reason(str(info)) is None
+    info.write_text("flags\t\t: avx2 amx_tile amx_bf16\n")
+    assert cpu_fp8_kv_missing_reason(str(info)) is None
+    assert cpu_fp8_kv_missing_reason(str(tmp_path / "absent")) is None  # unreadable: vLLM's own error stands

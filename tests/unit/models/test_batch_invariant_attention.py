@@ -126,6 +126,11 @@ CHILD = textwrap.dedent(
     lse = K.row_logsumexp(x)
     r["lse_rel"] = rel(lse, logsumexp_ref(x))
     r["lse_row"] = torch.equal(K.row_logsumexp(x[2:3])[0], lse[2])
+    # the interpreter's tl.dot is numpy's matmul on the tiles: whether its BLAS gives a tile's rows the same bits
+    # at every tile shape (OpenBLAS's FMA kernels on some CPUs do not)
+    import numpy as np
+    a, c = np.random.default_rng(0).standard_normal((2, 128, 128), dtype=np.float32)
+    r["blas_tile_invariant"] = bool(np.array_equal((a @ c)[:1], a[:1] @ c) and np.array_equal((a @ c)[:64], a[:64] @ c))
     print(json.dumps(r))
     """
 )
@@ -134,8 +139,11 @@ CHILD = textwrap.dedent(
 def test_triton_attention_and_logsumexp_in_the_interpreter(run_interpreted):
     pytest.importorskip("triton")
     r = run_interpreted(CHILD)
-    assert all(r["prefill"]) and all(r["decode"]) and len(r["decode"]) == 10
-    assert max(r["rel"]) < 1e-6 and r["lse_rel"] < 1e-6 and r["lse_row"]
+    assert len(r["decode"]) == 10 and max(r["rel"]) < 1e-6 and r["lse_rel"] < 1e-6 and r["lse_row"]
+    # prefill / decode rows equal to the full pass bitwise need a BLAS whose tile products do not depend on the
+    # tile shape (tests/gpu/test_batch_invariant_gpu.py checks the compiled kernels bitwise everywhere)
+    if r["blas_tile_invariant"]:
+        assert all(r["prefill"]) and all(r["decode"])
 
 
 def _paged_case(dtype, page: int, lengths: list[int], seed: int = 0):

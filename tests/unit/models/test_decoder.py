@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -101,7 +102,7 @@ def test_forward_bf16_autocast_matches_hf_autocast():
     with torch.no_grad():
         hidden = decoder_forward(model, ids, position_ids_from_mask(mask), mask, compute_dtype=torch.bfloat16)
         ours = compute_logits(model, hidden, compute_dtype=torch.bfloat16).float()  # bf16 logits, exactly upcast
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.MATH):  # our CPU attention kernel
             ref = hf_logits(model, ids, mask).float()
     # Same ops in the same order under the same autocast: identical on CPU (measured max diff 0).
     diff = (ours - ref)[mask.bool()].abs().max().item()

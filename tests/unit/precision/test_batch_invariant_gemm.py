@@ -101,6 +101,12 @@ CHILD = textwrap.dedent(
     outs = [T.mm(x, w, b, config=c) for c in ((64, 128, 4, 4), (128, 128, 8, 3))]
     r["mm_rel"] = max(rel(o, mm_ref(x, w, b)) for o in outs)
     r["mm_equal"] = torch.equal(outs[0], outs[1]) and torch.equal(T.mm(x[5:6], w, b)[0], outs[0][5])
+    r["mm_row_alone_equal"] = torch.equal(T.mm(x[5:6], w, b)[0], outs[0][5])
+    # the interpreter's tl.dot is numpy's matmul on the tiles: whether its BLAS gives a tile's rows the same bits
+    # at every tile shape (OpenBLAS's FMA kernels on some CPUs do not)
+    import numpy as np
+    a, c = np.random.default_rng(0).standard_normal((2, 128, 128), dtype=np.float32)
+    r["blas_tile_invariant"] = bool(np.array_equal((a @ c)[:64, :64], a[:64] @ c[:, :64]))
     print(json.dumps(r))
     """
 )
@@ -109,5 +115,9 @@ CHILD = textwrap.dedent(
 def test_triton_kernels_in_the_interpreter(run_interpreted):
     pytest.importorskip("triton")
     r = run_interpreted(CHILD)
-    assert r["fp8_all_equal"] and r["fp8_row_alone_equal"] and r["mm_equal"]
+    assert r["fp8_row_alone_equal"] and r["mm_row_alone_equal"]
+    # equal bits across tile configs need a BLAS whose tile products do not depend on the tile shape (the GPU test,
+    # tests/gpu/test_batch_invariant_gpu.py, checks the compiled kernels bitwise everywhere)
+    if r["blas_tile_invariant"]:
+        assert r["fp8_all_equal"] and r["mm_equal"]
     assert r["fp8_rel"] < 1e-6 and r["mm_rel"] < 1e-6

@@ -164,3 +164,16 @@ def test_rollout_replica_siblings_share_one_buffer_that_loads_update():
     for a, b, c in zip(fused, separate, own):
         assert torch.equal(b, c)  # the shared quantization is bitwise each one's own
         assert ((a - b).norm() / b.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("drop", ["invalidate", "requantize_in_place"])
+def test_the_trainers_cache_drop_after_a_step_also_drops_the_concatenated_bias(drop):
+    ms = linears((128, 128), bias=True)
+    group = Fp8WeightGroup(ms)
+    group.quantized_weight()
+    before = group.bias().clone()
+    ms[1].bias.data.add_(1.0)  # as the fused AdamW writes: no version counter bumped
+    assert torch.equal(group.bias(), before)  # the (version, pointer) key cannot see it...
+    getattr(group, drop)()  # ...so the trainer's drop after every optimizer step must
+    assert torch.equal(group.bias(), torch.cat([m.bias.detach() for m in ms]))
+    assert not torch.equal(group.bias(), before)

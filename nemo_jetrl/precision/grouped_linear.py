@@ -1,0 +1,121 @@
+"""The trainer's FP8 projections of one weight group (q/k/v, gate/up) as ONE GEMM per pass.
+
+Sibling linears read the same input X. Run one by one, each quantizes X again (both layouts: FProp's 1x128 groups
+and WGrad's groups along the tokens), and each runs three narrow GEMMs; at hidden 4,096 the k and v projections
+(N = 1,024) run slower in FP8 than in BF16 (docs/performance.md). `GroupedFp8LinearFunction` quantizes X once and
+runs FProp, DGrad and WGrad once over the group's shared FP8 buffer (`Fp8WeightGroup`, e4m3 [sum N_i, K]):
+
+- FProp  Y [M, sum N_i] = Q(X) @ Q(W_group)^T, returned as the members' column views;
+- DGrad  dX [M, K] = Q(dY) [M, sum N_i] @ Q(W_group) (the buffer's 128x128 tiles transposed), one GEMM instead of
+  one per member plus the sum of their dX;
+- WGrad  dW_group [sum N_i, K] = Q(dY^T) @ Q(X^T)^T, each member's gradient its rows.
+
+Every tile and every 1x128 group holds the values it holds per member (each N_i is a multiple of 128), so the
+quantized operands are bitwise the per-member ones; the GEMMs' accumulation order may differ in the last bits.
+The rollout's fast path already runs FProp grouped (`project_shared_input(..., grouped=True)`), so the trainer's
+forward is now the same GEMM as the rollout's prefill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nemo_jetrl.precision.gemm import fp8_blockwise_mm, no_autocast
+from nemo_jetrl.precision.linear import Fp8Linear, _fprop_mm, fprop_backend, local_tensor, output_dtype
+from nemo_jetrl.precision.quant import act_quant, act_quant_dual
+from nemo_jetrl.precision.quantized import QuantizedWeight
+from nemo_jetrl.precision.recipe import PrecisionRecipe
+
+
+class GroupedFp8LinearFunction(torch.autograd.Function):
+    """Y [..., sum N_i] = Q(X) Q(W_group)^T + concat(b_i), FP8 DGrad / WGrad over the whole group.
+
+    Inputs after x: the group's `QuantizedWeight`, the member widths, the recipe, the output dtype, then the members'
+    master weights and (when they have them) their biases, so that each member's parameters get their gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, x, qweight: QuantizedWeight, splits, recipe: PrecisionRecipe, out_dtype, *params):
+        # x: [..., K]; params: weights [N_i, K] (values in qweight) then biases [N_i] (or none)
+        n = len(splits)
+        weights, biases = params[:n], params[n:]
+        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+        x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
+        need_dw = any(ctx.needs_input_grad[5 : 5 + n])
+        with no_autocast(x.device.type):
+            if need_dw:  # X [M, K] 1x128 along K (FProp) + X^T [K, MP] along the tokens (WGrad), read once
+                x_fp8, x_scale, xt_fp8, xt_scale = act_quant_dual(x2, block, pow2, recipe.wgrad_x_blocks)
+                ctx.save_for_backward(xt_fp8, xt_scale)
+            else:
+                x_fp8, x_scale = act_quant(x2, block, pow2)
+            bias = torch.cat([b.detach() for b in biases]) if biases else None  # [sum N_i], read live each call
+            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, "auto")  # y2: [M, sum N_i]
+        ctx.qweight, ctx.recipe, ctx.splits, ctx.n = qweight, recipe, tuple(splits), n
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.weight_dtypes = [w.dtype for w in weights]
+        ctx.bias_dtypes = [b.dtype for b in biases]
+        return y2.reshape(*x.shape[:-1], y2.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qweight, recipe, splits, n = ctx.qweight, ctx.recipe, ctx.splits, ctx.n
+        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+        need_dx = ctx.needs_input_grad[0]
+        need_dw = any(ctx.needs_input_grad[5 : 5 + n])
+        dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, sum N_i]
+        grad_x, grad_ws, grad_bs = None, [None] * n, [None] * len(ctx.bias_dtypes)
+        with no_autocast(grad_out.device.type):
+            if need_dw:  # dY [M, sum N_i] 1x128 along N (DGrad) + dY^T [sum N_i, MP] along the tokens (WGrad)
+                dy_fp8, dy_scale, dyt_fp8, dyt_scale = act_quant_dual(dy2, block, pow2, "1x128")
+            elif need_dx:
+                dy_fp8, dy_scale = act_quant(dy2, block, pow2)
+            if need_dx:  # DGrad: dX [M, K] = Q(dY) [M, sum N_i] @ Q(W_group) [sum N_i, K]
+                wt_fp8, wt_scale = qweight.transposed()  # [K, sum N_i], the tiles transposed
+                grad_x = fp8_blockwise_mm(
+                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block,
+                    w_dequant=qweight.dequantized(transposed=True),
+                ).reshape(ctx.x_shape)  # fmt: skip
+            if need_dw:  # WGrad: dW_group [sum N_i, K] = Q(dY^T) [sum N_i, MP] @ Q(X^T)^T [MP, K]
+                xt_fp8, xt_scale = ctx.saved_tensors
+                dw = fp8_blockwise_mm(
+                    dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtypes[0], w_blocks=recipe.wgrad_x_blocks,
+                    block=block,
+                )  # fmt: skip
+                grad_ws = [g if ctx.needs_input_grad[5 + i] else None for i, g in enumerate(dw.split(splits))]
+            if ctx.bias_dtypes and any(ctx.needs_input_grad[5 + n :]):  # plain FP32 reductions over the tokens
+                db = dy2.float().sum(0)  # [sum N_i]
+                grad_bs = [g.to(dt) for g, dt in zip(db.split(splits), ctx.bias_dtypes)]
+        return (grad_x, None, None, None, None, *grad_ws, *grad_bs)
+
+
+def trains_grouped(x: torch.Tensor, linears: Sequence[Fp8Linear], group) -> bool:
+    """Whether the trainer runs `linears` (exactly `group`'s members, in order) as one grouped GEMM per pass: blockwise
+    FP8 training on CUDA with the default GEMM choice (the exact mode and matched kernels keep their per-linear
+    GEMMs; off CUDA the per-linear emulation keeps its bits), no tensor-parallel shard (a shared buffer exists), and
+    the group's `train_grouped` switch on (benchmarks turn it off for the per-linear ablation)."""
+    first = linears[0]
+    return (
+        x.is_cuda
+        and group is not None
+        and getattr(group, "train_grouped", False)
+        and tuple(linears) == group.members
+        and first.mode == "train"
+        and first.train_fp8
+        and first.recipe.blockwise
+        and all(fprop_backend(m) == "auto" and m.partial_dtype is None for m in linears)
+    )
+
+
+def grouped_train_projections(x: torch.Tensor, group) -> list[torch.Tensor] | None:
+    """[m(x) for m in group.members] through `GroupedFp8LinearFunction` (column views of one [..., sum N_i]
+    output); None when the members hold no shared buffer (sharded master weights)."""
+    qweight = group.quantized_weight()
+    if qweight is None:
+        return None
+    members = group.members
+    weights = [local_tensor(m.weight) for m in members]
+    biases = [local_tensor(m.bias) for m in members] if members[0].bias is not None else []
+    y = GroupedFp8LinearFunction.apply(x, qweight, group.splits, members[0].recipe, output_dtype(x), *weights, *biases)
+    return list(y.split(group.splits, dim=-1))

@@ -1,0 +1,131 @@
+"""policy.train_cuda_graphs on CUDA: captured and replayed micro-batches give the eager trainer's steps bit for bit
+(metrics, prev_logprobs from the training forward, master weights, FP8 weights), across shapes and a reset."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nemo_jetrl.policy.native import NativePolicy, NonFiniteError
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_train_step import make_batch  # noqa: E402
+from common import LOSS, TINY, build_model, policy_config  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+OPT = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8}
+
+
+def step_batch(step: int, seq: int = 128):
+    batch = make_batch(4, seq, TINY["vocab_size"])
+    batch.advantages = torch.linspace(-1.0, 1.0, 4) * (1 + step)
+    batch.attention_mask[1, :40] = 0  # a left-padded row
+    batch.response_mask[1, :41] = 0
+    return batch
+
+
+def run(preset: str, graphs: bool, from_forward: bool, causal: bool = False, seqs=(128, 128, 128, 96, 128)):
+    model = build_model(TINY, None, DEV, torch.bfloat16).train()
+    source = "train_forward" if from_forward else "logprob_forward"
+    cfg = policy_config(
+        optimizer=OPT, train_cuda_graphs=graphs, prev_logprobs_source=source, train_causal_attention=causal
+    )
+    policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), DEV, model=model)
+    metrics, logps = [], []
+    for step, seq in enumerate(seqs):
+        batch = step_batch(step, seq)
+        if from_forward:
+            batch.prev_logprobs = None
+        out = policy.train(batch, LOSS)
+        out.pop("cuda_graph_micro_batch_fraction", None)
+        metrics.append(out)
+        logps.append(batch.prev_logprobs)
+        policy.prepare_refit()
+    return policy, metrics, logps
+
+
+@pytest.mark.parametrize(
+    "preset,from_forward,causal",
+    [("bf16", False, False), ("jetrl", False, False), ("jetrl", True, False), ("jetrl", False, True)],
+)
+def test_captured_steps_equal_eager_steps(preset, from_forward, causal):
+    eager, m_eager, lp_eager = run(preset, False, from_forward, causal)
+    graphed, m_graph, lp_graph = run(preset, True, from_forward, causal)
+    g = graphed.train_graphs
+    # micro-batches of [1, 128] in steps 0-2 and 4, [1, 96] in step 3: each shape's first runs eagerly, its
+    # second is captured (and replayed), every later one replayed
+    assert g.captures == 2 and g.resets == 0
+    assert g.replays == 5 * 4 - 2
+    for a, b in zip(m_eager, m_graph):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])), k
+    for a, b in zip(lp_eager, lp_graph):
+        assert torch.equal(a, b)
+    for (name, p), q in zip(eager.model.named_parameters(), graphed.model.parameters()):
+        assert torch.equal(p, q), name
+    fp8 = [(a, b) for a, b in zip(eager.model.modules(), graphed.model.modules()) if isinstance(a, Fp8Linear)]
+    assert (len(fp8) > 0) == (preset != "bf16")
+    for a, b in fp8:
+        qa, qb = a.quantized_weight(), b.quantized_weight()
+        assert torch.equal(qa.data.view(torch.uint8), qb.data.view(torch.uint8)) and torch.equal(qa.scale, qb.scale)
+
+
+def test_a_non_finite_step_drops_the_graphs_and_training_goes_on_equal_to_eager():
+    policies = []
+    for graphs in (False, True):
+        model = build_model(TINY, None, DEV, torch.bfloat16).train()
+        cfg = policy_config(optimizer=OPT, train_cuda_graphs=graphs)
+        policy = NativePolicy(cfg, PrecisionRecipe.preset("jetrl"), DEV, model=model)
+        for step in range(3):
+            policy.train(step_batch(step), LOSS)
+        bad = step_batch(3)
+        bad.advantages[0] = float("nan")  # a non-finite loss: the step is skipped, its gradients dropped
+        with pytest.raises(NonFiniteError):
+            policy.train(bad, LOSS)
+        for step in range(4, 7):
+            out = policy.train(step_batch(step), LOSS)
+        policies.append((policy, out))
+    (eager, out_e), (graphed, out_g) = policies
+    assert graphed.train_graphs.resets == 1 and out_g["cuda_graph_micro_batch_fraction"] == 1.0
+    out_g.pop("cuda_graph_micro_batch_fraction")
+    assert out_e == out_g
+    for p, q in zip(eager.model.parameters(), graphed.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_more_shapes_than_graphs_evict_the_oldest_and_a_reset_captures_again():
+    """Every step a new width (as a GRPO run's padded lengths): past `max_graphs` the oldest graph goes, a reset
+    drops them all with their memory pool, and captures go on (a capture into a pool no live graph holds is refused
+    by CUDA's allocator: the bug the GPU CLI run met at its fifth step); every step equals the eager trainer's."""
+    seqs = (128, 96, 64, 112, 128, 96, 80)
+    runs = []
+    for graphs in (False, True):
+        model = build_model(TINY, None, DEV, torch.bfloat16).train()
+        policy = NativePolicy(policy_config(optimizer=OPT, train_cuda_graphs=graphs), PrecisionRecipe.preset("jetrl"),
+                              DEV, model=model)  # fmt: skip
+        if graphs:
+            policy.train_graphs.max_graphs = 2
+        outs = []
+        for step, seq in enumerate(seqs):
+            if graphs and step == 5:
+                policy.train_graphs.reset()
+            out = policy.train(step_batch(step, seq), LOSS)
+            out.pop("cuda_graph_micro_batch_fraction", None)
+            outs.append(out)
+            policy.prepare_refit()
+        runs.append((policy, outs))
+    (eager, m_eager), (graphed, m_graph) = runs
+    g = graphed.train_graphs
+    # steps 2, 3, 4 evict 128, 96, 64; step 4's 128 was warmed at step 0 and is captured at once (no eager run);
+    # the reset before step 5 forgets the warm-ups too. Each 4-micro-batch step: one eager run where the shape is
+    # new to the graphs' warm-up set, and a capture (replayed at once) where it has no graph.
+    assert g.evictions == 3 and g.resets == 1 and list(g.graphs) and len(g.graphs) == 2
+    assert g.captures == 7 and g.replays == 7 * 4 - 6
+    assert m_eager == m_graph
+    for p, q in zip(eager.model.parameters(), graphed.model.parameters()):
+        assert torch.equal(p, q)

@@ -1,0 +1,63 @@
+"""FP8 weights re-quantized in place (what a captured training step reads): the bits of a fresh quantization, in the
+very tensors the cache held (grouped buffers, transposes and counts included), for every recipe granularity."""
+
+import pytest
+import torch
+
+from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.train_graphs import requantize_fp8_in_place
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+
+
+def fp8_layers(granularity: str):
+    model = random_tiny_qwen3(0, num_layers=2)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl", granularity=granularity))
+    return model, [m for m in model.modules() if isinstance(m, Fp8Linear)]
+
+
+def snapshot(m: Fp8Linear) -> dict[str, torch.Tensor]:
+    qw = m.quantized_weight()
+    out = {"data": qw.data.view(torch.uint8), "scale": qw.scale, "nonfinite": qw.nonfinite}
+    if qw.granularity == "blockwise":
+        data_t, scale_t = qw.transposed()
+        out.update(data_t=data_t.view(torch.uint8), scale_t=scale_t)
+    group = m.weight_group.quantized_weight() if m.weight_group is not None else None
+    if group is not None:
+        out.update(group_data=group.data.view(torch.uint8), group_scale=group.scale, group_count=group.nonfinite)
+    return out
+
+
+@pytest.mark.parametrize("granularity", ["blockwise", "rowwise", "tensorwise"])
+def test_in_place_requantization_writes_fresh_bits_into_the_held_tensors(granularity):
+    model, layers = fp8_layers(granularity)
+    held = [snapshot(m) for m in layers]  # caches (and transposes) as a captured step would read them
+    pointers = [{k: v.data_ptr() for k, v in h.items()} for h in held]
+    copies = [{k: v.clone() for k, v in h.items()} for h in held]
+    with torch.no_grad():
+        for i, m in enumerate(layers):  # as a fused optimizer writes: versions untouched
+            m.weight.mul_(1.5 + 0.25 * i)
+            if i == 3:
+                m.weight[0, 0] = float("nan")
+    requantize_fp8_in_place(model.modules())
+    assert [{k: v.data_ptr() for k, v in snapshot(m).items()} for m in layers] == pointers  # the same storage...
+    for m in layers:
+        m.invalidate_quantized_weight()
+    for m, h, before in zip(layers, held, copies):
+        fresh = snapshot(m)  # ...holding a fresh quantization's bits
+        for k in h:
+            assert torch.equal(h[k], fresh[k]), k
+        assert not torch.equal(h["scale"], before["scale"])  # the weights moved
+    assert int(layers[3].quantized_weight().nonfinite) == 1
+
+
+def test_in_place_requantization_quantizes_afresh_when_the_master_weight_was_replaced():
+    model, layers = fp8_layers("blockwise")
+    m = layers[-1]  # down_proj: not in a weight group
+    assert m.weight_group is None
+    old = m.quantized_weight()
+    m.weight = torch.nn.Parameter(m.weight.detach() * 2)  # new storage: a graph holding `old` must see it replaced
+    m.requantize_in_place()
+    new = m.quantized_weight()
+    assert new is not old and new.data.data_ptr() != old.data.data_ptr()
+    m.invalidate_quantized_weight()
+    assert torch.equal(new.data.view(torch.uint8), m.quantized_weight().data.view(torch.uint8))
