@@ -38,7 +38,8 @@ from common import (  # noqa: E402
 
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.micro_batches import plan_micro_batches  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy, trainer_kernels  # noqa: E402
+from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
+from nemo_jetrl.policy.trainer_setup import trainer_kernels  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
 
 

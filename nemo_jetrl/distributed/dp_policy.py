@@ -38,7 +38,7 @@ from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch, metrics_to_floats
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
-from nemo_jetrl.policy.native import DTYPES, build_optimizer, trainer_kernels
+from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 from nemo_jetrl.precision.rollout_layers import build_rollout_replica

@@ -76,7 +76,7 @@ def shard_policy(
     """Apply FSDP2 to `model` in place (needs an initialized process group); returns the root to call.
     mesh: the data-parallel mesh (default: every rank); with tensor parallel, the "dp" dim of the (dp, tp) mesh
     the decoder was parallelized on (`tensor_parallel.parallelize_decoder`), and FSDP2 shards each TP shard.
-    kernels: `sequence_logprobs` keywords (`policy.native.trainer_kernels`)."""
+    kernels: `sequence_logprobs` keywords (`policy.trainer_setup.trainer_kernels`)."""
     if not dist.is_initialized():
         raise ValueError("shard_policy needs torch.distributed to be initialized (init_process_group)")
     device_type = next(model.parameters()).device.type

@@ -259,8 +259,8 @@ def decoder_forward(
     fused: the rollout fast path (module docstring); needs tensors Triton can run. fused_train: the trainer's
     differentiable glue kernels. causal_attention: causal SDPA without a mask when there is no cache and no row
     has a pad before a real token (else the explicit mask, as always); `right_padded` says so where the caller
-    knows (None: checked on the device, a host sync a captured step cannot make). packed: one packed row (B = 1, no cache,
-    position_ids = packed.position_ids) attending per sequence (models/packed.py).
+    knows (None: checked on the device, a host sync a captured step cannot make). packed: one packed row (B = 1,
+    no cache, position_ids = packed.position_ids) attending per sequence (models/packed.py).
 
     input_ids / position_ids: [B, S]; attention_mask: [B, S_total] (1 real, 0 pad) over every key the queries may
     see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions

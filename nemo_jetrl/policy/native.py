@@ -27,11 +27,10 @@ from nemo_jetrl.policy.interfaces import (
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
 from nemo_jetrl.policy.train_graphs import MicroBatchGraphs, batch_key, requantize_fp8_in_place
+from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 from nemo_jetrl.utils.checkpoint import first_nonfinite
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class NonFiniteError(FloatingPointError):
@@ -54,45 +53,6 @@ class NonFiniteStateError(NonFiniteError):
         FloatingPointError.__init__(
             self, f"non-finite {tensor} after trainer step {step}; not saved, not sent to the rollout"
         )
-
-
-def build_optimizer(params, opt_cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """`policy.optimizer` -> AdamW / Adam. Plain CUDA parameters take the fused (one kernel per step) implementation,
-    twice as fast as the multi-tensor one on an H200 (1B bf16 parameters: 5.2 vs 10.4 ms); others the default."""
-    names = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
-    if opt_cfg["name"] not in names:
-        raise ValueError(f"policy.optimizer.name: {opt_cfg['name']!r} is not one of {', '.join(names)}")
-    params = list(params)
-    fused = bool(params) and all(p.is_cuda and type(p.data) is torch.Tensor for p in params)  # no DTensor shards
-    return names[opt_cfg["name"]](
-        params,
-        lr=float(opt_cfg["lr"]),
-        weight_decay=float(opt_cfg["weight_decay"]),
-        betas=tuple(opt_cfg["betas"]),
-        eps=float(opt_cfg["eps"]),
-        fused=fused or None,
-    )
-
-
-def trainer_kernels(policy_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """`sequence_logprobs` keywords from `policy.fused_train_kernels` (glue kernels; None = wherever they run, i.e.
-    CUDA), `policy.train_causal_attention` (opt-in: faster, not bit-exact with the rollout) and
-    `policy.sequence_packing` (each micro-batch's real tokens as one packed row)."""
-    packing = policy_cfg.get("sequence_packing") or {}
-    return {
-        "fused_train": None if policy_cfg["fused_train_kernels"] else False,
-        "causal_attention": policy_cfg["train_causal_attention"],
-        "pack_round": int(packing["sequence_length_round"]) if packing.get("enabled") else None,
-    }
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` picks CUDA when present; `cuda` without a GPU is a clear error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("cluster.device: 'cuda' was asked for but no CUDA device is visible")
-    return torch.device(name)
 
 
 class NativePolicy(PolicyInterface):
@@ -297,6 +257,7 @@ class NativePolicy(PolicyInterface):
             return prev, {**metrics, **check, "check/loss": loss.detach()}
 
         # On CUDA the normalizer is a device scalar (as a captured micro-batch needs it: same bits either way).
+        eager_norm = torch.full((), normalizer, device=self.device) if self.device.type == "cuda" else normalizer
         per_mb, checks, forward_logps, graphed = [], [], [], 0
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "train"):
             host_mb = batch.window(part.rows, part.cols)
@@ -305,9 +266,7 @@ class NativePolicy(PolicyInterface):
                 prev, outputs = graphs.run(key, host_mb, normalizer, micro_batch)
                 graphed += 1
             else:
-                mb = host_mb.to(self.device)
-                norm = torch.full((), normalizer, device=self.device) if self.device.type == "cuda" else normalizer
-                prev, outputs = micro_batch(mb, norm)
+                prev, outputs = micro_batch(host_mb.to(self.device), eager_norm)
             if prev is not None:
                 forward_logps.append((part, prev))
             per_mb.append({k: v for k, v in outputs.items() if not k.startswith("check/")})

@@ -1,4 +1,5 @@
-"""The trainer's micro-batch (forward, loss, backward) captured in a CUDA graph and replayed (`policy.train_cuda_graphs`).
+"""The trainer's micro-batch (forward, loss, backward) captured in a CUDA graph and replayed
+(`policy.train_cuda_graphs`).
 
 An FP8 linear launches about seven kernels per forward + backward (quantizers, GEMMs), each costing tens of us of
 Python and launcher time, so at widths where the kernels are short the FP8 trainer waits on its host

@@ -6,8 +6,9 @@ as its `QuantizedWeight`. Every 128x128 tile (or row, rowwise) lies inside one m
 128), so the bits are exactly those each member would quantize alone (tensorwise: each member's own scale, given
 to its rows of the buffer); the per-linear paths read the views, while the rollout's fast path
 (`project_shared_input(..., grouped=True)`) and the CUDA trainer (`grouped_linear.py`: FProp, DGrad and WGrad)
-read the whole buffer in ONE GEMM: no copy of any weight, one launch instead of three (q/k/v) or two (gate/up). At decode sizes (M = 64-256
-rows) a launch streams the weights well below HBM speed, so one wide GEMM beats several narrow ones.
+read the whole buffer in ONE GEMM: no copy of any weight, one launch instead of three (q/k/v) or two (gate/up).
+At decode sizes (M = 64-256 rows) a launch streams the weights well below HBM speed, so one wide GEMM beats
+several narrow ones.
 
 Grouping is decided once, at conversion (`group_sibling_linears`): members must be FP8 `Fp8Linear`s of one
 recipe and flags, one input width, all with or all without bias, and each N a multiple of the 128 block.
@@ -65,7 +66,7 @@ class Fp8WeightGroup:
             data, data_views = stack_rows([d for d, _, _ in pieces])  # [sum N_i, K]
             scale, scale_views = stack_rows([s for _, s, _ in pieces])  # [sum N_i / 128, K / 128] | [sum N_i, 1]
             if recipe.granularity == "tensorwise":  # one scale per member: the buffer's GEMM scales its rows
-                scale = torch.cat([s.expand(n, 1) for (_, s, _), n in zip(pieces, self.splits)])  # [sum N_i, 1]
+                scale = self._tensorwise_rows(pieces)  # [sum N_i, 1]
                 scale_views = [s for _, s, _ in pieces]  # each member keeps its [1, 1]
             self._qweight = QuantizedWeight(
                 data, scale, version=0, block=recipe.block_size, nonfinite=sum(counts), granularity=recipe.granularity
@@ -94,11 +95,14 @@ class Fp8WeightGroup:
             m._qweight.refill(data, scale, count)  # a member's data / scale: row views of the shared buffer
             m._qweight_key = key
         if self._qweight is not None:
-            scale = None
-            if self._qweight.granularity == "tensorwise":  # the buffer's [sum N_i, 1] is its own copy
-                scale = torch.cat([s.expand(n, 1) for (_, s, _), n in zip(pieces, self.splits)])
-            self._qweight.refill(None, scale, sum(c for _, _, c in pieces))
+            tensorwise = self._qweight.granularity == "tensorwise"  # the buffer's [sum N_i, 1] is its own copy
+            scale = self._tensorwise_rows(pieces) if tensorwise else None
+            self._qweight.refill(None, scale, sum(c for *_, c in pieces))
         self._keys = keys
+
+    def _tensorwise_rows(self, pieces) -> torch.Tensor:
+        """Each member's [1, 1] tensorwise scale repeated over its rows: [sum N_i, 1], the buffer's GEMM scales."""
+        return torch.cat([s.expand(n, 1) for (_, s, _), n in zip(pieces, self.splits)])
 
     def invalidate(self) -> None:
         """Drop the shared buffer and the cached bias (an optimizer that bumps no version counter wrote them)."""
