@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from nemo_jetrl.algorithms.grpo import run_grpo
     from nemo_jetrl.distributed.errors import WorkerGroupError
-    from nemo_jetrl.policy.native import NonFiniteError
+    from nemo_jetrl.policy.nonfinite import NonFiniteError
     from nemo_jetrl.utils.run_lock import RunDirLockedError
 
     try:

@@ -42,7 +42,8 @@ from nemo_jetrl.generation.interfaces import (
     rollout_phase,
 )
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
-from nemo_jetrl.policy.native import NativePolicy, NonFiniteError, NonFiniteStateError
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError
 from nemo_jetrl.policy.trainer_setup import resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.config import precision_line

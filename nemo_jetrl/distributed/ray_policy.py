@@ -27,7 +27,7 @@ from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
 from nemo_jetrl.policy.micro_batches import MicroBatch, plan_micro_batches
-from nemo_jetrl.policy.native import NonFiniteError, NonFiniteStateError
+from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.kv import KVScales
 from nemo_jetrl.utils.checkpoint import first_nonfinite

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,33 +25,17 @@ from nemo_jetrl.policy.interfaces import (
 )
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
+from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are imported from here too
+    NonFiniteError,
+    NonFiniteStateError,
+    first_nonfinite_in_step,
+    fp8_weights_finite,
+    nonfinite_model_state,
+)
 from nemo_jetrl.policy.train_graphs import MicroBatchGraphs, batch_key, requantize_fp8_in_place
 from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
-from nemo_jetrl.utils.checkpoint import first_nonfinite
-
-
-class NonFiniteError(FloatingPointError):
-    """A non-finite loss, gradient or FP8 weight/scale stopped a training step before the optimizer touched weights.
-
-    `tensor` names the offending tensor (e.g. "gradient of model.layers.0.mlp.up_proj.weight").
-    """
-
-    def __init__(self, tensor: str, step: int) -> None:
-        self.tensor, self.step = tensor, step
-        super().__init__(f"non-finite {tensor} at trainer step {step}; optimizer step skipped, weights untouched")
-
-
-class NonFiniteStateError(NonFiniteError):
-    """Master weights, FP8 weight scales or KV scales are non-finite after a step: the run stops (nothing to skip
-    back to); checkpoints saved before are untouched and a resume starts from the newest."""
-
-    def __init__(self, tensor: str, step: int) -> None:
-        self.tensor, self.step = tensor, step
-        FloatingPointError.__init__(
-            self, f"non-finite {tensor} after trainer step {step}; not saved, not sent to the rollout"
-        )
 
 
 class NativePolicy(PolicyInterface):
@@ -130,21 +113,38 @@ class NativePolicy(PolicyInterface):
 
     # ---------------------------------------------------------------- logprobs
     @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, batch: TrainBatch, attn_hook=None) -> torch.Tensor:
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S]; 0 outside each micro-batch window
+    def _logprobs(
+        self, model: torch.nn.Module, batch: TrainBatch, *, calibrate: bool = False, fake: KVScales | None = None
+    ) -> torch.Tensor:
+        """Per-token logprobs [B, S] of `model` over `batch` (0 outside each micro-batch window); K/V fake-quantized
+        with `fake`; `calibrate` hands every micro-batch's Q/K/V amax to the calibrator. The trainer's own model
+        replays captured micro-batches under `policy.train_cuda_graphs`."""
+        graphs = self.train_graphs if model is self.model else None
+        if graphs is not None:
+            graphs.check_state()
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S]
+        logps = []
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "logprob"):
             host_mb = batch.window(part.rows, part.cols)
-            mb = host_mb.to(self.device)
-            logp = sequence_logprobs(
-                model,
-                mb.input_ids,
-                mb.attention_mask,
-                temperature=self.temperature,
-                compute_dtype=self.compute_dtype,
-                attn_hook=attn_hook,
-                host_mask=host_mb.attention_mask,
-                **self.kernels,
-            )  # [b, w]
+
+            def forward(mb: TrainBatch, _norm, host_mask=host_mb.attention_mask):
+                scratch = self._scratch_calibrator() if calibrate else None
+                logp = sequence_logprobs(
+                    model, mb.input_ids, mb.attention_mask, temperature=self.temperature,
+                    compute_dtype=self.compute_dtype, attn_hook=make_attn_hook(scratch, fake), host_mask=host_mask,
+                    **self.kernels,
+                )  # [b, w]  # fmt: skip
+                return logp, ({} if scratch is None else {"kv/amax": scratch.last_record()})
+
+            if graphs is not None:
+                key = batch_key(host_mb, "logprob", calibrate, fake is not None)
+                logp, outputs = graphs.run(key, host_mb, 0.0, forward)
+            else:
+                logp, outputs = forward(host_mb.to(self.device), None)
+            if calibrate:
+                self.kv_calibrator.add_record(outputs["kv/amax"])
+            logps.append((part, logp))
+        for part, logp in logps:  # device -> host after every launch: no wait between micro-batches
             part.scatter(out, logp)
         return out
 
@@ -156,15 +156,22 @@ class NativePolicy(PolicyInterface):
         fused = self._kv_fused()
         if fused:
             self.kv_calibrator.reset()
-        return self._logprobs(self.model, batch, self._attn_hook(calibrate=fused))
+        return self._logprobs(self.model, batch, calibrate=fused, fake=self._fake_quant_scales())
 
     # ---------------------------------------------------------------- FP8 KV scales
-    def _attn_hook(self, calibrate: bool):
-        """The trainer's attention hook: QKV observation and/or K/V fake-quant with the rollout's scales."""
-        fake = self.kv_scales if self.recipe.train_kv_fake_quant else None
-        if fake is None and self.recipe.train_kv_fake_quant and self.kv_calibrator is not None:
+    def _fake_quant_scales(self, *, required: bool = True) -> KVScales | None:
+        """The scales the trainer's K/V fake-quant uses (the rollout's); None without train_kv_fake_quant, or before
+        the first calibration where not `required`."""
+        if not self.recipe.train_kv_fake_quant:
+            return None
+        if required and self.kv_scales is None and self.kv_calibrator is not None:
             raise ValueError("train_kv_fake_quant needs KV scales first: call calibrate_kv_scales / set_kv_scales")
-        return make_attn_hook(self.kv_calibrator if calibrate else None, fake)
+        return self.kv_scales
+
+    def _scratch_calibrator(self) -> QKVCalibrator:
+        """A calibrator for one forward: its record is that forward's output (`last_record`), so a captured forward
+        returns it and the trainer's calibrator takes it after the replay (`add_record`)."""
+        return QKVCalibrator(self.kv_calibrator.num_layers, self.kv_calibrator.calibration)
 
     def _captured_inputs(self) -> list[torch.Tensor]:
         """Tensors besides the model's that captured micro-batches read: the K/V fake-quant scales."""
@@ -172,7 +179,7 @@ class NativePolicy(PolicyInterface):
 
     def set_kv_scales(self, scales: KVScales) -> None:
         """The scales the rollout runs with from now on (the trainer's K/V fake-quant mirrors them); written into
-        the tensors already held when training micro-batches are captured (they read them where they lie)."""
+        the tensors already held when micro-batches are captured (they read them where they lie)."""
         new = scales.to(self.device)
         held = self.kv_scales
         if self.train_graphs is not None and held is not None and held.k.shape == new.k.shape:
@@ -187,8 +194,7 @@ class NativePolicy(PolicyInterface):
         if self.kv_calibrator is None:
             raise ValueError("calibrate_kv_scales needs policy.generation.kv_cache_dtype: fp8")
         self.kv_calibrator.reset()
-        hook = make_attn_hook(self.kv_calibrator, self.kv_scales if self.recipe.train_kv_fake_quant else None)
-        self._logprobs(self.model, batch, hook)
+        self._logprobs(self.model, batch, calibrate=True, fake=self._fake_quant_scales(required=False))
         self.set_kv_scales(self.kv_calibrator.scales())
         return self.kv_scales
 
@@ -234,17 +240,18 @@ class NativePolicy(PolicyInterface):
         self.optimizer.zero_grad(set_to_none=graphs is None)  # captured backwards accumulate into kept gradients
         if graphs is not None:
             graphs.check_state()
-        fp8_ok = self._fp8_weights_finite()  # 0-d bool (None without FP8 layers), read with the metrics
-        calibrating = from_forward and self._kv_fused()  # the forward observes Q/K/V: host-side state, eager
-        attn_hook = self._attn_hook(calibrate=calibrating)
+        fp8_ok = fp8_weights_finite(self.model)  # 0-d bool (None without FP8 layers), read with the metrics
+        calibrating = from_forward and self._kv_fused()  # this forward's Q/K/V amax go to the calibrator
+        fake = self._fake_quant_scales()
 
         def micro_batch(mb: TrainBatch, norm: torch.Tensor | float):
             """Forward, loss, backward of one micro-batch on the device -> (its logprobs when they are prev_logprobs,
-            {metric: 0-d tensor, plus the non-finite checks as check/*})."""
+            {metric: 0-d tensor, plus the non-finite checks as check/*, and the Q/K/V amax [L, 3] as kv/amax})."""
+            scratch = self._scratch_calibrator() if calibrating else None
             logp = sequence_logprobs(
                 self.model, mb.input_ids, mb.attention_mask, temperature=self.temperature,
-                compute_dtype=self.compute_dtype, attn_hook=attn_hook, host_mask=host_mb.attention_mask,
-                **self.kernels,
+                compute_dtype=self.compute_dtype, attn_hook=make_attn_hook(scratch, fake),
+                host_mask=host_mb.attention_mask, **self.kernels,
             )  # [b, w]  # fmt: skip
             check, prev = {}, None
             if from_forward:
@@ -252,23 +259,27 @@ class NativePolicy(PolicyInterface):
                 mb = dataclasses.replace(mb, prev_logprobs=prev)
                 valid = mb.response_mask.bool()  # [b, w]
                 check = {"check/bad_logps": (~torch.isfinite(prev) & valid).sum(), "check/valid": valid.sum()}
+            if scratch is not None:
+                check["kv/amax"] = scratch.last_record()
             loss, metrics = loss_fn(logp.float(), mb, norm)
             loss.backward()
             return prev, {**metrics, **check, "check/loss": loss.detach()}
 
         # On CUDA the normalizer is a device scalar (as a captured micro-batch needs it: same bits either way).
         eager_norm = torch.full((), normalizer, device=self.device) if self.device.type == "cuda" else normalizer
-        per_mb, checks, forward_logps, graphed = [], [], [], 0
+        per_mb, checks, forward_logps = [], [], []
+        replays = graphs.replays if graphs is not None else 0
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "train"):
             host_mb = batch.window(part.rows, part.cols)
-            if graphs is not None and not calibrating:
-                key = batch_key(host_mb, from_forward, attn_hook is not None)
+            if graphs is not None:
+                key = batch_key(host_mb, "train", from_forward, calibrating, fake is not None)
                 prev, outputs = graphs.run(key, host_mb, normalizer, micro_batch)
-                graphed += 1
             else:
                 prev, outputs = micro_batch(host_mb.to(self.device), eager_norm)
             if prev is not None:
                 forward_logps.append((part, prev))
+            if calibrating:
+                self.kv_calibrator.add_record(outputs.pop("kv/amax"))
             per_mb.append({k: v for k, v in outputs.items() if not k.startswith("check/")})
             checks.append({k.removeprefix("check/"): v for k, v in outputs.items() if k.startswith("check/")})
         # = clip_grad_norm_, split so that a non-finite norm is caught with the gradients still as computed
@@ -299,30 +310,13 @@ class NativePolicy(PolicyInterface):
         if "loss" in sums:
             out["loss"] = sums["loss"]
         out.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], num_micro_batches=float(n_micro))
-        if graphs is not None:  # micro-batches that went through the graphs (the rest observed Q/K/V, eagerly)
-            out["cuda_graph_micro_batch_fraction"] = graphed / n_micro
+        if graphs is not None:  # micro-batches replayed (the rest ran eagerly: a new shape's warm-up or capture)
+            out["cuda_graph_replay_fraction"] = (graphs.replays - replays) / n_micro
         return out
 
     def _raise_if_nonfinite(self, checks: list[dict[str, float]], step_checks: dict[str, float]) -> None:
-        """NonFiniteError (gradients dropped, no update) for the first of: a non-finite FP8 weight, trainer
-        logprob, micro-batch loss, gradient norm."""
-        what = None
-        if step_checks.get("fp8_ok", 1.0) != 1.0:
-            what = self._first_nonfinite_fp8_weight()
-        for i, c in enumerate(checks):
-            if what is not None:
-                break
-            if c.get("bad_logps"):
-                what = f"trainer logprobs ({int(c['bad_logps'])} of {int(c['valid'])} generated tokens)"
-            elif not math.isfinite(c["loss"]):
-                what = f"loss (micro-batch {i}, value {c['loss']})"
-        grad_norm = step_checks["grad_norm"]
-        if what is None and not math.isfinite(grad_norm):
-            what = next(
-                (n for n, p in self.model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()),
-                "gradient norm",
-            )
-            what = f"gradient of {what} (grad norm {grad_norm})"
+        """NonFiniteError (gradients dropped, no update) when a check of the step failed (`first_nonfinite_in_step`)."""
+        what = first_nonfinite_in_step(self.model, checks, step_checks)
         if what is not None:
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteError(what, self.step)
@@ -334,48 +328,8 @@ class NativePolicy(PolicyInterface):
             if isinstance(module, Fp8Linear):
                 module.invalidate_quantized_weight()
 
-    def _fp8_ok_flags(self) -> tuple[list[tuple[str, Fp8Linear]], list[torch.Tensor], list[torch.Tensor]]:
-        """The FP8 layers and, per layer, its FP8 scales are finite / its master weight is finite (0-d device bools).
-
-        The quantizer ignores NaN for the amax and saturates inf, so a bad master weight can hide behind finite
-        scales: both are checked, the master weight through the non-finite count its quantization pass took.
-        """
-        modules = self.model.named_modules()
-        layers = [(n, m) for n, m in modules if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
-        qweights = [m.quantized_weight() for _, m in layers]
-        scale_ok = [qw.scale.isfinite().all() for qw in qweights]
-        weight_ok = [
-            qw.nonfinite == 0 if qw.nonfinite is not None else m.weight.isfinite().all()
-            for qw, (_, m) in zip(qweights, layers)
-        ]
-        return layers, scale_ok, weight_ok
-
-    def _fp8_weights_finite(self) -> torch.Tensor | None:
-        """0-d bool: every FP8 layer's scales and master weight are finite (no host sync); None without FP8."""
-        layers, scale_ok, weight_ok = self._fp8_ok_flags()
-        return torch.stack(scale_ok + weight_ok).all() if layers else None
-
-    def _first_nonfinite_fp8_weight(self) -> str:
-        """Name of the first FP8 layer whose FP8 scale or master weight is non-finite (after `_fp8_weights_finite`
-        said one is)."""
-        layers, scale_ok, weight_ok = self._fp8_ok_flags()
-        for (name, _), s_ok, w_ok in zip(layers, scale_ok, weight_ok):
-            if not bool(s_ok):
-                return f"FP8 weight scale of {name}"
-            if not bool(w_ok):
-                return f"master weight of FP8 layer {name}"
-        return "an FP8 weight"
-
     def nonfinite_state(self) -> str | None:
-        """Name of the first non-finite master weight, cached FP8 weight scale or KV scale, else None: one fused
-        max-|x| reduction over all of them (one device sync)."""
-        named = {f"master weight {n}": p.detach() for n, p in self.model.named_parameters()}
-        for name, module in self.model.named_modules():
-            if isinstance(module, Fp8Linear) and (module.train_fp8 or module.rollout_fp8):
-                named[f"FP8 weight scale of {name}"] = module.quantized_weight().scale
-        if self.kv_scales is not None:
-            named.update({f"KV {n} scales": getattr(self.kv_scales, n) for n in ("q", "k", "v")})
-        return first_nonfinite(named)
+        return nonfinite_model_state(self.model, self.kv_scales)
 
     def prepare_refit(self) -> dict[str, float]:
         """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference."""

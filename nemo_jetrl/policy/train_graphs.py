@@ -1,5 +1,5 @@
-"""The trainer's micro-batch (forward, loss, backward) captured in a CUDA graph and replayed
-(`policy.train_cuda_graphs`).
+"""The trainer's micro-batches captured in CUDA graphs and replayed (`policy.train_cuda_graphs`): the training pass's
+(forward, loss, backward) and the no-grad logprob pass's forward (prev_logprobs, the KV-scale calibration).
 
 An FP8 linear launches about seven kernels per forward + backward (quantizers, GEMMs), each costing tens of us of
 Python and launcher time, so at widths where the kernels are short the FP8 trainer waits on its host
@@ -13,8 +13,8 @@ What a graph bakes in is every tensor address the micro-batch touches:
 - the FP8 weight caches, which the trainer re-quantizes in place after each optimizer step
   (`Fp8Linear.requantize_in_place`) instead of dropping them;
 - the K/V fake-quant scales (`train_kv_fake_quant`), which the trainer sets in place.
-A forward that observes Q/K/V for the KV-scale calibration (prev_logprobs from the training forward with the fused
-calibration pass) keeps host-side state and runs eagerly.
+A forward that observes Q/K/V for the KV-scale calibration returns its per-layer amax [L, 3] as an output (a
+scratch calibrator's record inside the graph), which the trainer hands to its calibrator after the replay.
 `MicroBatchGraphs.check_state` runs once per optimizer step and drops every graph when one of these was replaced
 (a non-finite step drops the gradients, a checkpoint load re-quantizes, ...); the next micro-batches capture again.
 
@@ -39,7 +39,8 @@ from nemo_jetrl.generation.native.cuda_graph import collector_paused
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.precision import Fp8Linear
 
-# fn(mb on the device, normalizer 0-d device tensor) -> (logprobs [b, w] or None, {name: 0-d tensor})
+# fn(mb on the device, normalizer 0-d device tensor) -> (logprobs [b, w] or None, {name: tensor}), the tensors
+# small (0-d metrics, a [L, 3] amax record)
 MicroBatchFn = Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor | None, dict[str, torch.Tensor]]]
 
 
@@ -48,8 +49,8 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     batch: TrainBatch  # static device buffers
     normalizer: torch.Tensor  # 0-d float32
-    values: torch.Tensor  # [n] float64: the outputs' 0-d tensors, stacked inside the graph
-    names: list[str]
+    values: torch.Tensor  # [n] float64: the outputs, flattened and concatenated inside the graph
+    shapes: dict[str, torch.Size]  # each output's name and shape, in `values` order
     logprobs: torch.Tensor | None  # [b, w] float32
 
 
@@ -135,7 +136,9 @@ class MicroBatchGraphs:
         self.replays += 1
         values = captured.values.clone()  # [n]
         logprobs = None if captured.logprobs is None else captured.logprobs.clone()
-        return logprobs, dict(zip(captured.names, values.unbind()))
+        sizes = [shape.numel() for shape in captured.shapes.values()]
+        parts = values.split(sizes) if sizes else []
+        return logprobs, {n: t.view(shape) for (n, shape), t in zip(captured.shapes.items(), parts)}
 
     def _capture(self, key: tuple, mb: TrainBatch, norm: torch.Tensor, fn: MicroBatchFn) -> _Captured:
         # The key's eager warm-up made the gradient of every parameter fn uses (the trainer keeps them since), so
@@ -146,8 +149,9 @@ class MicroBatchGraphs:
         graph = torch.cuda.CUDAGraph()
         with collector_paused(), torch.cuda.graph(graph, pool=self.pool):
             logprobs, outputs = fn(mb, norm)
-            names = list(outputs)
-            values = torch.stack([outputs[n].detach().reshape(()).double() for n in names])  # [n]
+            shapes = {n: t.shape for n, t in outputs.items()}
+            flat = [t.detach().reshape(-1).double() for t in outputs.values()]
+            values = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64, device=norm.device)  # [n]
         if self._state() != before:  # e.g. a gradient accumulated out of place: the replays would be wrong
             raise RuntimeError(
                 "policy.train_cuda_graphs: the captured micro-batch replaced a parameter, gradient or FP8 weight "
@@ -155,7 +159,7 @@ class MicroBatchGraphs:
             )
         self._baked = before
         self.captures += 1
-        captured = _Captured(graph, mb, norm, values, names, None if logprobs is None else logprobs.detach())
+        captured = _Captured(graph, mb, norm, values, shapes, None if logprobs is None else logprobs.detach())
         self.graphs[key] = captured
         return captured
 

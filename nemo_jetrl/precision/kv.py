@@ -134,6 +134,20 @@ class QKVCalibrator:
         self.observe(layer_idx, q, k, v)
         return q, k, v
 
+    def add_record(self, amax: torch.Tensor) -> None:
+        """One whole forward's per-layer (q, k, v) amax [L, 3] observed by another calibrator (`last_record` of a
+        captured forward's scratch calibrator)."""
+        if tuple(amax.shape) != (self.num_layers, 3):
+            raise ValueError(f"QKVCalibrator: a record is [{self.num_layers}, 3], got {tuple(amax.shape)}")
+        self._records.append(amax.float())
+        self._seen.append(True)
+
+    def last_record(self) -> torch.Tensor:
+        """[L, 3] fp32 amax of the last forward observed (every layer of it)."""
+        if not self._records or not self._seen[-1]:
+            raise ValueError("QKVCalibrator: no complete forward observed")
+        return self._records[-1]
+
     def amax(self) -> torch.Tensor:
         """[L, 3] fp32: the calibration percentile over micro-batches of each layer's q/k/v amax."""
         if not self._records:

@@ -105,4 +105,4 @@ def test_train_step_syncs_with_the_host_once(preset, packing, graphs, monkeypatc
     assert reads == [2 * n_micro + 1]  # one read: each micro-batch's metrics and checks, the step's checks
     assert out["num_micro_batches"] == float(n_micro) and out["grad_norm"] > 0
     if graphs:
-        assert out["cuda_graph_micro_batch_fraction"] == 1.0 and policy.train_graphs.captures == 1  # one shape
+        assert out["cuda_graph_replay_fraction"] == 1.0 and policy.train_graphs.captures == 1  # one shape

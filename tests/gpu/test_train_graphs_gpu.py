@@ -41,7 +41,7 @@ def run(preset: str, graphs: bool, from_forward: bool, causal: bool = False, seq
         if from_forward:
             batch.prev_logprobs = None
         out = policy.train(batch, LOSS)
-        out.pop("cuda_graph_micro_batch_fraction", None)
+        out.pop("cuda_graph_replay_fraction", None)
         metrics.append(out)
         logps.append(batch.prev_logprobs)
         policy.prepare_refit()
@@ -91,8 +91,8 @@ def test_a_non_finite_step_drops_the_graphs_and_training_goes_on_equal_to_eager(
             out = policy.train(step_batch(step), LOSS)
         policies.append((policy, out))
     (eager, out_e), (graphed, out_g) = policies
-    assert graphed.train_graphs.resets == 1 and out_g["cuda_graph_micro_batch_fraction"] == 1.0
-    out_g.pop("cuda_graph_micro_batch_fraction")
+    assert graphed.train_graphs.resets == 1 and out_g["cuda_graph_replay_fraction"] == 1.0
+    out_g.pop("cuda_graph_replay_fraction")
     assert out_e == out_g
     for p, q in zip(eager.model.parameters(), graphed.model.parameters()):
         assert torch.equal(p, q)
@@ -115,7 +115,7 @@ def test_more_shapes_than_graphs_evict_the_oldest_and_a_reset_captures_again():
             if graphs and step == 5:
                 policy.train_graphs.reset()
             out = policy.train(step_batch(step, seq), LOSS)
-            out.pop("cuda_graph_micro_batch_fraction", None)
+            out.pop("cuda_graph_replay_fraction", None)
             outs.append(out)
             policy.prepare_refit()
         runs.append((policy, outs))
@@ -129,3 +129,59 @@ def test_more_shapes_than_graphs_evict_the_oldest_and_a_reset_captures_again():
     assert m_eager == m_graph
     for p, q in zip(eager.model.parameters(), graphed.model.parameters()):
         assert torch.equal(p, q)
+
+
+def grpo_steps(preset: str, graphs: bool, calibration_pass: str, from_forward: bool, seqs=(128, 128, 96, 128)):
+    """GRPO's trainer calls per step: logprob pass (unless prev_logprobs come from the training forward), train,
+    refit (new KV scales); the first rollout's KV scales from a bootstrap calibration (as grpo.py does)."""
+    model = build_model(TINY, None, DEV, torch.bfloat16).train()
+    cfg = policy_config(
+        optimizer=OPT, train_cuda_graphs=graphs, logprob_batch_size=2,
+        prev_logprobs_source="train_forward" if from_forward else "logprob_forward",
+        generation={"kv_cache_calibration_pass": calibration_pass},
+    )  # fmt: skip
+    policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), DEV, model=model)
+    g = policy.train_graphs
+    if graphs:
+        g.max_graphs = 8  # every shape of every pass keeps its graph
+    if policy.kv_calibrator is not None:
+        policy.calibrate_kv_scales(step_batch(0))
+    logps, metrics, scales = [], [], []
+    for step, seq in enumerate(seqs):
+        counts = (g.captures, g.replays) if graphs else None
+        batch = step_batch(step, seq)
+        batch.prev_logprobs = None if from_forward else policy.get_logprobs(batch)
+        out = policy.train(batch, LOSS)
+        out.pop("cuda_graph_replay_fraction", None)
+        metrics.append({**out, **policy.prepare_refit()})
+        logps.append(batch.prev_logprobs)
+        if policy.kv_scales is not None:
+            scales.append(torch.stack([policy.kv_scales.q, policy.kv_scales.k, policy.kv_scales.v]).cpu())
+    last_step = None if g is None else (g.captures - counts[0], g.replays - counts[1])
+    return policy, metrics, logps, scales, last_step
+
+
+@pytest.mark.parametrize(
+    "preset,calibration_pass,from_forward",
+    [("bf16", "fused", False), ("jetrl", "fused", False), ("jetrl_kv", "fused", False),
+     ("jetrl_kv", "post_step", False), ("jetrl_kv", "fused", True)],
+)  # fmt: skip
+def test_captured_logprob_and_calibration_passes_equal_eager_ones(preset, calibration_pass, from_forward):
+    """The logprob pass, the KV calibration forwards (fused into the logprob pass or the training forward, or the
+    post-step pass) replay captured micro-batches: prev_logprobs, KV scales, metrics and weights equal eager's."""
+    eager, m_eager, lp_eager, s_eager, _ = grpo_steps(preset, False, calibration_pass, from_forward)
+    graphed, m_graph, lp_graph, s_graph, last_step = grpo_steps(preset, True, calibration_pass, from_forward)
+    assert (len(s_eager) == 4) == (preset == "jetrl_kv") and len(s_graph) == len(s_eager)
+    for a, b in zip(s_eager, s_graph):
+        assert torch.equal(a, b)
+    for a, b in zip(lp_eager, lp_graph):
+        assert a.abs().sum() > 0 and torch.equal(a, b)
+    assert m_eager == m_graph
+    for (name, p), q in zip(eager.model.named_parameters(), graphed.model.parameters()):
+        assert torch.equal(p, q), name
+    # the last step's shapes ([1, 128] training and [2, 128] logprob / calibration micro-batches) were captured in
+    # steps 0-1: every micro-batch of it is a replay (4 training, 2 logprob, 2 post-step calibration ones)
+    micro_batches = (
+        4 + (0 if from_forward else 2) + (2 if calibration_pass == "post_step" and preset == "jetrl_kv" else 0)
+    )
+    assert last_step == (0, micro_batches)

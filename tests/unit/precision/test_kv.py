@@ -63,6 +63,31 @@ def test_calibrator_percentile_and_margin_on_hand_built_amaxes():
     assert high.amax()[1, 1].item() == 0.5
 
 
+def test_records_of_scratch_calibrators_give_the_scales_of_one_observing_all():
+    """A captured forward observes with a scratch calibrator of its own and hands its record over (`last_record` ->
+    `add_record`): the scales equal those of one calibrator that saw every forward."""
+    cal = KVCalibration(percentile=50.0, margin=1.0)
+    whole, taker = QKVCalibrator(2, cal), QKVCalibrator(2, cal)
+    for a in (1.0, 3.0, 2.0):
+        scratch = QKVCalibrator(2, cal)
+        for layer in (0, 1):
+            for c in (whole, scratch):
+                c(layer, *qkv(a, 2 * a + layer, 0.5))
+        taker.add_record(scratch.last_record())
+    assert taker.num_micro_batches == 3
+    assert torch.equal(taker.amax(), whole.amax())
+    median_k = [4.0 * float(R), 5.0 * float(R)]  # layer 0: median of 2a, layer 1: of 2a + 1
+    assert taker.scales().k.tolist() == pytest.approx(median_k, rel=1e-6)
+    with pytest.raises(ValueError, match=r"a record is \[2, 3\]"):
+        taker.add_record(torch.zeros(3, 3))
+    partial = QKVCalibrator(2)
+    with pytest.raises(ValueError, match="no complete forward"):
+        partial.last_record()
+    partial(0, *qkv(1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match="no complete forward"):
+        partial.last_record()
+
+
 def test_calibrator_errors():
     with pytest.raises(ValueError, match="num_layers"):
         QKVCalibrator(0)
