@@ -8,8 +8,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def ray_module():
-    """One local Ray for the module."""
+def ray_module(ray_lock):
+    """One local Ray for the module (one such module at a time under pytest-xdist: `ray_lock`)."""
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False)

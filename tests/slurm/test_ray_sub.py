@@ -19,7 +19,7 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sync --extra ray)")
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("ray_lock")]  # the job starts Ray
 ROOT = Path(__file__).resolve().parents[2]
 STATUS_FILE = Path(os.environ.get("SLURM_SETUP_STATUS", "/tmp/nemo_jetrl_slurm/status"))
 JOB_TIMEOUT_S = 540
