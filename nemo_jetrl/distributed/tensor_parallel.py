@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from nemo_jetrl.precision.convert import is_fp8_layer
 from nemo_jetrl.precision.linear import Fp8Linear, QuantizedInput, local_tensor, output_dtype
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 from nemo_jetrl.precision.rollout_layers import build_rollout_replica
@@ -46,10 +47,6 @@ def _layers(model: nn.Module) -> nn.ModuleList:
     if backbone is None or not hasattr(backbone, "layers"):
         raise ValueError(f"tensor parallel supports HF Llama/Qwen2/Qwen3 causal LMs, got {type(model).__name__}")
     return backbone.layers
-
-
-def _is_fp8(module: nn.Module) -> bool:
-    return isinstance(module, Fp8Linear) and (module.train_fp8 or module.rollout_fp8)
 
 
 def check_tp_heads(heads: int, kv_heads: int, tp: int) -> None:
@@ -72,7 +69,7 @@ def check_tp_layout(model: nn.Module, tp: int, block: int = 128) -> None:
                 where = f"layer 'model.layers.{i}.{name}' ({kind}-parallel)"
                 if size % tp:
                     raise ValueError(f"{where}: {attr} {size} is not divisible by tensor_parallel_size {tp}")
-                if _is_fp8(module) and (size // tp) % block:
+                if is_fp8_layer(module) and (size // tp) % block:
                     raise ValueError(
                         f"{where}: {attr} {size} / tensor_parallel_size {tp} = {size // tp} is not a multiple of "
                         f"the FP8 block {block}; its 128x128 tiles would straddle the shard boundary (choose another "

@@ -34,7 +34,7 @@ from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are importe
 )
 from nemo_jetrl.policy.train_graphs import MicroBatchGraphs, batch_key, requantize_fp8_in_place
 from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, fp8_layers
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 
 
@@ -128,13 +128,8 @@ class NativePolicy(PolicyInterface):
             host_mb = batch.window(part.rows, part.cols)
 
             def forward(mb: TrainBatch, _norm, host_mask=host_mb.attention_mask):
-                scratch = self._scratch_calibrator() if calibrate else None
-                logp = sequence_logprobs(
-                    model, mb.input_ids, mb.attention_mask, temperature=self.temperature,
-                    compute_dtype=self.compute_dtype, attn_hook=make_attn_hook(scratch, fake), host_mask=host_mask,
-                    **self.kernels,
-                )  # [b, w]  # fmt: skip
-                return logp, ({} if scratch is None else {"kv/amax": scratch.last_record()})
+                logp, amax = self._forward(model, mb, host_mask, calibrate, fake)
+                return logp, ({} if amax is None else {"kv/amax": amax})
 
             if graphs is not None:
                 key = batch_key(host_mb, "logprob", calibrate, fake is not None)
@@ -147,6 +142,19 @@ class NativePolicy(PolicyInterface):
         for part, logp in logps:  # device -> host after every launch: no wait between micro-batches
             part.scatter(out, logp)
         return out
+
+    def _forward(
+        self, model: torch.nn.Module, mb: TrainBatch, host_mask: torch.Tensor, calibrate: bool, fake: KVScales | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One micro-batch's logprobs [b, w] through `model` (K/V fake-quantized with `fake`), and with `calibrate`
+        its Q/K/V amax [L, 3], observed by a calibrator of its own: a captured forward returns the record as an
+        output, and the trainer's calibrator takes it after the replay (`QKVCalibrator.add_record`)."""
+        scratch = QKVCalibrator(self.kv_calibrator.num_layers, self.kv_calibrator.calibration) if calibrate else None
+        logp = sequence_logprobs(
+            model, mb.input_ids, mb.attention_mask, temperature=self.temperature, compute_dtype=self.compute_dtype,
+            attn_hook=make_attn_hook(scratch, fake), host_mask=host_mask, **self.kernels,
+        )  # fmt: skip
+        return logp, None if scratch is None else scratch.last_record()
 
     def _kv_fused(self) -> bool:
         """FP8 KV scales observed in the step's prev_logprobs forward (the logprob pass or the training forward)."""
@@ -167,11 +175,6 @@ class NativePolicy(PolicyInterface):
         if required and self.kv_scales is None and self.kv_calibrator is not None:
             raise ValueError("train_kv_fake_quant needs KV scales first: call calibrate_kv_scales / set_kv_scales")
         return self.kv_scales
-
-    def _scratch_calibrator(self) -> QKVCalibrator:
-        """A calibrator for one forward: its record is that forward's output (`last_record`), so a captured forward
-        returns it and the trainer's calibrator takes it after the replay (`add_record`)."""
-        return QKVCalibrator(self.kv_calibrator.num_layers, self.kv_calibrator.calibration)
 
     def _captured_inputs(self) -> list[torch.Tensor]:
         """Tensors besides the model's that captured micro-batches read: the K/V fake-quant scales."""
@@ -247,20 +250,15 @@ class NativePolicy(PolicyInterface):
         def micro_batch(mb: TrainBatch, norm: torch.Tensor | float):
             """Forward, loss, backward of one micro-batch on the device -> (its logprobs when they are prev_logprobs,
             {metric: 0-d tensor, plus the non-finite checks as check/*, and the Q/K/V amax [L, 3] as kv/amax})."""
-            scratch = self._scratch_calibrator() if calibrating else None
-            logp = sequence_logprobs(
-                self.model, mb.input_ids, mb.attention_mask, temperature=self.temperature,
-                compute_dtype=self.compute_dtype, attn_hook=make_attn_hook(scratch, fake),
-                host_mask=host_mb.attention_mask, **self.kernels,
-            )  # [b, w]  # fmt: skip
+            logp, amax = self._forward(self.model, mb, host_mb.attention_mask, calibrating, fake)  # [b, w]
             check, prev = {}, None
             if from_forward:
                 prev = logp.detach().float()
                 mb = dataclasses.replace(mb, prev_logprobs=prev)
                 valid = mb.response_mask.bool()  # [b, w]
                 check = {"check/bad_logps": (~torch.isfinite(prev) & valid).sum(), "check/valid": valid.sum()}
-            if scratch is not None:
-                check["kv/amax"] = scratch.last_record()
+            if amax is not None:
+                check["kv/amax"] = amax
             loss, metrics = loss_fn(logp.float(), mb, norm)
             loss.backward()
             return prev, {**metrics, **check, "check/loss": loss.detach()}
@@ -333,12 +331,10 @@ class NativePolicy(PolicyInterface):
 
     def prepare_refit(self) -> dict[str, float]:
         """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference."""
-        n = 0
-        for module in self.model.modules():
-            if isinstance(module, Fp8Linear) and (module.rollout_fp8 or module.train_fp8):
-                module.quantized_weight()
-                n += 1
-        metrics = {"num_fp8_weights": float(n)}
+        layers = fp8_layers(self.model)
+        for _, module in layers:
+            module.quantized_weight()
+        metrics = {"num_fp8_weights": float(len(layers))}
         if self.kv_calibrator is not None:
             metrics.update(self._recalibrate_kv())
         return metrics

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from nemo_jetrl.precision import Fp8Linear
+from nemo_jetrl.precision import Fp8Linear, fp8_layers
 from nemo_jetrl.precision.kv import KVScales
 from nemo_jetrl.utils.checkpoint import first_nonfinite
 
@@ -35,17 +35,13 @@ class NonFiniteStateError(NonFiniteError):
         )
 
 
-def _fp8_layers(model: nn.Module) -> list[tuple[str, Fp8Linear]]:
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8)]
-
-
 def _fp8_ok_flags(model: nn.Module) -> tuple[list[tuple[str, Fp8Linear]], list[torch.Tensor], list[torch.Tensor]]:
     """The FP8 layers and, per layer, its FP8 scales are finite / its master weight is finite (0-d device bools).
 
     The quantizer ignores NaN for the amax and saturates inf, so a bad master weight can hide behind finite
     scales: both are checked, the master weight through the non-finite count its quantization pass took.
     """
-    layers = _fp8_layers(model)
+    layers = fp8_layers(model)
     qweights = [m.quantized_weight() for _, m in layers]
     scale_ok = [qw.scale.isfinite().all() for qw in qweights]
     weight_ok = [
@@ -99,7 +95,7 @@ def nonfinite_model_state(model: nn.Module, kv_scales: KVScales | None) -> str |
     """Name of the first non-finite master weight, cached FP8 weight scale or KV scale, else None: one fused
     max-|x| reduction over all of them (one device sync)."""
     named = {f"master weight {n}": p.detach() for n, p in model.named_parameters()}
-    named.update({f"FP8 weight scale of {n}": m.quantized_weight().scale for n, m in _fp8_layers(model)})
+    named.update({f"FP8 weight scale of {n}": m.quantized_weight().scale for n, m in fp8_layers(model)})
     if kv_scales is not None:
         named.update({f"KV {n} scales": getattr(kv_scales, n) for n in ("q", "k", "v")})
     return first_nonfinite(named)

@@ -37,7 +37,7 @@ from torch import nn
 
 from nemo_jetrl.generation.native.cuda_graph import collector_paused
 from nemo_jetrl.policy.interfaces import TrainBatch
-from nemo_jetrl.precision import Fp8Linear
+from nemo_jetrl.precision import Fp8Linear, is_fp8_layer
 
 # fn(mb on the device, normalizer 0-d device tensor) -> (logprobs [b, w] or None, {name: tensor}), the tensors
 # small (0-d metrics, a [L, 3] amax record)
@@ -168,7 +168,7 @@ def requantize_fp8_in_place(modules: Iterable[nn.Module]) -> None:
     """Every FP8 layer's cached weight re-quantized into its own tensors (one pass per weight group)."""
     groups = set()
     for m in modules:
-        if isinstance(m, Fp8Linear) and (m.train_fp8 or m.rollout_fp8):
+        if is_fp8_layer(m):
             if m.weight_group is not None:
                 if id(m.weight_group) in groups:
                     continue

@@ -54,3 +54,13 @@ def use_cublas_fprop(model: nn.Module) -> int:
     for m in modules:
         m.fprop_cublas = True
     return len(modules)
+
+
+def is_fp8_layer(module: nn.Module) -> bool:
+    """An `Fp8Linear` that runs FP8 on either side (trainer or rollout)."""
+    return isinstance(module, Fp8Linear) and (module.train_fp8 or module.rollout_fp8)
+
+
+def fp8_layers(model: nn.Module) -> list[tuple[str, Fp8Linear]]:
+    """The model's FP8 layers (`is_fp8_layer`), named, in module order."""
+    return [(name, m) for name, m in model.named_modules() if is_fp8_layer(m)]
