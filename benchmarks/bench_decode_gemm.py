@@ -1,5 +1,5 @@
 """Decode-sized GEMMs (M = batch rows): BF16 `torch.mm` vs cuBLAS blockwise FP8 `scaled_mm` vs the Triton split-K
-FP8 kernel, on Qwen3-8B projection shapes, side by side in one run (GPU only).
+FP8 kernel (vs DeepGEMM where it imports), on Qwen3-8B projection shapes, side by side in one run (GPU only).
 
     PYTHONPATH=. python3 benchmarks/bench_decode_gemm.py --out decode_gemm.json
 
@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     if parsed is None:
         return 2
     args, dev, info = parsed
-    from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant
+    from nemo_jetrl.precision import act_quant, deep_gemm_adapter, fp8_blockwise_mm, weight_quant
     from nemo_jetrl.precision.kernels.triton_gemm import best_config, cold_copies
+
+    with_dg = deep_gemm_adapter.usable(dev)  # a DeepGEMM column where deep_gemm imports (use_deep_gemm's kernel)
 
     results = []
     for name, n, k in SHAPES:
@@ -65,14 +67,18 @@ def main(argv: list[str] | None = None) -> int:
                 "triton_us": graph_us(lambda w, xq=xq, xs=xs: fp8_blockwise_mm(xq, xs, *w, backend="triton"), w8),
                 "act_quant_us": graph_us(lambda _, x=x: act_quant(x), [None]),
                 "triton_rel_err": float((tri - ref).norm() / ref.norm()),
-                "triton_config": list(best_config(xq, wq, torch.bfloat16, False, with_scaled_mm=False)),
-                "auto_choice": "triton" if best_config(xq, wq, torch.bfloat16, False, with_scaled_mm=True) else "scaled_mm",
+                "triton_config": list(best_config(xq, wq, torch.bfloat16, False, library=None)),
+                "auto_choice": "triton" if best_config(xq, wq, torch.bfloat16, False, library="scaled_mm") else "scaled_mm",
             }  # fmt: skip
             r["bf16_weight_tbs"] = 2 * n * k / r["bf16_us"] / 1e6
             r["triton_weight_tbs"] = n * k / r["triton_us"] / 1e6
             r["scaled_mm_weight_tbs"] = n * k / r["scaled_mm_us"] / 1e6
             r["best_fp8_us"] = min(r["triton_us"], r["scaled_mm_us"])
             r["best_fp8_vs_bf16"] = r["bf16_us"] / r["best_fp8_us"]
+            if with_dg:
+                r["deepgemm_us"] = graph_us(lambda w, xq=xq, xs=xs: deep_gemm_adapter.fp8_gemm(xq, xs, *w), w8)
+                r["deepgemm_vs_best"] = r["best_fp8_us"] / r["deepgemm_us"]
+                r["deepgemm_weight_tbs"] = n * k / r["deepgemm_us"] / 1e6
             r["triton_vs_scaled_mm"] = r["scaled_mm_us"] / r["triton_us"]
             results.append(r)
             print(f"  {name} {n}x{k} M={m}: bf16 {r['bf16_us']:.1f} us, scaled_mm {r['scaled_mm_us']:.1f} us, "
@@ -84,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         "shape", "M", "bf16_us", "scaled_mm_us", "triton_us", "best_fp8_vs_bf16", "triton_vs_scaled_mm",
         "triton_weight_tbs", "triton_rel_err", "auto_choice",
     ]  # fmt: skip
+    if with_dg:
+        headers += ["DeepGEMM us", "DG x best", "DG W TB/s"]
+        keys += ["deepgemm_us", "deepgemm_vs_best", "deepgemm_weight_tbs"]
     title = (
         f"decode GEMMs on {info['device']} (Qwen3-8B shapes; GPU time in a CUDA graph, weights cold in L2; "
         "W TB/s = FP8 weight bytes / Triton time)"

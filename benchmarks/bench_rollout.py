@@ -37,7 +37,7 @@ from common import (  # noqa: E402
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, deep_gemm_adapter, rollout_mode  # noqa: E402
 from nemo_jetrl.precision.kv import QKVCalibrator  # noqa: E402
 
 
@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-steps", type=int, default=0, help="GPU: profile N eager decode steps per variant (kernel breakdown)"
     )
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument(
+        "--deep-gemm", action="store_true",
+        help="also 'fp8+kv+deep_gemm': policy.fp8_cfg.use_deep_gemm (needs deep_gemm on an sm90 GPU)",
+    )  # fmt: skip
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -174,6 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     fp8_kv = NativeGenerationEngine(model, kv_cache_dtype="fp8", **base)
     fp8_kv.update_weights(kv_scales=kv_scales)
     results.append(run_variant("fp8+kv", fp8_kv, prompts, args, device))
+    if args.deep_gemm:
+        reason = deep_gemm_adapter.unusable_reason(device)
+        if reason is not None:
+            p.error(f"--deep-gemm: {reason}")
+        convert_to_fp8(model, PrecisionRecipe.preset("jetrl", use_deep_gemm=True))  # same FP8 bits, DeepGEMM GEMMs
+        fp8_kv_dg = NativeGenerationEngine(model, kv_cache_dtype="fp8", **base)
+        fp8_kv_dg.update_weights(kv_scales=kv_scales)
+        results.append(run_variant("fp8+kv+deep_gemm", fp8_kv_dg, prompts, args, device))
 
     kv_bytes = {
         dt: KVCache.for_model(model, 1, 1, dtype=dt, device="meta").bytes_per_token
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     mean_kv_len = args.prompt_len + args.gen_len / 2
     for r in results:
         fp8 = r["variant"] != "bf16"
-        kv = kv_bytes[torch.float8_e4m3fn if r["variant"] == "fp8+kv" else torch.bfloat16]
+        kv = kv_bytes[torch.float8_e4m3fn if r["variant"].startswith("fp8+kv") else torch.bfloat16]
         step_bytes = linear_weight_bytes(model, fp8) + args.batch * mean_kv_len * kv
         r["bytes_per_step_gb"] = step_bytes / 1e9
         r["decode_tbs"] = step_bytes / (r["decode_step_ms"] * 1e-3) / 1e12

@@ -93,6 +93,7 @@ def policy_config(**overrides) -> dict:
         "pow2_activation_scaling_factors": False,
         "wgrad_x_blocks": "1x128",
         "train_kv_fake_quant": False,
+        "use_deep_gemm": False,  # the recipe each benchmark passes decides (PrecisionRecipe.use_deep_gemm)
     }
     optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8}
     cfg = {

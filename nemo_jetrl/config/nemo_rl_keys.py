@@ -124,7 +124,10 @@ KEY_RULES: dict[str, Rule] = {
         "policy.fp8_cfg.pow2_activation_scaling_factors"
     ),
     "policy.generation.vllm_cfg.enforce_eager": alias("policy.generation.cuda_graphs", {True: False, False: True}),
-    "policy.generation.vllm_cfg.use_deep_gemm": no_effect("FP8 GEMMs run on torch's scaled_mm / Triton here"),
+    "policy.generation.vllm_cfg.use_deep_gemm": alias(
+        "policy.fp8_cfg.use_deep_gemm",
+        reason="one GEMM library for trainer AND rollout, where deep_gemm imports on an sm90 GPU",
+    ),
     "policy.generation.vllm_cfg.async_engine": only([False], "the async rollout engine", "set false"),
     "policy.generation.vllm_cfg.tensor_parallel_size": same_as(
         "policy.dtensor_cfg.tensor_parallel_size",

@@ -203,6 +203,8 @@ class VllmGenerationEngine(GenerationInterface):
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((kv_bytes or GIB) / GIB)))
         if on_cpu and self.fp8_linear:
             _register_cpu_fp8_kernel(self.recipe)
+        if not on_cpu:  # vLLM's own block-FP8 kernels: DeepGEMM where it imports, as NeMo-RL sets it
+            os.environ["VLLM_USE_DEEP_GEMM"] = "1" if self.recipe.use_deep_gemm else "0"
         export_hf(
             self.model, self.tokenizer, self._workdir / "model", dtype=self.compute_dtype, fp8=self.fp8_linear,
             recipe=self.recipe,

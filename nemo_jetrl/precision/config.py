@@ -27,6 +27,9 @@ class Fp8Config(Section):
     pow2_activation_scaling_factors: bool = False
     wgrad_x_blocks: Literal["1x128", "128x128"] = "1x128"  # 1x128 (exact Jet-RL layout) | 128x128 (faster WGrad)
     train_kv_fake_quant: bool = False  # the trainer's attention sees the rollout's FP8 Q/K/V
+    # blockwise FProp / DGrad GEMMs of trainer AND rollout on DeepGEMM where it imports on an sm90 GPU (in cuBLAS's
+    # place; otherwise said at start and left on cuBLAS / Triton); NeMo-RL's generation.vllm_cfg.use_deep_gemm maps here
+    use_deep_gemm: bool = False
 
     @field_validator("block_size")
     @classmethod

@@ -31,11 +31,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from nemo_jetrl.precision import deep_gemm_adapter
 from nemo_jetrl.precision.quant import act_dequant, act_quant, act_quant_t, weight_dequant, weight_quant
 
 logger = logging.getLogger(__name__)
 
 GemmBackend = Literal["scaled_mm", "emulated"]
+Backend = Literal["auto", "deep_gemm", "scaled_mm", "triton", "emulated", "batch_invariant"]
+Library = Literal["scaled_mm", "deep_gemm"]  # the library GEMM of "auto" on sm90 (cuBLAS, or DeepGEMM)
 WBlocks = Literal["128x128", "1x128"]
 _FP8 = torch.float8_e4m3fn
 # Most rows for which the Triton split-K kernel is a candidate (timed against scaled_mm per shape; decode batches).
@@ -73,15 +76,17 @@ def fp8_blockwise_mm(
     bias: torch.Tensor | None = None,
     w_blocks: WBlocks = "128x128",
     block: int = 128,
-    backend: Literal["auto", "scaled_mm", "triton", "emulated", "batch_invariant"] = "auto",
+    backend: Backend = "auto",
     w_dequant: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y [M, N] = dequant(x_fp8, x_scale) @ dequant(w_fp8, w_scale)^T (+ bias), in `out_dtype`.
 
     `w_dequant` ([N, K] fp32, optional) is a cached `dequant(w_fp8, w_scale)` the emulation may reuse. backend
     "auto": on sm90, for <= SMALL_M_MAX rows with 128x128 weight tiles, the faster of the Triton kernel and
-    scaled_mm for the shape (timed once); scaled_mm for larger products; the emulation off sm90. "batch_invariant":
-    the exact mode's GEMM (Triton on CUDA, the block-exact float64 twin elsewhere; 128x128 weight tiles).
+    scaled_mm for the shape (timed once); scaled_mm for larger products; the emulation off sm90. "deep_gemm": "auto"
+    with DeepGEMM in cuBLAS's place for the products it takes (`deep_gemm_adapter.fits`; same operands, its own FP32
+    summation order), "auto" itself where it cannot run. "batch_invariant": the exact mode's GEMM (Triton on CUDA, the block-exact float64 twin
+    elsewhere; 128x128 weight tiles).
     """
     _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block)
     if backend == "batch_invariant":
@@ -96,19 +101,28 @@ def fp8_blockwise_mm(
             f"fp8_blockwise_mm: w_dequant must be float32 {tuple(w_fp8.shape)}, got {w_dequant.dtype} "
             f"{tuple(w_dequant.shape)}"
         )
+    library: Library = "scaled_mm"
+    if backend == "deep_gemm":
+        if deep_gemm_adapter.usable(x_fp8.device) and deep_gemm_adapter.fits(
+            x_fp8, w_fp8, w_blocks, block, out_dtype, bias
+        ):
+            library = "deep_gemm"
+        backend = "auto"
     caps = scaled_mm_caps(x_fp8.device)
     if backend == "scaled_mm" and caps is None:
         raise ValueError(f"fp8_blockwise_mm: backend='scaled_mm' is not available on {x_fp8.device}")
     if backend not in ("auto", "scaled_mm", "triton", "emulated"):
         raise ValueError(
-            f"fp8_blockwise_mm: backend must be auto|scaled_mm|triton|emulated|batch_invariant, got {backend!r}"
+            f"fp8_blockwise_mm: backend must be auto|deep_gemm|scaled_mm|triton|emulated|batch_invariant, got {backend!r}"
         )
     if backend == "triton" or (backend == "auto" and _triton_fits(x_fp8, w_fp8, w_blocks, block, caps)):
         if backend == "triton" and not (w_blocks == "128x128" and block == 128 and x_fp8.device.type == "cuda"):
             raise ValueError("fp8_blockwise_mm: backend='triton' needs CUDA operands and 128x128 weight tiles")
         from nemo_jetrl.precision.kernels import triton_gemm
 
-        config = triton_gemm.best_config(x_fp8, w_fp8, out_dtype, bias is not None, with_scaled_mm=backend == "auto")
+        config = triton_gemm.best_config(
+            x_fp8, w_fp8, out_dtype, bias is not None, library if backend == "auto" else None
+        )
         if config is not None:  # else cuBLAS measured faster for this shape
             return triton_gemm.fp8_gemm_small_m(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, config)
     use_scaled = backend != "emulated" and caps is not None and _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps)
@@ -117,6 +131,8 @@ def fp8_blockwise_mm(
             f"fp8_blockwise_mm: scaled_mm cannot take x {tuple(x_fp8.shape)}, w {tuple(w_fp8.shape)} ({w_blocks})"
         )
     with no_autocast(x_fp8.device.type):
+        if library == "deep_gemm":
+            return deep_gemm_adapter.fp8_gemm(x_fp8, x_scale, w_fp8, w_scale)
         if use_scaled:
             return _scaled_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps)
         return _emulated_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, block, w_dequant)

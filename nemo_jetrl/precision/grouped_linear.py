@@ -23,7 +23,14 @@ from collections.abc import Sequence
 import torch
 
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm, no_autocast
-from nemo_jetrl.precision.linear import Fp8Linear, _fprop_mm, fprop_backend, local_tensor, output_dtype
+from nemo_jetrl.precision.linear import (
+    Fp8Linear,
+    _fprop_mm,
+    fprop_backend,
+    library_backend,
+    local_tensor,
+    output_dtype,
+)
 from nemo_jetrl.precision.quant import act_quant, act_quant_dual
 from nemo_jetrl.precision.quantized import QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
@@ -51,7 +58,7 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
             else:
                 x_fp8, x_scale = act_quant(x2, block, pow2)
             bias = torch.cat([b.detach() for b in biases]) if biases else None  # [sum N_i], read live each call
-            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, "auto")  # y2: [M, sum N_i]
+            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, library_backend(recipe))  # y2: [M, sum N_i]
         ctx.qweight, ctx.recipe, ctx.splits, ctx.n = qweight, recipe, tuple(splits), n
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight_dtypes = [w.dtype for w in weights]
@@ -74,7 +81,7 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
             if need_dx:  # DGrad: dX [M, K] = Q(dY) [M, sum N_i] @ Q(W_group) [sum N_i, K]
                 wt_fp8, wt_scale = qweight.transposed()  # [K, sum N_i], the tiles transposed
                 grad_x = fp8_blockwise_mm(
-                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block,
+                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, backend=library_backend(recipe),
                     w_dequant=qweight.dequantized(transposed=True),
                 ).reshape(ctx.x_shape)  # fmt: skip
             if need_dw:  # WGrad: dW_group [sum N_i, K] = Q(dY^T) [sum N_i, MP] @ Q(X^T)^T [MP, K]
@@ -104,7 +111,7 @@ def trains_grouped(x: torch.Tensor, linears: Sequence[Fp8Linear], group) -> bool
         and first.mode == "train"
         and first.train_fp8
         and first.recipe.blockwise
-        and all(fprop_backend(m) == "auto" and m.partial_dtype is None for m in linears)
+        and all(fprop_backend(m) == library_backend(m.recipe) and m.partial_dtype is None for m in linears)
     )
 
 

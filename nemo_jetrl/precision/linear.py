@@ -26,7 +26,7 @@ from nemo_jetrl.precision.recipe_quant import input_quant, input_quant_key, mast
 
 Mode = Literal["train", "rollout"]
 _MODES = ("train", "rollout")
-FpropBackend = Literal["auto", "batch_invariant", "scaled_mm"]
+FpropBackend = Literal["auto", "deep_gemm", "batch_invariant", "scaled_mm"]
 
 
 def shared_input_recipe(in_features: int, linears: tuple[nn.Module, ...]) -> PrecisionRecipe | None:
@@ -107,10 +107,18 @@ def quantized_input_forward(
 
 def fprop_backend(module: nn.Module) -> FpropBackend:
     """The forward GEMM of an FP8 linear: "batch_invariant" in the exact mode, "scaled_mm" (cuBLAS at every M,
-    `convert.use_cublas_fprop`), else "auto"."""
+    `convert.use_cublas_fprop`), else the recipe's `library_backend`."""
     if getattr(module, "batch_invariant", False):
         return "batch_invariant"
-    return "scaled_mm" if getattr(module, "fprop_cublas", False) else "auto"
+    if getattr(module, "fprop_cublas", False):
+        return "scaled_mm"
+    return library_backend(module.recipe)
+
+
+def library_backend(recipe: PrecisionRecipe) -> Literal["auto", "deep_gemm"]:
+    """The FProp / DGrad GEMM choice of `recipe`: "deep_gemm" with `use_deep_gemm` (DeepGEMM where it runs, in
+    cuBLAS's place; `deep_gemm_adapter`), else "auto"."""
+    return "deep_gemm" if recipe.use_deep_gemm else "auto"
 
 
 def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype, backend: FpropBackend) -> torch.Tensor:
@@ -132,7 +140,7 @@ def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype, backend
 
 
 def _refuse_exact_mode(backend: FpropBackend, granularity: str) -> None:
-    if backend != "auto":
+    if backend in ("batch_invariant", "scaled_mm"):
         raise ValueError(f"the exact mode's FP8 GEMM is blockwise; the {granularity} recipe has none")
 
 
@@ -182,8 +190,9 @@ class Fp8LinearFunction(torch.autograd.Function):
                 wt_fp8, wt_scale = qweight.transposed()
                 wt_dequant = qweight.dequantized(transposed=True)
                 grad_x = fp8_blockwise_mm(
-                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, w_dequant=wt_dequant
-                ).reshape(ctx.x_shape)
+                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, backend=library_backend(recipe),
+                    w_dequant=wt_dequant,
+                ).reshape(ctx.x_shape)  # fmt: skip
             # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T)^T [MP, K], contraction over the tokens
             if need_dw:
                 xt_fp8, xt_scale = ctx.saved_tensors

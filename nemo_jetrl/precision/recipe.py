@@ -32,6 +32,7 @@ _FP8_CFG_FIELDS = {
     "pow2_activation_scaling_factors": "pow2_activation_scales",
     "wgrad_x_blocks": "wgrad_x_blocks",
     "train_kv_fake_quant": "train_kv_fake_quant",
+    "use_deep_gemm": "use_deep_gemm",
 }
 
 
@@ -64,6 +65,7 @@ class PrecisionRecipe:
     wgrad_x_blocks: WGradXBlocks = "1x128"
     kv_calibration: KVCalibration = field(default_factory=KVCalibration)
     train_kv_fake_quant: bool = False
+    use_deep_gemm: bool = False  # blockwise FProp / DGrad on DeepGEMM where it runs (deep_gemm_adapter)
 
     # --- derived views -------------------------------------------------------------------------------------
     @property

@@ -65,7 +65,7 @@ def test_auto_backend_takes_the_faster_kernel_for_small_m():
     x, w = torch.randn(SMALL_M_MAX + 1, 4096, device=DEV), torch.randn(1024, 4096, device=DEV)
     (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
     small = fp8_blockwise_mm(xq[:64], xs[:64], wq, ws, torch.float32)
-    choice = best_config(xq[:64], wq, torch.float32, False, with_scaled_mm=True)
+    choice = best_config(xq[:64], wq, torch.float32, False, library="scaled_mm")
     want = "scaled_mm" if choice is None else "triton"
     assert torch.equal(small, fp8_blockwise_mm(xq[:64], xs[:64], wq, ws, torch.float32, backend=want))
     big = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32)  # beyond SMALL_M_MAX: always cuBLAS

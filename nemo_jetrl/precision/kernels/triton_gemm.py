@@ -20,6 +20,7 @@ eager call with the same shapes (the engine's `CapturedStep` warm-up does this).
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import torch
 import triton
@@ -37,6 +38,7 @@ CANDIDATES = tuple(
     (block_n, split_k, 8, stages) for block_n in (64, 128) for split_k in (1, 2, 4, 8) for stages in (3, 4)
 )
 Config = tuple[int, int, int, int]
+Library = Literal["scaled_mm", "deep_gemm"]  # the library GEMM the Triton kernel is timed against
 
 
 @triton.jit
@@ -114,7 +116,7 @@ def fp8_gemm_small_m(
     if m == 0:
         return y
     if config is None:
-        config = best_config(x_fp8, w_fp8, out_dtype, bias is not None, with_scaled_mm=False)
+        config = best_config(x_fp8, w_fp8, out_dtype, bias is not None, library=None)
     block_n, split_k, warps, stages = config
     split_k = min(split_k, k // BLOCK_K)
     block_m = _block_m(m)
@@ -138,20 +140,21 @@ def fp8_gemm_small_m(
 
 
 def best_config(
-    x_fp8: torch.Tensor, w_fp8: torch.Tensor, out_dtype: torch.dtype, has_bias: bool, with_scaled_mm: bool
+    x_fp8: torch.Tensor, w_fp8: torch.Tensor, out_dtype: torch.dtype, has_bias: bool, library: Library | None
 ) -> Config | None:
-    """The fastest way to run this product shape: a Triton config, or None where cuBLAS `scaled_mm` (timed too
-    when `with_scaled_mm`) is faster. Decided once per (M rounded up to a power of two, N, K, dtype, device)."""
+    """The fastest way to run this product shape: a Triton config, or None where the library GEMM (cuBLAS
+    `scaled_mm` or DeepGEMM, timed too when `library` names one) is faster. Decided once per (M rounded up to a
+    power of two, N, K, dtype, device, library)."""
     index = x_fp8.device.index if x_fp8.device.index is not None else torch.cuda.current_device()
     m_bucket = triton.next_power_of_2(x_fp8.shape[0])
-    return tuned_config(m_bucket, w_fp8.shape[0], x_fp8.shape[1], out_dtype, has_bias, index, with_scaled_mm)
+    return tuned_config(m_bucket, w_fp8.shape[0], x_fp8.shape[1], out_dtype, has_bias, index, library)
 
 
 @functools.cache
 def tuned_config(
-    m_bucket: int, n: int, k: int, out_dtype: torch.dtype, has_bias: bool, device_index: int, with_scaled_mm: bool
+    m_bucket: int, n: int, k: int, out_dtype: torch.dtype, has_bias: bool, device_index: int, library: Library | None
 ) -> Config | None:
-    """Times every candidate (and cuBLAS blockwise `scaled_mm` when asked) once on random operands of the shape,
+    """Times every candidate (and the `library` GEMM when one is named) once on random operands of the shape,
     as the rollout runs them: inside a CUDA graph (no launch overhead) with weights cold in L2 (`time_in_graph`).
 
     Must not run inside a CUDA-graph capture: the first call of a shape happens in the eager warm-up.
@@ -173,7 +176,11 @@ def tuned_config(
         if config[1] <= k // BLOCK_K:
             calls = [lambda w=w, s=s, c=config: fp8_gemm_small_m(x, xs, w, s, out_dtype, bias, c) for w, s in operands]
             timings[config] = time_in_graph(calls)
-    if with_scaled_mm:
+    if library == "deep_gemm":
+        from nemo_jetrl.precision import deep_gemm_adapter
+
+        timings[None] = time_in_graph([lambda w=w, s=s: deep_gemm_adapter.fp8_gemm(x, xs, w, s) for w, s in operands])
+    elif library == "scaled_mm":
         calls = [
             lambda w=w, s=s: fp8_blockwise_mm(x, xs, w, s, out_dtype, bias=bias, backend="scaled_mm")
             for w, s in operands

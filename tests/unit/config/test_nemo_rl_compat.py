@@ -93,6 +93,8 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
             {"policy.precision": "bf16", "policy.generation.precision": "fp8"},
         ),  # FP8 rollout only
         (["policy.generation.vllm_cfg.enforce_eager=true"], {"policy.generation.cuda_graphs": False}),
+        ([], {"policy.fp8_cfg.use_deep_gemm": True}),  # the 1B-like file sets vllm_cfg.use_deep_gemm: true
+        (["policy.generation.vllm_cfg.use_deep_gemm=false"], {"policy.fp8_cfg.use_deep_gemm": False}),
         (
             ["policy.generation.vllm_cfg.pow2_weight_scaling_factors=true"],
             {"policy.fp8_cfg.pow2_weight_scaling_factors": True},
@@ -114,7 +116,10 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
             ["policy.sequence_packing.algorithm=first_fit_decreasing", "+policy.sequence_packing.train_mb_tokens=48"],
             {"policy.sequence_packing.enabled": True, "policy.sequence_packing.train_mb_tokens": 48},
         ),  # NeMo-RL's default (enabled, MFFD) is in the 1B-like file: honoured, no longer accepted without effect
-        (["+policy.generation.vllm_kwargs.block_size=32", "policy.generation.backend=native"], {"policy.generation.kv_block_size": 32}),
+        (
+            ["+policy.generation.vllm_kwargs.block_size=32", "policy.generation.backend=native"],
+            {"policy.generation.kv_block_size": 32},
+        ),
         (
             ["policy.megatron_cfg.fp8_cfg.fp8_recipe=tensorwise", "policy.generation.backend=native"],
             {"policy.fp8_cfg.fp8_recipe": "tensorwise"},
