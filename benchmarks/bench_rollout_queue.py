@@ -26,7 +26,9 @@ Every case's rollouts run `--warmup` + `--repeats` times in rounds of alternatin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import dataclasses
 import json
 import statistics
 import sys
@@ -49,7 +51,7 @@ from common import (  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8  # noqa: E402
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, deep_gemm_adapter  # noqa: E402
 
 VARIANTS = ("bf16", "fp8", "fp8+kv")
 
@@ -70,7 +72,34 @@ def build_engines(args, device) -> tuple[dict, torch.nn.Module]:
     }
     calib = torch.randint(1, shape["vocab_size"], (4, args.prompt_len), generator=torch.Generator().manual_seed(1))
     engines["fp8+kv"].update_weights(kv_scales=calibrate(fp8_model, calib.to(device)))
+    if args.deep_gemm:  # the same engine and FP8 weights; its rollouts run with use_deep_gemm (`gemm_library`)
+        engines["fp8+kv+deep_gemm"] = engines["fp8+kv"]
     return engines, bf16_model
+
+
+def on_deep_gemm(fn, model: torch.nn.Module):
+    """`fn` run with `model`'s FP8 linears on use_deep_gemm (`gemm_library`)."""
+
+    def run():
+        with gemm_library(model, True):
+            return fn()
+
+    return run
+
+
+@contextlib.contextmanager
+def gemm_library(model: torch.nn.Module, use_deep_gemm: bool):
+    """The FP8 linears of `model` with `use_deep_gemm` in their recipe for the block (same FP8 weights), so one
+    resident model serves the cuBLAS and the DeepGEMM variant; each rollout captures its own CUDA graphs."""
+    layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    recipes = [m.recipe for m in layers]
+    for m in layers:
+        m.recipe = dataclasses.replace(m.recipe, use_deep_gemm=use_deep_gemm)
+    try:
+        yield
+    finally:
+        for m, recipe in zip(layers, recipes):
+            m.recipe = recipe
 
 
 def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args, record: dict):
@@ -118,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument(
+        "--deep-gemm", action="store_true",
+        help="also 'fp8+kv+deep_gemm': policy.fp8_cfg.use_deep_gemm (needs deep_gemm on an sm90 GPU)",
+    )  # fmt: skip
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)
     if args.quick:
@@ -125,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         args.mean_len, args.max_len, args.warmup, args.repeats = 6, 16, 0, 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = device_info(device)
+    if args.deep_gemm and (reason := deep_gemm_adapter.unusable_reason(device)) is not None:
+        p.error(f"--deep-gemm: {reason}")
     engines, model = build_engines(args, device)
     gen = torch.Generator().manual_seed(0)
     if args.generations < 1 or args.queue % args.generations:
@@ -152,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 engine = base.replace(max_num_seqs=args.concurrency, continuous_batching=True)
             records[name] = {}
-            fns[name] = rollout_fn(engine, prompts, lengths, mode, args, records[name])
+            fn = rollout_fn(engine, prompts, lengths, mode, args, records[name])
+            if name.endswith("deep_gemm"):
+                fn = on_deep_gemm(fn, engine.model)
+            fns[name] = fn
         timings = alternating_timings(fns, args.warmup, args.repeats, device)
         for name in engines:
             t, rec = timings[name], records[name]
@@ -172,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # what a run cut short by a time limit still leaves
             Path(args.out + ".partial").write_text(json.dumps({"device": info["device"], "results": results}))
     kv_bytes = {
-        name: KVCache.for_model(model, 1, 1, dtype=torch.float8_e4m3fn if name == "fp8+kv" else torch.bfloat16,
+        name: KVCache.for_model(model, 1, 1, dtype=torch.float8_e4m3fn if name.startswith("fp8+kv") else torch.bfloat16,
                                 device="meta").bytes_per_token
         for name in engines
     }  # fmt: skip
