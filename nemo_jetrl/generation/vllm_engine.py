@@ -86,6 +86,18 @@ def _(x2, weight, scale, bias, block, pow2):
     return x2.new_empty(x2.shape[0], weight.shape[0])
 
 
+def vllm_environment(recipe: PrecisionRecipe, on_cpu: bool, kv_bytes: int | None) -> dict[str, str]:
+    """The environment vLLM reads at start: an in-process engine (refits pass tensors by reference); on CPU its KV
+    space in GiB; on CUDA `VLLM_USE_DEEP_GEMM` from `policy.fp8_cfg.use_deep_gemm`, as NeMo-RL sets it from
+    `vllm_cfg.use_deep_gemm` (vLLM's own block-FP8 kernels take DeepGEMM where it imports)."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if on_cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((kv_bytes or GIB) / GIB)))
+    else:
+        env["VLLM_USE_DEEP_GEMM"] = "1" if recipe.use_deep_gemm else "0"
+    return env
+
+
 def _register_cpu_fp8_kernel(recipe: PrecisionRecipe) -> None:
     """Put `JetrlFp8BlockKernel` (this recipe's FP8 forward) first among vLLM's CPU block-FP8 kernels."""
     from vllm.model_executor.kernels.linear import _POSSIBLE_FP8_BLOCK_KERNELS
@@ -197,14 +209,10 @@ class VllmGenerationEngine(GenerationInterface):
 
     # ------------------------------------------------------------------ start-up
     def _start(self, enforce_eager, seed, max_num_seqs, kv_bytes, gpu_util) -> Any:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: refits pass tensors by reference
         on_cpu = not torch.cuda.is_available()
-        if on_cpu:  # vLLM's CPU KV space is an environment setting, in GiB
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((kv_bytes or GIB) / GIB)))
+        os.environ.update(vllm_environment(self.recipe, on_cpu, kv_bytes))
         if on_cpu and self.fp8_linear:
             _register_cpu_fp8_kernel(self.recipe)
-        if not on_cpu:  # vLLM's own block-FP8 kernels: DeepGEMM where it imports, as NeMo-RL sets it
-            os.environ["VLLM_USE_DEEP_GEMM"] = "1" if self.recipe.use_deep_gemm else "0"
         export_hf(
             self.model, self.tokenizer, self._workdir / "model", dtype=self.compute_dtype, fp8=self.fp8_linear,
             recipe=self.recipe,

@@ -115,3 +115,15 @@ def test_cpu_fp8_kv_cache_needs_avx512_or_amx(tmp_path):
     info.write_text("flags\t\t: avx2 amx_tile amx_bf16\n")
     assert cpu_fp8_kv_missing_reason(str(info)) is None
     assert cpu_fp8_kv_missing_reason(str(tmp_path / "absent")) is None  # unreadable: vLLM's own error stands
+
+
+@pytest.mark.parametrize("use_deep_gemm", [False, True])
+def test_vllm_environment_follows_the_recipe(use_deep_gemm):
+    from nemo_jetrl.generation.vllm_engine import vllm_environment
+    from nemo_jetrl.precision import PrecisionRecipe
+
+    recipe = PrecisionRecipe.preset("jetrl", use_deep_gemm=use_deep_gemm)
+    cuda = vllm_environment(recipe, on_cpu=False, kv_bytes=None)
+    assert cuda == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_DEEP_GEMM": "1" if use_deep_gemm else "0"}
+    cpu = vllm_environment(recipe, on_cpu=True, kv_bytes=3 * (1 << 30) + 1)
+    assert cpu == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "4"}  # GiB, rounded up
