@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nemo_jetrl.policy.native import NativePolicy
-from nemo_jetrl.precision import Fp8Linear, Fp8WeightGroup, PrecisionRecipe, deep_gemm_adapter, project_shared_input
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, deep_gemm_adapter
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm
 from nemo_jetrl.precision.linear import rollout_mode
 from nemo_jetrl.precision.quant import act_quant, weight_quant
@@ -17,6 +17,7 @@ from nemo_jetrl.precision.quant import act_quant, weight_quant
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_train_step import make_batch  # noqa: E402
 from common import LOSS, TINY, build_model, policy_config  # noqa: E402
+from jetrl_testkit.sibling_linears import sibling_linear_grads  # noqa: E402
 
 DEV = torch.device("cuda")
 pytestmark = [
@@ -69,31 +70,17 @@ def deep_gemm_calls(monkeypatch):
     return calls
 
 
-def layer_outputs(use_deep_gemm: bool, grouped: bool, k: int, splits: tuple, m: int) -> list[torch.Tensor]:
-    """Y_i, dX, dW_i of sibling FP8 linears over one input (one grouped GEMM per pass, or one per linear)."""
-    recipe = PrecisionRecipe.preset("jetrl", use_deep_gemm=use_deep_gemm)
-    torch.manual_seed(0)
-    linears = [Fp8Linear(k, n, bias=False, recipe=recipe, device=DEV, dtype=torch.bfloat16) for n in splits]
-    if grouped:
-        Fp8WeightGroup(linears)
-    gen = torch.Generator(device=DEV).manual_seed(1)
-    x = torch.randn(m, k, device=DEV, generator=gen, dtype=torch.bfloat16).requires_grad_(True)
-    dys = [torch.randn(m, n, device=DEV, generator=gen, dtype=torch.bfloat16) for n in splits]
-    ys = project_shared_input(x, linears) if grouped else [linear(x) for linear in linears]
-    torch.autograd.backward(ys, dys)
-    return [y.detach() for y in ys] + [x.grad] + [linear.weight.grad for linear in linears]
-
-
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("k,splits,m", [(256, (256, 128, 128), 512), (4096, (4096, 1024, 1024), 4096)])
 def test_training_linears_on_deep_gemm_give_the_cublas_bits(grouped, k, splits, m, deep_gemm_calls):
     """At these shapes (the tiny test model's, Qwen3-8B's q/k/v at a 4K-token micro-batch) DeepGEMM's FProp and
     DGrad sums came out bit for bit cuBLAS's on an H100; WGrad runs on cuBLAS either way."""
-    cublas = layer_outputs(False, grouped, k, splits, m)
+    ys, dx, dws = sibling_linear_grads(PrecisionRecipe.preset("jetrl"), grouped, k, splits, m, DEV)
     assert deep_gemm_calls == []
-    ours = layer_outputs(True, grouped, k, splits, m)
+    recipe = PrecisionRecipe.preset("jetrl", use_deep_gemm=True)
+    ys_dg, dx_dg, dws_dg = sibling_linear_grads(recipe, grouped, k, splits, m, DEV)
     assert len(deep_gemm_calls) == (2 if grouped else 2 * len(splits))  # FProp + DGrad, per group or per linear
-    for a, b in zip(ours, cublas):
+    for a, b in zip([*ys_dg, dx_dg, *dws_dg], [*ys, dx, *dws]):
         assert torch.equal(bits(a), bits(b))
 
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from nemo_jetrl.policy.native import NativePolicy
-from nemo_jetrl.precision import Fp8Linear, Fp8WeightGroup, PrecisionRecipe, project_shared_input, weight_quant
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_train_step import make_batch  # noqa: E402
 from common import LOSS, TINY, build_model, policy_config  # noqa: E402
+from jetrl_testkit.sibling_linears import sibling_linear_grads  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -45,18 +46,7 @@ def test_fp8_weights_follow_the_fused_adamw_step():
 def test_grouped_training_gemms_match_per_linear_ones(wgrad_x_blocks):
     recipe = PrecisionRecipe.preset("jetrl", wgrad_x_blocks=wgrad_x_blocks)
     splits, k, m_tokens = (4096, 1024, 1024), 4096, 2048
-    outs = []
-    for grouped in (False, True):
-        torch.manual_seed(0)
-        ms = [Fp8Linear(k, n, bias=False, recipe=recipe, device=DEV, dtype=torch.bfloat16) for n in splits]
-        if grouped:
-            Fp8WeightGroup(ms)
-        gen = torch.Generator(device=DEV).manual_seed(1)
-        x = torch.randn(m_tokens, k, device=DEV, generator=gen, dtype=torch.bfloat16).requires_grad_(True)
-        dys = [torch.randn(m_tokens, n, device=DEV, generator=gen, dtype=torch.bfloat16) for n in splits]
-        ys = project_shared_input(x, ms)
-        torch.autograd.backward(ys, dys)
-        outs.append((ys, x.grad, [m.weight.grad for m in ms]))
+    outs = [sibling_linear_grads(recipe, grouped, k, splits, m_tokens, DEV) for grouped in (False, True)]
 
     def rel(a, b):
         return float((a.double() - b.double()).norm() / b.double().norm())
