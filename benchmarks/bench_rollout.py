@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     QWEN3_8B,
     TINY,
+    add_deep_gemm_flag,
     build_model,
+    check_deep_gemm,
     device_info,
     linear_weight_bytes,
     report,
@@ -37,7 +39,7 @@ from common import (  # noqa: E402
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, deep_gemm_adapter, rollout_mode  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode  # noqa: E402
 from nemo_jetrl.precision.kv import QKVCalibrator  # noqa: E402
 
 
@@ -152,10 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-steps", type=int, default=0, help="GPU: profile N eager decode steps per variant (kernel breakdown)"
     )
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
-    p.add_argument(
-        "--deep-gemm", action="store_true",
-        help="also 'fp8+kv+deep_gemm': policy.fp8_cfg.use_deep_gemm (needs deep_gemm on an sm90 GPU)",
-    )  # fmt: skip
+    add_deep_gemm_flag(p, "fp8+kv+deep_gemm")
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -164,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         shape_name = "tiny"
         shape, args.batch, args.prompt_len, args.gen_len, args.layers = TINY, 4, 16, 8, args.layers or 2
     info = device_info(device)
+    check_deep_gemm(p, args, device)
     model = build_model(shape, args.layers, device, torch.bfloat16)
     n_layers = model.config.num_hidden_layers
     gen = torch.Generator().manual_seed(0)
@@ -179,9 +179,6 @@ def main(argv: list[str] | None = None) -> int:
     fp8_kv.update_weights(kv_scales=kv_scales)
     results.append(run_variant("fp8+kv", fp8_kv, prompts, args, device))
     if args.deep_gemm:
-        reason = deep_gemm_adapter.unusable_reason(device)
-        if reason is not None:
-            p.error(f"--deep-gemm: {reason}")
         convert_to_fp8(model, PrecisionRecipe.preset("jetrl", use_deep_gemm=True))  # same FP8 bits, DeepGEMM GEMMs
         fp8_kv_dg = NativeGenerationEngine(model, kv_cache_dtype="fp8", **base)
         fp8_kv_dg.update_weights(kv_scales=kv_scales)

@@ -26,7 +26,6 @@ Every case's rollouts run `--warmup` + `--repeats` times in rounds of alternatin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import json
@@ -41,8 +40,10 @@ from bench_rollout import calibrate  # noqa: E402
 from common import (  # noqa: E402
     QWEN3_8B,
     TINY,
+    add_deep_gemm_flag,
     alternating_timings,
     build_model,
+    check_deep_gemm,
     device_info,
     draw_lengths,
     linear_weight_bytes,
@@ -51,7 +52,7 @@ from common import (  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, deep_gemm_adapter  # noqa: E402
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8  # noqa: E402
 
 VARIANTS = ("bf16", "fp8", "fp8+kv")
 
@@ -72,34 +73,27 @@ def build_engines(args, device) -> tuple[dict, torch.nn.Module]:
     }
     calib = torch.randint(1, shape["vocab_size"], (4, args.prompt_len), generator=torch.Generator().manual_seed(1))
     engines["fp8+kv"].update_weights(kv_scales=calibrate(fp8_model, calib.to(device)))
-    if args.deep_gemm:  # the same engine and FP8 weights; its rollouts run with use_deep_gemm (`gemm_library`)
+    if args.deep_gemm:  # the same engine and FP8 weights; its rollouts run with use_deep_gemm (`on_deep_gemm`)
         engines["fp8+kv+deep_gemm"] = engines["fp8+kv"]
     return engines, bf16_model
 
 
 def on_deep_gemm(fn, model: torch.nn.Module):
-    """`fn` run with `model`'s FP8 linears on use_deep_gemm (`gemm_library`)."""
+    """`fn` run with `use_deep_gemm` in the recipe of `model`'s FP8 linears (the same FP8 weights; restored after), so
+    one resident model serves the cuBLAS and the DeepGEMM variant; each rollout captures its own CUDA graphs."""
 
     def run():
-        with gemm_library(model, True):
+        layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+        recipes = [m.recipe for m in layers]
+        for m in layers:
+            m.recipe = dataclasses.replace(m.recipe, use_deep_gemm=True)
+        try:
             return fn()
+        finally:
+            for m, recipe in zip(layers, recipes):
+                m.recipe = recipe
 
     return run
-
-
-@contextlib.contextmanager
-def gemm_library(model: torch.nn.Module, use_deep_gemm: bool):
-    """The FP8 linears of `model` with `use_deep_gemm` in their recipe for the block (same FP8 weights), so one
-    resident model serves the cuBLAS and the DeepGEMM variant; each rollout captures its own CUDA graphs."""
-    layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-    recipes = [m.recipe for m in layers]
-    for m in layers:
-        m.recipe = dataclasses.replace(m.recipe, use_deep_gemm=use_deep_gemm)
-    try:
-        yield
-    finally:
-        for m, recipe in zip(layers, recipes):
-            m.recipe = recipe
 
 
 def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args, record: dict):
@@ -147,10 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
-    p.add_argument(
-        "--deep-gemm", action="store_true",
-        help="also 'fp8+kv+deep_gemm': policy.fp8_cfg.use_deep_gemm (needs deep_gemm on an sm90 GPU)",
-    )  # fmt: skip
+    add_deep_gemm_flag(p, "fp8+kv+deep_gemm")
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)
     if args.quick:
@@ -158,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         args.mean_len, args.max_len, args.warmup, args.repeats = 6, 16, 0, 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = device_info(device)
-    if args.deep_gemm and (reason := deep_gemm_adapter.unusable_reason(device)) is not None:
-        p.error(f"--deep-gemm: {reason}")
+    check_deep_gemm(p, args, device)
     engines, model = build_engines(args, device)
     gen = torch.Generator().manual_seed(0)
     if args.generations < 1 or args.queue % args.generations:

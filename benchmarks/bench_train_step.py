@@ -25,8 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     LOSS,
     TINY,
+    add_deep_gemm_flag,
     alternating_timings,
     build_model,
+    check_deep_gemm,
     device_info,
     policy_config,
     report,
@@ -35,7 +37,7 @@ from common import (  # noqa: E402
 from nemo_jetrl.models.random_checkpoint import SHAPES  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe, deep_gemm_adapter  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
 
 
 def make_batch(batch: int, seq_len: int, vocab: int) -> TrainBatch:
@@ -88,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "--per-linear", action="store_true",
         help="also 'fp8 per-linear': blockwise FP8 with q/k/v and gate/up as separate GEMMs (the grouping's ablation)",
     )  # fmt: skip
-    p.add_argument(
-        "--deep-gemm", action="store_true",
-        help="also 'fp8+deep_gemm': blockwise FP8 with policy.fp8_cfg.use_deep_gemm (needs deep_gemm on an sm90 GPU)",
-    )  # fmt: skip
+    add_deep_gemm_flag(p, "fp8+deep_gemm")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -108,10 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.per_linear:
         variants.append(("fp8 per-linear", PrecisionRecipe.preset("jetrl")))
+    check_deep_gemm(p, args, device)
     if args.deep_gemm:
-        reason = deep_gemm_adapter.unusable_reason(device)
-        if reason is not None:
-            p.error(f"--deep-gemm: {reason}")
         variants.append(("fp8+deep_gemm", PrecisionRecipe.preset("jetrl", use_deep_gemm=True)))
     graph_modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
     policies = {  # the same random weights (build_model seeds), one copy per variant, all resident

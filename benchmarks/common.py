@@ -364,3 +364,20 @@ def draw_lengths(dist: str, n: int, mean: int, max_len: int, sigma: float, seed:
     else:
         raise ValueError(f"--length-dist must be fixed, lognormal or geometric, got {dist!r}")
     return lengths.round().clamp(1, max_len).long().tolist()
+
+
+def add_deep_gemm_flag(parser, variant: str) -> None:
+    """`--deep-gemm`: also run `variant` with policy.fp8_cfg.use_deep_gemm (`check_deep_gemm` refuses it where
+    DeepGEMM cannot run)."""
+    parser.add_argument(
+        "--deep-gemm", action="store_true",
+        help=f"also '{variant}': policy.fp8_cfg.use_deep_gemm (needs deep_gemm on an sm90 GPU)",
+    )  # fmt: skip
+
+
+def check_deep_gemm(parser, args, device: torch.device) -> None:
+    """Exit with the reason when `--deep-gemm` was asked for where DeepGEMM cannot run on `device`."""
+    from nemo_jetrl.precision import deep_gemm_adapter
+
+    if args.deep_gemm and (reason := deep_gemm_adapter.unusable_reason(device)) is not None:
+        parser.error(f"--deep-gemm: {reason}")

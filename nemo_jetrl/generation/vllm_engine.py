@@ -1,4 +1,5 @@
-"""vLLM as the rollout engine (`policy.generation.backend: vllm`): the one module of this project that touches vLLM.
+"""vLLM as the rollout engine (`policy.generation.backend: vllm`): the project's vLLM adapter (with its CPU kernel,
+`vllm_cpu_fp8.py`, the only modules that touch vLLM).
 
 Unified FP8 inside vLLM, refit after every optimizer step:
 
@@ -9,8 +10,8 @@ Unified FP8 inside vLLM, refit after every optimizer step:
 - FP8 KV: the trainer's per-layer K/V scales are written into each vLLM attention layer (`_k_scale`, `_v_scale` and
   the float copies its kernels read) at every refit.
 
-On CPU, vLLM's own block-FP8 kernels need AMX tiles and compute W8A16; this module registers `JetrlFp8BlockKernel`
-first in vLLM's CPU kernel list: the recipe's 1x128 activation quantizer and the project's exact FP8 GEMM
+On CPU, vLLM's own block-FP8 kernels need AMX tiles and compute W8A16; `vllm_cpu_fp8.register_cpu_fp8_kernel` puts
+`JetrlFp8BlockKernel` first in vLLM's CPU kernel list: the recipe's 1x128 activation quantizer and the project's exact FP8 GEMM
 (`precision.linear.fp8_linear_forward`), i.e. the native rollout's forward on the bits vLLM holds. On CUDA vLLM
 picks its own block-FP8 kernels (1x128 dynamic activation groups, the same recipe).
 
@@ -36,9 +37,9 @@ import torch
 from torch import nn
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.generation.vllm_cpu_fp8 import register_cpu_fp8_kernel
 from nemo_jetrl.models.export import SCALE_SUFFIX, export_hf, fp8_state_dict, hf_state_dict
 from nemo_jetrl.precision import PrecisionRecipe
-from nemo_jetrl.precision.linear import QuantizedWeight, fp8_linear_forward
 
 GIB = 1 << 30
 
@@ -71,21 +72,6 @@ def cpu_fp8_kv_missing_reason(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     )
 
 
-@torch.library.custom_op("jetrl::vllm_fp8_linear", mutates_args=())
-def _vllm_fp8_linear(
-    x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, block: int, pow2: bool
-) -> torch.Tensor:
-    """`fp8_linear_forward` on vLLM's tensors: x2 [M, K], weight e4m3 [N, K], scale fp32 [N/b, K/b] -> [M, N].
-    A custom op, so vLLM's torch.compile treats the recipe's quantizer and GEMM as one opaque call."""
-    recipe = PrecisionRecipe(block_size=block, pow2_activation_scales=pow2)
-    return fp8_linear_forward(x2, QuantizedWeight(weight, scale, 0, block), bias, recipe, x2.dtype)
-
-
-@_vllm_fp8_linear.register_fake
-def _(x2, weight, scale, bias, block, pow2):
-    return x2.new_empty(x2.shape[0], weight.shape[0])
-
-
 def vllm_environment(recipe: PrecisionRecipe, on_cpu: bool, kv_bytes: int | None) -> dict[str, str]:
     """The environment vLLM reads at start: an in-process engine (refits pass tensors by reference); on CPU its KV
     space in GiB; on CUDA `VLLM_USE_DEEP_GEMM` from `policy.fp8_cfg.use_deep_gemm`, as NeMo-RL sets it from
@@ -98,47 +84,6 @@ def vllm_environment(recipe: PrecisionRecipe, on_cpu: bool, kv_bytes: int | None
     return env
 
 
-def _register_cpu_fp8_kernel(recipe: PrecisionRecipe) -> None:
-    """Put `JetrlFp8BlockKernel` (this recipe's FP8 forward) first among vLLM's CPU block-FP8 kernels."""
-    from vllm.model_executor.kernels.linear import _POSSIBLE_FP8_BLOCK_KERNELS
-    from vllm.model_executor.kernels.linear.scaled_mm.BlockScaledMMLinearKernel import Fp8BlockScaledMMLinearKernel
-    from vllm.platforms import PlatformEnum, current_platform
-
-    class JetrlFp8BlockKernel(Fp8BlockScaledMMLinearKernel):
-        """Y = Q(X) (1x128 groups, the recipe's quantizer) @ W(e4m3, 128x128 scales)^T, the project's exact GEMM.
-        Weights stay as loaded (no repacking), so what vLLM holds can be read back bit for bit."""
-
-        apply_input_quant = False
-        jetrl_recipe = recipe
-
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
-            return (True, None) if current_platform.is_cpu() else (False, "CPU only")
-
-        @classmethod
-        def can_implement(cls, config) -> tuple[bool, str | None]:
-            shape = config.weight_quant_key.scale.group_shape
-            block = cls.jetrl_recipe.block_size
-            if (shape.row, shape.col) != (block, block):
-                return False, f"needs {block}x{block} weight blocks, got {shape.row}x{shape.col}"
-            return True, None
-
-        def process_weights_after_loading(self, layer: nn.Module) -> None:
-            pass  # the loaded e4m3 bits and scales are used as they are
-
-        def apply_weights(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None, **kw):
-            recipe = self.jetrl_recipe
-            x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-            y2 = torch.ops.jetrl.vllm_fp8_linear(
-                x2, layer.weight, layer.weight_scale_inv, bias, recipe.block_size, recipe.pow2_activation_scales
-            )  # [M, N]
-            return y2.reshape(*x.shape[:-1], y2.shape[-1])
-
-        def apply_block_scaled_mm(self, A, B, As, Bs):  # pragma: no cover - apply_weights is overridden
-            raise NotImplementedError
-
-    kernels = _POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU]
-    kernels[:] = [JetrlFp8BlockKernel] + [k for k in kernels if k.__name__ != JetrlFp8BlockKernel.__name__]
 
 
 class VllmGenerationEngine(GenerationInterface):
@@ -212,7 +157,7 @@ class VllmGenerationEngine(GenerationInterface):
         on_cpu = not torch.cuda.is_available()
         os.environ.update(vllm_environment(self.recipe, on_cpu, kv_bytes))
         if on_cpu and self.fp8_linear:
-            _register_cpu_fp8_kernel(self.recipe)
+            register_cpu_fp8_kernel(self.recipe)
         export_hf(
             self.model, self.tokenizer, self._workdir / "model", dtype=self.compute_dtype, fp8=self.fp8_linear,
             recipe=self.recipe,

@@ -85,8 +85,8 @@ def fp8_blockwise_mm(
     "auto": on sm90, for <= SMALL_M_MAX rows with 128x128 weight tiles, the faster of the Triton kernel and
     scaled_mm for the shape (timed once); scaled_mm for larger products; the emulation off sm90. "deep_gemm": "auto"
     with DeepGEMM in cuBLAS's place for the products it takes (`deep_gemm_adapter.fits`; same operands, its own FP32
-    summation order), "auto" itself where it cannot run. "batch_invariant": the exact mode's GEMM (Triton on CUDA, the block-exact float64 twin
-    elsewhere; 128x128 weight tiles).
+    summation order), "auto" itself where it cannot run. "batch_invariant": the exact mode's GEMM (Triton on CUDA,
+    the block-exact float64 twin elsewhere; 128x128 weight tiles).
     """
     _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block)
     if backend == "batch_invariant":
@@ -123,7 +123,7 @@ def fp8_blockwise_mm(
         config = triton_gemm.best_config(
             x_fp8, w_fp8, out_dtype, bias is not None, library if backend == "auto" else None
         )
-        if config is not None:  # else cuBLAS measured faster for this shape
+        if config is not None:  # else the library GEMM (cuBLAS or DeepGEMM) measured faster for this shape
             return triton_gemm.fp8_gemm_small_m(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, config)
     use_scaled = backend != "emulated" and caps is not None and _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps)
     if backend == "scaled_mm" and not use_scaled:

@@ -20,7 +20,7 @@ eager call with the same shapes (the engine's `CapturedStep` warm-up does this).
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -38,7 +38,8 @@ CANDIDATES = tuple(
     (block_n, split_k, 8, stages) for block_n in (64, 128) for split_k in (1, 2, 4, 8) for stages in (3, 4)
 )
 Config = tuple[int, int, int, int]
-Library = Literal["scaled_mm", "deep_gemm"]  # the library GEMM the Triton kernel is timed against
+if TYPE_CHECKING:
+    from nemo_jetrl.precision.gemm import Library  # the library GEMM the Triton kernel is timed against
 
 
 @triton.jit
