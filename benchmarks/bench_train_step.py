@@ -3,19 +3,24 @@
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --out train_step.json      # GPU: Qwen3-8B shape
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --quick                     # CPU smoke test
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --fp8-recipe rowwise        # other FP8 recipes
+    PYTHONPATH=. python3 benchmarks/bench_train_step.py --memory --layers 16        # each variant's own peak
 
 One optimizer step = forward + backward of the clipped-PG loss over `--batch` packed sequences of `--seq-len`
-tokens (micro-batch 1 sequence, every token a response token), grad-norm clip and AdamW, then the FP8 weight
+tokens (micro-batches of `--micro-batch` sequences, default 1; every token a response token), grad-norm clip and AdamW, then the FP8 weight
 re-quantization for the next step (`prepare_refit`). Random weights and tokens; BF16 master weights (both variants).
 All policies (BF16, and one per FP8 recipe of `--fp8-recipe`, default blockwise = `jetrl`, each on a copy of the
 same weights) stay resident and their steps alternate (BF16, FP8, then FP8, BF16, ...): median and min-max over `--steps` timed steps, device and clocks, each step's peak
-memory above what was resident, and each policy's weights + optimizer state. Two resident copies of the Qwen3-8B
-shape fit at `--layers 8` on an 80 GB H100 and `--layers 16` on an H200.
+memory above what was resident, each policy's weights + optimizer state and its FP8 weight caches. Two resident
+copies of the Qwen3-8B shape fit at `--layers 8` on an 80 GB H100 and `--layers 16` on an H200.
+
+`--memory`: no timing; each variant alone on the device (built, stepped, freed, in turn), its peak allocated
+memory over its steps above what was allocated before it was built: the figure a run of that variant needs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -58,6 +63,44 @@ def state_gb(policy: NativePolicy) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 1e9
 
 
+def fp8_cache_gb(policy: NativePolicy) -> float:
+    """The FP8 weight caches a policy holds (e4m3 weights, scales, held DGrad copies), each storage counted once."""
+    storages = {}
+    for m in policy.model.modules():
+        qweights = [getattr(m, "_qweight", None)]
+        group = getattr(m, "weight_group", None)
+        qweights.append(getattr(group, "_qweight", None))
+        for qw in filter(None, qweights):
+            tensors = [qw.data, qw.scale] + [t for v in qw._cache.values() for t in (v if isinstance(v, tuple) else [v])]
+            for t in filter(torch.is_tensor, tensors):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values()) / 1e9
+
+
+def variant_peaks(make_policy, names: list[str], batch: TrainBatch, steps: int, device: torch.device) -> dict:
+    """Per variant, alone on the device: its peak allocated memory over `steps` steps above what was allocated
+    before it was built (GB), its weights + optimizer state and FP8 caches after them."""
+    out = {}
+    for name in names:
+        gc.collect()  # the previous variant's policy (graphs, closures) gone before the baseline is read
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        policy = make_policy(name)
+        step = train_step_fn(policy, batch)
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device)
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 1e9
+        out[name] = {"variant": name, "policy_peak_gb": peak, "state_gb": state_gb(policy),
+                     "fp8_cache_gb": fp8_cache_gb(policy)}  # fmt: skip
+        del policy, step
+    for r in out.values():
+        r["peak_vs_bf16_gb"] = r["policy_peak_gb"] - out["bf16"]["policy_peak_gb"]
+    return out
+
+
 def train_step_fn(policy: NativePolicy, batch: TrainBatch):
     def step():
         policy.train(batch, LOSS)
@@ -72,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: all of the shape's)")
     p.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (policy.train_micro_batch_size)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5, help="timed steps per variant (>= 5 for quoted figures)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
@@ -91,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also 'fp8 per-linear': blockwise FP8 with q/k/v and gate/up as separate GEMMs (the grouping's ablation)",
     )  # fmt: skip
     add_deep_gemm_flag(p, "fp8+deep_gemm")
+    p.add_argument(
+        "--cached-dgrad-weight", action="store_true",
+        help="also 'fp8 W^T cached': blockwise FP8 with policy.fp8_cfg.cache_dgrad_weight: true",
+    )  # fmt: skip
+    p.add_argument("--memory", action="store_true", help="each variant's own peak memory, one at a time (no timing)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -110,41 +159,64 @@ def main(argv: list[str] | None = None) -> int:
     check_deep_gemm(p, args, device)
     if args.deep_gemm:
         variants.append(("fp8+deep_gemm", PrecisionRecipe.preset("jetrl", use_deep_gemm=True)))
+    if args.cached_dgrad_weight:
+        variants.append(("fp8 W^T cached", PrecisionRecipe.preset("jetrl", cache_dgrad_weight=True)))
     graph_modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
-    policies = {  # the same random weights (build_model seeds), one copy per variant, all resident
-        name + ("+graphs" if graphs and args.cuda_graphs == "both" else ""): NativePolicy(
-            policy_config(train_causal_attention=args.causal_attention, train_cuda_graphs=graphs), recipe, device,
-            model=build_model(shape, args.layers, device, torch.bfloat16).train(),
-        )
+    recipes = {
+        name + ("+graphs" if graphs and args.cuda_graphs == "both" else ""): (recipe, graphs)
         for graphs in graph_modes
         for name, recipe in variants
-    }  # fmt: skip
-    for name, policy in policies.items():
+    }
+
+    def make_policy(name: str) -> NativePolicy:  # the same random weights (build_model seeds) for every variant
+        recipe, graphs = recipes[name]
+        cfg = policy_config(
+            train_causal_attention=args.causal_attention, train_cuda_graphs=graphs, train_micro_batch_size=args.micro_batch
+        )
+        policy = NativePolicy(cfg, recipe, device, model=build_model(shape, args.layers, device, torch.bfloat16).train())
         if "per-linear" in name:
             for group in {id(m.weight_group): m.weight_group for m in policy.model.modules()
                           if getattr(m, "weight_group", None) is not None}.values():  # fmt: skip
                 group.train_grouped = False
+        return policy
+
+    n_layers = args.layers or shape["num_hidden_layers"]
+    if args.memory:
+        if device.type != "cuda":
+            p.error("--memory needs a CUDA device")
+        peaks = variant_peaks(make_policy, list(recipes), batch, args.warmup + args.steps, device)
+        title = (
+            f"train step peak memory on {info['device']}: {shape_name} shape x {n_layers} layers, {args.batch} x "
+            f"{args.seq_len} tokens in micro-batches of {args.micro_batch}, each variant alone for {args.warmup + args.steps} steps, CUDA graphs "
+            f"{args.cuda_graphs}"
+        )
+        keys = ["variant", "policy_peak_gb", "peak_vs_bf16_gb", "state_gb", "fp8_cache_gb"]
+        headers = ["variant", "peak GB", "vs BF16 GB", "weights + AdamW GB", "FP8 caches GB"]
+        report(title, headers, keys, list(peaks.values()), args=args, info=info, shape=shape, n_layers=n_layers)
+        return 0
+    policies = {name: make_policy(name) for name in recipes}  # all resident
     steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
     timings = alternating_timings(steps, args.warmup, args.steps, device)
     tokens = batch.input_ids.numel()
     results = []
     for name, t in timings.items():
         graphs = policies[name].train_graphs
-        r = {"variant": name, **t, "tokens_per_s": tokens / t["median_s"], "state_gb": state_gb(policies[name])}
+        r = {"variant": name, **t, "tokens_per_s": tokens / t["median_s"], "state_gb": state_gb(policies[name]),
+             "fp8_cache_gb": fp8_cache_gb(policies[name])}  # fmt: skip
         r["graph_pool_gb"] = graphs.pool_bytes() / 1e9 if graphs is not None else 0.0
         r["min_max_s"] = f"{t['min_s']:.3f}-{t['max_s']:.3f}"
         results.append(r)
     for r in results:
         r["speedup_vs_bf16"] = results[0]["median_s"] / r["median_s"]
-    n_layers = next(iter(policies.values())).model.config.num_hidden_layers
     title = (
         f"train step on {info['device']} ({info.get('clocks')}): {shape_name} shape x {n_layers} layers, "
-        f"{args.batch} x {args.seq_len} tokens, fwd+bwd+AdamW+requant; {args.steps} timed steps after "
+        f"{args.batch} x {args.seq_len} tokens (micro-batches of {args.micro_batch}), fwd+bwd+AdamW+requant; {args.steps} timed steps after "
         f"{args.warmup} warm-up, variants alternating, CUDA graphs {args.cuda_graphs}"
     )
     keys = ["variant", "tokens_per_s", "speedup_vs_bf16", "median_s", "min_max_s", "step_peak_gb", "graph_pool_gb",
-            "state_gb"]
-    headers = ["variant", "tok/s", "x bf16", "median s", "min-max s", "step peak GB", "graph pool GB", "state GB"]
+            "state_gb", "fp8_cache_gb"]
+    headers = ["variant", "tok/s", "x bf16", "median s", "min-max s", "step peak GB", "graph pool GB", "state GB",
+               "FP8 caches GB"]
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0
 

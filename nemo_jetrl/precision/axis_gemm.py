@@ -59,11 +59,6 @@ def pad_rows(t: torch.Tensor, multiple: int = 16) -> torch.Tensor:
     return F.pad(t, (0, 0, 0, pad))
 
 
-def transpose_fp8(t: torch.Tensor) -> torch.Tensor:
-    """A row-major copy of the transpose of e4m3 t [R, C] -> [C, R] (moved as bytes)."""
-    return t.view(torch.uint8).t().contiguous().view(_FP8)
-
-
 def _fits(a_fp8: torch.Tensor, b_fp8: torch.Tensor) -> bool:
     k, n = a_fp8.shape[1], b_fp8.shape[0]
     return k % 16 == 0 and n % 16 == 0 and a_fp8.shape[0] > 0 and a_fp8.stride(1) == 1 and b_fp8.stride(1) == 1

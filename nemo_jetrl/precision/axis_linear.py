@@ -6,8 +6,8 @@
 | DGrad  dX [M, K] = dY [M, N] W         | dY per token over N, [M, 1]           | W^T per input channel over N, [K, 1] (*)  |
 | WGrad  dW [N, K] = dY^T [N, M] X       | dY^T per output channel over M, [N, 1] | X^T per input channel over M, [K, 1]      |
 
-(*) rowwise: a second cast of the master W, made on the first backward after each weight change and cached with
-the FProp weight. tensorwise: one scale per tensor, so DGrad / WGrad read the FProp bits of W and X and the DGrad
+(*) rowwise: a second cast of the master W, made in each backward (with the recipe's `cache_dgrad_weight`: once per
+weight change, kept with the FProp weight and re-made in place by `refill_dgrad_weight`). tensorwise: one scale per tensor, so DGrad / WGrad read the FProp bits of W and X and the DGrad
 bits of dY, transposed (no re-quantization: the cast writes both layouts, `tensor_quant_dual`). Token dims are
 zero-padded to a multiple of 16 for WGrad (cuBLAS).
 """
@@ -16,23 +16,43 @@ from __future__ import annotations
 
 import torch
 
-from nemo_jetrl.precision.axis_gemm import fp8_axis_mm, pad_rows, transpose_fp8
+from nemo_jetrl.precision.axis_gemm import fp8_axis_mm, pad_rows
 from nemo_jetrl.precision.axis_quant import axis_dequant, col_quant_t, row_quant, tensor_quant, tensor_quant_dual
 from nemo_jetrl.precision.gemm import gemm_backend, no_autocast
 from nemo_jetrl.precision.recipe import PrecisionRecipe
+from nemo_jetrl.precision.transpose import transpose_fp8
 
 
 def dgrad_weight(qweight, master: torch.Tensor, recipe: PrecisionRecipe):
     """The DGrad operand W^T: (e4m3 [K, N], fp32 scale [K, 1] or [1, 1], fp32 dequant [K, N] or None where
-    scaled_mm runs), cached on `qweight` (a `QuantizedWeight`, re-made at every weight change)."""
+    scaled_mm runs), cached on `qweight` (a `QuantizedWeight`, re-made at every weight change) with the recipe's
+    `cache_dgrad_weight`, else made for this backward only."""
+    if "dgrad" in qweight._cache:
+        return qweight._cache["dgrad"]
+    dgrad = _make_dgrad_weight(qweight, master, recipe)
+    if recipe.cache_dgrad_weight:
+        qweight._cache["dgrad"] = dgrad
+    return dgrad
+
+
+def refill_dgrad_weight(qweight, master: torch.Tensor, recipe: PrecisionRecipe) -> None:
+    """Re-make the cached DGrad operand (if any) into its own tensors after an in-place re-quantization
+    (`Fp8Linear.requantize_in_place`): a captured training step reads W^T where it lies."""
     if "dgrad" not in qweight._cache:
-        if recipe.granularity == "tensorwise":
-            data_t, scale_t = transpose_fp8(qweight.data), qweight.scale  # [K, N], [1, 1]
-        else:
-            data_t, scale_t = col_quant_t(master.detach(), recipe.pow2_weight_scales)  # [K, N], [K, 1]
-        emulated = gemm_backend(data_t.device) == "emulated"
-        qweight._cache["dgrad"] = (data_t, scale_t, axis_dequant(data_t, scale_t) if emulated else None)
-    return qweight._cache["dgrad"]
+        return
+    with torch.no_grad():
+        for mine, fresh in zip(qweight._cache["dgrad"], _make_dgrad_weight(qweight, master, recipe)):
+            if mine is not None and mine is not fresh:
+                mine.copy_(fresh)
+
+
+def _make_dgrad_weight(qweight, master: torch.Tensor, recipe: PrecisionRecipe):
+    if recipe.granularity == "tensorwise":
+        data_t, scale_t = transpose_fp8(qweight.data), qweight.scale  # [K, N], [1, 1]
+    else:
+        data_t, scale_t = col_quant_t(master.detach(), recipe.pow2_weight_scales)  # [K, N], [K, 1]
+    emulated = gemm_backend(data_t.device) == "emulated"
+    return data_t, scale_t, axis_dequant(data_t, scale_t) if emulated else None
 
 
 class AxisFp8LinearFunction(torch.autograd.Function):

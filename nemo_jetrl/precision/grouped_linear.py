@@ -79,7 +79,7 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
             elif need_dx:
                 dy_fp8, dy_scale = act_quant(dy2, block, pow2)
             if need_dx:  # DGrad: dX [M, K] = Q(dY) [M, sum N_i] @ Q(W_group) [sum N_i, K]
-                wt_fp8, wt_scale = qweight.transposed()  # [K, sum N_i], the tiles transposed
+                wt_fp8, wt_scale = qweight.transposed(recipe.cache_dgrad_weight)  # [K, sum N_i], the tiles transposed
                 grad_x = fp8_blockwise_mm(
                     dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, backend=library_backend(recipe),
                     w_dequant=qweight.dequantized(transposed=True),

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.precision.axis_gemm import fp8_axis_mm
-from nemo_jetrl.precision.axis_linear import AxisFp8LinearFunction
+from nemo_jetrl.precision.axis_linear import AxisFp8LinearFunction, refill_dgrad_weight
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm, no_autocast
 from nemo_jetrl.precision.quant import act_quant, act_quant_dual
 from nemo_jetrl.precision.quantized import QuantizedInput, QuantizedWeight
@@ -187,7 +187,7 @@ class Fp8LinearFunction(torch.autograd.Function):
             # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W) [N, K]
             #   W^T: [K, N] e4m3, the forward's 128x128 tiles transposed (no re-quantization)
             if need_dx:
-                wt_fp8, wt_scale = qweight.transposed()
+                wt_fp8, wt_scale = qweight.transposed(recipe.cache_dgrad_weight)
                 wt_dequant = qweight.dequantized(transposed=True)
                 grad_x = fp8_blockwise_mm(
                     dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, backend=library_backend(recipe),
@@ -331,6 +331,13 @@ class Fp8Linear(nn.Module):
         data, scale, nonfinite = self.quantize_weight()
         self._qweight.refill(data, scale, nonfinite)
         self._qweight_key = key
+        self.refill_dgrad_weight()
+
+    def refill_dgrad_weight(self) -> None:
+        """The rowwise / tensorwise DGrad operand, when cached, re-made in place from the new weight (after
+        `QuantizedWeight.refill`; the blockwise W^T is refilled by the refill itself)."""
+        if not self.recipe.blockwise and self._qweight is not None:
+            refill_dgrad_weight(self._qweight, local_tensor(self.weight), self.recipe)
 
     def invalidate_quantized_weight(self) -> None:
         """Drop the cache (for weight writes that bypass the version counter, e.g. through `.data`)."""

@@ -9,6 +9,7 @@ import torch
 from nemo_jetrl.precision.axis_quant import axis_dequant
 from nemo_jetrl.precision.gemm import gemm_backend
 from nemo_jetrl.precision.quant import weight_dequant
+from nemo_jetrl.precision.transpose import transpose_fp8
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,12 +30,16 @@ class QuantizedWeight:
     granularity: str = "blockwise"
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 
-    def transposed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W^T for DGrad: e4m3 [K, N] and the same 128x128 tiles transposed, scale [K/128, N/128]. Cached."""
-        if "data_t" not in self._cache:
-            self._cache["data_t"] = self.data.t().contiguous()
-            self._cache["scale_t"] = self.scale.t().contiguous()
-        return self._cache["data_t"], self._cache["scale_t"]
+    def transposed(self, keep: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """W^T for DGrad: e4m3 [K, N] and the same 128x128 tiles transposed, scale [K/128, N/128]. Cached with
+        `keep` (one more byte per weight, held until the weight changes); else a fresh copy the caller frees
+        (`PrecisionRecipe.cache_dgrad_weight`)."""
+        if "data_t" in self._cache:
+            return self._cache["data_t"], self._cache["scale_t"]
+        data_t, scale_t = transpose_fp8(self.data), self.scale.t().contiguous()
+        if keep:
+            self._cache["data_t"], self._cache["scale_t"] = data_t, scale_t
+        return data_t, scale_t
 
     def refill(
         self, data: torch.Tensor | None = None, scale: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
@@ -48,7 +53,7 @@ class QuantizedWeight:
                 if fresh is not None and mine is not None:
                     mine.copy_(fresh)
             if "data_t" in self._cache:
-                self._cache["data_t"].copy_(self.data.t())
+                transpose_fp8(self.data, out=self._cache["data_t"])
                 self._cache["scale_t"].copy_(self.scale.t())
             if "dequant" in self._cache:
                 wd = self._cache.pop("dequant")

@@ -33,6 +33,7 @@ _FP8_CFG_FIELDS = {
     "wgrad_x_blocks": "wgrad_x_blocks",
     "train_kv_fake_quant": "train_kv_fake_quant",
     "use_deep_gemm": "use_deep_gemm",
+    "cache_dgrad_weight": "cache_dgrad_weight",
 }
 
 
@@ -66,6 +67,7 @@ class PrecisionRecipe:
     kv_calibration: KVCalibration = field(default_factory=KVCalibration)
     train_kv_fake_quant: bool = False
     use_deep_gemm: bool = False  # blockwise FProp / DGrad on DeepGEMM where it runs (deep_gemm_adapter)
+    cache_dgrad_weight: bool = False  # DGrad's FP8 W^T kept between backwards (else made in each, then freed)
 
     # --- derived views -------------------------------------------------------------------------------------
     @property

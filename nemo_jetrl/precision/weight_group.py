@@ -94,6 +94,7 @@ class Fp8WeightGroup:
         for m, (data, scale, count), key in zip(self.members, pieces, keys):
             m._qweight.refill(data, scale, count)  # a member's data / scale: row views of the shared buffer
             m._qweight_key = key
+            m.refill_dgrad_weight()
         if self._qweight is not None:
             tensorwise = self._qweight.granularity == "tensorwise"  # the buffer's [sum N_i, 1] is its own copy
             scale = self._tensorwise_rows(pieces) if tensorwise else None

@@ -234,3 +234,15 @@ def test_triton_weight_quant_checked_bitwise_and_count(shape):
     q, s, bad = weight_quant_checked(w.to(CUDA), backend="triton")
     assert_bitwise((q, s), weight_quant(w))
     assert int(bad) == 3 and int(weight_quant_checked(torch.ones(256, 256, device=CUDA))[2]) == 0
+
+
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 12288), (24576, 4096), (300, 200)])
+def test_triton_transpose_is_the_byte_transpose(shape):
+    from nemo_jetrl.precision.transpose import transpose_fp8
+
+    buffer = torch.randint(0, 256, (shape[0] + 128, shape[1]), dtype=torch.uint8, device=CUDA)
+    w = buffer[64 : 64 + shape[0]].view(torch.float8_e4m3fn)  # a row-slice view, as a grouped member's weight
+    ref = w.view(torch.uint8).t().contiguous()
+    assert torch.equal(transpose_fp8(w).view(torch.uint8), ref)
+    out = torch.zeros(shape[1], shape[0], dtype=torch.float8_e4m3fn, device=CUDA)
+    assert transpose_fp8(w, out=out) is out and torch.equal(out.view(torch.uint8), ref)

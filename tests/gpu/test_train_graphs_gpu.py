@@ -28,13 +28,13 @@ def step_batch(step: int, seq: int = 128):
     return batch
 
 
-def run(preset: str, graphs: bool, from_forward: bool, causal: bool = False, seqs=(128, 128, 128, 96, 128)):
+def run(preset: str, graphs: bool, from_forward: bool, causal: bool = False, seqs=(128, 128, 128, 96, 128), **recipe):
     model = build_model(TINY, None, DEV, torch.bfloat16).train()
     source = "train_forward" if from_forward else "logprob_forward"
     cfg = policy_config(
         optimizer=OPT, train_cuda_graphs=graphs, prev_logprobs_source=source, train_causal_attention=causal
     )
-    policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), DEV, model=model)
+    policy = NativePolicy(cfg, PrecisionRecipe.preset(preset, **recipe), DEV, model=model)
     metrics, logps = [], []
     for step, seq in enumerate(seqs):
         batch = step_batch(step, seq)
@@ -49,12 +49,21 @@ def run(preset: str, graphs: bool, from_forward: bool, causal: bool = False, seq
 
 
 @pytest.mark.parametrize(
-    "preset,from_forward,causal",
-    [("bf16", False, False), ("jetrl", False, False), ("jetrl", True, False), ("jetrl", False, True)],
+    "preset,from_forward,causal,recipe",
+    [
+        ("bf16", False, False, {}),
+        ("jetrl", False, False, {}),
+        ("jetrl", True, False, {}),
+        ("jetrl", False, True, {}),
+        ("jetrl", False, False, {"cache_dgrad_weight": True}),  # W^T held, re-made in place after each step
+        ("rowwise", False, False, {}),  # the DGrad cast of W made inside each captured backward
+        ("rowwise", False, False, {"cache_dgrad_weight": True}),  # ... or held, re-made in place after each step
+        ("tensorwise", False, False, {"cache_dgrad_weight": True}),
+    ],
 )
-def test_captured_steps_equal_eager_steps(preset, from_forward, causal):
-    eager, m_eager, lp_eager = run(preset, False, from_forward, causal)
-    graphed, m_graph, lp_graph = run(preset, True, from_forward, causal)
+def test_captured_steps_equal_eager_steps(preset, from_forward, causal, recipe):
+    eager, m_eager, lp_eager = run(preset, False, from_forward, causal, **recipe)
+    graphed, m_graph, lp_graph = run(preset, True, from_forward, causal, **recipe)
     g = graphed.train_graphs
     # micro-batches of [1, 128] in steps 0-2 and 4, [1, 96] in step 3: each shape's first runs eagerly, its
     # second is captured (and replayed), every later one replayed

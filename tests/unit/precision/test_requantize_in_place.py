@@ -1,5 +1,6 @@
 """FP8 weights re-quantized in place (what a captured training step reads): the bits of a fresh quantization, in the
-very tensors the cache held (grouped buffers, transposes and counts included), for every recipe granularity."""
+very tensors the cache held (grouped buffers, DGrad operands and counts included), for every recipe granularity;
+and the DGrad operand made per backward (`cache_dgrad_weight: false`) gives the cached one's gradients."""
 
 import pytest
 import torch
@@ -7,11 +8,12 @@ import torch
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.policy.train_graphs import requantize_fp8_in_place
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision.axis_linear import dgrad_weight
 
 
 def fp8_layers(granularity: str):
     model = random_tiny_qwen3(0, num_layers=2)
-    convert_to_fp8(model, PrecisionRecipe.preset("jetrl", granularity=granularity))
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl", granularity=granularity, cache_dgrad_weight=True))
     return model, [m for m in model.modules() if isinstance(m, Fp8Linear)]
 
 
@@ -21,6 +23,9 @@ def snapshot(m: Fp8Linear) -> dict[str, torch.Tensor]:
     if qw.granularity == "blockwise":
         data_t, scale_t = qw.transposed()
         out.update(data_t=data_t.view(torch.uint8), scale_t=scale_t)
+    else:  # the rowwise / tensorwise DGrad operand: a second cast of the master W, or the FProp bits transposed
+        data_t, scale_t, dequant = dgrad_weight(qw, m.weight, m.recipe)
+        out.update(dgrad_data=data_t.view(torch.uint8), dgrad_scale=scale_t, dgrad_dequant=dequant.view(torch.int32))  # NaN-safe
     group = m.weight_group.quantized_weight() if m.weight_group is not None else None
     if group is not None:
         out.update(group_data=group.data.view(torch.uint8), group_scale=group.scale, group_count=group.nonfinite)
@@ -61,3 +66,23 @@ def test_in_place_requantization_quantizes_afresh_when_the_master_weight_was_rep
     assert new is not old and new.data.data_ptr() != old.data.data_ptr()
     m.invalidate_quantized_weight()
     assert torch.equal(new.data.view(torch.uint8), m.quantized_weight().data.view(torch.uint8))
+
+
+@pytest.mark.parametrize("granularity", ["blockwise", "rowwise", "tensorwise"])
+def test_dgrad_operand_made_per_backward_gives_the_cached_ones_gradients(granularity):
+    torch.manual_seed(0)
+    base = torch.nn.Linear(256, 384, bias=False)
+    x = torch.randn(2, 96, 256)
+    grads = {}
+    for cache in (True, False):
+        recipe = PrecisionRecipe.preset("jetrl", granularity=granularity, cache_dgrad_weight=cache)
+        m = Fp8Linear.from_linear(torch.nn.Linear(256, 384, bias=False), recipe)
+        m.weight = torch.nn.Parameter(base.weight.detach().clone())
+        xi = x.clone().requires_grad_(True)
+        m(xi).square().sum().backward()
+        held = m.quantized_weight()._cache
+        assert ("data_t" in held or "dgrad" in held) == cache  # W^T held between backwards only when cached
+        grads[cache] = (xi.grad, m.weight.grad)
+    assert grads[True][0].abs().sum() > 0
+    for a, b in zip(grads[True], grads[False]):
+        assert torch.equal(a, b)
