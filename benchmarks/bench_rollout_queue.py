@@ -75,6 +75,8 @@ def build_engines(args, device) -> tuple[dict, torch.nn.Module]:
     engines["fp8+kv"].update_weights(kv_scales=calibrate(fp8_model, calib.to(device)))
     if args.deep_gemm:  # the same engine and FP8 weights; its rollouts run with use_deep_gemm (`on_deep_gemm`)
         engines["fp8+kv+deep_gemm"] = engines["fp8+kv"]
+    if args.torch_sampler:  # the same engine; its rollouts draw with the torch sampler (`on_torch_sampler`)
+        engines["fp8+kv torch sampler"] = engines["fp8+kv"]
     return engines, bf16_model
 
 
@@ -92,6 +94,21 @@ def on_deep_gemm(fn, model: torch.nn.Module):
         finally:
             for m, recipe in zip(layers, recipes):
                 m.recipe = recipe
+
+    return run
+
+
+def on_torch_sampler(fn, engine: NativeGenerationEngine):
+    """`fn` run with the engine drawing through the torch sampler: top_k = the vocabulary filters nothing but keeps
+    the fused sampling kernel (`sample_kernel.py`) out (the same distribution, the previous per-step cost)."""
+
+    def run():
+        sampling = engine.sampling
+        engine.sampling = dataclasses.replace(sampling, top_k=engine.model.config.vocab_size)
+        try:
+            return fn()
+        finally:
+            engine.sampling = sampling
 
     return run
 
@@ -142,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     add_deep_gemm_flag(p, "fp8+kv+deep_gemm")
+    p.add_argument("--torch-sampler", action="store_true", help="also 'fp8+kv torch sampler' (the unfused sampler)")
+    p.add_argument("--fixed-only", action="store_true", help="only the fixed-length case (device time)")
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)
     if args.quick:
@@ -158,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = unique.repeat_interleave(args.generations, dim=0).tolist()  # [queue, prompt_len]
     dist = args.length_dist
     drawn = draw_lengths(dist, args.queue, args.mean_len, args.max_len, args.sigma, seed=2)
-    cases = [("cb", "fixed", [args.mean_len] * args.queue), ("cb", dist, drawn)]
+    cases = [("cb", "fixed", [args.mean_len] * args.queue)] + ([] if args.fixed_only else [("cb", dist, drawn)])
     if not args.skip_static:
         cases.append(("static", dist, drawn))
     if args.kv_budget_gb:
@@ -180,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             fn = rollout_fn(engine, prompts, lengths, mode, args, records[name])
             if name.endswith("deep_gemm"):
                 fn = on_deep_gemm(fn, engine.model)
+            if name.endswith("torch sampler"):
+                fn = on_torch_sampler(fn, engine)
             fns[name] = fn
         timings = alternating_timings(fns, args.warmup, args.repeats, device)
         for name in engines:
@@ -217,10 +238,14 @@ def main(argv: list[str] | None = None) -> int:
         fixed = next(x for x in results if x["case"] == "cb fixed" and x["variant"] == r["variant"])
         r["x_bf16"] = r["tokens_per_s"] / same_case["bf16"]["tokens_per_s"]
         r["vs_fixed"] = r["tokens_per_s"] / fixed["tokens_per_s"]
+    lengths_said = (
+        f"fixed lengths {args.mean_len}" if args.fixed_only
+        else f"{dist} lengths mean {sum(drawn) / len(drawn):.0f} (max {max(drawn)})"
+    )  # fmt: skip
     title = (
         f"rollout queue on {info['device']}: {'tiny' if args.quick else 'Qwen3-8B'} shape x "
-        f"{model.config.num_hidden_layers} layers, {args.queue} sequences, prompt {args.prompt_len}, {dist} lengths "
-        f"mean {sum(drawn) / len(drawn):.0f} (max {max(drawn)}), concurrency {args.concurrency}"
+        f"{model.config.num_hidden_layers} layers, {args.queue} sequences, prompt {args.prompt_len}, {lengths_said}, "
+        f"concurrency {args.concurrency}"
     )
     headers = [
         "case",

@@ -6,7 +6,8 @@ temperature), so rollout and trainer logprobs are comparable token by token; fil
 can be drawn. Greedy picks the argmax (first index on ties, like HF) and reports the same unfiltered logprob.
 
 Sampling is inverse-CDF: one uniform per row, `u * total` located in the row's float64 cumulative probabilities
-(zero-probability tokens are never hit). The uniform is a counter-based hash of (sequence key, draw index)
+(zero-probability tokens are never hit). On CUDA without top-k / top-p, one kernel draws the token and its logprob
+(`sample_kernel.py`; this module's torch path is its twin). The uniform is a counter-based hash of (sequence key, draw index)
 (`uniforms`, splitmix64), so a sequence's draws depend on its own key and position only: not on which other
 sequences share the batch, the batch order, or when a continuous-batching scheduler admits it. No host sync.
 """
@@ -104,6 +105,12 @@ def sample(
     stream i of the generator's seed (`seed_of`). batch_invariant: the exact mode's logprob (`token_logprobs`)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    if not greedy and logits.is_cuda and not batch_invariant and params.top_k is None and params.top_p == 1.0:
+        from nemo_jetrl.generation.native.sample_kernel import sample_fused  # token + logprob in one kernel
+
+        if keys is None:
+            keys = sequence_keys(seed_of(generator), torch.arange(logits.shape[0], device=logits.device))
+        return sample_fused(logits, uniforms(keys, counters), params.temperature)
     scaled = logits.float() / params.temperature  # [B, V]
     if greedy:
         tokens = torch.argmax(scaled, dim=-1)  # [B]

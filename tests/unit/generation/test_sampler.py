@@ -142,3 +142,38 @@ def test_uniforms_are_uniform_and_a_rows_draw_depends_on_its_key_and_counter_onl
     assert uniforms(keys[perm], 3)[(perm == 5).nonzero()[0, 0]] == u[5]
     assert uniforms(keys[5:6], torch.tensor([3])) == u[5]
     assert not torch.equal(uniforms(sequence_keys(8, torch.arange(20_000)), 3), u)  # another seed, other draws
+
+
+FUSED_CHILD = """
+import json, torch
+from nemo_jetrl.generation.native.sample_kernel import sample_fused
+from nemo_jetrl.generation.native.sampler import SamplingParams, sample, sequence_keys, uniforms
+from nemo_jetrl.models.logprobs import token_logprobs
+g = torch.Generator().manual_seed(0)
+out = {}
+for name, vocab, temperature, dtype in (("bf16_t1", 9000, 1.0, torch.bfloat16), ("f32_t07", 5000, 0.7, torch.float32)):
+    logits = (torch.randn(48, vocab, generator=g) * 4).to(dtype)  # [B, V], V spans several kernel steps
+    logits[:, 100:200] = float("-inf")  # zero-probability tokens are never drawn
+    keys = sequence_keys(123, torch.arange(48))
+    tokens, logp = sample_fused(logits, uniforms(keys, 5), temperature)
+    twin, _ = sample(logits, SamplingParams(temperature=temperature), keys=keys, counters=5)  # CPU: the twin
+    ref_logp = token_logprobs(logits, tokens, temperature, fused=True)  # the fused logprob kernel, same bits
+    out[name] = [torch.equal(tokens, twin), torch.equal(logp, ref_logp), bool(((tokens >= 100) & (tokens < 200)).any())]
+# a row whose mass sits on one token: drawn whatever u is (u near 1 included)
+peaked = torch.full((4, 9000), -1e4)
+peaked[:, 8000] = 0.0
+tokens, _ = sample_fused(peaked, torch.tensor([0.0, 0.5, 0.999999, 1 - 2**-53], dtype=torch.float64), 1.0)
+out["peaked"] = tokens.tolist()
+# u = 1 (past every running sum, as rounding can leave it): the last token of non-zero weight, never a -inf one
+tail = torch.randn(2, 9000, generator=g)
+tail[:, 5000:] = float("-inf")
+out["at_end"] = sample_fused(tail, torch.ones(2, dtype=torch.float64), 1.0)[0].tolist()
+print(json.dumps(out))
+"""
+
+
+def test_fused_sampler_draws_the_twins_tokens_and_the_fused_logprobs(run_interpreted):
+    out = run_interpreted(FUSED_CHILD)
+    assert out["bf16_t1"] == [True, True, False] and out["f32_t07"] == [True, True, False]
+    assert out["peaked"] == [8000] * 4
+    assert out["at_end"] == [4999, 4999]

@@ -1,0 +1,60 @@
+"""Next-token sampling at decode sizes: the torch sampler (softmax, float64 cumsum, searchsorted) + the fused
+logprob kernel vs the fused sampling kernel (`sample_kernel.py`: token and logprob in one kernel), GPU only.
+
+    PYTHONPATH=. python3 benchmarks/bench_sampler.py --out sampler.json
+
+Qwen3 vocabulary (151,936), bf16 logits, temperature 1, no top-k / top-p (the torch path is taken by asking for
+top_k = V, which filters nothing). Each call runs inside a CUDA graph over logits cycled out of L2; the variants
+alternate over `--rounds` rounds: median and min-max of the rounds' medians, in us per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import parse_gpu_bench, print_table, write_json  # noqa: E402
+
+VOCAB = 151936
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="*", default=[64, 128, 256])
+    p.add_argument("--rounds", type=int, default=5)
+    parsed = parse_gpu_bench(p, argv)
+    if parsed is None:
+        return 2
+    args, dev, info = parsed
+    from nemo_jetrl.generation.native.sampler import SamplingParams, sample, sequence_keys
+    from nemo_jetrl.precision.kernels.triton_gemm import cold_copies, time_in_graph
+
+    variants = {"torch sampler + fused logprob": SamplingParams(top_k=VOCAB), "fused sampling kernel": SamplingParams()}
+    results = []
+    for rows in args.rows:
+        copies = cold_copies(rows * VOCAB * 2, dev)
+        logits = [torch.randn(rows, VOCAB, device=dev).mul_(3).to(torch.bfloat16) for _ in range(copies)]
+        keys = sequence_keys(0, torch.arange(rows, device=dev))
+        counters = torch.zeros(rows, dtype=torch.long, device=dev)
+        times = {v: [] for v in variants}
+        for i in range(args.rounds):
+            for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:
+                calls = [lambda x=x, sp=variants[v], k=keys, c=counters: sample(x, sp, keys=k, counters=c) for x in logits]
+                times[v].append(1e3 * time_in_graph(calls))
+        for v, t in times.items():
+            results.append({"rows": rows, "variant": v, "us": statistics.median(t),
+                            "min_max_us": f"{min(t):.1f}-{max(t):.1f}"})  # fmt: skip
+    title = f"sampling, vocab {VOCAB}, bf16 logits cold in L2, on {info['device']}: {args.rounds} alternating rounds"
+    keys_ = ["rows", "variant", "us", "min_max_us"]
+    table = print_table(title, ["rows", "variant", "us", "min-max us"], [[r[k] for k in keys_] for r in results])
+    write_json(args.out, {**info, "args": vars(args), "results": results, "table": table})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
