@@ -21,25 +21,35 @@ GRAD_BLOCK = 4096  # vocabulary entries per backward program
 
 
 @triton.jit
+def load_scaled(base, cols, V, inv_t, SCALE: tl.constexpr):
+    """Logits base[cols] in float32 (-inf past V), times float32(1 / temperature) with SCALE."""
+    x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+    if SCALE:
+        x = x * inv_t
+    return x
+
+
+@triton.jit
+def row_max(base, V, inv_t, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    """The max of a row's scaled logits: per lane over BLOCK-wide steps, then over the lanes."""
+    lanes = tl.arange(0, BLOCK)
+    mvec = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    for c0 in range(0, V, BLOCK):
+        mvec = tl.maximum(mvec, load_scaled(base, c0 + lanes, V, inv_t, SCALE))
+    return tl.max(mvec, axis=0)
+
+
+@triton.jit
 def _logprob_fwd_kernel(
     x_ptr, tok_ptr, logp_ptr, lse_ptr, V, stride_r, inv_t, SCALE: tl.constexpr, BLOCK: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride_r
     lanes = tl.arange(0, BLOCK)
-    mvec = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-    for c0 in range(0, V, BLOCK):
-        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf")).to(tl.float32)
-        if SCALE:
-            x = x * inv_t
-        mvec = tl.maximum(mvec, x)
-    m = tl.max(mvec, axis=0)
+    m = row_max(base, V, inv_t, SCALE, BLOCK)
     svec = tl.zeros([BLOCK], dtype=tl.float32)
     for c0 in range(0, V, BLOCK):
-        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf")).to(tl.float32)
-        if SCALE:
-            x = x * inv_t
-        svec += tl.exp(x - m)
+        svec += tl.exp(load_scaled(base, c0 + lanes, V, inv_t, SCALE) - m)
     lse = m + tl.log(tl.sum(svec, axis=0))
     tok = tl.load(tok_ptr + row)
     xt = tl.load(base + tok).to(tl.float32)

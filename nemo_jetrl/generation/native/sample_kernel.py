@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nemo_jetrl.models.logprob_kernels import LOGPROB_BLOCK, _inverse
+from nemo_jetrl.models.logprob_kernels import LOGPROB_BLOCK, _inverse, load_scaled, row_max
 from nemo_jetrl.precision.kernels.triton_quant import _on_device
 
 
@@ -29,19 +29,10 @@ def _sample_kernel(
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride_r
     lanes = tl.arange(0, BLOCK)
-    mvec = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-    for c0 in range(0, V, BLOCK):
-        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf")).to(tl.float32)
-        if SCALE:
-            x = x * inv_t
-        mvec = tl.maximum(mvec, x)
-    m = tl.max(mvec, axis=0)
+    m = row_max(base, V, inv_t, SCALE, BLOCK)
     svec = tl.zeros([BLOCK], dtype=tl.float32)  # the logprob kernel's lanes, summed in its order
     for c0 in range(0, V, BLOCK):
-        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf")).to(tl.float32)
-        if SCALE:
-            x = x * inv_t
-        e = tl.exp(x - m)
+        e = tl.exp(load_scaled(base, c0 + lanes, V, inv_t, SCALE) - m)
         svec += e
         tl.store(sums_ptr + row * NCH + c0 // BLOCK, tl.sum(e.to(tl.float64), axis=0))  # step c0's float64 weight
     lse = m + tl.log(tl.sum(svec, axis=0))
@@ -56,10 +47,7 @@ def _sample_kernel(
     target = tl.where(at_end, float("inf"), target)
     before = tl.sum(tl.where(steps < j, sums, 0.0), axis=0)
     cols = j * BLOCK + lanes
-    x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-    if SCALE:
-        x = x * inv_t
-    w = tl.exp(x - m).to(tl.float64)
+    w = tl.exp(load_scaled(base, cols, V, inv_t, SCALE) - m).to(tl.float64)
     cum = before + tl.cumsum(w, axis=0)
     first = tl.min(tl.where((cum > target) & (cols < V), cols, V), axis=0)
     last = tl.max(tl.where(w > 0, cols, -1), axis=0)
