@@ -115,13 +115,17 @@ def test_bf16_rollout_on_vllm(tmp_path):
         "policy.generation.precision=bf16",
         "policy.generation.kv_cache_dtype=auto",
         "policy.fp8_cfg.train_kv_fake_quant=false",
+        # vLLM eager (enforce_eager): its CPU torch.compile warm-up took ~38 s of this test's ~55 s; the rollout, the
+        # export and the mismatch below are the same code either way (the FP8 module fixture above keeps the
+        # default, compiled path where it runs)
+        "policy.generation.cuda_graphs=false",
     )
     try:
         (metrics,) = _steps(run, 1)
         assert run.engine.check_fp8_weights()["fp8_layers"] == 0
     finally:
         run.engine.close()
-    # measured 1.013 here (vLLM's BF16 kernels vs the trainer's forward)
+    # measured 1.013 here (vLLM's BF16 kernels vs the trainer's forward; 1.0024 eager, 1.0036 compiled on an AVX2 host)
     assert 1.0 < metrics["token_mult_prob_error"] < 1.05
 
 
