@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-_FP8 = torch.float8_e4m3fn
-
 
 def transpose_fp8(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """e4m3 t [R, C] -> [C, R] contiguous (moved as bytes; into `out` [C, R] when given). On CUDA the tiled Triton

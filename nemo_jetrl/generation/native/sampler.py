@@ -105,18 +105,16 @@ def sample(
     stream i of the generator's seed (`seed_of`). batch_invariant: the exact mode's logprob (`token_logprobs`)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    if not greedy and keys is None:
+        keys = sequence_keys(seed_of(generator), torch.arange(logits.shape[0], device=logits.device))
     if not greedy and logits.is_cuda and not batch_invariant and params.top_k is None and params.top_p == 1.0:
         from nemo_jetrl.generation.native.sample_kernel import sample_fused  # token + logprob in one kernel
 
-        if keys is None:
-            keys = sequence_keys(seed_of(generator), torch.arange(logits.shape[0], device=logits.device))
         return sample_fused(logits, uniforms(keys, counters), params.temperature)
     scaled = logits.float() / params.temperature  # [B, V]
     if greedy:
         tokens = torch.argmax(scaled, dim=-1)  # [B]
     else:
-        if keys is None:
-            keys = sequence_keys(seed_of(generator), torch.arange(logits.shape[0], device=logits.device))
         probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)  # [B, V]
         cdf = probs.double().cumsum(dim=-1)  # [B, V]
         target = uniforms(keys, counters) * cdf[:, -1]  # [B] in [0, total)
