@@ -12,7 +12,9 @@ policy, its config switched between steps, alternating (fixed, dynamic, packed, 
 `fixed` cuts `--micro-batch` rows at the full width, `dynamic` cuts length-sorted micro-batches of at most
 `--micro-batch x width` tokens, each trimmed to its rows' columns, `packed` bins sequences of at most as many real
 tokens into one packed row each (varlen attention). Reports real-token throughput, the share of computed positions
-that hold a real token, how many micro-batches ran and the step's peak memory.
+that hold a real token, how many micro-batches ran and the step's peak memory. `--variants` picks among fixed,
+dynamic, packed and packed+graphs (`policy.train_cuda_graphs` with packing: each bin replayed in one of a few fixed
+layouts, its packed row padded to a multiple of 1/8 of the budget; on a second resident policy of the same weights).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     LOSS,
-    QWEN3_8B,
+    SHAPES,
     TINY,
     alternating_timings,
     build_model,
@@ -37,8 +39,9 @@ from common import (  # noqa: E402
 )
 
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
-from nemo_jetrl.policy.micro_batches import plan_micro_batches  # noqa: E402
+from nemo_jetrl.policy.micro_batches import plan_micro_batches, token_budget  # noqa: E402
 from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
+from nemo_jetrl.policy.sequence_packing import captured_row_slots  # noqa: E402
 from nemo_jetrl.policy.trainer_setup import trainer_kernels  # noqa: E402
 from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
 
@@ -56,13 +59,13 @@ def long_tailed_batch(lengths: list[int], prompt_len: int, max_len: int, vocab: 
     return TrainBatch(ids, attention, response, torch.randn(b, generator=gen), logp)
 
 
-VARIANTS = ("fixed", "dynamic", "packed")
+VARIANTS = ("fixed", "dynamic", "packed", "packed+graphs")
 
 
 def switch(policy_cfg: dict, variant: str) -> dict:
     """`policy_cfg` with dynamic batching / sequence packing switched on for `variant` (both off for fixed)."""
     dyn = {**policy_cfg["dynamic_batching"], "enabled": variant == "dynamic"}
-    pack = {**policy_cfg["sequence_packing"], "enabled": variant == "packed"}
+    pack = {**policy_cfg["sequence_packing"], "enabled": variant.startswith("packed")}
     return {**policy_cfg, "dynamic_batching": dyn, "sequence_packing": pack}
 
 
@@ -82,8 +85,11 @@ def occupancy(policy_cfg: dict, batch: TrainBatch, variant: str) -> tuple[float,
     """(real tokens / computed positions, micro-batches) of the training pass."""
     cfg = switch(policy_cfg, variant)
     parts = plan_micro_batches(batch.attention_mask, cfg, "train")
-    if variant == "packed":
-        round_to = cfg["sequence_packing"]["sequence_length_round"]
+    round_to = cfg["sequence_packing"]["sequence_length_round"]
+    if variant == "packed+graphs":  # bins padded to eighths of the budget
+        budget = token_budget(cfg, "train")
+        computed = sum(captured_row_slots(int(batch.attention_mask[p.rows].sum()), budget, round_to) for p in parts)
+    elif variant == "packed":
         computed = sum(-(-int(batch.attention_mask[p.rows].sum()) // round_to) * round_to for p in parts)
     else:
         computed = sum(len(p) * (p.cols.stop - p.cols.start) for p in parts)
@@ -92,8 +98,10 @@ def occupancy(policy_cfg: dict, batch: TrainBatch, variant: str) -> tuple[float,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="model shape (random weights)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--presets", default="jetrl,bf16", help="precision recipe presets, comma-separated")
+    p.add_argument("--variants", default="fixed,dynamic,packed", help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--batch", type=int, default=64, help="sequences per step (one optimizer step)")
     p.add_argument("--micro-batch", type=int, default=4, help="rows per fixed micro-batch (and the token budget)")
     p.add_argument("--prompt-len", type=int, default=256)
@@ -107,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        p.error(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    if "packed+graphs" in variants and not torch.cuda.is_available():
+        p.error("--variants packed+graphs needs a CUDA device (policy.train_cuda_graphs)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    shape, shape_name = SHAPES[args.shape], args.shape
     if args.quick:
         shape, shape_name = TINY, "tiny"
         args.layers, args.batch, args.micro_batch, args.prompt_len, args.mean_len, args.max_len = None, 16, 4, 8, 12, 48
@@ -123,17 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     real_tokens = int(batch.attention_mask.sum())
     results = []
     for preset in args.presets.split(","):
-        model = build_model(shape, args.layers, device, torch.bfloat16).train()
-        policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), device, model=model)
-        timings = alternating_timings({v: step_fn(policy, batch, v) for v in VARIANTS}, args.warmup, args.steps, device)
+        policies = {}  # captured or not: one resident policy each, on the same weights
+        for graphs in sorted({v.endswith("+graphs") for v in variants}):
+            model = build_model(shape, args.layers, device, torch.bfloat16).train()
+            recipe = PrecisionRecipe.preset(preset)
+            policies[graphs] = NativePolicy({**cfg, "train_cuda_graphs": graphs}, recipe, device, model=model)
+        steps = {v: step_fn(policies[v.endswith("+graphs")], batch, v) for v in variants}
+        timings = alternating_timings(steps, args.warmup, args.steps, device)
         for name, t in timings.items():
             occ, n_micro = occupancy(cfg, batch, name)
             r = {"preset": preset, "variant": name, **t, "real_tokens_per_s": real_tokens / t["median_s"]}
             r.update(occupancy=occ, micro_batches=n_micro, min_max_s=f"{t['min_s']:.3f}-{t['max_s']:.3f}")
-            r["speedup_vs_fixed"] = timings["fixed"]["median_s"] / t["median_s"]
+            r["speedup_vs_first"] = timings[variants[0]]["median_s"] / t["median_s"]
             results.append(r)
         n_layers = model.config.num_hidden_layers
-        del policy, model
+        del policies, model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     title = (
@@ -142,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{sum(lengths) / len(lengths):.0f}, max {max(lengths)}); {args.steps} timed steps after {args.warmup} "
         "warm-up, variants alternating within each preset"
     )
-    keys = ["preset", "variant", "real_tokens_per_s", "speedup_vs_fixed", "median_s", "min_max_s", "occupancy",
+    keys = ["preset", "variant", "real_tokens_per_s", "speedup_vs_first", "median_s", "min_max_s", "occupancy",
             "micro_batches", "step_peak_gb"]  # fmt: skip
-    headers = ["preset", "variant", "real tok/s", "x fixed", "median s", "min-max s", "real/computed",
+    headers = ["preset", "variant", "real tok/s", f"x {variants[0]}", "median s", "min-max s", "real/computed",
                "micro-batches", "step peak GB"]  # fmt: skip
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers, lengths=lengths)
     return 0

@@ -345,6 +345,7 @@ def sequence_logprobs(
     causal_attention: bool = False,
     pack_round: int | None = None,
     host_mask: torch.Tensor | None = None,
+    packing: PackedRows | None = None,
 ) -> torch.Tensor:
     """Per-token logprobs [B, S] float32 in the shared layout.
 
@@ -359,6 +360,7 @@ def sequence_logprobs(
     pack_round: the rows' real tokens run packed in one row (its length a multiple of `pack_round`) with varlen
     causal attention (models/packed.py; causal_attention then changes nothing); the result is in the [B, S] layout.
     host_mask: attention_mask on the host, where the caller has it (the packing is planned there, no host sync).
+    packing: the rows' packing planned by the caller (on the device, e.g. a fixed-shape one): packed as pack_round.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -369,12 +371,13 @@ def sequence_logprobs(
         )
     if fused_train is None:
         fused_train = input_ids.is_cuda
-    if pack_round is not None:
+    if pack_round is not None or packing is not None:
         from nemo_jetrl.models.packed_logprobs import packed_sequence_logprobs  # imports this module
 
         return packed_sequence_logprobs(
-            model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round, host_mask
-        )
+            model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round or 1,
+            host_mask, packing,
+        )  # fmt: skip
     if causal_attention:
         index = left_align_index(attention_mask)  # [B, S]
         logp = _sequence_logprobs(

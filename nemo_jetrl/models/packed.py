@@ -6,6 +6,9 @@ order) into one row of T = (real tokens rounded up to `round_to`) slots; each ro
 rounding slots one more (pad tokens attending to each other only). Position ids are the padded layout's
 (`cumsum(mask) - 1` of the token's own row), so every real token sees the same keys at the same positions as in the
 padded forward, and `unpack` returns per-token values in the [b, w] layout (0 elsewhere, differentiable).
+`from_mask(..., width=T, segments=n, longest=L)` fixes every shape a packing has (a captured micro-batch replays one
+layout for every bin: `policy.train_cuda_graphs`): T slots, n segments (the unused ones empty), L the longest (the
+rounding slots split into segments of at most L, so that the varlen kernel's grid follows L, not T).
 
 Attention (`varlen_causal_attention`): on CUDA in bf16/fp16, torch's flash-attention varlen kernel
 (`torch.nn.attention.varlen.varlen_attn`, cu_seqlens as flash-attn takes them); elsewhere its twin, SDPA with the
@@ -35,15 +38,25 @@ except ImportError:  # pragma: no cover - torch without the varlen API: the twin
 
 @dataclass(frozen=True)
 class PackedRows:
-    index: torch.Tensor  # [N] long: flat positions (row * w + col) of the real tokens, in packed order
+    index: torch.Tensor  # [T] long: each slot's flat position (row * w + col) in [b, w]; b * w on the rounding slots
     position_ids: torch.Tensor  # [1, T] long: the padded layout's positions; 0 on the rounding slots
     cu_seqlens: torch.Tensor  # [n_seg + 1] int32: segment starts in the packed row, then T
-    max_seqlen: int  # longest segment
+    max_seqlen: int  # longest segment (an upper bound where the width is fixed)
     shape: tuple[int, int]  # (b, w) of the padded layout
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, round_to: int = 1) -> PackedRows:
-        """The packing of `attention_mask` [b, w] (1 = real token) into T = N rounded up to `round_to` (>= 1) slots."""
+    def from_mask(
+        cls,
+        attention_mask: torch.Tensor,
+        round_to: int = 1,
+        *,
+        width: int | None = None,
+        segments: int | None = None,
+        longest: int | None = None,
+    ) -> PackedRows:
+        """The packing of `attention_mask` [b, w] (1 = real token) into T = N rounded up to `round_to` (>= 1) slots,
+        or exactly `width` slots, with `segments` segments (empty ones appended) of at most `longest` (>= w; default
+        the width) tokens each (see module doc)."""
         if attention_mask.dim() != 2 or round_to < 1:
             raise ValueError(f"attention_mask must be [b, w] and round_to >= 1, got {tuple(attention_mask.shape)}")
         real = attention_mask.bool()  # [b, w]
@@ -52,12 +65,24 @@ class PackedRows:
         lengths = real.sum(-1)  # [b]
         lengths = lengths[lengths > 0]
         total = int(lengths.sum())
-        width = max(round_to, -(-total // round_to) * round_to)
-        if width > total:
-            lengths = torch.cat([lengths, lengths.new_tensor([width - total])])  # the rounding slots' segment
+        rounded = max(round_to, -(-total // round_to) * round_to)
+        if width is not None and width < rounded:
+            raise ValueError(f"a packed row of {width} slots cannot hold {total} tokens rounded to {rounded}")
+        t = rounded if width is None else width
+        if longest is not None and longest < real.shape[1]:
+            raise ValueError(f"the longest segment ({longest}) must be at least the row width {real.shape[1]}")
+        longest = longest or t
+        rounding = [longest] * ((t - total) // longest) + ([(t - total) % longest] if (t - total) % longest else [])
+        lengths = torch.cat([lengths, lengths.new_tensor(rounding)])  # the rounding slots' segments
+        if segments is not None and segments < len(lengths):
+            raise ValueError(f"{len(lengths)} segments (sequences + rounding) exceed the {segments} asked for")
         cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)  # [n_seg + 1]
-        pos = F.pad(positions, (0, width - total))[None]  # [1, T]
-        return cls(index, pos, cu, int(lengths.max()), (real.shape[0], real.shape[1]))
+        if segments is not None:
+            cu = F.pad(cu, (0, segments + 1 - len(cu)), value=t)  # empty segments at the end
+        index = F.pad(index, (0, t - total), value=real.numel())  # [T]: the rounding slots point past [b, w]
+        pos = F.pad(positions, (0, t - total))[None]  # [1, T]
+        bound = longest if width is not None else int(lengths.max())
+        return cls(index, pos, cu, bound, (real.shape[0], real.shape[1]))
 
     @property
     def width(self) -> int:
@@ -65,23 +90,27 @@ class PackedRows:
 
     def pack(self, x: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
         """x [b, w] -> [1, T]: the real tokens' values in packed order, `fill` on the rounding slots."""
-        packed = x.flatten()[self.index.to(x.device)]  # [N]
-        return F.pad(packed, (0, self.width - len(packed)), value=fill)[None]
+        flat = F.pad(x.flatten(), (0, 1), value=fill)  # [b * w + 1]: the rounding slots read the last
+        return flat[self.index.to(x.device)][None]
 
     def real(self) -> torch.Tensor:
         """[1, T] bool: 1 on the packed real tokens, 0 on the rounding slots."""
-        return torch.arange(self.width, device=self.index.device)[None] < len(self.index)
+        return (self.index < self.shape[0] * self.shape[1])[None]
 
     def unpack(self, y: torch.Tensor) -> torch.Tensor:
         """y [1, T] -> [b, w]: each real token's value at its padded position, 0 elsewhere (differentiable)."""
-        flat = y.new_zeros(self.shape[0] * self.shape[1])  # [b * w]
-        flat = flat.index_put((self.index.to(y.device),), y[0, : len(self.index)])
-        return flat.view(self.shape)
+        flat = y.new_zeros(self.shape[0] * self.shape[1] + 1)  # [b * w + 1]: the rounding slots land on the last
+        flat = flat.index_put((self.index.to(y.device),), y[0])
+        return flat[:-1].view(self.shape)
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The packing's tensors, in the order the constructor takes them."""
+        return self.index, self.position_ids, self.cu_seqlens
 
     def to(self, device: torch.device | str) -> PackedRows:
         """On `device` (host -> CUDA through pinned memory, no host sync)."""
         device = torch.device(device)
-        moved = (to_device(t, device) for t in (self.index, self.position_ids, self.cu_seqlens))
+        moved = (to_device(t, device) for t in self.tensors())
         return PackedRows(*moved, self.max_seqlen, self.shape)
 
 

@@ -28,14 +28,17 @@ def packed_sequence_logprobs(
     fused_train: bool,
     pack_round: int,
     host_mask: torch.Tensor | None = None,
+    packing: PackedRows | None = None,
 ) -> torch.Tensor:
     """`sequence_logprobs` with the rows' real tokens packed into one row; logits in token chunks of at most
     LOGPROB_CHUNK_ELEMENTS floats. The rounding slots hold the batch's first pad id (0 without pads).
     host_mask: attention_mask's copy on the host, if the caller has one: the packing is planned from it without
-    a device -> host sync."""
+    a device -> host sync. packing: the rows' packing, planned by the caller (on the device; a captured micro-batch's
+    fixed layout), instead of one planned here."""
     real = attention_mask.bool()  # [B, S]
-    plan = host_mask.bool() if host_mask is not None else real
-    packing = PackedRows.from_mask(plan, pack_round).to(input_ids.device)
+    if packing is None:
+        plan = host_mask.bool() if host_mask is not None else real
+        packing = PackedRows.from_mask(plan, pack_round).to(input_ids.device)
     pads = ~real.flatten()  # [B * S]
     first_pad = input_ids.flatten().index_select(0, pads.long().argmax()[None])[0]  # 0-d (a tensor index syncs)
     fill = torch.where(pads.any(), first_pad, 0)  # the first pad's id, 0 without pads

@@ -156,9 +156,6 @@ class PolicyConfig(Section):
         if not self.train_cuda_graphs:
             return []
         problems = []
-        if self.sequence_packing.enabled:
-            problems.append("policy.train_cuda_graphs: true cannot capture packed micro-batches (each packing is its "
-                            "own varlen layout): set policy.sequence_packing.enabled: false")  # fmt: skip
         if self.generation.deterministic:
             problems.append("policy.train_cuda_graphs: true is not supported with policy.generation.deterministic: "
                             "true (the exact mode's trainer runs eagerly)")  # fmt: skip

@@ -119,10 +119,19 @@ def plan_micro_batches(attention_mask: torch.Tensor, policy_cfg: Mapping[str, An
         raise ValueError(
             "policy.dynamic_batching.enabled and policy.sequence_packing.enabled exclude each other (as in NeMo-RL)"
         )
-    chosen = pack if pack.get("enabled") else dyn
-    if not chosen.get("enabled"):
+    if not (pack.get("enabled") or dyn.get("enabled")):
         return fixed_micro_batches(attention_mask.shape[0], int(policy_cfg[rows_key]), attention_mask.shape[1])
-    budget = chosen.get(f"{kind}_mb_tokens") or int(policy_cfg[rows_key]) * int(policy_cfg["max_total_sequence_length"])
+    budget = token_budget(policy_cfg, kind)
     if pack.get("enabled"):
-        return packed_micro_batches(attention_mask, int(budget), pack["algorithm"])
-    return token_budget_micro_batches(attention_mask, int(budget), int(dyn.get("sequence_length_round", 1)))
+        return packed_micro_batches(attention_mask, budget, pack["algorithm"])
+    return token_budget_micro_batches(attention_mask, budget, int(dyn.get("sequence_length_round", 1)))
+
+
+def token_budget(policy_cfg: Mapping[str, Any], kind: str) -> int:
+    """Tokens per micro-batch of a `kind` pass under sequence packing or dynamic batching: `{kind}_mb_tokens`, or
+    the pass's rows per micro-batch x `max_total_sequence_length`."""
+    rows_key = "train_micro_batch_size" if kind == "train" else "logprob_batch_size"
+    pack = policy_cfg.get("sequence_packing") or {}
+    chosen = pack if pack.get("enabled") else (policy_cfg.get("dynamic_batching") or {})
+    budget = chosen.get(f"{kind}_mb_tokens") or int(policy_cfg[rows_key]) * int(policy_cfg["max_total_sequence_length"])
+    return int(budget)

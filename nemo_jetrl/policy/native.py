@@ -16,6 +16,7 @@ import torch
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
 from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
+from nemo_jetrl.models.packed import PackedRows
 from nemo_jetrl.policy.interfaces import (
     LossFunction,
     PolicyInterface,
@@ -24,7 +25,7 @@ from nemo_jetrl.policy.interfaces import (
     metrics_to_floats,
 )
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
-from nemo_jetrl.policy.micro_batches import plan_micro_batches
+from nemo_jetrl.policy.micro_batches import MicroBatch, plan_micro_batches, token_budget
 from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are imported from here too
     NonFiniteError,
     NonFiniteStateError,
@@ -32,6 +33,7 @@ from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are importe
     fp8_weights_finite,
     nonfinite_model_state,
 )
+from nemo_jetrl.policy.sequence_packing import fixed_packed_window
 from nemo_jetrl.policy.train_graphs import MicroBatchGraphs, batch_key, requantize_fp8_in_place
 from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, fp8_layers
@@ -125,34 +127,52 @@ class NativePolicy(PolicyInterface):
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # [B, S]
         logps = []
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "logprob"):
-            host_mb = batch.window(part.rows, part.cols)
+            host_mb, packing, own = self._micro_batch(batch, part, "logprob", graphs)
 
-            def forward(mb: TrainBatch, _norm, host_mask=host_mb.attention_mask):
-                logp, amax = self._forward(model, mb, host_mask, calibrate, fake)
+            def forward(mb: TrainBatch, _norm, packing: PackedRows | None, host_mask=host_mb.attention_mask):
+                logp, amax = self._forward(model, mb, host_mask, calibrate, fake, packing)
                 return logp, ({} if amax is None else {"kv/amax": amax})
 
             if graphs is not None:
-                key = batch_key(host_mb, "logprob", calibrate, fake is not None)
-                logp, outputs = graphs.run(key, host_mb, 0.0, forward)
+                key = batch_key(host_mb, "logprob", calibrate, fake is not None, packing=packing)
+                logp, outputs = graphs.run(key, host_mb, 0.0, forward, packing)
             else:
-                logp, outputs = forward(host_mb.to(self.device), None)
+                logp, outputs = forward(host_mb.to(self.device), None, None)
             if calibrate:
                 self.kv_calibrator.add_record(outputs["kv/amax"])
-            logps.append((part, logp))
+            logps.append((part, logp if own is None else logp[own]))
         for part, logp in logps:  # device -> host after every launch: no wait between micro-batches
             part.scatter(out, logp)
         return out
 
+    def _micro_batch(
+        self, batch: TrainBatch, part: MicroBatch, kind: str, graphs: MicroBatchGraphs | None
+    ) -> tuple[TrainBatch, PackedRows | None, tuple[slice, slice] | None]:
+        """A pass's micro-batch on the host. Captured and packed: in the fixed layout of `fixed_packed_window`, with
+        its packing and the (rows, cols) of its own values in the results; else the window, None, None."""
+        host_mb = batch.window(part.rows, part.cols)
+        if graphs is None or self.kernels["pack_round"] is None:
+            return host_mb, None, None
+        width = max(batch.input_ids.shape[1], int(self.cfg["max_total_sequence_length"]))
+        return fixed_packed_window(host_mb, token_budget(self.cfg, kind), self.kernels["pack_round"], width)
+
     def _forward(
-        self, model: torch.nn.Module, mb: TrainBatch, host_mask: torch.Tensor, calibrate: bool, fake: KVScales | None
+        self,
+        model: torch.nn.Module,
+        mb: TrainBatch,
+        host_mask: torch.Tensor,
+        calibrate: bool,
+        fake: KVScales | None,
+        packing: PackedRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One micro-batch's logprobs [b, w] through `model` (K/V fake-quantized with `fake`), and with `calibrate`
-        its Q/K/V amax [L, 3], observed by a calibrator of its own: a captured forward returns the record as an
-        output, and the trainer's calibrator takes it after the replay (`QKVCalibrator.add_record`)."""
+        """One micro-batch's logprobs [b, w] through `model` (K/V fake-quantized with `fake`; packed as `packing`
+        where given), and with `calibrate` its Q/K/V amax [L, 3], observed by a calibrator of its own: a captured
+        forward returns the record as an output, and the trainer's calibrator takes it after the replay
+        (`QKVCalibrator.add_record`)."""
         scratch = QKVCalibrator(self.kv_calibrator.num_layers, self.kv_calibrator.calibration) if calibrate else None
         logp = sequence_logprobs(
             model, mb.input_ids, mb.attention_mask, temperature=self.temperature, compute_dtype=self.compute_dtype,
-            attn_hook=make_attn_hook(scratch, fake), host_mask=host_mask, **self.kernels,
+            attn_hook=make_attn_hook(scratch, fake), host_mask=host_mask, packing=packing, **self.kernels,
         )  # fmt: skip
         return logp, None if scratch is None else scratch.last_record()
 
@@ -247,10 +267,10 @@ class NativePolicy(PolicyInterface):
         calibrating = from_forward and self._kv_fused()  # this forward's Q/K/V amax go to the calibrator
         fake = self._fake_quant_scales()
 
-        def micro_batch(mb: TrainBatch, norm: torch.Tensor | float):
+        def micro_batch(mb: TrainBatch, norm: torch.Tensor | float, packing: PackedRows | None):
             """Forward, loss, backward of one micro-batch on the device -> (its logprobs when they are prev_logprobs,
             {metric: 0-d tensor, plus the non-finite checks as check/*, and the Q/K/V amax [L, 3] as kv/amax})."""
-            logp, amax = self._forward(self.model, mb, host_mb.attention_mask, calibrating, fake)  # [b, w]
+            logp, amax = self._forward(self.model, mb, host_mb.attention_mask, calibrating, fake, packing)  # [b, w]
             check, prev = {}, None
             if from_forward:
                 prev = logp.detach().float()
@@ -268,14 +288,14 @@ class NativePolicy(PolicyInterface):
         per_mb, checks, forward_logps = [], [], []
         replays = graphs.replays if graphs is not None else 0
         for part in plan_micro_batches(batch.attention_mask, self.cfg, "train"):
-            host_mb = batch.window(part.rows, part.cols)
+            host_mb, packing, own = self._micro_batch(batch, part, "train", graphs)
             if graphs is not None:
-                key = batch_key(host_mb, "train", from_forward, calibrating, fake is not None)
-                prev, outputs = graphs.run(key, host_mb, normalizer, micro_batch)
+                key = batch_key(host_mb, "train", from_forward, calibrating, fake is not None, packing=packing)
+                prev, outputs = graphs.run(key, host_mb, normalizer, micro_batch, packing)
             else:
-                prev, outputs = micro_batch(host_mb.to(self.device), eager_norm)
+                prev, outputs = micro_batch(host_mb.to(self.device), eager_norm, None)
             if prev is not None:
-                forward_logps.append((part, prev))
+                forward_logps.append((part, prev if own is None else prev[own]))
             if calibrating:
                 self.kv_calibrator.add_record(outputs.pop("kv/amax"))
             per_mb.append({k: v for k, v in outputs.items() if not k.startswith("check/")})

@@ -13,7 +13,16 @@ Algorithms (NeMo-RL's names): `modified_first_fit_decreasing` (Johnson & Garey's
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+import torch.nn.functional as F
+
+from nemo_jetrl.models.packed import PackedRows
+from nemo_jetrl.policy.interfaces import TrainBatch
+
 ALGORITHMS = ("modified_first_fit_decreasing", "first_fit_decreasing", "concatenative")
+MIN_ROWS = 8  # fewest rows of a captured packed micro-batch (fewer distinct layouts, one graph each)
+SLOT_STEPS = 8  # a captured packed row's length is a multiple of 1/8 of the budget (padding <= 1/8 of it)
 REFUSED = {"first_fit_shuffle": "an unseeded random order (runs would not reproduce); use first_fit_decreasing"}
 
 
@@ -105,3 +114,45 @@ def _modified_first_fit_decreasing(order: list[int], lengths: list[int], capacit
     placed = {i for b in bins for i in b}
     rest = [i for i in order if i not in placed]  # descending
     return _first_fit(rest, lengths, capacity, bins, used)
+
+
+def fixed_packed_window(
+    mb: TrainBatch, capacity: int, round_to: int, width: int
+) -> tuple[TrainBatch, PackedRows, tuple[slice, slice]]:
+    """One packed micro-batch `mb` ([b, w] on the host) in shapes that depend only on (b rounded up to a power of
+    two >= MIN_ROWS, its real tokens rounded up to an eighth of `capacity`, `width`), as a captured micro-batch
+    replays them (`policy.train_cuda_graphs`; a few layouts per pass, each its own graph):
+    - rows: all-padding rows appended up to the power of two; columns: pad columns prepended up to `width`
+      (positions follow each row's mask, so no real token's math changes; input ids take `mb`'s first pad id);
+    - its packing: the real tokens rounded up to a multiple of SLOT_STEPS-th of the budget (`capacity` rounded up
+      to `round_to`: at most that many slots), one segment per row plus the rounding slots' (at most `width` long
+      each), the longest segment bounded by `width`.
+    Returns (the padded micro-batch, its packing, (rows, cols) of `mb`'s own values in a [b', width] result)."""
+    b, w = mb.input_ids.shape
+    if w > width:
+        raise ValueError(f"a micro-batch of width {w} exceeds the fixed width {width}")
+    rows = max(MIN_ROWS, 1 << max(0, b - 1).bit_length())  # b rounded up to a power of two
+    pads = mb.attention_mask == 0  # [b, w]
+    fill = int(mb.input_ids[pads][0]) if pads.any() else 0  # the first pad's id, as the unpadded packing reads it
+    padded = {}
+    for f in fields(mb):
+        t = getattr(mb, f.name)
+        if t is None:
+            padded[f.name] = None
+        elif t.dim() == 1:  # per sequence [b]
+            padded[f.name] = F.pad(t, (0, rows - b))
+        else:  # per token [b, w]
+            padded[f.name] = F.pad(t, (width - w, 0, 0, rows - b), value=fill if f.name == "input_ids" else 0)
+    out = TrainBatch(**padded)
+    slots = captured_row_slots(int(mb.attention_mask.bool().sum()), capacity, round_to)
+    segments = rows + -(-slots // width)  # the rows', then the rounding slots' in pieces of at most `width`
+    packing = PackedRows.from_mask(out.attention_mask, round_to, width=slots, segments=segments, longest=width)
+    return out, packing, (slice(0, b), slice(width - w, width))
+
+
+def captured_row_slots(real_tokens: int, capacity: int, round_to: int) -> int:
+    """Slots of a captured packed row holding `real_tokens`: rounded up to a multiple of 1/SLOT_STEPS of the budget
+    (`capacity` rounded up to `round_to`), at most the budget."""
+    budget = -(-capacity // round_to) * round_to
+    step = -(-budget // SLOT_STEPS // round_to) * round_to
+    return min(budget, max(step, -(-real_tokens // step) * step))

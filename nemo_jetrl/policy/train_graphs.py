@@ -7,6 +7,8 @@ Python and launcher time, so at widths where the kernels are short the FP8 train
 
 What a graph bakes in is every tensor address the micro-batch touches:
 - the batch: static device buffers, each micro-batch copied into them (pinned, non-blocking) before the replay;
+  with sequence packing its packing too, both in a fixed layout (`sequence_packing.fixed_packed_window`: every
+  bin padded to the pass's token budget, its rows to a power of two), so one graph serves every bin;
 - the loss normalizer: a 0-d device tensor filled before the replay;
 - the parameters, and their gradients, which the captured backward accumulates in place: the trainer zeroes them
   in place (`zero_grad(set_to_none=False)`) instead of dropping them;
@@ -36,12 +38,15 @@ import torch
 from torch import nn
 
 from nemo_jetrl.generation.native.cuda_graph import collector_paused
+from nemo_jetrl.models.packed import PackedRows
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.precision import Fp8Linear, is_fp8_layer
 
-# fn(mb on the device, normalizer 0-d device tensor) -> (logprobs [b, w] or None, {name: tensor}), the tensors
-# small (0-d metrics, a [L, 3] amax record)
-MicroBatchFn = Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor | None, dict[str, torch.Tensor]]]
+# fn(mb on the device, normalizer 0-d device tensor, mb's packing on the device or None) -> (logprobs [b, w] or
+# None, {name: tensor}), the tensors small (0-d metrics, a [L, 3] amax record)
+MicroBatchFn = Callable[
+    [TrainBatch, torch.Tensor, PackedRows | None], tuple[torch.Tensor | None, dict[str, torch.Tensor]]
+]
 
 
 @dataclass
@@ -52,19 +57,22 @@ class _Captured:
     values: torch.Tensor  # [n] float64: the outputs, flattened and concatenated inside the graph
     shapes: dict[str, torch.Size]  # each output's name and shape, in `values` order
     logprobs: torch.Tensor | None  # [b, w] float32
+    packing: PackedRows | None  # static device buffers
 
 
-def batch_key(batch: TrainBatch, *flags) -> tuple:
-    """What a captured micro-batch depends on besides tensor contents: each field's shape and dtype (or None)."""
-    return (*flags, *((f.name, None if (t := getattr(batch, f.name)) is None else (tuple(t.shape), t.dtype))
-                      for f in fields(batch)))  # fmt: skip
+def batch_key(batch: TrainBatch, *flags, packing: PackedRows | None = None) -> tuple:
+    """What a captured micro-batch depends on besides tensor contents: each field's shape and dtype (or None), and
+    the packing's shapes."""
+    packed = None if packing is None else (packing.width, len(packing.cu_seqlens), packing.max_seqlen, packing.shape)
+    return (*flags, packed, *((f.name, None if (t := getattr(batch, f.name)) is None else (tuple(t.shape), t.dtype))
+                              for f in fields(batch)))  # fmt: skip
 
 
 class MicroBatchGraphs:
     """Captured micro-batches of one model, keyed by `batch_key`; see the module docstring."""
 
     def __init__(
-        self, model: nn.Module, max_graphs: int = 4, watched: Callable[[], list[torch.Tensor]] | None = None
+        self, model: nn.Module, max_graphs: int = 16, watched: Callable[[], list[torch.Tensor]] | None = None
     ) -> None:
         """`watched`: other tensors the micro-batch reads (e.g. the K/V fake-quant scales), checked like parameters."""
         self.model = model
@@ -110,27 +118,29 @@ class MicroBatchGraphs:
         self.pool = torch.cuda.graph_pool_handle()
 
     def run(
-        self, key: tuple, host_mb: TrainBatch, normalizer: float, fn: MicroBatchFn
+        self, key: tuple, host_mb: TrainBatch, normalizer: float, fn: MicroBatchFn, packing: PackedRows | None = None
     ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-        """fn's outputs for `host_mb` (on the host): eager at a key's first call, captured at its second, replayed
-        after. Replayed outputs are copies (the next replay overwrites the graph's)."""
+        """fn's outputs for `host_mb` (and its `packing`, both on the host): eager at a key's first call, captured
+        at its second, replayed after. Replayed outputs are copies (the next replay overwrites the graph's)."""
         device = next(self.model.parameters()).device
         captured = self.graphs.get(key)
         if captured is None:
-            mb = host_mb.to(device)
+            mb, packed = host_mb.to(device), None if packing is None else packing.to(device)
             norm = torch.full((), normalizer, dtype=torch.float32, device=device)
             if key not in self.warm:
                 self.warm.add(key)
-                return fn(mb, norm)
+                return fn(mb, norm, packed)
             if len(self.graphs) >= self.max_graphs:
                 self.graphs.popitem(last=False)  # the oldest shape; the others keep the pool alive
                 self.evictions += 1
-            captured = self._capture(key, mb, norm, fn)
+            captured = self._capture(key, mb, norm, packed, fn)
         else:
-            for f in fields(host_mb):
-                src = getattr(host_mb, f.name)
+            pairs = [(getattr(captured.batch, f.name), getattr(host_mb, f.name)) for f in fields(host_mb)]
+            if packing is not None:
+                pairs += zip(captured.packing.tensors(), packing.tensors())
+            for dst, src in pairs:
                 if src is not None:
-                    getattr(captured.batch, f.name).copy_(src.pin_memory(), non_blocking=True)
+                    dst.copy_(src.pin_memory(), non_blocking=True)
             captured.normalizer.fill_(normalizer)
         captured.graph.replay()
         self.replays += 1
@@ -140,7 +150,9 @@ class MicroBatchGraphs:
         parts = values.split(sizes) if sizes else []
         return logprobs, {n: t.view(shape) for (n, shape), t in zip(captured.shapes.items(), parts)}
 
-    def _capture(self, key: tuple, mb: TrainBatch, norm: torch.Tensor, fn: MicroBatchFn) -> _Captured:
+    def _capture(
+        self, key: tuple, mb: TrainBatch, norm: torch.Tensor, packing: PackedRows | None, fn: MicroBatchFn
+    ) -> _Captured:
         # The key's eager warm-up made the gradient of every parameter fn uses (the trainer keeps them since), so
         # the captured backward accumulates into storage that outlives the capture.
         before = self._state()
@@ -148,7 +160,7 @@ class MicroBatchGraphs:
             self._drop_all()
         graph = torch.cuda.CUDAGraph()
         with collector_paused(), torch.cuda.graph(graph, pool=self.pool):
-            logprobs, outputs = fn(mb, norm)
+            logprobs, outputs = fn(mb, norm, packing)
             shapes = {n: t.shape for n, t in outputs.items()}
             flat = [t.detach().reshape(-1).double() for t in outputs.values()]
             values = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64, device=norm.device)  # [n]
@@ -159,7 +171,8 @@ class MicroBatchGraphs:
             )
         self._baked = before
         self.captures += 1
-        captured = _Captured(graph, mb, norm, values, shapes, None if logprobs is None else logprobs.detach())
+        logprobs = None if logprobs is None else logprobs.detach()
+        captured = _Captured(graph, mb, norm, values, shapes, logprobs, packing)
         self.graphs[key] = captured
         return captured
 

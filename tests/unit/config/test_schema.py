@@ -355,16 +355,11 @@ def test_sequence_parallel_stays_refused_by_name(base_yaml):
     assert message.startswith("policy.dtensor_cfg.sequence_parallel: true is not supported here (sequence parallelism)")
 
 
-@pytest.mark.parametrize(
-    ("overrides", "expected"),
-    [
-        (["policy.sequence_packing.enabled=true"], "set policy.sequence_packing.enabled: false"),
-        (["policy.generation.deterministic=true"], "the exact mode's trainer runs eagerly"),
-    ],
-)
-def test_train_cuda_graphs_refuse_what_they_cannot_capture(base_yaml, overrides, expected):
+def test_train_cuda_graphs_refuse_the_exact_mode_and_take_sequence_packing(base_yaml):
     assert check(base_yaml, "policy.train_cuda_graphs=true").policy.train_cuda_graphs
     kv = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quant=true"]
     assert check(base_yaml, "policy.train_cuda_graphs=true", *kv).policy.fp8_cfg.train_kv_fake_quant
-    message = error_of(base_yaml, "policy.train_cuda_graphs=true", *overrides)
-    assert "policy.train_cuda_graphs: true" in message and expected in message
+    packed = check(base_yaml, "policy.train_cuda_graphs=true", "policy.sequence_packing.enabled=true")
+    assert packed.policy.train_cuda_graphs and packed.policy.sequence_packing.enabled
+    message = error_of(base_yaml, "policy.train_cuda_graphs=true", "policy.generation.deterministic=true")
+    assert "policy.train_cuda_graphs: true" in message and "the exact mode's trainer runs eagerly" in message

@@ -32,6 +32,24 @@ def test_packing_lays_rows_end_to_end_with_their_padded_positions():
     assert packing.real().sum() == 12
 
 
+def test_a_fixed_layout_pads_slots_and_segments_and_bounds_the_longest_segment():
+    packing = PackedRows.from_mask(_mask(), round_to=4, width=30, segments=8, longest=7)  # 12 real tokens, 30 slots
+    # 3 rows, the 18 rounding slots in pieces of at most 7, then 2 empty segments
+    assert packing.cu_seqlens.tolist() == [0, 3, 10, 12, 19, 26, 30, 30, 30]
+    assert packing.width == 30 and packing.max_seqlen == 7 and packing.real().sum() == 12
+    x = torch.arange(28).view(4, 7)
+    packed = packing.pack(x, fill=-1)
+    assert packed[0, 12:].tolist() == [-1] * 18
+    assert torch.equal(packing.unpack(packed), x * _mask())
+    assert PackedRows.from_mask(_mask(), round_to=4, width=12).max_seqlen == 12  # no rounding slots: no segment
+    with pytest.raises(ValueError, match="a packed row of 8 slots cannot hold 12 tokens"):
+        PackedRows.from_mask(_mask(), round_to=4, width=8)
+    with pytest.raises(ValueError, match="6 segments .* exceed the 5 asked for"):
+        PackedRows.from_mask(_mask(), round_to=4, width=30, segments=5, longest=7)
+    with pytest.raises(ValueError, match="the longest segment \\(6\\) must be at least the row width 7"):
+        PackedRows.from_mask(_mask(), round_to=4, width=30, longest=6)
+
+
 def test_block_causal_mask_keeps_each_segment_to_itself():
     mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)[0, 0].int()
     assert mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]

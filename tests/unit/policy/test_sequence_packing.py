@@ -12,10 +12,11 @@ from jetrl_testkit.reference_step import make_batch
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.micro_batches import packed_micro_batches, plan_micro_batches
 from nemo_jetrl.policy.native import NativePolicy
-from nemo_jetrl.policy.sequence_packing import ALGORITHMS, pack_lengths
+from nemo_jetrl.policy.sequence_packing import ALGORITHMS, fixed_packed_window, pack_lengths
 from nemo_jetrl.precision import PrecisionRecipe
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"
@@ -173,3 +174,43 @@ def test_train_forward_fills_each_row_with_its_own_packed_logprobs():
     expected = padded.get_logprobs(batch)
     packed.train([batch], loss_fn)  # prev_logprobs filled in place from the packed training forward
     torch.testing.assert_close(batch.prev_logprobs, expected, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_the_fixed_layout_a_captured_micro_batch_replays_gives_each_bins_numbers(precision):
+    """`policy.train_cuda_graphs` with packing runs every bin in one layout (`fixed_packed_window`): rows padded to
+    a power of two, columns to a fixed width, the packed row to the whole budget. Each bin's logprobs, loss and
+    gradients are those of its own packed row."""
+    _, packed, loss_fn = _policies(precision, PACKING)
+    model = packed.model
+    batch = _long_tailed_batch()
+    batch.prev_logprobs = batch.generation_logprobs + 0.01 * batch.response_mask
+    normalizer = loss_fn.normalizer(batch)
+    shapes, padded_slots = set(), 0
+    for part in plan_micro_batches(batch.attention_mask, packed.cfg, "train"):
+        window = batch.window(part.rows, part.cols)
+        fixed, packing, own = fixed_packed_window(window, 256, 16, 24)  # slots: multiples of 256 / 8
+        rows, real = fixed.input_ids.shape[0], int(window.attention_mask.sum())
+        assert rows >= max(8, len(part)) and rows & (rows - 1) == 0 and fixed.input_ids.shape[1] == 24
+        assert packing.width == -(-real // 32) * 32  # bins of 33-64 tokens: 64 slots
+        padded_slots += packing.width - real
+        # segments: one per row, then the rounding slots' in pieces of at most 24
+        assert len(packing.cu_seqlens) == rows + -(-packing.width // 24) + 1 and packing.max_seqlen == 24
+        shapes.add((*fixed.input_ids.shape, packing.width))
+        results = []
+        for mb, kwargs in ((window, {"pack_round": 16}), (fixed, {"packing": packing})):
+            model.zero_grad(set_to_none=True)
+            logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask, **kwargs)
+            loss, metrics = loss_fn(logp, mb, normalizer)
+            loss.backward()
+            results.append((logp.detach(), loss.detach(), metrics, _grads(packed)))
+        (lp, loss, metrics, grads), (lp_f, loss_f, metrics_f, grads_f) = results
+        assert torch.count_nonzero(lp_f) == torch.count_nonzero(lp_f[own]) > 0  # nothing outside the bin's own
+        torch.testing.assert_close(lp_f[own], lp, rtol=0, atol=2e-5)
+        assert float(loss) != 0 and float(loss_f) == pytest.approx(float(loss), rel=1e-4, abs=1e-7)
+        for name in ("num_valid_tokens", "num_valid_samples", "probs_ratio", "clip_fraction"):
+            assert float(metrics_f[name]) == pytest.approx(float(metrics[name]), rel=1e-4), name
+        bound = 1e-4 if precision == "bf16" else 0.05  # FP8: WGrad's 128-token groups hold more pad slots
+        assert float((grads_f - grads).norm()) <= bound * float(grads.norm()), precision
+    assert {(r, w) for r, w, _ in shapes} == {(8, 24), (16, 24)}  # bins of <= 8 and of 9-16 sequences
+    assert len(shapes) < 4 and padded_slots > 0  # four bins in fewer layouts
