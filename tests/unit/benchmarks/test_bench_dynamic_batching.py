@@ -28,3 +28,15 @@ def test_quick_run_reports_occupancy_and_micro_batches(tmp_path):
     # packed: the budget's real tokens per row, each row rounded up to 8 slots
     assert rows["packed"]["occupancy"] > rows["dynamic"]["occupancy"] and rows["packed"]["occupancy"] > 0.9
     assert rows["packed"]["micro_batches"] == -(-real // (4 * width))
+
+
+def test_unknown_variants_and_captured_packing_without_cuda_are_refused(capsys):
+    module = importlib.import_module("bench_dynamic_batching")
+    for variants, message in (("packed,graphs", "unknown ['graphs']"), ("packed+graphs", "needs a CUDA device")):
+        try:
+            module.main(["--quick", "--variants", variants])
+        except SystemExit as exit_:
+            assert exit_.code == 2
+        else:
+            raise AssertionError(f"--variants {variants} was accepted")
+        assert message in capsys.readouterr().err
