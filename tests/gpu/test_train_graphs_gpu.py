@@ -36,17 +36,23 @@ def run(preset: str, graphs: bool, from_forward: bool, causal: bool = False, seq
         optimizer=OPT, train_cuda_graphs=graphs, prev_logprobs_source=source, train_causal_attention=causal
     )
     policy = NativePolicy(cfg, PrecisionRecipe.preset(preset, **recipe), DEV, model=model)
+    batches = [step_batch(step, seq) for step, seq in enumerate(seqs)]
+    return policy, *take_steps(policy, batches, "forward" if from_forward else "given")
+
+
+def take_steps(policy: NativePolicy, batches, prev: str):
+    """Train + refit per batch -> (metrics, prev_logprobs) per step. prev: "given" (the batch's own),
+    "forward" (from the training forward) or "pass" (the logprob pass)."""
     metrics, logps = [], []
-    for step, seq in enumerate(seqs):
-        batch = step_batch(step, seq)
-        if from_forward:
-            batch.prev_logprobs = None
+    for batch in batches:
+        if prev != "given":
+            batch.prev_logprobs = None if prev == "forward" else policy.get_logprobs(batch)
         out = policy.train(batch, LOSS)
         out.pop("cuda_graph_replay_fraction", None)
         metrics.append(out)
         logps.append(batch.prev_logprobs)
         policy.prepare_refit()
-    return policy, metrics, logps
+    return metrics, logps
 
 
 @pytest.mark.parametrize(
@@ -227,22 +233,13 @@ def packed_run(preset: str, graphs: bool, eager_layout: bool = False, steps: int
             return fn(host_mb.to(DEV), norm, None if packing is None else packing.to(DEV))
 
         policy.train_graphs.run = eager
-    metrics, logps = [], []
-    for step in range(steps):
-        batch = packed_batch(step)
-        batch.prev_logprobs = policy.get_logprobs(batch)
-        out = policy.train(batch, LOSS)
-        out.pop("cuda_graph_replay_fraction", None)
-        metrics.append(out)
-        logps.append(batch.prev_logprobs)
-        policy.prepare_refit()
-    return policy, metrics, logps
+    return policy, *take_steps(policy, [packed_batch(step) for step in range(steps)], "pass")
 
 
 @pytest.mark.parametrize("preset", ["bf16", "jetrl"])
 def test_captured_packed_steps_equal_their_layout_run_eagerly_and_track_the_packed_trainer(preset):
     """With sequence packing every bin replays one of a few fixed layouts (rows padded to a power of two >= 8, the
-    packed row to the whole budget): bit for bit the same layout run eagerly; against the eager packed trainer
+    packed row to eighths of the budget): bit for bit the same layout run eagerly; against the eager packed trainer
     (each bin packed to its own tokens) the logprobs of the first pass agree to GEMM-shape rounding."""
     graphed, m_graph, lp_graph = packed_run(preset, True)
     layout, m_layout, lp_layout = packed_run(preset, True, eager_layout=True)
