@@ -7,8 +7,9 @@ Python and launcher time, so at widths where the kernels are short the FP8 train
 
 What a graph bakes in is every tensor address the micro-batch touches:
 - the batch: static device buffers, each micro-batch copied into them (pinned, non-blocking) before the replay;
-  with sequence packing its packing too, both in a fixed layout (`sequence_packing.fixed_packed_window`: every
-  bin padded to the pass's token budget, its rows to a power of two), so one graph serves every bin;
+  with sequence packing its packing too, both in one of a few fixed layouts (`sequence_packing.fixed_packed_window`:
+  the packed row padded to a multiple of 1/8 of the pass's token budget, the rows to a power of two), so one graph
+  serves every bin of that layout;
 - the loss normalizer: a 0-d device tensor filled before the replay;
 - the parameters, and their gradients, which the captured backward accumulates in place: the trainer zeroes them
   in place (`zero_grad(set_to_none=False)`) instead of dropping them;
