@@ -19,51 +19,73 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `from jetrl_testkit 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# The slowest CPU modules (seconds each in a full 2-worker run on the 2-core CI machine, 2026-11-26), started
-# first: pytest-xdist's loadfile hands out whole modules in collection order (`--no-loadscope-reorder` in pyproject;
-# its default order is by test count, which put the few-test slow modules last and left one worker running them
-# alone at the end). The modules that start Ray take turns (`ray_lock`), so each is placed behind enough other work
-# for the other worker that it rarely waits for the lock. Modules not listed follow in collection order; a stale
-# entry only costs time.
+# The modules that start Ray (or a Slurm job that does): under pytest-xdist they form one work unit (see
+# `pytest_xdist_make_scheduler`), so one worker runs them back to back and two Rays never share the 2 CPUs, without
+# a worker idling on `ray_lock` (which stays, for other ways of running the tests).
+RAY_MODULES = [
+    "functional/test_ray_workers.py",  # 150-170
+    "functional/test_ray_kl_resume.py",  # 90
+    "functional/test_ray_tensor_parallel.py",  # 55
+    "slurm/test_ray_sub.py",  # 80 where CI's single-node Slurm runs, else a skip
+]
+# The slowest CPU modules (seconds each in a full 2-worker run on the 2-core CI machine, 2026-11-27), started
+# first, longest first: pytest-xdist's loadfile hands out whole modules in collection order (`--no-loadscope-reorder`
+# in pyproject; its default order is by test count, which put the few-test slow modules last and left one worker
+# running them alone at the end). The Ray unit (~400 s) goes first; the other worker works down this list meanwhile.
+# Modules not listed follow in collection order; a stale entry only costs time.
 SLOW_MODULES_FIRST = [
-    "functional/test_ray_workers.py",  # 135-165 (Ray)
-    "unit/distributed/test_tensor_parallel_gloo.py",  # 70
-    "functional/test_random_checkpoint.py",  # 50
-    "functional/test_reward_rises.py",  # 45: ~165 s on the other worker until the next Ray module
-    "functional/test_ray_kl_resume.py",  # 45 (Ray)
-    "functional/test_resume.py",  # 33
-    "unit/models/test_fused_train_kernels.py",  # 33
-    "functional/test_ray_tensor_parallel.py",  # 32 (Ray)
-    "unit/models/test_fused_rollout_kernels.py",  # 31
-    "unit/distributed/test_fsdp_gloo.py",  # 28
-    "functional/test_kv_budget_grpo.py",  # 27
-    "functional/test_vllm_backend.py",  # 23
-    "slurm/test_ray_sub.py",  # 9 (Ray)
-    "functional/test_grpo_tiny.py",  # 35
+    *RAY_MODULES,
+    "functional/test_random_checkpoint.py",  # 52
+    "functional/test_resume.py",  # 47
+    "functional/test_reward_rises.py",  # 45
+    "unit/models/test_fused_train_kernels.py",  # 36
+    "unit/distributed/test_tensor_parallel_gloo.py",  # 30
+    "functional/test_grpo_tiny.py",  # 30
+    "functional/test_kv_budget_grpo.py",  # 30
+    "unit/models/test_fused_rollout_kernels.py",  # 28
     "unit/generation/test_paged_exact.py",  # 27
-    "unit/generation/test_sampler.py",  # 20
-    "unit/benchmarks/test_bench_mismatch.py",  # 20
-    "unit/config/test_schema.py",  # 18
-    "unit/models/test_batch_invariant_attention.py",  # 18
-    "unit/benchmarks/test_bench_dynamic_batching.py",  # 18
-    "unit/generation/test_fp8_kv_attention.py",  # 18
-    "unit/precision/test_batch_invariant_gemm.py",  # 17
-    "unit/generation/test_continuous_batching.py",  # 17
-    "functional/test_accuracy_study.py",  # 15
-    "functional/test_kv_calibration.py",  # 15
-    "functional/test_hardening.py",  # 14
-    "unit/config/test_nemo_rl_compat.py",  # 14
+    "functional/test_vllm_backend.py",  # 25
+    "unit/benchmarks/test_bench_dynamic_batching.py",  # 24
+    "unit/distributed/test_fsdp_gloo.py",  # 20
+    "functional/test_kv_calibration.py",  # 20
+    "unit/benchmarks/test_bench_mismatch.py",  # 17
+    "functional/test_hardening.py",  # 16
+    "unit/generation/test_continuous_batching.py",  # 15
+    "unit/benchmarks/test_bench_protocol.py",  # 13
     "functional/test_run_eval.py",  # 13
-    "unit/distributed/test_import_hygiene.py",  # 12
-    "unit/benchmarks/test_bench_protocol.py",  # 12
-    "unit/benchmarks/test_bench_rollout_queue.py",  # 12
-    "functional/test_grpo_nemo_rl_semantics.py",  # 10
+    "unit/precision/test_batch_invariant_gemm.py",  # 12
+    "functional/test_accuracy_study.py",  # 12
+    "unit/config/test_schema.py",  # 11
+    "functional/test_grpo_nemo_rl_semantics.py",  # 11
+    "unit/models/test_batch_invariant_attention.py",  # 11
+    "unit/benchmarks/test_bench_rollout_queue.py",  # 10
+    "unit/distributed/test_import_hygiene.py",  # 9
+    "unit/algorithms/test_grpo_wiring.py",  # 9
+    "unit/utils/test_cpu_runtime.py",  # 9
 ]
 
 
+def _module_path(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].removeprefix("tests/")
+
+
 def _module_rank(item: pytest.Item) -> int:
-    path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+    path = _module_path(item.nodeid)
     return SLOW_MODULES_FIRST.index(path) if path in SLOW_MODULES_FIRST else len(SLOW_MODULES_FIRST)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: no error where xdist is off (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the RAY_MODULES as one work unit (one worker runs them, in their order)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayUnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "ray modules" if _module_path(nodeid) in RAY_MODULES else super()._split_scope(nodeid)
+
+    return RayUnitScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,8 +100,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def ray_lock(tmp_path_factory):
-    """Held for a whole module that starts Ray (or a Slurm job that does): under pytest-xdist the other worker's
-    Ray module waits (a lock file in the session's shared temp root), so two Rays never share the 2 CPUs."""
+    """Held for a whole module that starts Ray (or a Slurm job that does): where two pytest processes could run two
+    such modules at once (the RAY_MODULES unit above keeps them on one xdist worker), the second waits (a lock file in
+    the session's shared temp root), so two Rays never share the 2 CPUs."""
     from filelock import FileLock
 
     with FileLock(tmp_path_factory.getbasetemp().parent / "ray_module.lock"):
@@ -89,12 +112,27 @@ def ray_lock(tmp_path_factory):
 @pytest.fixture(scope="session")
 def run_interpreted():
     """`run(source)`: runs Python `source` in a child process under Triton's interpreter (TRITON_INTERPRET is read
-    when kernels are defined, so not in this process) and returns the JSON value its last stdout line holds."""
+    when kernels are defined, so not in this process) and returns the JSON value its last stdout line holds. The
+    children fork from one server per pytest process that imported torch, triton and nemo_jetrl once
+    (jetrl_testkit/interp_server.py); each still runs `source` as `python -c source` in a process of its own."""
+    server: subprocess.Popen | None = None
 
     def run(source: str, timeout: int = 600):
-        env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-        proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=timeout)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        nonlocal server
+        if server is None:
+            env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+            command = [sys.executable, str(Path(__file__).parent / "jetrl_testkit" / "interp_server.py")]
+            server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            assert server.stdout.readline().strip() == "ready", "the interpreter fork server did not start"
+        server.stdin.write(json.dumps({"source": source, "timeout": timeout}) + "\n")
+        server.stdin.flush()
+        line = server.stdout.readline()
+        assert line, f"the interpreter fork server exited ({server.poll()})"
+        reply = json.loads(line)
+        assert reply["rc"] == 0, reply["stderr"][-3000:]
+        return json.loads(reply["stdout"].strip().splitlines()[-1])
 
-    return run
+    yield run
+    if server is not None:
+        server.stdin.close()
+        server.wait(timeout=60)

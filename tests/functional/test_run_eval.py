@@ -3,14 +3,12 @@ checkpoints load, config errors are one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from jetrl_testkit.cli import load_script, run_main, run_script
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.config import load_config, validate_config
@@ -19,9 +17,7 @@ from nemo_jetrl.utils.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[2]
 EVAL_YAML = ROOT / "examples" / "configs" / "evals" / "eval_tiny.yaml"
-SPEC = importlib.util.spec_from_file_location("run_eval", ROOT / "examples" / "run_eval.py")
-run_eval = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(run_eval)
+run_eval = load_script(ROOT / "examples" / "run_eval.py", "run_eval")
 
 
 def test_pass_at_k_unbiased_estimator():
@@ -58,19 +54,20 @@ def test_tiny_model_pass_at_k_and_greedy_accuracy_match_validate(tmp_path):
     assert zeroed["checkpoint_step"] == 3 and zeroed["accuracy"] == 0.0 and zeroed["score"] == 0.0
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("eval.k_value=8", "error: eval.k_value (8) must be <= eval.num_tests_per_prompt (4)"),
-        ("eval.num_tests_per_prompt=0", "error: eval.num_tests_per_prompt: 0 is invalid"),
-    ],
-)
-def test_config_errors_are_one_line_exit_2(override, message):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "run_eval.py"), "--config", str(EVAL_YAML), override],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 2 and proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+CONFIG_ERRORS = {
+    "eval.k_value=8": "error: eval.k_value (8) must be <= eval.num_tests_per_prompt (4)",
+    "eval.num_tests_per_prompt=0": "error: eval.num_tests_per_prompt: 0 is invalid",
+}
+
+
+@pytest.mark.parametrize("override", sorted(CONFIG_ERRORS))
+def test_config_errors_are_one_line_exit_2(override):
+    rc, out, err = run_main(run_eval.main, ["--config", str(EVAL_YAML), override])
+    assert rc == 2 and out == "" and err.startswith(CONFIG_ERRORS[override]) and err.count("\n") == 1, err
+
+
+def test_the_script_as_a_process_gives_what_main_gives_in_process():
+    """`python run_eval.py ...` in a fresh interpreter (jetrl_testkit/cli.py): a config error's exit status, stdout
+    and stderr are what main() gives in this process."""
+    argv = ["--config", str(EVAL_YAML), "eval.k_value=8"]
+    assert run_script(ROOT / "examples" / "run_eval.py", argv, timeout=120) == run_main(run_eval.main, argv)

@@ -1,11 +1,10 @@
 """NeMo-RL's config tree as input: honoured keys change the resolved config as NeMo-RL would, refused keys give one
 line naming key and value (exit 2), re-expressed shipped recipes resolve to identical effective configs."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from jetrl_testkit.cli import load_script, run_main
 
 from nemo_jetrl.config import ConfigError, MasterConfig, load_config, validate_config
 from nemo_jetrl.config.nemo_rl import is_schema_field, rule_for
@@ -233,14 +232,14 @@ def test_neutral_values_of_refusable_keys_are_accepted():
 
 @pytest.fixture(scope="module")
 def cli_refusals() -> dict[str, tuple[int, str, str]]:
-    procs = {}
+    """run_grpo.py's main() in this process per refused key: name -> (status, stdout, stderr) (test_run_grpo_cli.py
+    shows the script as a fresh process gives what its main() gives in-process)."""
+    main = load_script(ROOT / "examples" / "run_grpo.py", "run_grpo_script").main
+    results = {}
     for name, (override, _) in REFUSED.items():
         extra = ["cluster.gpus_per_node=8"] if name == "local_8_gpus" else []
-        argv = [sys.executable, str(ROOT / "examples" / "run_grpo.py"), "--config", str(LIKE_1B), "--validate-only"]
-        procs[name] = subprocess.Popen(
-            argv + [override, *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-    return {name: (p.wait(timeout=300), *p.communicate()) for name, p in procs.items()}
+        results[name] = run_main(main, ["--config", str(LIKE_1B), "--validate-only", override, *extra])
+    return results
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))

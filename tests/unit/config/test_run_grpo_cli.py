@@ -1,13 +1,11 @@
 """examples/run_grpo.py: user errors exit 2 with one `error: ...` line and no traceback; --validate-only works."""
 
-import importlib.util
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
+from jetrl_testkit.cli import load_script, run_main, run_script
 from omegaconf import DictConfig
 
 from nemo_jetrl.config import MasterConfig
@@ -36,10 +34,9 @@ def _write_bad_configs(tmp: Path) -> None:
     (tmp / "cycle_b.yaml").write_text("defaults: cycle_a.yaml\n")
 
 
-def _spawn(*argv: str) -> subprocess.Popen:
-    command = [sys.executable, str(SCRIPT), *argv]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.fixture(scope="module")
+def run_grpo_main():
+    return load_script(SCRIPT, "run_grpo_script").main
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +46,25 @@ def cli_tmp(tmp_path_factory) -> Path:
     return tmp
 
 
-@pytest.fixture(scope="module")
-def cli_results(cli_tmp) -> dict[str, tuple[int, str, str]]:
-    """Run every CLI case concurrently once (each is a fresh interpreter): name -> (rc, stdout, stderr)."""
-    cases = {name: [a.format(tmp=cli_tmp) for a in argv] for name, (argv, _) in USER_ERRORS.items()}
+def _cases(tmp: Path) -> dict[str, list[str]]:
+    cases = {name: [a.format(tmp=tmp) for a in argv] for name, (argv, _) in USER_ERRORS.items()}
     cases["validate_only"] = ["--config", str(BASE), "--validate-only", "grpo.max_num_steps=7"]
     cases["help"] = ["--help"]
-    procs = {name: _spawn(*argv) for name, argv in cases.items()}
-    results = {}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        results[name] = (proc.returncode, out, err)
-    return results
+    return cases
+
+
+@pytest.fixture(scope="module")
+def cli_results(run_grpo_main, cli_tmp) -> dict[str, tuple[int, str, str]]:
+    """Every CLI case through the script's main() in this process: name -> (status, stdout, stderr); the
+    fresh-interpreter run of one case (below) shows the process gives the same (jetrl_testkit/cli.py)."""
+    return {name: run_main(run_grpo_main, argv) for name, argv in _cases(cli_tmp).items()}
+
+
+def test_the_script_as_a_process_gives_what_main_gives_in_process(cli_results, cli_tmp):
+    """`python run_grpo.py ...` (a fresh interpreter, the full config-path imports) for a case that gets through
+    argparse and the YAML loader to the schema's cross-field check: exit status, stdout and stderr as in-process."""
+    process = run_script(SCRIPT, _cases(cli_tmp)["cross_field"])
+    assert process == cli_results["cross_field"]
 
 
 @pytest.mark.parametrize("case", sorted(USER_ERRORS))
@@ -94,14 +98,6 @@ def test_help_explains_usage_with_an_example(cli_results):
 
 
 # ---- in-process: the hand-off to nemo_jetrl.algorithms.grpo.run_grpo ------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def run_grpo_main():
-    spec = importlib.util.spec_from_file_location("run_grpo_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def test_calls_run_grpo_with_validated_and_resolved_config(run_grpo_main, monkeypatch, capsys):

@@ -1,19 +1,18 @@
 """FSDP2 on 2 CPU ranks (gloo) vs the single-process trainer: same logprobs, same step, FP8 refit bits == trainer's.
 
-The 2 ranks run `fsdp_rank_check.py` under torchrun (PyTorch's launcher; no Ray here). Tolerances: logprobs,
-per-micro-batch metrics and FP8 refit bits are bitwise; the gradient is a sum over micro-batches in another order
-(reduce-scatter), so grad_norm agrees to 1e-6 relative and master weights after the step to 1e-6 absolute.
+The 2 ranks run `fsdp_rank_check.py` with torchrun's environment, forked from one interpreter that imported torch
+once (jetrl_testkit/forkrun.py; no Ray here). Tolerances: logprobs, per-micro-batch metrics and FP8 refit bits are
+bitwise; the gradient is a sum over micro-batches in another order (reduce-scatter), so grad_norm agrees to 1e-6
+relative and master weights after the step to 1e-6 absolute.
 """
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from jetrl_testkit.forkrun import run_ranks
 
 from nemo_jetrl.algorithms.grpo import setup
 from nemo_jetrl.config import load_config, validate_config
@@ -23,12 +22,6 @@ from nemo_jetrl.precision import Fp8Linear, weight_quant
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parents[2] / "examples" / "configs" / "grpo_tiny.yaml"
 ROWS = 40  # chunks of 16: [0,16) [16,32) [32,40) -> rank 0 runs two, rank 1 one + a dummy step
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +58,7 @@ def observed(tmp_path_factory):
     ref["logprobs_step1"] = policy.get_logprobs(batch)
     batch.prev_logprobs = None
     torch.save(ref, tmp / "reference.pt")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-        f"--master-port={_free_port()}", str(HERE / "fsdp_rank_check.py"), str(tmp / "reference.pt"), str(tmp),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_ranks(HERE / "fsdp_rank_check.py", 2, str(tmp / "reference.pt"), str(tmp), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return {"ref": ref, "metrics": metrics, "bits0": bits0, "bits1": bits1, "ranks": ranks}

@@ -1,9 +1,10 @@
 """Tensor parallel (DTensor TP + FSDP2) FP8 trainer and TP rollout on CPU ranks (gloo) vs one process.
 
-`tp_rank_check.py` runs under torchrun: every rank computes the single-process FP8 step (on the DP ranks'
-micro-batches: FP8 WGrad quantizes X^T in groups of 128 tokens, so the micro-batch is part of the math) and the
-TP x DP step, refits its TP rollout shard and decodes greedily. Model: random Qwen3, hidden 256, 4 q heads and
-2 KV heads of 128, intermediate 512 (every per-rank dim whole 128-tiles at TP=2); FP32 master and compute.
+`tp_rank_check.py` runs on torchrun-style ranks (jetrl_testkit/forkrun.py): every rank computes the single-process
+FP8 step (on the DP ranks' micro-batches: FP8 WGrad quantizes X^T in groups of 128 tokens, so the micro-batch is part
+of the math) and the TP x DP step, refits its TP rollout shard and decodes greedily. Model: random Qwen3, hidden
+256, 4 q heads and 2 KV heads of 128, intermediate 512 (every per-rank dim whole 128-tiles at TP=2); FP32 master and
+compute.
 
 How exact TP can be depends on the host's BLAS: a row-parallel layer sums two K-halves, and whether that equals
 one K-long GEMM bitwise depends on the GEMM's K blocking (yes on the host where every check below was first seen
@@ -21,13 +22,11 @@ hold on both; `K_SPLIT_EXACT` (a probe of this host) tightens them to bitwise wh
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from jetrl_testkit.forkrun import run_launches
 
 from nemo_jetrl.distributed.tensor_parallel import build_tp_rollout_replica, check_tp_layout
 from nemo_jetrl.models.tiny import random_tiny_qwen3
@@ -37,30 +36,36 @@ HERE = Path(__file__).resolve().parent
 TILES = 4 / (2 * 128 * 128)  # FP8 bytes / BF16 bytes = 0.5 + one fp32 scale per 128x128 tile
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LAYOUTS = {"tp2": (1, 2), "tp2_dp2": (2, 2)}  # name -> (dp, tp)
 
 
-def _launch(tmp: Path, dp: int, tp: int) -> list[dict]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={dp * tp}", "--master-addr=127.0.0.1",
-        f"--master-port={_free_port()}", str(HERE / "tp_rank_check.py"), str(dp), str(tp), str(tmp), "float32",
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[str, list[dict]]:
+    """Both layouts' ranks, one launch after the other from one launcher that imported torch once (torchrun's
+    environment, jetrl_testkit/forkrun.py): name -> what each rank observed."""
+    tmp = tmp_path_factory.mktemp("tp")
+    launches = [
+        (HERE / "tp_rank_check.py", dp * tp, [str(dp), str(tp), str(tmp / name), "float32"])
+        for name, (dp, tp) in LAYOUTS.items()
+    ]
+    for name in LAYOUTS:
+        (tmp / name).mkdir()
+    proc = run_launches(launches)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(dp * tp)]
+    return {
+        name: [torch.load(tmp / name / f"rank{r}.pt", weights_only=False) for r in range(dp * tp)]
+        for name, (dp, tp) in LAYOUTS.items()
+    }
 
 
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    return _launch(tmp_path_factory.mktemp("tp2"), dp=1, tp=2)
+def tp2(launched):
+    return launched["tp2"]
 
 
 @pytest.fixture(scope="module")
-def tp2_dp2(tmp_path_factory):
-    return _launch(tmp_path_factory.mktemp("tp2dp2"), dp=2, tp=2)
+def tp2_dp2(launched):
+    return launched["tp2_dp2"]
 
 
 def _k_split_exact() -> bool:
