@@ -4,6 +4,7 @@
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --quick                     # CPU smoke test
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --fp8-recipe rowwise        # other FP8 recipes
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --memory --layers 16        # each variant's own peak
+    PYTHONPATH=. python3 benchmarks/bench_train_step.py --layers 36 --rounds 3 --steps 2  # one resident at a time
 
 One optimizer step = forward + backward of the clipped-PG loss over `--batch` packed sequences of `--seq-len`
 tokens (micro-batches of `--micro-batch` sequences, default 1; every token a response token), grad-norm clip and AdamW, then the FP8 weight
@@ -11,7 +12,8 @@ re-quantization for the next step (`prepare_refit`). Random weights and tokens; 
 All policies (BF16, and one per FP8 recipe of `--fp8-recipe`, default blockwise = `jetrl`, each on a copy of the
 same weights) stay resident and their steps alternate (BF16, FP8, then FP8, BF16, ...): median and min-max over `--steps` timed steps, device and clocks, each step's peak
 memory above what was resident, each policy's weights + optimizer state and its FP8 weight caches. Two resident
-copies of the Qwen3-8B shape fit at `--layers 8` on an 80 GB H100 and `--layers 16` on an H200.
+copies of the Qwen3-8B shape fit at `--layers 8` on an 80 GB H100 and `--layers 16` on an H200; deeper, `--rounds`
+builds and frees one variant at a time, rounds alternating (`rebuilt_timings`).
 
 `--memory`: no timing; each variant alone on the device (built, stepped, freed, in turn), its peak allocated
 memory over its steps above what was allocated before it was built: the figure a run of that variant needs.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 from pathlib import Path
 
@@ -101,6 +104,39 @@ def variant_peaks(make_policy, names: list[str], batch: TrainBatch, steps: int, 
     return out
 
 
+def rebuilt_timings(make_policy, names: list[str], batch: TrainBatch, rounds: int, warmup: int, steps: int, device):
+    """For shapes too large to keep every variant resident (`--rounds`): in each round every variant in turn is
+    built, stepped `warmup` untimed and `steps` timed times, and freed; the order alternates between rounds (A, B,
+    then B, A, ...). Per variant: `alternating_timings`' record over all its timed steps, plus its peak allocated
+    memory above what was allocated before it was built (GB), weights + optimizer state, FP8 caches, graph pool."""
+    out = {n: {"times_s": [], "step_peak_gb": 0.0, "policy_peak_gb": 0.0} for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            gc.collect()  # the previous variant gone before the baseline is read
+            cuda = device.type == "cuda"
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()
+                base = torch.cuda.memory_allocated(device)
+            policy = make_policy(name)
+            timing = alternating_timings({name: train_step_fn(policy, batch)}, warmup, steps, device)[name]
+            rec = out[name]
+            rec["times_s"] += timing["times_s"]
+            rec["step_peak_gb"] = max(rec["step_peak_gb"], timing["step_peak_gb"])
+            if cuda:  # the counter is reset before each step: this is the last step's peak above `base`
+                rec["policy_peak_gb"] = max(rec["policy_peak_gb"], (torch.cuda.max_memory_allocated(device) - base) / 1e9)
+            rec.update(state_gb=state_gb(policy), fp8_cache_gb=fp8_cache_gb(policy), graph_pool_gb=_pool_gb(policy))
+            del policy
+    for rec in out.values():
+        times = sorted(rec["times_s"])
+        rec.update(median_s=statistics.median(times), min_s=times[0], max_s=times[-1])
+    return out
+
+
+def _pool_gb(policy: NativePolicy) -> float:
+    return policy.train_graphs.pool_bytes() / 1e9 if policy.train_graphs is not None else 0.0
+
+
 def train_step_fn(policy: NativePolicy, batch: TrainBatch):
     def step():
         policy.train(batch, LOSS)
@@ -138,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cached-dgrad-weight", action="store_true",
         help="also 'fp8 W^T cached': blockwise FP8 with policy.fp8_cfg.cache_dgrad_weight: true",
+    )  # fmt: skip
+    p.add_argument(
+        "--rounds", type=int, default=0,
+        help="build one variant at a time (shapes too large for all to be resident): N rounds, alternating order, "
+        "--warmup + --steps steps per visit (the timed steps add up over the rounds)",
     )  # fmt: skip
     p.add_argument("--memory", action="store_true", help="each variant's own peak memory, one at a time (no timing)")
     p.add_argument("--out", default=None)
@@ -194,16 +235,19 @@ def main(argv: list[str] | None = None) -> int:
         headers = ["variant", "peak GB", "vs BF16 GB", "weights + AdamW GB", "FP8 caches GB"]
         report(title, headers, keys, list(peaks.values()), args=args, info=info, shape=shape, n_layers=n_layers)
         return 0
-    policies = {name: make_policy(name) for name in recipes}  # all resident
-    steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
-    timings = alternating_timings(steps, args.warmup, args.steps, device)
     tokens = batch.input_ids.numel()
+    if args.rounds:
+        timings = rebuilt_timings(make_policy, list(recipes), batch, args.rounds, args.warmup, args.steps, device)
+    else:
+        policies = {name: make_policy(name) for name in recipes}  # all resident
+        steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
+        timings = alternating_timings(steps, args.warmup, args.steps, device)
+        for name, t in timings.items():
+            t.update(state_gb=state_gb(policies[name]), fp8_cache_gb=fp8_cache_gb(policies[name]),
+                     graph_pool_gb=_pool_gb(policies[name]))  # fmt: skip
     results = []
     for name, t in timings.items():
-        graphs = policies[name].train_graphs
-        r = {"variant": name, **t, "tokens_per_s": tokens / t["median_s"], "state_gb": state_gb(policies[name]),
-             "fp8_cache_gb": fp8_cache_gb(policies[name])}  # fmt: skip
-        r["graph_pool_gb"] = graphs.pool_bytes() / 1e9 if graphs is not None else 0.0
+        r = {"variant": name, **t, "tokens_per_s": tokens / t["median_s"]}
         r["min_max_s"] = f"{t['min_s']:.3f}-{t['max_s']:.3f}"
         results.append(r)
     for r in results:
@@ -212,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         f"train step on {info['device']} ({info.get('clocks')}): {shape_name} shape x {n_layers} layers, "
         f"{args.batch} x {args.seq_len} tokens (micro-batches of {args.micro_batch}), fwd+bwd+AdamW+requant; {args.steps} timed steps after "
         f"{args.warmup} warm-up, variants alternating, CUDA graphs {args.cuda_graphs}"
+        + (f"; one variant resident at a time, {args.rounds} rounds of {args.steps} timed steps" if args.rounds else "")
     )
     keys = ["variant", "tokens_per_s", "speedup_vs_bf16", "median_s", "min_max_s", "step_peak_gb", "graph_pool_gb",
-            "state_gb", "fp8_cache_gb"]
+            "state_gb", "fp8_cache_gb"] + (["policy_peak_gb"] if args.rounds else [])
     headers = ["variant", "tok/s", "x bf16", "median s", "min-max s", "step peak GB", "graph pool GB", "state GB",
-               "FP8 caches GB"]
+               "FP8 caches GB"] + (["policy peak GB"] if args.rounds else [])
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0
 

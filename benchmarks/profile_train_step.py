@@ -1,10 +1,13 @@
 """Kernel-time breakdown of one training step, BF16 vs FP8 (torch.profiler), for finding FP8-only costs.
 
     PYTHONPATH=. python3 benchmarks/profile_train_step.py --layers 8 --out prof.json
+    PYTHONPATH=. python3 benchmarks/profile_train_step.py --layers 4 8 --variants bf16,jetrl,tensorwise  # split
 
 Builds one policy at a time (the same random weights), takes `--warmup` steps, then profiles one step
 (`NativePolicy.train` + `prepare_refit`, as bench_train_step.py) and prints the top kernels by device time and a
-breakdown by kernel family. Writes the per-kernel table of both variants to `--out` (JSON).
+breakdown by kernel family. Writes the per-kernel table of both variants to `--out` (JSON). With two depths
+(`--layers a b`), also each family's time per layer and per step, the step at the shape's full depth and the FP8
+step's ceiling (`step_split.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_split  # noqa: E402
 import trace_gaps  # noqa: E402
 from bench_train_step import make_batch, train_step_fn  # noqa: E402
 from common import build_model, policy_config  # noqa: E402
@@ -34,7 +38,7 @@ FAMILIES = [  # (family, regex on the kernel name), first match wins
     ("attention", r"flash|fmha|attention|cudnn|sdpa"),
     ("fp8 gemm", r"qqtst|sm90_xmma_gemm.*e4m3|f8f6f4|fp8.*gemm|gemm.*e4m3|cutlass.*float_e4m3|blockwise"),
     ("bf16 gemm", r"gemm|cutlass|xmma|nvjet|ampere|sm90"),
-    ("quantize", r"_quant_groups|_quant_tiles|quant"),
+    ("quantize", r"_quant_groups|_quant_tiles|quant|_amax_kernel|_row_cast"),
     ("glue", r"rms_norm|qk_norm|rope|silu"),
     ("optimizer", r"adam|multi_tensor|foreach"),
     ("reduce/finite", r"reduce|isfinite|all_kernel|norm"),
@@ -47,11 +51,25 @@ def family(name: str) -> str:
     return next((f for f, pat in FAMILIES if re.search(pat, name, re.I)), "other")
 
 
-def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
+def recipe_from_spec(spec: str) -> PrecisionRecipe:
+    """A variant of `--variants`: a preset name, optionally with recipe fields after a colon, joined by '+'
+    ('jetrl:wgrad_x_blocks=128x128+cache_dgrad_weight=true'); 'true' / 'false' are booleans."""
+    name, _, fields = spec.partition(":")
+    overrides = {}
+    for item in filter(None, fields.split("+")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"variant {spec!r}: recipe fields are key=value, got {item!r}")
+        overrides[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return PrecisionRecipe.preset(name, **overrides)
+
+
+def profile_variant(preset: str, layers: int, args, device) -> tuple[list[dict], float]:
     """(the step's CUDA kernels by device time, the wall time of the same step unprofiled in s)."""
     shape = SHAPES[args.shape]
-    model = build_model(shape, args.layers, device, torch.bfloat16).train()
-    policy = NativePolicy(policy_config(), PrecisionRecipe.preset(preset), device, model=model)
+    model = build_model(shape, layers, device, torch.bfloat16).train()
+    config = policy_config(train_causal_attention=args.causal_attention, train_cuda_graphs=args.cuda_graphs)
+    policy = NativePolicy(config, recipe_from_spec(preset), device, model=model)
     step = train_step_fn(policy, make_batch(args.batch, args.seq_len, shape["vocab_size"]))
     for _ in range(args.warmup):
         step()
@@ -71,16 +89,17 @@ def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
         pstats.Stats(py).sort_stats("tottime").print_stats(args.cprofile)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
-        step()
+        for _ in range(args.profile_steps):
+            step()
         torch.cuda.synchronize()
-    rows = []
+    rows = []  # per step: the profiled steps' totals divided by their number
     for e in prof.key_averages():
         dev = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
         if dev > 0 and e.device_type == torch.autograd.DeviceType.CUDA and "#" not in e.key:  # no annotations
-            rows.append({"name": e.key, "ms": dev / 1e3, "calls": e.count})
+            rows.append({"name": e.key, "ms": dev / 1e3 / args.profile_steps, "calls": e.count / args.profile_steps})
     rows.sort(key=lambda r: -r["ms"])
     if args.trace:  # the step's timeline, and the device's idle gaps charged to the host ops that ran in them
-        path = Path(args.trace) / f"trace_{args.shape}_{preset}.json"
+        path = Path(args.trace) / f"trace_{args.shape}_l{layers}_{preset}.json"
         prof.export_chrome_trace(str(path))
         with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
@@ -98,44 +117,63 @@ def profile_variant(preset: str, args, device) -> tuple[list[dict], float]:
     return rows, wall_s
 
 
+def families(rows: list[dict]) -> dict[str, float]:
+    """{kernel family: ms} of one profiled step."""
+    fams: dict[str, float] = {}
+    for r in rows:
+        fams[family(r["name"])] = fams.get(family(r["name"]), 0.0) + r["ms"]
+    return fams
+
+
 def summarize(name: str, rows: list[dict], wall_s: float, top: int) -> None:
     """Kernel families and the top kernels; kernel time well below the wall time means the host is the bound."""
     total = sum(r["ms"] for r in rows)
     print(f"\n=== {name}: {total:.1f} ms of kernels in a {wall_s * 1e3:.1f} ms step (unprofiled) ===")
-    fams: dict[str, float] = {}
-    for r in rows:
-        fams[family(r["name"])] = fams.get(family(r["name"]), 0.0) + r["ms"]
-    for f, ms in sorted(fams.items(), key=lambda kv: -kv[1]):
+    for f, ms in sorted(families(rows).items(), key=lambda kv: -kv[1]):
         print(f"  {f:<16} {ms:8.1f} ms")
     for r in rows[:top]:
-        print(f"  {r['ms']:8.2f} ms {r['calls']:5d}x  {r['name'][:110]}")
+        print(f"  {r['ms']:8.2f} ms {r['calls']:5g}x  {r['name'][:110]}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="model shape (random weights)")
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--layers", type=int, nargs="+", default=[8], help="one depth, or two: the per-layer split")
+    p.add_argument("--full-layers", type=int, default=None, help="depth of the split's projection (the shape's)")
+    p.add_argument("--causal-attention", action="store_true", help="policy.train_causal_attention: true")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--profile-steps", type=int, default=1, help="steps profiled; kernel times are per step")
+    p.add_argument("--cuda-graphs", action="store_true", help="policy.train_cuda_graphs: true")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--cpu-top", type=int, default=0, help="also print the N host ops with the most self CPU time")
     p.add_argument("--cprofile", type=int, default=0, help="also print the N Python functions with the most own time")
-    p.add_argument("--variants", default="bf16,jetrl")
+    p.add_argument("--variants", default="bf16,jetrl", help="presets, optionally 'PRESET:field=value+...'")
     p.add_argument("--trace", default=None, help="folder: write each variant's chrome trace (gz), print idle gaps")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if len(args.layers) > 2:
+        p.error("--layers: one depth, or two for the per-layer split")
     device = torch.device("cuda")
-    result = {v: profile_variant(v, args, device) for v in args.variants.split(",")}
-    print(
-        f"{torch.cuda.get_device_name(device)}: {args.shape} x {args.layers} layers, {args.batch} x {args.seq_len} tokens"
-    )
-    for v, (rows, wall_s) in result.items():
-        summarize(v, rows, wall_s, args.top)
+    shape = SHAPES[args.shape]
+    record: dict = {"args": vars(args), "device": torch.cuda.get_device_name(device), "depths": {}}
+    profiles = {}
+    for layers in args.layers:
+        result = {v: profile_variant(v, layers, args, device) for v in args.variants.split(",")}
+        print(f"{record['device']}: {args.shape} x {layers} layers, {args.batch} x {args.seq_len} tokens")
+        for v, (rows, wall_s) in result.items():
+            summarize(v, rows, wall_s, args.top)
+        profiles[layers] = {v: families(rows) for v, (rows, _) in result.items()}
+        record["depths"][layers] = {
+            "wall_s": {v: wall_s for v, (_, wall_s) in result.items()},
+            "kernels": {v: rows for v, (rows, _) in result.items()},
+        }
+    if len(args.layers) == 2:
+        text, record["split"] = step_split.report(profiles, args.full_layers or shape["num_hidden_layers"])
+        print(f"\n=== {record['device']}: kernel time per layer and per step ===\n{text}")
     if args.out:
-        kernels = {v: rows for v, (rows, _) in result.items()}
-        walls = {v: wall_s for v, (_, wall_s) in result.items()}
-        Path(args.out).write_text(json.dumps({"args": vars(args), "wall_s": walls, "kernels": kernels}, indent=1))
+        Path(args.out).write_text(json.dumps(record, indent=1))
     return 0
 
 

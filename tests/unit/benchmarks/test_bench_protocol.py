@@ -69,6 +69,28 @@ def test_train_step_benchmark_runs_every_fp8_recipe_side_by_side(tmp_path):
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in payload["results"])
 
 
+def test_one_resident_variant_at_a_time_alternates_rounds_and_adds_up_timed_steps(tmp_path, monkeypatch):
+    bench = _load("bench_train_step")
+    built = []
+    make = bench.NativePolicy.__init__
+
+    def record(self, cfg, recipe, *args, **kwargs):
+        built.append(recipe.train)
+        make(self, cfg, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(bench.NativePolicy, "__init__", record)
+    argv = ["--quick", "--rounds", "3", "--out", str(tmp_path / "t.json")]
+    assert bench.main(argv) == 0
+    import json
+
+    results = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert built == ["bf16", "fp8", "fp8", "bf16", "bf16", "fp8"]  # one policy per visit, order alternating
+    for r in results:  # --quick: 1 warm-up + 2 timed steps per visit
+        assert len(r["times_s"]) == 6 and r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["state_gb"] > 0
+    assert results[1]["fp8_cache_gb"] > 0 and results[0]["fp8_cache_gb"] == 0
+
+
 def test_grpo_step_benchmark_alternates_and_train_forward_skips_the_logprob_pass(tmp_path):
     bench = _load("bench_grpo_step")
     out = tmp_path / "g.json"
