@@ -52,9 +52,21 @@ def _fp8_ok_flags(model: nn.Module) -> tuple[list[tuple[str, Fp8Linear]], list[t
 
 
 def fp8_weights_finite(model: nn.Module) -> torch.Tensor | None:
-    """0-d bool: every FP8 layer's scales and master weight are finite (no host sync); None without FP8."""
-    layers, scale_ok, weight_ok = _fp8_ok_flags(model)
-    return torch.stack(scale_ok + weight_ok).all() if layers else None
+    """0-d bool: every FP8 layer's scales and master weight are finite (no host sync); None without FP8.
+    The same verdict as `_fp8_ok_flags` in a few launches whatever the depth (one over every scale, one over the
+    quantizers' non-finite counts), not several per layer: each launch costs host time the device may wait for."""
+    layers = fp8_layers(model)
+    if not layers:
+        return None
+    qweights = [m.quantized_weight() for _, m in layers]
+    ok = torch.cat([qw.scale.reshape(-1) for qw in qweights]).isfinite().all()
+    counts = [qw.nonfinite for qw in qweights if qw.nonfinite is not None]  # int32 0-d each
+    if counts:
+        ok = ok & (torch.stack(counts).sum() == 0)
+    for qw, (_, m) in zip(qweights, layers):
+        if qw.nonfinite is None:  # a cache made without a count: the master weight itself
+            ok = ok & m.weight.isfinite().all()
+    return ok
 
 
 def _first_nonfinite_fp8_weight(model: nn.Module) -> str:

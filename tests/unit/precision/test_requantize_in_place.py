@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.nonfinite import _fp8_ok_flags, fp8_weights_finite
 from nemo_jetrl.policy.train_graphs import requantize_fp8_in_place
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.axis_linear import dgrad_weight
@@ -86,3 +87,32 @@ def test_dgrad_operand_made_per_backward_gives_the_cached_ones_gradients(granula
     assert grads[True][0].abs().sum() > 0
     for a, b in zip(grads[True], grads[False]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("granularity", ["blockwise", "rowwise", "tensorwise"])
+def test_fp8_weight_check_in_a_few_launches_gives_the_per_layer_verdict(granularity):
+    model, layers = fp8_layers(granularity)
+
+    def per_layer() -> bool:
+        _, scale_ok, weight_ok = _fp8_ok_flags(model)
+        return all(bool(ok) for ok in scale_ok + weight_ok)
+
+    assert bool(fp8_weights_finite(model)) and per_layer()
+    with torch.no_grad():  # a NaN in a master weight: the quantizer's count sees it (its scales stay finite)
+        layers[3].weight[0, 0] = float("nan")
+    requantize_fp8_in_place(model.modules())
+    assert bool(layers[3].quantized_weight().scale.isfinite().all())
+    assert not bool(fp8_weights_finite(model)) and not per_layer()
+    model, layers = fp8_layers(granularity)
+    layers[-1].quantized_weight().scale.view(-1)[0] = float("inf")  # a corrupted scale
+    assert not bool(fp8_weights_finite(model)) and not per_layer()
+    down = layers[-1]  # a cache made without a count: the master weight itself is read instead
+    down.invalidate_quantized_weight()
+    data, scale, _ = down.quantize_weight()
+    down.set_quantized_weight(data, scale, down.weight_key(), None)
+    assert bool(fp8_weights_finite(model))
+    with torch.no_grad():  # (in place, no version bump through .data: the cache stays)
+        down.weight.data[0, 0] = float("inf")
+    assert down.quantized_weight().nonfinite is None
+    assert not bool(fp8_weights_finite(model)) and not per_layer()
+
