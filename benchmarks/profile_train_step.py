@@ -152,6 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="bf16,jetrl", help="presets, optionally 'PRESET:field=value+...'")
     p.add_argument("--trace", default=None, help="folder: write each variant's chrome trace (gz), print idle gaps")
     p.add_argument("--out", default=None)
+    p.add_argument("--plot", default=None, help="PNG of the per-layer split (two depths)")
     args = p.parse_args(argv)
     if len(args.layers) > 2:
         p.error("--layers: one depth, or two for the per-layer split")
@@ -172,6 +173,8 @@ def main(argv=None) -> int:
     if len(args.layers) == 2:
         text, record["split"] = step_split.report(profiles, args.full_layers or shape["num_hidden_layers"])
         print(f"\n=== {record['device']}: kernel time per layer and per step ===\n{text}")
+        if args.plot:
+            step_split.plot(record["split"], args.plot, device=record["device"])
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1))
     return 0

@@ -8,11 +8,17 @@ split, at any depth L:
 - the ceiling: the FP8 step if its decoder GEMMs ran at the hardware's FP8 : BF16 peak ratio (H100 / H200 dense
   tensor cores: 1,979 : 989 TFLOP/s, 2x) of BF16's and its quantizers and copies cost nothing, every other kernel as
   measured. No FP8 GEMM library reaches that ratio at these shapes, so this bounds what any kernel work can buy.
+
+    python3 benchmarks/step_split.py PROFILE.json --plot split.png   # re-draw a saved split (profile_train_step)
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 PEAK_RATIO = 2.0  # FP8 : BF16 dense tensor-core peak on Hopper
 FP8_ONLY = ("quantize", "copy/cat")  # the families FP8 adds around its GEMMs (BF16's own copies are subtracted)
@@ -87,3 +93,63 @@ def report(profiles: Mapping[int, Mapping[str, Families]], layers: int) -> tuple
             f" | {top:9.1f} {bf16_ms / top:6.3f}x"
         )
     return "\n".join(lines), record
+
+
+# kernel families drawn together: what a layer spends per optimizer step
+PLOT_GROUPS = {
+    "decoder GEMMs": ("fp8 gemm", "bf16 gemm"),
+    "FP8 quantizers + copies": FP8_ONLY,
+    "attention": ("attention",),
+    "glue + elementwise": ("glue", "elementwise", "reduce/finite", "other"),
+    "optimizer": ("optimizer",),
+}
+
+
+def plot(record: Mapping, path: str | Path, device: str = "") -> None:
+    """Stacked bars of each variant's kernel ms per layer (from `report`'s record), the ceilings in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import _stacked
+
+    variants = record["variants"]
+    labels = [v.replace(":", "\n").replace("+", "\n+") for v in variants]
+    parts = [
+        {group: max(sum(r["per_layer"].get(f, 0.0) for f in fams), 0.0) for group, fams in PLOT_GROUPS.items()}
+        for r in variants.values()
+    ]
+    fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(labels), 4.2))
+    _stacked(ax, labels, parts)
+    for i, r in enumerate(variants.values()):
+        total = sum(parts[i].values())
+        note = "" if i == 0 else f"ceiling {r['ceiling_x_bf16']:.2f}x"
+        ax.text(i, total, note, ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel("kernel ms per layer and optimizer step")
+    ax.set_title(f"{device + ': ' if device else ''}per layer, from {record['depths'][0]} and {record['depths'][1]} "
+                 f"layers; ceiling at {record['layers']} layers: FP8 GEMMs at {record['peak_ratio']:g}x BF16's, "
+                 "no quantizers")  # fmt: skip
+    ax.title.set_fontsize(8)
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="re-draw a saved per-layer split (profile_train_step.py --layers A B)")
+    p.add_argument("profile", help="JSON written by profile_train_step.py --layers A B --out")
+    p.add_argument("--plot", required=True, help="PNG to write")
+    args = p.parse_args(argv)
+    payload = json.loads(Path(args.profile).read_text())
+    if "split" not in payload:
+        p.error(f"{args.profile}: no per-layer split (profiled at one depth)")
+    plot(payload["split"], args.plot, device=payload.get("device", ""))
+    print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -68,3 +68,18 @@ def test_profile_variants_are_presets_with_recipe_fields():
     assert profile_train_step.recipe_from_spec("tensorwise").granularity == "tensorwise"
     with pytest.raises(ValueError, match="key=value"):
         profile_train_step.recipe_from_spec("jetrl:cache_dgrad_weight")
+
+
+def test_a_saved_split_is_drawn_and_a_one_depth_profile_is_refused(tmp_path, capsys):
+    import json
+
+    _, record = step_split.report(_profiles(), 36)
+    saved = tmp_path / "split.json"
+    saved.write_text(json.dumps({"device": "test", "split": record}))
+    assert step_split.main([str(saved), "--plot", str(tmp_path / "split.png")]) == 0
+    assert (tmp_path / "split.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one_depth = tmp_path / "one.json"
+    one_depth.write_text(json.dumps({"device": "test", "depths": {}}))
+    with pytest.raises(SystemExit):
+        step_split.main([str(one_depth), "--plot", str(tmp_path / "x.png")])
+    assert "no per-layer split" in capsys.readouterr().err
