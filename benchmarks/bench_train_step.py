@@ -10,7 +10,8 @@ One optimizer step = forward + backward of the clipped-PG loss over `--batch` pa
 tokens (micro-batches of `--micro-batch` sequences, default 1; every token a response token), grad-norm clip and AdamW, then the FP8 weight
 re-quantization for the next step (`prepare_refit`). Random weights and tokens; BF16 master weights (both variants).
 All policies (BF16, and one per FP8 recipe of `--fp8-recipe`, default blockwise = `jetrl`, each on a copy of the
-same weights) stay resident and their steps alternate (BF16, FP8, then FP8, BF16, ...): median and min-max over `--steps` timed steps, device and clocks, each step's peak
+same weights) stay resident and their steps alternate (BF16, FP8, then FP8, BF16, ...): median and min-max over `--steps` timed steps, device, the SM clock and
+power during each variant's timed steps (nvidia-smi, `gpu_clocks.py`), each step's peak
 memory above what was resident, each policy's weights + optimizer state and its FP8 weight caches. Two resident
 copies of the Qwen3-8B shape fit at `--layers 8` on an 80 GB H100 and `--layers 16` on an H200; deeper, `--rounds`
 builds and frees one variant at a time, rounds alternating (`rebuilt_timings`).
@@ -22,6 +23,7 @@ memory over its steps above what was allocated before it was built: the figure a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import sys
@@ -41,6 +43,7 @@ from common import (  # noqa: E402
     policy_config,
     report,
 )
+from gpu_clocks import ClockSampler, per_variant  # noqa: E402
 
 from nemo_jetrl.models.random_checkpoint import SHAPES  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
@@ -104,11 +107,14 @@ def variant_peaks(make_policy, names: list[str], batch: TrainBatch, steps: int, 
     return out
 
 
-def rebuilt_timings(make_policy, names: list[str], batch: TrainBatch, rounds: int, warmup: int, steps: int, device):
+def rebuilt_timings(
+    make_policy, names: list[str], batch: TrainBatch, rounds: int, warmup: int, steps: int, device, intervals=None
+):
     """For shapes too large to keep every variant resident (`--rounds`): in each round every variant in turn is
     built, stepped `warmup` untimed and `steps` timed times, and freed; the order alternates between rounds (A, B,
     then B, A, ...). Per variant: `alternating_timings`' record over all its timed steps, plus its peak allocated
-    memory above what was allocated before it was built (GB), weights + optimizer state, FP8 caches, graph pool."""
+    memory above what was allocated before it was built (GB), weights + optimizer state, FP8 caches, graph pool.
+    `intervals`: as `alternating_timings`'."""
     out = {n: {"times_s": [], "step_peak_gb": 0.0, "policy_peak_gb": 0.0} for n in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
@@ -119,14 +125,15 @@ def rebuilt_timings(make_policy, names: list[str], batch: TrainBatch, rounds: in
                 torch.cuda.empty_cache()
                 base = torch.cuda.memory_allocated(device)
             policy = make_policy(name)
-            timing = alternating_timings({name: train_step_fn(policy, batch)}, warmup, steps, device)[name]
+            step = {name: train_step_fn(policy, batch)}
+            timing = alternating_timings(step, warmup, steps, device, intervals)[name]
             rec = out[name]
             rec["times_s"] += timing["times_s"]
             rec["step_peak_gb"] = max(rec["step_peak_gb"], timing["step_peak_gb"])
             if cuda:  # the counter is reset before each step: this is the last step's peak above `base`
                 rec["policy_peak_gb"] = max(rec["policy_peak_gb"], (torch.cuda.max_memory_allocated(device) - base) / 1e9)
             rec.update(state_gb=state_gb(policy), fp8_cache_gb=fp8_cache_gb(policy), graph_pool_gb=_pool_gb(policy))
-            del policy
+            del policy, step
     for rec in out.values():
         times = sorted(rec["times_s"])
         rec.update(median_s=statistics.median(times), min_s=times[0], max_s=times[-1])
@@ -236,18 +243,23 @@ def main(argv: list[str] | None = None) -> int:
         report(title, headers, keys, list(peaks.values()), args=args, info=info, shape=shape, n_layers=n_layers)
         return 0
     tokens = batch.input_ids.numel()
-    if args.rounds:
-        timings = rebuilt_timings(make_policy, list(recipes), batch, args.rounds, args.warmup, args.steps, device)
-    else:
-        policies = {name: make_policy(name) for name in recipes}  # all resident
-        steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
-        timings = alternating_timings(steps, args.warmup, args.steps, device)
-        for name, t in timings.items():
-            t.update(state_gb=state_gb(policies[name]), fp8_cache_gb=fp8_cache_gb(policies[name]),
-                     graph_pool_gb=_pool_gb(policies[name]))  # fmt: skip
+    intervals: dict[str, list[tuple[float, float]]] = {}  # each timed step's span, for the GPU clock samples
+    with ClockSampler(device.index or 0) if device.type == "cuda" else contextlib.nullcontext() as sampler:
+        if args.rounds:
+            timings = rebuilt_timings(
+                make_policy, list(recipes), batch, args.rounds, args.warmup, args.steps, device, intervals
+            )
+        else:
+            policies = {name: make_policy(name) for name in recipes}  # all resident
+            steps = {name: train_step_fn(policy, batch) for name, policy in policies.items()}
+            timings = alternating_timings(steps, args.warmup, args.steps, device, intervals)
+            for name, t in timings.items():
+                t.update(state_gb=state_gb(policies[name]), fp8_cache_gb=fp8_cache_gb(policies[name]),
+                         graph_pool_gb=_pool_gb(policies[name]))  # fmt: skip
+    clocks = per_variant(sampler.samples, intervals) if sampler is not None else {}
     results = []
     for name, t in timings.items():
-        r = {"variant": name, **t, "tokens_per_s": tokens / t["median_s"]}
+        r = {"variant": name, **t, **clocks.get(name, {}), "tokens_per_s": tokens / t["median_s"]}
         r["min_max_s"] = f"{t['min_s']:.3f}-{t['max_s']:.3f}"
         results.append(r)
     for r in results:
@@ -262,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             "state_gb", "fp8_cache_gb"] + (["policy_peak_gb"] if args.rounds else [])
     headers = ["variant", "tok/s", "x bf16", "median s", "min-max s", "step peak GB", "graph pool GB", "state GB",
                "FP8 caches GB"] + (["policy peak GB"] if args.rounds else [])
+    if clocks:  # SM clock and power during each variant's timed steps (nvidia-smi)
+        keys += ["sm_mhz_median", "power_w_median"]
+        headers += ["SM MHz", "W"]
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0
 

@@ -161,11 +161,13 @@ def _nvidia_smi_clocks(index: int) -> str | None:
 
 
 def alternating_timings(
-    variants: dict[str, Callable[[], object]], warmup: int, steps: int, device: torch.device
+    variants: dict[str, Callable[[], object]], warmup: int, steps: int, device: torch.device,
+    intervals: dict[str, list[tuple[float, float]]] | None = None,
 ) -> dict[str, dict]:
     """Run every variant's step `warmup + steps` times in rounds whose order alternates (A, B, then B, A, ...), so
     clock and thermal drift fall on all variants alike; per variant: the timed steps' median, min and max (s) and,
-    on CUDA, the step's peak memory above what was allocated before it (GB)."""
+    on CUDA, the step's peak memory above what was allocated before it (GB). `intervals`: each timed step's (start,
+    end) on the host's monotonic clock is appended under its variant (for `gpu_clocks.per_variant`)."""  # fmt: skip
     names = list(variants)
     out = {n: {"times_s": [], "step_peak_gb": 0.0} for n in names}
     for i in range(warmup + steps):
@@ -174,7 +176,10 @@ def alternating_timings(
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
                 base = torch.cuda.memory_allocated(device)
+            start = time.monotonic()
             _, seconds = timed(variants[name], device)
+            if intervals is not None and i >= warmup:
+                intervals.setdefault(name, []).append((start, time.monotonic()))
             if device.type == "cuda":
                 peak = (torch.cuda.max_memory_allocated(device) - base) / 1e9
                 out[name]["step_peak_gb"] = max(out[name]["step_peak_gb"], peak)
