@@ -19,7 +19,9 @@ time in decode steps and in admissions (prefills; graph captures excluded from b
 `decode TB/s` and `% HBM`: the decode's bytes (every linear weight once per step, in the variant's dtype, plus the
 keys the running rows read) over its time, against the device's HBM peak. `--generations G`: each prompt appears G
 times in a row (a GRPO group), and `shared` counts the prompt tokens group members took from their owner's blocks
-instead of prefilling them.
+instead of prefilling them. `FCFS steps` (continuous cases): the fewest decode steps any first-come-first-served
+schedule takes on the case's lengths at this concurrency and the engine's sync interval (`schedule_bound.py`);
+`steps` equal to it means the engine's own schedule wastes nothing, and occupancy then bounds `vs fixed`.
 Every case's rollouts run `--warmup` + `--repeats` times in rounds of alternating variant order; median and min-max.
 """
 
@@ -49,6 +51,7 @@ from common import (  # noqa: E402
     linear_weight_bytes,
     report,
 )
+from schedule_bound import fcfs_decode_steps  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
@@ -130,6 +133,8 @@ def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args
             return
         out = engine.generate(prompts, generator=gen, max_new_tokens=lengths)
         stats = engine.last_rollout_stats
+        if mode == "cb":  # the fewest decode steps any first-come-first-served schedule takes on these lengths
+            record.update(fcfs_steps=fcfs_decode_steps(lengths, args.concurrency, engine.sync_every))
         record.update(tokens=int(out.response_lengths.sum()), slots=stats.num_rows, peak_live=stats.peak_live)
         record.update(occupancy=stats.occupancy, decode_steps=stats.decode_steps, kv_gb=stats.kv_cache_bytes / 1e9)
         record.update(blocks=stats.peak_blocks_used, pool=stats.num_blocks, preempt=stats.preemptions)
@@ -261,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "buckets",
         "occupancy",
         "steps",
+        "FCFS steps",
         "KV GB",
         "shared",
         "decode s",
@@ -282,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "buckets",
         "occupancy",
         "decode_steps",
+        "fcfs_steps",
         "kv_gb",
         "prefill_shared",
         "decode_s",

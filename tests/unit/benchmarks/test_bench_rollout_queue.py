@@ -46,6 +46,8 @@ def test_quick_run_generates_the_drawn_lengths_and_fp8_kv_admits_twice_the_seque
     assert all(r["slots"] == 4 for r in rows if r["case"].startswith(("cb", "static")))
     cb = [r for r in rows if r["case"] == "cb lognormal"]
     assert all(0 < r["occupancy"] < 1 for r in cb)  # long-tailed lengths leave rows idle between CPU syncs
+    for r in rows:  # the engine's schedule is the best first-come-first-served one (schedule_bound.py)
+        assert (r["decode_steps"] == r["fcfs_steps"]) if r["case"].startswith("cb") else ("fcfs_steps" not in r), r
 
 
 @pytest.mark.parametrize("dist", ["fixed", "lognormal", "geometric"])
