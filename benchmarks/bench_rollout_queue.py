@@ -133,8 +133,6 @@ def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args
             return
         out = engine.generate(prompts, generator=gen, max_new_tokens=lengths)
         stats = engine.last_rollout_stats
-        if mode == "cb":  # the fewest decode steps any first-come-first-served schedule takes on these lengths
-            record.update(fcfs_steps=fcfs_decode_steps(lengths, args.concurrency, engine.sync_every))
         record.update(tokens=int(out.response_lengths.sum()), slots=stats.num_rows, peak_live=stats.peak_live)
         record.update(occupancy=stats.occupancy, decode_steps=stats.decode_steps, kv_gb=stats.kv_cache_bytes / 1e9)
         record.update(blocks=stats.peak_blocks_used, pool=stats.num_blocks, preempt=stats.preemptions)
@@ -201,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 engine = base.replace(max_num_seqs=args.concurrency, continuous_batching=True)
             records[name] = {}
+            if mode == "cb":  # the fewest decode steps any first-come-first-served schedule takes (not timed)
+                records[name]["fcfs_steps"] = fcfs_decode_steps(lengths, args.concurrency, engine.sync_every)
             fn = rollout_fn(engine, prompts, lengths, mode, args, records[name])
             if name.endswith("deep_gemm"):
                 fn = on_deep_gemm(fn, engine.model)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import statistics
 import sys
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from common import (  # noqa: E402
     device_info,
     policy_config,
     report,
+    summarize_times,
 )
 from gpu_clocks import ClockSampler, per_variant  # noqa: E402
 
@@ -88,10 +88,7 @@ def variant_peaks(make_policy, names: list[str], batch: TrainBatch, steps: int, 
     before it was built (GB), its weights + optimizer state and FP8 caches after them."""
     out = {}
     for name in names:
-        gc.collect()  # the previous variant's policy (graphs, closures) gone before the baseline is read
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated(device)
+        base = _allocated_baseline(device)
         torch.cuda.reset_peak_memory_stats(device)
         policy = make_policy(name)
         step = train_step_fn(policy, batch)
@@ -118,26 +115,30 @@ def rebuilt_timings(
     out = {n: {"times_s": [], "step_peak_gb": 0.0, "policy_peak_gb": 0.0} for n in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            gc.collect()  # the previous variant gone before the baseline is read
-            cuda = device.type == "cuda"
-            if cuda:
-                torch.cuda.synchronize(device)
-                torch.cuda.empty_cache()
-                base = torch.cuda.memory_allocated(device)
+            base = _allocated_baseline(device)
             policy = make_policy(name)
             step = {name: train_step_fn(policy, batch)}
             timing = alternating_timings(step, warmup, steps, device, intervals)[name]
             rec = out[name]
             rec["times_s"] += timing["times_s"]
             rec["step_peak_gb"] = max(rec["step_peak_gb"], timing["step_peak_gb"])
-            if cuda:  # the counter is reset before each step: this is the last step's peak above `base`
+            if device.type == "cuda":  # the counter is reset before each step: the last step's peak above `base`
                 rec["policy_peak_gb"] = max(rec["policy_peak_gb"], (torch.cuda.max_memory_allocated(device) - base) / 1e9)
             rec.update(state_gb=state_gb(policy), fp8_cache_gb=fp8_cache_gb(policy), graph_pool_gb=_pool_gb(policy))
             del policy, step
     for rec in out.values():
-        times = sorted(rec["times_s"])
-        rec.update(median_s=statistics.median(times), min_s=times[0], max_s=times[-1])
+        summarize_times(rec)
     return out
+
+
+def _allocated_baseline(device: torch.device) -> int:
+    """Bytes allocated on `device` once the previous variant (its graphs, closures) is gone; 0 off CUDA."""
+    gc.collect()
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated(device)
 
 
 def _pool_gb(policy: NativePolicy) -> float:

@@ -186,9 +186,14 @@ def alternating_timings(
             if i >= warmup:
                 out[name]["times_s"].append(seconds)
     for r in out.values():
-        times = sorted(r["times_s"])
-        r.update(median_s=statistics.median(times), min_s=times[0], max_s=times[-1])
+        summarize_times(r)
     return out
+
+
+def summarize_times(record: dict) -> None:
+    """Add the median, min and max (s) of `record["times_s"]`."""
+    times = sorted(record["times_s"])
+    record.update(median_s=statistics.median(times), min_s=times[0], max_s=times[-1])
 
 
 def parse_gpu_bench(parser, argv: list[str] | None):

@@ -121,7 +121,8 @@ def families(rows: list[dict]) -> dict[str, float]:
     """{kernel family: ms} of one profiled step."""
     fams: dict[str, float] = {}
     for r in rows:
-        fams[family(r["name"])] = fams.get(family(r["name"]), 0.0) + r["ms"]
+        fam = family(r["name"])
+        fams[fam] = fams.get(fam, 0.0) + r["ms"]
     return fams
 
 

@@ -55,7 +55,7 @@ def ceiling(fp8: Mapping[str, tuple[float, float]], bf16: Mapping[str, tuple[flo
     step = at_depth(fp8, layers)
     bf16_step = at_depth(bf16, layers)
     decoder_gemm_ms = bf16["bf16 gemm"][0] * layers  # BF16's per-layer GEMMs (its lm_head is per step)
-    ideal = step.get("bf16 gemm", 0.0) - fp8.get("bf16 gemm", (0.0, 0.0))[0] * layers  # FP8 variant's lm_head
+    ideal = fp8.get("bf16 gemm", (0.0, 0.0))[1]  # the FP8 variant's lm_head: its per-step BF16 GEMM time
     ideal += decoder_gemm_ms / PEAK_RATIO
     ideal += sum(ms for fam, ms in step.items() if fam not in ("fp8 gemm", "bf16 gemm", *FP8_ONLY))
     ideal += sum(bf16_step.get(fam, 0.0) for fam in FP8_ONLY)  # the copies BF16 makes too
