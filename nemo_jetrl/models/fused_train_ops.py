@@ -28,6 +28,7 @@ import triton.language as tl
 
 from nemo_jetrl.models import fused_ops
 from nemo_jetrl.models.fused_ops import _TL_DTYPES, _promote, _round, _silu
+from nemo_jetrl.utils.columns import adjacent_columns, column_buffer
 
 # Programs per backward launch with a weight gradient (rows are spread over them; partials [programs, N]).
 _DW_PROGRAMS = 512
@@ -99,10 +100,10 @@ def _qk_norm_rope_bwd_kernel(
 
 @triton.jit
 def _silu_mul_bwd_kernel(
-    g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, N, stride_g, stride_u, stride_dy,
+    g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, N, stride_g, stride_u, stride_dy, stride_d,
     G: tl.constexpr, U: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # dg, du [M, N] contiguous from g, u, dy [M, N] with row strides (forward: out = bf16(silu(g)) * u).
+    # dg, du [M, N] (row stride stride_d) from g, u, dy [M, N] with row strides (forward: out = bf16(silu(g)) * u).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -112,8 +113,8 @@ def _silu_mul_bwd_kernel(
     sig = 1.0 / (1.0 + tl.exp(-g))
     s = _silu(g, G)  # the forward's silu(g), bit for bit: du = dy * s as autograd computes it
     ds = _round(dy * u, OUT)
-    tl.store(dg_ptr + row * N + cols, _round(ds * sig * (1.0 + g * (1.0 - sig)), G).to(G), mask=ok)
-    tl.store(du_ptr + row * N + cols, _round(dy * s, OUT).to(U), mask=ok)
+    tl.store(dg_ptr + row * stride_d + cols, _round(ds * sig * (1.0 + g * (1.0 - sig)), G).to(G), mask=ok)
+    tl.store(du_ptr + row * stride_d + cols, _round(dy * s, OUT).to(U), mask=ok)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -205,12 +206,15 @@ class _SiluMul(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         f = gate.shape[-1]
         g2, u2, dy2 = _rows(gate), _rows(up), _rows(dy)
-        dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+        if adjacent_columns((gate, up)):  # the grouped gate/up's column views: d(gate), d(up) side by side too
+            dg, du = column_buffer(gate, (f, f))  # views [..., F] of one [..., 2F] (join_columns: no copy)
+        else:
+            dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+            du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
         block = min(2048, triton.next_power_of_2(max(f, 1)))
         if dg.numel():
             _silu_mul_bwd_kernel[(g2.shape[0], triton.cdiv(f, block))](
-                g2, u2, dy2, dg, du, f, g2.stride(0), u2.stride(0), dy2.stride(0),
+                g2, u2, dy2, dg, du, f, g2.stride(0), u2.stride(0), dy2.stride(0), dg.stride(-2) if dg.dim() > 1 else f,
                 G=_TL_DTYPES[gate.dtype], U=_TL_DTYPES[up.dtype], OUT=_TL_DTYPES[dy.dtype], BLOCK=block,
                 num_warps=8 if block >= 1024 else 4,
             )  # fmt: skip

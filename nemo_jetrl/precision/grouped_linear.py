@@ -10,6 +10,10 @@ runs FProp, DGrad and WGrad once over the group's shared FP8 buffer (`Fp8WeightG
   one per member plus the sum of their dX;
 - WGrad  dW_group [sum N_i, K] = Q(dY^T) @ Q(X^T)^T, each member's gradient its rows.
 
+The members' outputs are the function's own outputs (column views of Y), so their gradients come back one per
+member and are joined into dY here: without a copy where the consumer's backward wrote them side by side into one
+buffer (the fused SiLU*up does, for gate/up: `utils.columns.join_columns`), else by concatenation.
+
 Every tile and every 1x128 group holds the values it holds per member (each N_i is a multiple of 128), so the
 quantized operands are bitwise the per-member ones; the GEMMs' accumulation order may differ in the last bits.
 The rollout's fast path already runs FProp grouped (`project_shared_input(..., grouped=True)`), so the trainer's
@@ -34,10 +38,12 @@ from nemo_jetrl.precision.linear import (
 from nemo_jetrl.precision.quant import act_quant, act_quant_dual
 from nemo_jetrl.precision.quantized import QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
+from nemo_jetrl.utils.columns import join_columns
 
 
 class GroupedFp8LinearFunction(torch.autograd.Function):
-    """Y [..., sum N_i] = Q(X) Q(W_group)^T + concat(b_i), FP8 DGrad / WGrad over the whole group.
+    """(Y_1, ..., Y_n), the column views [..., N_i] of Y [..., sum N_i] = Q(X) Q(W_group)^T + concat(b_i); FP8
+    DGrad / WGrad over the whole group.
 
     Inputs after x: the group's `QuantizedWeight`, the member widths, the recipe, the output dtype, then the members'
     master weights and (when they have them) their biases, so that each member's parameters get their gradients.
@@ -63,14 +69,15 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight_dtypes = [w.dtype for w in weights]
         ctx.bias_dtypes = [b.dtype for b in biases]
-        return y2.reshape(*x.shape[:-1], y2.shape[-1])
+        return tuple(y2.reshape(*x.shape[:-1], y2.shape[-1]).split(splits, dim=-1))  # [..., N_i] views
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outs):
         qweight, recipe, splits, n = ctx.qweight, ctx.recipe, ctx.splits, ctx.n
         block, pow2 = recipe.block_size, recipe.pow2_activation_scales
         need_dx = ctx.needs_input_grad[0]
         need_dw = any(ctx.needs_input_grad[5 : 5 + n])
+        grad_out = join_columns(grad_outs)  # [..., sum N_i]: a view when the members' gradients lie side by side
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, sum N_i]
         grad_x, grad_ws, grad_bs = None, [None] * n, [None] * len(ctx.bias_dtypes)
         with no_autocast(grad_out.device.type):
@@ -124,5 +131,5 @@ def grouped_train_projections(x: torch.Tensor, group) -> list[torch.Tensor] | No
     members = group.members
     weights = [local_tensor(m.weight) for m in members]
     biases = [local_tensor(m.bias) for m in members] if members[0].bias is not None else []
-    y = GroupedFp8LinearFunction.apply(x, qweight, group.splits, members[0].recipe, output_dtype(x), *weights, *biases)
-    return list(y.split(group.splits, dim=-1))
+    ys = GroupedFp8LinearFunction.apply(x, qweight, group.splits, members[0].recipe, output_dtype(x), *weights, *biases)
+    return list(ys)

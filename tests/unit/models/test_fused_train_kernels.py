@@ -59,6 +59,23 @@ CHILD = textwrap.dedent(
             [q, wn], [gq.transpose(1, 2)])
     g, u, gy = (torch.randn(7, 300).to(bf) for _ in range(3))
     compare("silu", T.silu_mul, F.silu_mul_ref, [g, u], [gy])
+    # gate / up as the column views of one grouped output: d(gate), d(up) come back side by side in one buffer
+    from nemo_jetrl.utils.columns import adjacent_columns
+
+    class Split(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, base):
+            return tuple(base.split([300, 300], -1))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            r["silu_views_adjacent"] = adjacent_columns(grads)
+            return torch.cat(grads, -1)
+
+    base = torch.cat([g, u], -1).requires_grad_()
+    T.silu_mul(*Split.apply(base)).backward(gy)
+    _, (dg, du) = run(T.silu_mul, [g, u], [gy])
+    r["silu_views_grad_equal"] = torch.equal(base.grad, torch.cat([dg, du], -1))
 
     # the trainer's path: left-padded rows, fused glue, FP8 linears; logprobs and parameter gradients, against
     # the eager path and (bf16) an FP64 copy of the model
@@ -102,6 +119,12 @@ def test_forward_is_bitwise_and_gradients_as_accurate_as_eager(interpreted, name
     for f, e in zip(fused, eager):
         assert 0 < e < 1e-2  # bf16 autograd is inexact: the comparison has teeth
         assert f <= 1.05 * e + 1e-7, (name, fused, eager)
+
+
+def test_silu_backward_writes_grouped_gate_up_gradients_side_by_side(interpreted):
+    # the grouped gate/up's gradient joins without a copy (utils.columns.join_columns), bitwise the separate ones
+    assert interpreted["silu_views_adjacent"] is True
+    assert interpreted["silu_views_grad_equal"] is True
 
 
 def test_trainer_fast_path_is_as_accurate_as_the_eager_path(interpreted):

@@ -9,6 +9,7 @@ import torch
 
 from nemo_jetrl.precision import Fp8Linear, Fp8WeightGroup, PrecisionRecipe
 from nemo_jetrl.precision.grouped_linear import grouped_train_projections, trains_grouped
+from nemo_jetrl.utils.columns import join_columns
 
 SPLITS, K, M = (256, 128, 128), 256, 160  # M not a multiple of 128: WGrad pads the tokens
 
@@ -60,6 +61,34 @@ def test_grouped_pass_equals_the_members_own_passes(bias, wgrad_x_blocks):
     ms = members(recipe, bias)
     exact = x0 @ ms[0].weight.detach().t() + (ms[0].bias.detach() if bias else 0)
     assert 1e-3 < rel(y1[0], exact) < 0.1
+
+
+def test_member_gradients_side_by_side_join_without_a_copy(monkeypatch):
+    # the members' output gradients as column views of one buffer (what the fused SiLU*up backward hands back):
+    # dY is that buffer itself, and every gradient equals the one from separate (concatenated) tensors
+    from nemo_jetrl.precision import grouped_linear
+
+    joined = []
+
+    def recording_join(parts):
+        out = join_columns(parts)
+        joined.append(out.data_ptr() == parts[0].data_ptr() and out.shape[-1] == sum(SPLITS))
+        return out
+
+    monkeypatch.setattr(grouped_linear, "join_columns", recording_join)
+    recipe = PrecisionRecipe.preset("jetrl")
+    dy = torch.randn(M, sum(SPLITS), generator=torch.Generator().manual_seed(3))
+    runs = []
+    for side_by_side in (False, True):
+        ms = members(recipe, bias=True)
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(4)).requires_grad_(True)
+        parts = dy.split(SPLITS, -1)
+        dys = parts if side_by_side else [p.clone() for p in parts]
+        runs.append(grads(grouped_train_projections(x, Fp8WeightGroup(ms)), x, ms, dys))
+    assert joined == [False, True]
+    (dx0, dw0, db0), (dx1, dw1, db1) = runs
+    assert torch.equal(dx0, dx1) and all(torch.equal(a, b) for a, b in zip(dw0 + db0, dw1 + db1))
+    assert float(dx0.abs().sum()) > 0
 
 
 def test_only_the_dy_columns_of_a_member_reach_its_weight_gradient():
