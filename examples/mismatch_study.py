@@ -66,8 +66,8 @@ def run_rollout_variant(name: str, args, device: torch.device) -> dict:
     """One rollout of 32 prompts x 8 and the trainer's scoring of it, without the config system."""
     from nemo_jetrl.generation.native.engine import NativeGenerationEngine
     from nemo_jetrl.models.batch_invariant import enable_batch_invariant
-    from nemo_jetrl.models.decoder import sequence_logprobs
     from nemo_jetrl.models.loading import load_model_and_tokenizer
+    from nemo_jetrl.models.scoring import sequence_logprobs
     from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
     from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook
 

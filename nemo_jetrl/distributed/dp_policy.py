@@ -35,7 +35,7 @@ from nemo_jetrl.generation.build import engine_kwargs
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch, metrics_to_floats
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels

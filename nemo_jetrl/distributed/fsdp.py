@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import Shard
 
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.precision.layer_map import decoder_layer_index
 from nemo_jetrl.precision.linear import Fp8Linear, local_tensor
 

@@ -12,10 +12,10 @@ FP8 linears that share an input (q/k/v, gate/up) run as one GEMM over their shar
 (`precision.weight_group`). On every path those linears quantize their common input once (bitwise the same); on
 the fast path the norm / SiLU*up kernel that produces an FP8 linear's input writes it quantized (same bits).
 
-Trainer fast path (`fused_train=True`, `sequence_logprobs`' default on CUDA): the same glue kernels with their
+Trainer fast path (`fused_train=True`, `scoring.sequence_logprobs`' default on CUDA): the same glue kernels with their
 backward (`fused_train_ops.py`); the CPU path keeps the eager twins. Opt-in (`causal_attention=True`): without a
 KV cache and when no row has a pad before a real token, causal SDPA with no mask (3x faster fwd+bwd on an H200
-at 4K tokens; `sequence_logprobs` left-aligns the rows first). It rounds differently from the rollout's masked
+at 4K tokens; `scoring.sequence_logprobs` left-aligns the rows first). It rounds differently from the rollout's masked
 prefill / decode attention, so it gives up bit-exact trainer == rollout logprobs (docs/mismatch.md).
 
 Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model, so trainer and rollout agree):
@@ -38,12 +38,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.models import batch_invariant_attention
 from nemo_jetrl.models.batch_invariant import exact_parts
-from nemo_jetrl.models.logprobs import token_logprobs
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.models.sdpa import sdpa
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
@@ -61,8 +59,6 @@ except ImportError:  # pragma: no cover
 # RoPE and q/k-norm, cast to the attention dtype, before the KV cache write.
 AttnHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
-# Upper bound on the elements of one float32 logits chunk in `sequence_logprobs` (64M floats = 256 MiB).
-LOGPROB_CHUNK_ELEMENTS = 1 << 26
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -100,7 +96,7 @@ def _param_dtype(model: nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-def _compute_context(model: nn.Module, device: torch.device, compute_dtype: torch.dtype | None):
+def compute_context(model: nn.Module, device: torch.device, compute_dtype: torch.dtype | None):
     """autocast to `compute_dtype` when it differs from the parameters' dtype, else a null context."""
     if compute_dtype is None or compute_dtype == _param_dtype(model):
         return contextlib.nullcontext()
@@ -291,7 +287,7 @@ def decoder_forward(
         raise ValueError("decoder_forward: causal / packed attention rounds unlike the rollout; exact mode refuses it")
     if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):
         raise ValueError(f"decoder_forward: packed rows need one row of {packed.width} tokens and no kv_cache")
-    with _compute_context(model, input_ids.device, compute_dtype):
+    with compute_context(model, input_ids.device, compute_dtype):
         x = backbone.embed_tokens(input_ids)  # [B, S, H]
         cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
         causal = causal_attention and kv_cache is None
@@ -323,122 +319,3 @@ def decoder_forward(
             x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, glue, gate_up)
             delta = _mlp(mlp, h, glue, grouped)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
-
-
-def compute_logits(model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """lm_head over hidden [B, S, H] -> logits [B, S, V] in lm_head's output dtype (lm_head runs in `compute_dtype`
-    when given): trainer and rollout hand them as they are to `token_logprobs` (the fused kernel reads bf16 in place,
-    and a row's bits there follow the dtype it is given)."""
-    with _compute_context(model, hidden.device, compute_dtype):
-        return model.lm_head(hidden)
-
-
-def sequence_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    compute_dtype: torch.dtype | None = None,
-    attn_hook: AttnHook | None = None,
-    fused_train: bool | None = None,
-    causal_attention: bool = False,
-    pack_round: int | None = None,
-    host_mask: torch.Tensor | None = None,
-    packing: PackedRows | None = None,
-) -> torch.Tensor:
-    """Per-token logprobs [B, S] float32 in the shared layout.
-
-    logp[:, t] = log_softmax(logits[:, t-1] / temperature)[input_ids[:, t]]; 0 at t = 0, on pads, and on a
-    sequence's first real token (no real context before it). Logits are computed in row chunks of at most
-    LOGPROB_CHUNK_ELEMENTS floats, so besides the chunks autograd keeps (one [B, S, V] float32 in all) no second
-    vocabulary-sized tensor is alive at once. Differentiable (the trainer calls it under autograd).
-
-    fused_train (None: on CUDA): the trainer's differentiable glue kernels (`decoder_forward`). causal_attention:
-    each row is rotated so that its left pads move behind its last token (positions, and so every real token's
-    math, unchanged), the forward runs causal attention without a mask, and the logprobs are rotated back.
-    pack_round: the rows' real tokens run packed in one row (its length a multiple of `pack_round`) with varlen
-    causal attention (models/packed.py; causal_attention then changes nothing); the result is in the [B, S] layout.
-    host_mask: attention_mask on the host, where the caller has it (the packing is planned there, no host sync).
-    packing: the rows' packing planned by the caller (on the device, e.g. a fixed-shape one): packed as pack_round.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
-        raise ValueError(
-            f"input_ids and attention_mask must both be [B, S]; got {tuple(input_ids.shape)} and "
-            f"{tuple(attention_mask.shape)}"
-        )
-    if fused_train is None:
-        fused_train = input_ids.is_cuda
-    if pack_round is not None or packing is not None:
-        from nemo_jetrl.models.packed_logprobs import packed_sequence_logprobs  # imports this module
-
-        return packed_sequence_logprobs(
-            model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round or 1,
-            host_mask, packing,
-        )  # fmt: skip
-    if causal_attention:
-        index = left_align_index(attention_mask)  # [B, S]
-        logp = _sequence_logprobs(
-            model, input_ids.gather(1, index), attention_mask.gather(1, index), temperature, compute_dtype, attn_hook,
-            fused_train, causal_attention=True,
-        )  # fmt: skip
-        return torch.zeros_like(logp).scatter(1, index, logp)  # [B, S]
-    return _sequence_logprobs(model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train)
-
-
-def left_align_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, S] -> [B, S] long: gather index rotating each row left by its number of leading pads (left-padded rows
-    become right-padded; `x.gather(1, index)` aligns, `zeros.scatter(1, index, y)` restores)."""
-    seq = attention_mask.shape[1]
-    leading = (attention_mask.long().cumsum(-1) == 0).sum(-1, keepdim=True)  # [B, 1]
-    return (torch.arange(seq, device=attention_mask.device)[None, :] + leading) % max(seq, 1)
-
-
-def _sequence_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    compute_dtype: torch.dtype | None,
-    attn_hook: AttnHook | None,
-    fused_train: bool,
-    causal_attention: bool = False,
-) -> torch.Tensor:
-    bsz, seq = input_ids.shape
-    position_ids = position_ids_from_mask(attention_mask)
-    hidden = decoder_forward(
-        model, input_ids, position_ids, attention_mask, attn_hook=attn_hook, compute_dtype=compute_dtype,
-        fused_train=fused_train, causal_attention=causal_attention, right_padded=True if causal_attention else None,
-    )  # [B, S, H]  # fmt: skip
-    hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
-    targets = input_ids[:, 1:]  # [B, S-1]
-    rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab_size(model)))
-    pieces = [
-        target_logprobs(model, hidden[lo : lo + rows], targets[lo : lo + rows], temperature, compute_dtype)
-        for lo in range(0, bsz, rows)
-    ]  # [b, S-1] each
-    logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
-    return scored_tokens_only(logp, attention_mask)
-
-
-def scored_tokens_only(logp: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """logp [B, S-1] of tokens 1..S-1 -> [B, S] in the shared layout: 0 at t = 0, on pads and on a row's first real
-    token (no real context before it)."""
-    valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # [B, S-1]
-    return F.pad(torch.where(valid, logp, torch.zeros_like(logp)), (1, 0))  # [B, S]
-
-
-def vocab_size(model: nn.Module) -> int:
-    return model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
-
-
-def target_logprobs(
-    model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, compute_dtype
-) -> torch.Tensor:
-    """log_softmax(lm_head(hidden) / temperature)[targets]: hidden [..., H], targets [...] -> float32 [...].
-
-    The logits stay in lm_head's dtype: on CUDA the fused `token_logprobs` reads them in place (no float32 copy)."""
-    logits = compute_logits(model, hidden, compute_dtype=compute_dtype)  # [..., V]
-    return token_logprobs(logits, targets, temperature, batch_invariant=exact_parts(model).logsumexp)

@@ -7,15 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.models.decoder import (
-    LOGPROB_CHUNK_ELEMENTS,
-    AttnHook,
-    decoder_forward,
-    scored_tokens_only,
-    target_logprobs,
-    vocab_size,
-)
+from nemo_jetrl.models.decoder import AttnHook, decoder_forward
 from nemo_jetrl.models.packed import PackedRows
+from nemo_jetrl.models.scoring import LOGPROB_CHUNK_ELEMENTS, scored_tokens_only, target_logprobs, vocab_size
 
 
 def packed_sequence_logprobs(

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
-from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.models.packed import PackedRows
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.policy.interfaces import (
     LossFunction,
     PolicyInterface,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nemo_jetrl.models import decoder, fused_ops, fused_train_ops
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 

@@ -7,7 +7,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nemo_jetrl.models import packed as packed_module
-from nemo_jetrl.models.decoder import sequence_logprobs
 from nemo_jetrl.models.packed import PackedRows, block_causal_mask, flash_varlen_kwargs, varlen_causal_attention
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 

@@ -32,7 +32,8 @@ from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
 from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
 from nemo_jetrl.models.batch_invariant import exact_parts
-from nemo_jetrl.models.decoder import AttnHook, compute_logits, decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.decoder import AttnHook, decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.scoring import compute_logits
 from nemo_jetrl.precision import rollout_mode
 
 

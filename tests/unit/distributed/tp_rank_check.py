@@ -22,7 +22,7 @@ from nemo_jetrl.distributed.tensor_parallel import (
 )
 from nemo_jetrl.distributed.weight_sync import Fp8Refit
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import Fp8Linear, Fp8RolloutLinear, PrecisionRecipe, build_rollout_replica, convert_to_fp8
 

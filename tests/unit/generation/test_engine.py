@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 
 PAD = 0
 MAX_NEW = 24

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from nemo_jetrl.generation.native.decode_attention import decode_attention_ref
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.kv_cache import KVCache
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.precision.kv import kv_scale_from_amax
 
 

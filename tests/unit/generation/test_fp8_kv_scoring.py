@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook
 

@@ -8,7 +8,7 @@ import torch
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.kv_cache import KVCache
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook

@@ -15,7 +15,7 @@ from nemo_jetrl.models.batch_invariant import (
     is_batch_invariant,
     match_kernels,
 )
-from nemo_jetrl.models.decoder import sequence_logprobs
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook

@@ -12,8 +12,9 @@ from transformers import (
 )
 
 from nemo_jetrl.generation.native.kv_cache import KVCache
-from nemo_jetrl.models import decoder
-from nemo_jetrl.models.decoder import compute_logits, decoder_forward, position_ids_from_mask, sequence_logprobs
+from nemo_jetrl.models import scoring
+from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.scoring import compute_logits, sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 VOCAB = 32
@@ -182,7 +183,7 @@ def test_sequence_logprobs_chunked_equals_whole_and_is_differentiable(monkeypatc
     model = tiny_qwen3()
     ids, mask = left_padded_batch()
     whole = sequence_logprobs(model, ids, mask)
-    monkeypatch.setattr(decoder, "LOGPROB_CHUNK_ELEMENTS", 8 * VOCAB)  # one row per chunk
+    monkeypatch.setattr(scoring, "LOGPROB_CHUNK_ELEMENTS", 8 * VOCAB)  # one row per chunk
     chunked = sequence_logprobs(model, ids, mask)
     assert (chunked - whole).abs().max().item() <= 1e-5
     chunked.sum().backward()

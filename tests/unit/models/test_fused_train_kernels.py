@@ -8,7 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from nemo_jetrl.models.decoder import _right_padded, left_align_index
+from nemo_jetrl.models.decoder import _right_padded
+from nemo_jetrl.models.scoring import left_align_index
 
 pytest.importorskip("triton")
 
@@ -16,7 +17,7 @@ CHILD = textwrap.dedent(
     """
     import json, torch
     from nemo_jetrl.models import fused_ops as F, fused_train_ops as T
-    from nemo_jetrl.models.decoder import sequence_logprobs
+    from nemo_jetrl.models.scoring import sequence_logprobs
     from nemo_jetrl.models.tiny import random_tiny_qwen3
     from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant
-from nemo_jetrl.models.decoder import decoder_forward, sequence_logprobs
+from nemo_jetrl.models.decoder import decoder_forward
 from nemo_jetrl.models.packed import PackedRows, block_causal_mask, varlen_causal_attention
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 
