@@ -4,8 +4,9 @@ with causal SDPA) against the eager masked path and an FP64 model."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from nemo_jetrl.models import decoder, fused_ops, fused_train_ops
+from nemo_jetrl.models import fused_ops, fused_train_ops
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
@@ -74,9 +75,9 @@ def test_train_glue_kernels_match_eager_and_fp64(name):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_trainer_fast_path_is_as_accurate_as_eager(fp8, causal, monkeypatch):
     calls = []
-    sdpa = decoder.F.scaled_dot_product_attention
+    sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(
-        decoder.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k.get("is_causal")) or sdpa(*a, **k)
+        F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k.get("is_causal")) or sdpa(*a, **k)
     )
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 30, (8, 40), generator=gen).to(DEV)
