@@ -32,12 +32,18 @@ from nemo_jetrl.algorithms.preflight import (
     check_validation_set,
     output_dirs,
 )
+from nemo_jetrl.algorithms.rollout_io import (
+    bootstrap_kv_scales,
+    decode_responses,
+    encode_prompts,
+    needs_kv_bootstrap,
+    step_generator,
+)
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.generation.build import build_local_engine
 from nemo_jetrl.generation.interfaces import (
     GenerationInterface,
-    GenerationOutput,
     max_prompt_length,
     rollout_phase,
 )
@@ -116,18 +122,6 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     return GrpoSetup(cfg, policy, engine, loss_fn, task, logger, checkpoints, device)
 
 
-def _encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
-    return [tokenizer(p)["input_ids"] for p in prompts]
-
-
-def decode_responses(tokenizer, out: GenerationOutput) -> list[str]:
-    """Decoded text of each row's generated tokens (stop token and padding dropped)."""
-    texts = []
-    for ids, mask in zip(out.input_ids, out.response_mask):
-        texts.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
-    return texts
-
-
 def _env_metrics(task: Any) -> dict[str, float]:
     """The task's environment counters since the last call (`env/parse_failures`, ...); {} for tasks without any."""
     pop = getattr(task, "pop_metrics", None)
@@ -143,50 +137,17 @@ def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
     _guard_state(run)  # the state the next step starts from
 
 
-def _needs_kv_bootstrap(run: GrpoSetup) -> bool:
-    """FP8 KV without scales yet; scales the policy holds (e.g. from a checkpoint) go to the engine here."""
-    if not run.policy.recipe.kv_fp8:
-        return False
-    if run.policy.kv_scales is not None and run.engine.kv_scales is None:
-        run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
-    return run.policy.kv_scales is None
-
-
-def _bootstrap_kv_scales(run: GrpoSetup, step: int) -> None:
-    """FP8 KV scales for the first rollout (and after a resume): one rollout of this step's prompts with a
-    high-precision cache, observed by the trainer's calibration forward; later steps recalibrate (prepare_refit)."""
-    g = run.cfg["grpo"]
-    problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
-    prompt_ids = _encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
-    with rollout_phase(run.engine.replace(kv_cache_dtype=None)) as engine:
-        out = engine.generate(prompt_ids, generator=_step_generator(g["seed"] + 13, step, run.device))
-    batch = TrainBatch(
-        input_ids=out.input_ids.cpu(),
-        attention_mask=out.attention_mask.cpu(),
-        response_mask=out.response_mask.cpu(),
-        advantages=torch.zeros(len(out)),
-        generation_logprobs=out.generation_logprobs.float().cpu(),
-    )
-    run.engine.update_weights(kv_scales=run.policy.calibrate_kv_scales(batch).kv)
-
-
-def _step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed * 1_000_003 + step)
-    return gen
-
-
 def validate(run: GrpoSetup, step: int) -> dict[str, float]:
     """Held-out accuracy: greedy (deterministic) and sampled at the rollout temperature."""
-    if _needs_kv_bootstrap(run):  # validation before the first step: FP8 KV scales from the step's prompts
-        _bootstrap_kv_scales(run, step)
+    if needs_kv_bootstrap(run):  # validation before the first step: FP8 KV scales from the step's prompts
+        bootstrap_kv_scales(run, step)
     problems = run.task.validation(run.cfg["grpo"]["max_val_samples"])
-    prompt_ids = _encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
+    prompt_ids = encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
     answers = [p.answer for p in problems]
     metrics = {}
     with rollout_phase(run.engine) as engine:
         for name, greedy in (("accuracy", True), ("sampled_accuracy", False)):
-            gen = _step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
+            gen = step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
             out = engine.generate(prompt_ids, greedy=greedy, generator=gen)
             rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
             metrics[name] = float((rewards > 0.5).float().mean())
@@ -203,9 +164,9 @@ def _generate_batch(run: GrpoSetup, batch_index: int, num_prompts: int, timer: T
     tok = run.policy.tokenizer
     with timer.time("generation"):
         problems = run.task.train_batch(batch_index, num_prompts)
-        prompt_ids = [ids for ids in _encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
+        prompt_ids = [ids for ids in encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
         answers = [p.answer for p in problems for _ in range(group)]
-        out = run.engine.generate(prompt_ids, generator=_step_generator(g["seed"], batch_index, run.device))
+        out = run.engine.generate(prompt_ids, generator=step_generator(g["seed"], batch_index, run.device))
     with timer.time("reward"):
         raw = run.task.score(decode_responses(tok, out), answers)  # [B]
         num_bad = int((~torch.isfinite(raw)).sum())
@@ -241,10 +202,10 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     g = run.cfg["grpo"]
     group = int(g["num_generations_per_prompt"])
 
-    if _needs_kv_bootstrap(run):
+    if needs_kv_bootstrap(run):
         progress.phase("kv_bootstrap")
         with timer.time("kv_bootstrap"):
-            _bootstrap_kv_scales(run, step)
+            bootstrap_kv_scales(run, step)
 
     progress.phase("generation")
     try:

@@ -78,19 +78,23 @@ def load_checkpoint_policy(run: Any, checkpoint_dir: str) -> int:
 
 def evaluate(run: Any, eval_cfg: EvalConfig, progress: Any = None) -> dict[str, Any]:
     """Greedy accuracy and pass@k of `run` (a `GrpoSetup`) on its task's held-out prompts."""
-    from nemo_jetrl.algorithms.grpo import _encode_prompts, _needs_kv_bootstrap, _step_generator, decode_responses
+    from nemo_jetrl.algorithms.rollout_io import (
+        bootstrap_kv_scales,
+        decode_responses,
+        encode_prompts,
+        needs_kv_bootstrap,
+        step_generator,
+    )
 
-    if _needs_kv_bootstrap(run):
-        from nemo_jetrl.algorithms.grpo import _bootstrap_kv_scales
-
-        _bootstrap_kv_scales(run, 0)
+    if needs_kv_bootstrap(run):
+        bootstrap_kv_scales(run, 0)
     problems = run.task.validation(eval_cfg.max_samples)
     if not problems:
         raise ValueError("the task has no held-out prompts (data.val_size / data.val_dataset_name)")
     tok = run.policy.tokenizer
-    prompt_ids = _encode_prompts(tok, [p.prompt for p in problems])
+    prompt_ids = encode_prompts(tok, [p.prompt for p in problems])
     answers = [p.answer for p in problems]
-    greedy = run.engine.generate(prompt_ids, greedy=True, generator=_step_generator(eval_cfg.seed + 7, 0, run.device))
+    greedy = run.engine.generate(prompt_ids, greedy=True, generator=step_generator(eval_cfg.seed + 7, 0, run.device))
     accuracy = float((run.task.score(decode_responses(tok, greedy), answers) > 0.5).float().mean())
     n, chunk = eval_cfg.num_tests_per_prompt, eval_cfg.num_prompts_per_step
     chunk = len(problems) if chunk == -1 else chunk
@@ -98,7 +102,7 @@ def evaluate(run: Any, eval_cfg: EvalConfig, progress: Any = None) -> dict[str, 
     for i, start in enumerate(range(0, len(problems), chunk)):
         ids = [p for p in prompt_ids[start : start + chunk] for _ in range(n)]
         ans = [a for a in answers[start : start + chunk] for _ in range(n)]
-        out = run.engine.generate(ids, generator=_step_generator(eval_cfg.seed, i, run.device))
+        out = run.engine.generate(ids, generator=step_generator(eval_cfg.seed, i, run.device))
         correct.append((run.task.score(decode_responses(tok, out), ans) > 0.5).view(-1, n))  # [c, n]
         if progress is not None:
             progress.advance(step=min(start + chunk, len(problems)))

@@ -68,7 +68,7 @@ def parts(model, tokenizer, recipe: PrecisionRecipe, *, mbs: int, max_new_tokens
 
 
 def bootstrap_kv(policy, engine, prompts) -> None:
-    """First FP8 KV scales from a high-precision rollout, as grpo._bootstrap_kv_scales."""
+    """First FP8 KV scales from a high-precision rollout, as rollout_io.bootstrap_kv_scales."""
     out = engine.replace(kv_cache_dtype=None).generate(prompts, generator=torch.Generator(DEV).manual_seed(1))
     boot = TrainBatch(
         out.input_ids.cpu(), out.attention_mask.cpu(), out.response_mask.cpu(), torch.zeros(len(out)),
