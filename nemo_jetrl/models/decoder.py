@@ -44,7 +44,8 @@ from nemo_jetrl.models import batch_invariant_attention
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.models.sdpa import sdpa
-from nemo_jetrl.precision.linear import QuantizedInput, output_dtype, shared_input_quant
+from nemo_jetrl.precision.linear import QuantizedInput, output_dtype
+from nemo_jetrl.precision.shared_input import shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
 if TYPE_CHECKING:

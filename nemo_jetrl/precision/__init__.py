@@ -15,7 +15,7 @@ _EXPORTS = {
     "Fp8LinearFunction": "linear",
     "QuantizedInput": "quantized",
     "QuantizedWeight": "quantized",
-    "quantize_shared_input": "linear",
+    "quantize_shared_input": "shared_input",
     "rollout_mode": "linear",
     "act_dequant": "quant",
     "act_quant": "quant",

@@ -22,47 +22,11 @@ from nemo_jetrl.precision.gemm import fp8_blockwise_mm, no_autocast
 from nemo_jetrl.precision.quant import act_quant, act_quant_dual
 from nemo_jetrl.precision.quantized import QuantizedInput, QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
-from nemo_jetrl.precision.recipe_quant import input_quant, input_quant_key, master_weight_quant
+from nemo_jetrl.precision.recipe_quant import input_quant, master_weight_quant
 
 Mode = Literal["train", "rollout"]
 _MODES = ("train", "rollout")
 FpropBackend = Literal["auto", "deep_gemm", "batch_invariant", "scaled_mm"]
-
-
-def shared_input_recipe(in_features: int, linears: tuple[nn.Module, ...]) -> PrecisionRecipe | None:
-    """The recipe of the activation cast when every module in `linears` runs the FP8 rollout forward now
-    (`fp8_rollout_active`: an `Fp8Linear` in rollout mode, or a rollout replica's `Fp8RolloutLinear`) on
-    `in_features` inputs with one activation cast (each would compute the same bits for x); else None."""
-    if not linears:
-        return None
-    first = linears[0]
-    shared = all(
-        getattr(m, "fp8_rollout_active", False)
-        and m.in_features == in_features
-        and input_quant_key(m.recipe) == input_quant_key(first.recipe)
-        for m in linears
-    )
-    return first.recipe if shared else None
-
-
-def shared_input_quant(in_features: int, linears: tuple[nn.Module, ...]) -> tuple[int, bool] | None:
-    """(block, pow2) for the fused producers that write 1x128 groups (`fused_ops.*_fp8`): the blockwise recipe's
-    `shared_input_recipe`; None otherwise (rowwise / tensorwise inputs are cast by `quantize_shared_input`)."""
-    recipe = shared_input_recipe(in_features, linears)
-    if recipe is None or not recipe.blockwise:
-        return None
-    return recipe.block_size, recipe.pow2_activation_scales
-
-
-def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> torch.Tensor | QuantizedInput:
-    """x cast once when every module in `linears` runs the FP8 rollout forward now with one activation cast
-    (`shared_input_recipe`); otherwise x itself, for the modules' own forwards."""
-    recipe = shared_input_recipe(x.shape[-1], linears)
-    if recipe is None:
-        return x
-    with torch.no_grad(), no_autocast(x.device.type):
-        data, scale = input_quant(x.reshape(-1, x.shape[-1]), recipe)
-    return QuantizedInput(data, scale, tuple(x.shape[:-1]), output_dtype(x))
 
 
 def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:

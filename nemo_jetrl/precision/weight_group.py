@@ -28,9 +28,9 @@ from nemo_jetrl.precision.linear import (
     QuantizedInput,
     QuantizedWeight,
     fprop_backend,
-    quantize_shared_input,
     quantized_input_forward,
 )
+from nemo_jetrl.precision.shared_input import quantize_shared_input
 
 # Sibling projections of HF Llama / Qwen2 / Qwen3 (attention and gated MLP), grouped in this order.
 SIBLING_NAMES: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))

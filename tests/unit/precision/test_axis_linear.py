@@ -10,7 +10,7 @@ from torch import nn
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, rollout_mode
 from nemo_jetrl.precision.axis_gemm import fp8_axis_mm, pad_rows
 from nemo_jetrl.precision.axis_quant import axis_dequant, col_quant_t, row_quant, tensor_quant
-from nemo_jetrl.precision.linear import quantize_shared_input, shared_input_quant
+from nemo_jetrl.precision.shared_input import quantize_shared_input, shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
 from .test_linear import sqnr_db
