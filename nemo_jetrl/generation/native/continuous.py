@@ -34,6 +34,7 @@ from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.block_scheduler import BlockPool, BlockScheduler, Running
 from nemo_jetrl.generation.native.cuda_graph import BucketedSteps, bucket_for, bucket_sizes
 from nemo_jetrl.generation.native.paged_kv_cache import PagedKVCache
+from nemo_jetrl.generation.native.prompts import left_pad
 from nemo_jetrl.generation.native.sampler import sample, seed_of, sequence_keys
 from nemo_jetrl.generation.native.scheduler import KvBudget
 
@@ -305,7 +306,7 @@ class ContinuousRollout:
             generated = seq.prefill_tokens - len(self.prompts[seq.request])
             tokens.append(list(self.prompts[seq.request]) + (self.tokens_out[seq.request, :generated].tolist()))
         width = max(len(t) for t in tokens)
-        ids, mask = eng._left_pad(tokens, width)  # [F, P]
+        ids, mask = left_pad(tokens, width, eng.pad_token_id, eng.device)  # [F, P]
         scratch = eng._new_cache(len(tokens), width)
         logits = eng._prefill(scratch, self.hook, ids, mask)  # [F, V]
         for i, (seq, toks) in enumerate(zip(seqs, tokens)):
@@ -327,7 +328,7 @@ class ContinuousRollout:
         lengths = self.lengths_out[:n]  # [N]
         prompt_len = max(len(p) for p in self.prompts)
         longest = int(lengths.max())
-        ids, mask = eng._left_pad(self.prompts, prompt_len + longest)  # [N, S]
+        ids, mask = left_pad(self.prompts, prompt_len + longest, eng.pad_token_id, eng.device)  # [N, S]
         ids[:, prompt_len:] = self.tokens_out[:n, :longest]
         response = (torch.arange(longest, device=eng.device) < lengths[:, None]).long()  # [N, T]
         mask[:, prompt_len:] = response

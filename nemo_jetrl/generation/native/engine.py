@@ -29,6 +29,7 @@ from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutSt
 from nemo_jetrl.generation.native.cuda_graph import CapturedStep
 from nemo_jetrl.generation.native.decode_attention import triton_decode_available
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
+from nemo_jetrl.generation.native.prompts import check_prompts, left_pad, length_caps
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
 from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
 from nemo_jetrl.models.batch_invariant import exact_parts
@@ -196,8 +197,8 @@ class NativeGenerationEngine(GenerationInterface):
     ) -> GenerationOutput:
         """Complete each prompt; see GenerationOutput for the layout. max_new_tokens: a per-row response cap
         (within the engine's caps), e.g. a benchmark's drawn response lengths."""
-        self._check_prompts(prompt_ids)
-        caps = self._length_caps(prompt_ids, max_new_tokens)
+        check_prompts(prompt_ids, self.max_total_length, self.vocab_size)
+        caps = length_caps(prompt_ids, self.max_new_tokens, self.max_total_length, max_new_tokens)
         budget = engine_kv_budget(self, prompt_ids, caps)
         if not budget.whole_batch or self.continuous_batching:
             rollout = ContinuousRollout(self, prompt_ids, budget, caps)
@@ -207,7 +208,7 @@ class NativeGenerationEngine(GenerationInterface):
             return out
         self.last_rollout_stats = None
         prompt_len, num_steps = max(len(p) for p in prompt_ids), max(caps)
-        ids, mask = self._left_pad(prompt_ids, prompt_len + num_steps)
+        ids, mask = left_pad(prompt_ids, prompt_len + num_steps, self.pad_token_id, self.device)
         limits = torch.tensor([len(p) + c for p, c in zip(prompt_ids, caps)], device=self.device)  # [B] real tokens
         with torch.no_grad(), rollout_mode(self.model):
             return self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, limits=limits)
@@ -241,32 +242,6 @@ class NativeGenerationEngine(GenerationInterface):
         return out.generation_logprobs
 
     # ------------------------------------------------------------------ internals
-    def _length_caps(self, prompt_ids: list[list[int]], requested: Sequence[int] | None) -> list[int]:
-        """Each row's response cap: max_new_tokens (or the row's requested cap, if lower), within
-        max_total_length (and max_model_len)."""
-        caps = [self.max_new_tokens] * len(prompt_ids)
-        if requested is not None:
-            if len(requested) != len(prompt_ids) or min(requested) < 1:
-                raise ValueError(f"max_new_tokens must give one cap >= 1 per prompt, got {list(requested)[:8]}...")
-            caps = [min(c, int(r)) for c, r in zip(caps, requested)]
-        if self.max_total_length is None:
-            return caps
-        return [min(c, self.max_total_length - len(p)) for c, p in zip(caps, prompt_ids)]
-
-    def _check_prompts(self, prompt_ids: list[list[int]]) -> None:
-        if len(prompt_ids) == 0:
-            raise ValueError("prompt_ids is empty")
-        if self.max_total_length is not None and max(len(p) for p in prompt_ids) >= self.max_total_length:
-            raise ValueError(
-                f"a prompt leaves no room for a response within max_total_length / max_model_len="
-                f"{self.max_total_length}"
-            )
-        for i, prompt in enumerate(prompt_ids):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt_ids[{i}] is empty")
-            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-                raise ValueError(f"prompt_ids[{i}] has token ids outside [0, {self.vocab_size})")
-
     def _new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
         cache = KVCache.for_model(
             self.model,
@@ -281,16 +256,6 @@ class NativeGenerationEngine(GenerationInterface):
                 raise ValueError("kv_cache_dtype=fp8 needs KV scales: call update_weights(kv_scales=(k, v)) first")
             cache.set_scales(*self._kv_scales)
         return cache
-
-    def _left_pad(self, prompt_ids: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, width] token ids and attention mask, prompts left-padded into columns [0, P)."""
-        prompt_len = max(len(p) for p in prompt_ids)
-        ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-        for row, prompt in enumerate(prompt_ids):
-            ids[row, prompt_len - len(prompt) : prompt_len] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, prompt_len - len(prompt) : prompt_len] = 1
-        return ids.to(self.device), mask.to(self.device)
 
     def _prefill(self, cache: KVCache, hook: AttnHook | None, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Prompts ids/mask [B, P] into the cache; logits [B, V] for the first generated token."""

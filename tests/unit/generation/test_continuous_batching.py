@@ -10,6 +10,7 @@ from nemo_jetrl.generation.native.cuda_graph import bucket_for, bucket_sizes
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.kv_cache import KVCache
 from nemo_jetrl.generation.native.paged_kv_cache import gather_pages
+from nemo_jetrl.generation.native.prompts import left_pad
 from nemo_jetrl.generation.native.scheduler import engine_kv_budget, plan_kv_budget
 
 from .test_engine import check_layout
@@ -213,7 +214,7 @@ def test_group_prompt_blocks_are_shared_and_their_kv_equals_an_unshared_prefill(
         assert rollout.stats.prefill_tokens == sum(len(p) for p in queue[:7])
         assert rollout.stats.prefill_tokens_shared == 3 * group_len
         alone = eng._new_cache(1, group_len)
-        ids, mask = eng._left_pad([queue[-1]], group_len)
+        ids, mask = left_pad([queue[-1]], group_len, eng.pad_token_id, eng.device)
         logits = eng._prefill(alone, None, ids, mask)
     seqs = rollout.scheduler.rows
     members = [r for r, s in enumerate(seqs) if s.request >= 6]
