@@ -61,7 +61,6 @@ except ImportError:  # pragma: no cover
 AttnHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """`cumsum(attention_mask) - 1` clamped at 0: [B, S] -> [B, S] long (left pads get position 0)."""
     if attention_mask.dim() != 2:
