@@ -1,22 +1,26 @@
-"""Rollout throughput: BF16 vs FP8 linears vs FP8 linears + FP8 KV cache, one model, one run, side by side.
+"""Rollout throughput: BF16 vs FP8 linears vs FP8 linears + FP8 KV cache, side by side in one process.
 
     PYTHONPATH=. python3 benchmarks/bench_rollout.py --out rollout.json            # GPU: Qwen3-8B shape
     PYTHONPATH=. python3 benchmarks/bench_rollout.py --quick                        # CPU smoke test
 
-The native engine as GRPO runs it: prefill, then a CUDA-graph-captured static decode step with the Triton decode
+The native engine as GRPO runs it: prefill, then a CUDA-graph-captured static decode step with the decode
 attention over the stored cache (bf16 or e4m3 + per-layer scales), sampling on the device, no host sync but an
 "all finished?" check every 16 tokens. Fixed lengths: every prompt has `--prompt-len` random tokens and decodes
-exactly `--gen-len` tokens (no stop token). The FP8 model is the BF16 one converted in place (`convert_to_fp8`,
-recipe `jetrl`); the FP8 KV scales come from the project's QKV calibration over one random batch.
+exactly `--gen-len` tokens (no stop token). Two resident models: the BF16 one and a copy converted to FP8 (recipe
+`jetrl`, `rollout_engines.py`); the FP8 KV scales come from the project's QKV calibration over one random batch.
 
-Decode bandwidth = (weight bytes + mean KV bytes read per step) / decode step time, against the HBM peak.
+Protocol: each variant first runs a short rollout (kernel compilation, autotuning), then `--repeats` whole rollouts
+per variant and `--repeats` prefill-only rollouts, the variants alternating round by round (A, B, C, then C, B, A);
+median and min-max per variant, with the SM clock and power during its timed rollouts. Decode step = (median
+rollout - median prefill) / (gen_len - 1). Decode bandwidth = (weight bytes + mean KV bytes read per step) / decode
+step time, against the HBM peak.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import gc
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -28,6 +32,7 @@ from common import (  # noqa: E402
     QWEN3_8B,
     TINY,
     add_deep_gemm_flag,
+    alternating_timings,
     build_model,
     check_deep_gemm,
     device_info,
@@ -35,60 +40,74 @@ from common import (  # noqa: E402
     report,
     timed,
 )
+from gpu_clocks import ClockSampler, per_variant  # noqa: E402
+from rollout_engines import build_engines, wrap_variant  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
-from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode  # noqa: E402
-from nemo_jetrl.precision.kv import QKVCalibrator  # noqa: E402
+from nemo_jetrl.precision import rollout_mode  # noqa: E402
 
 
-@torch.no_grad()
-def calibrate(model, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-layer (k, v) FP8 scales from one forward over `prompts` [B, S] (the trainer's calibration hook)."""
-    calib = QKVCalibrator(model.config.num_hidden_layers)
-    mask = torch.ones_like(prompts)
-    with rollout_mode(model):
-        decoder_forward(model, prompts, position_ids_from_mask(mask), mask, attn_hook=calib)
-    return calib.scales().kv
+def rollout_fn(engine: NativeGenerationEngine, prompts: list[list[int]], gen_len: int, seed: int, expect: int | None):
+    """One seeded rollout of `prompts` to `gen_len` new tokens; checks that every row generated `expect` tokens."""
+    gen = torch.Generator(device=engine.device)
+    run = engine.replace(max_new_tokens=gen_len)
+
+    def step():
+        out = run.generate(prompts, generator=gen.manual_seed(seed))
+        if expect is not None and out.input_ids.shape[1] != len(prompts[0]) + expect:
+            raise RuntimeError(f"expected {expect} new tokens, got {out.input_ids.shape[1] - len(prompts[0])}")
+
+    return step
 
 
-def run_variant(name: str, engine: NativeGenerationEngine, prompts: list[list[int]], args, device) -> dict:
-    """Warm-up, then prefill-only and full rollouts (seeded sampling); timings in seconds."""
-    gen = torch.Generator(device=device)
-    engine.replace(max_new_tokens=4).generate(prompts, generator=gen.manual_seed(0))  # JIT + graph warm-up
-    _, t_prefill = timed(
-        lambda: engine.replace(max_new_tokens=1).generate(prompts, generator=gen.manual_seed(1)), device
-    )
-    out, t_total = timed(lambda: engine.generate(prompts, generator=gen.manual_seed(2)), device)
-    if out.input_ids.shape[1] != args.prompt_len + args.gen_len:
-        raise RuntimeError(
-            f"{name}: expected {args.gen_len} new tokens, got {out.input_ids.shape[1] - args.prompt_len}"
-        )
+def timed_variants(engines: dict, prompts: list[list[int]], args, device, intervals: dict) -> dict[str, dict]:
+    """Warm-up, then whole and prefill-only rollouts of every variant, alternating (`alternating_timings`)."""
+    full, prefill = {}, {}
+    for name, engine in engines.items():
+        wrap_variant(name, rollout_fn(engine, prompts, 4, 0, 4), engine)()  # compilation, autotuning, captures
+        full[name] = wrap_variant(name, rollout_fn(engine, prompts, args.gen_len, 2, args.gen_len), engine)
+        prefill[name] = wrap_variant(name, rollout_fn(engine, prompts, 1, 1, 1), engine)
+    totals = alternating_timings(full, 0, args.repeats, device, intervals)
+    prefills = alternating_timings(prefill, 0, args.repeats, device)
     steps = args.gen_len - 1
-    t_decode = max(t_total - t_prefill, 1e-9)
-    r = {
-        "variant": name,
-        "total_s": t_total,
-        "prefill_s": t_prefill,
-        "decode_step_ms": 1e3 * t_decode / steps,
-        "output_tokens_per_s": args.batch * args.gen_len / t_total,
-        "decode_tokens_per_s": args.batch * steps / t_decode,
-    }
+    out = {}
+    for name, t in totals.items():
+        t_prefill = prefills[name]["median_s"]
+        t_decode = max(t["median_s"] - t_prefill, 1e-9)
+        out[name] = {
+            "variant": name,
+            "total_s": t["median_s"],
+            "total_min_max_s": f"{t['min_s']:.2f}-{t['max_s']:.2f}",
+            "total_times_s": t["times_s"],
+            "prefill_s": t_prefill,
+            "prefill_times_s": prefills[name]["times_s"],
+            "decode_step_ms": 1e3 * t_decode / steps,
+            "output_tokens_per_s": args.batch * args.gen_len / t["median_s"],
+            "output_tokens_per_s_range": f"{args.batch * args.gen_len / t['max_s']:,.0f}-"
+            f"{args.batch * args.gen_len / t['min_s']:,.0f}",
+            "decode_tokens_per_s": args.batch * steps / t_decode,
+            "step_peak_gb": t["step_peak_gb"],
+        }
+    return out
+
+
+def diagnostics(name: str, engine: NativeGenerationEngine, prompts, args, device) -> dict:
+    """Untimed extras of one variant: the kernel profile of its decode step and eager (uncaptured) decode steps."""
+    r = {}
     if args.profile_steps and device.type == "cuda":
         context = args.prompt_len + args.gen_len // 2  # the rollout's mean context
-        r["profile"] = kernel_profile(engine, args.batch, context, args.profile_steps, device)
+        profile_fn = wrap_variant(name, lambda: kernel_profile(engine, args.batch, context, args.profile_steps, device), engine)
+        r["profile"] = profile_fn()
         print(f"  {name} kernels, ms per decode step: {r['profile']['categories_ms']}", flush=True)
         for kernel, ms in r["profile"]["top_kernels_ms"]:
             print(f"    {ms:7.3f}  {kernel}", flush=True)
     if args.eager_steps and device.type == "cuda":  # the same decode without CUDA graphs, a few steps
-        eager = engine.replace(cuda_graphs=False, static_decode=True, max_new_tokens=args.eager_steps + 1)
-        _, t_eager = timed(lambda: eager.generate(prompts, generator=gen.manual_seed(3)), device)
+        eager = engine.replace(cuda_graphs=False, static_decode=True)
+        prefill = wrap_variant(name, rollout_fn(eager, prompts, 1, 1, None), engine)
+        decode = wrap_variant(name, rollout_fn(eager, prompts, args.eager_steps + 1, 3, None), engine)
+        (_, t_prefill), (_, t_eager) = timed(prefill, device), timed(decode, device)
         r["eager_decode_step_ms"] = 1e3 * max(t_eager - t_prefill, 1e-9) / args.eager_steps
-    del out
-    if device.type == "cuda":  # hand the freed KV cache back: the next variant's must not fit around fragments
-        gc.collect()
-        torch.cuda.empty_cache()
     return r
 
 
@@ -149,12 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--gen-len", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=5, help="timed rollouts per variant (>= 5 for quoted figures)")
     p.add_argument("--eager-steps", type=int, default=16, help="also time N eager (non-graph) decode steps; 0 = off")
     p.add_argument(
         "--profile-steps", type=int, default=0, help="GPU: profile N eager decode steps per variant (kernel breakdown)"
     )
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     add_deep_gemm_flag(p, "fp8+kv+deep_gemm")
+    p.add_argument(
+        "--variants", default=None, help="comma-separated subset to time (default: all; bf16 first, the reference)"
+    )
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -162,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         shape_name = "tiny"
         shape, args.batch, args.prompt_len, args.gen_len, args.layers = TINY, 4, 16, 8, args.layers or 2
+        args.repeats = 2
     info = device_info(device)
     check_deep_gemm(p, args, device)
     model = build_model(shape, args.layers, device, torch.bfloat16)
@@ -169,20 +193,23 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     prompt_t = torch.randint(1, shape["vocab_size"], (args.batch, args.prompt_len), generator=gen)
     prompts = prompt_t.tolist()
-    base = dict(max_new_tokens=args.gen_len, stop_token_ids=[], pad_token_id=0, cuda_graphs=True)
-
-    results = [run_variant("bf16", NativeGenerationEngine(model, **base), prompts, args, device)]
-    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
-    results.append(run_variant("fp8", NativeGenerationEngine(model, **base), prompts, args, device))
-    kv_scales = calibrate(model, prompt_t[: min(8, args.batch)].to(device))
-    fp8_kv = NativeGenerationEngine(model, kv_cache_dtype="fp8", **base)
-    fp8_kv.update_weights(kv_scales=kv_scales)
-    results.append(run_variant("fp8+kv", fp8_kv, prompts, args, device))
-    if args.deep_gemm:
-        convert_to_fp8(model, PrecisionRecipe.preset("jetrl", use_deep_gemm=True))  # same FP8 bits, DeepGEMM GEMMs
-        fp8_kv_dg = NativeGenerationEngine(model, kv_cache_dtype="fp8", **base)
-        fp8_kv_dg.update_weights(kv_scales=kv_scales)
-        results.append(run_variant("fp8+kv+deep_gemm", fp8_kv_dg, prompts, args, device))
+    engines = build_engines(
+        model, prompt_t[: min(8, args.batch)], deep_gemm=args.deep_gemm, max_new_tokens=args.gen_len,
+        stop_token_ids=[], pad_token_id=0, cuda_graphs=True,
+    )  # fmt: skip
+    if args.variants:
+        keep = args.variants.split(",")
+        if keep[0] != "bf16" or set(keep) - set(engines):
+            p.error(f"--variants: bf16 first, then any of {', '.join(list(engines)[1:])}; got {args.variants!r}")
+        engines = {name: engines[name] for name in keep}
+    intervals: dict[str, list[tuple[float, float]]] = {}  # each timed rollout's span, for the GPU clock samples
+    with ClockSampler(device.index or 0) if device.type == "cuda" else contextlib.nullcontext() as sampler:
+        timings = timed_variants(engines, prompts, args, device, intervals)
+    clocks = per_variant(sampler.samples, intervals) if sampler is not None else {}
+    results = [
+        {**timings[name], **clocks.get(name, {}), **diagnostics(name, engine, prompts, args, device)}
+        for name, engine in engines.items()
+    ]
 
     kv_bytes = {
         dt: KVCache.for_model(model, 1, 1, dtype=dt, device="meta").bytes_per_token
@@ -200,13 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"rollout on {info['device']}: {shape_name} shape x {n_layers} layers, batch {args.batch}, "
         f"{args.prompt_len} -> {args.gen_len} tokens | KV bytes/token bf16 {kv_bytes[torch.bfloat16]:,} "
-        f"fp8 {kv_bytes[torch.float8_e4m3fn]:,}"
+        f"fp8 {kv_bytes[torch.float8_e4m3fn]:,} | {args.repeats} timed rollouts per variant, variants alternating"
     )
-    headers = ["variant", "out tok/s", "x bf16", "prefill s", "step ms", "eager ms", "GB/step", "TB/s", "% HBM"]
+    headers = ["variant", "out tok/s", "min-max", "x bf16", "rollout s", "prefill s", "step ms", "eager ms", "GB/step",
+               "TB/s", "% HBM"]  # fmt: skip
     keys = [
-        "variant", "output_tokens_per_s", "speedup_vs_bf16", "prefill_s", "decode_step_ms", "eager_decode_step_ms",
-        "bytes_per_step_gb", "decode_tbs", "hbm_roofline_pct",
+        "variant", "output_tokens_per_s", "output_tokens_per_s_range", "speedup_vs_bf16", "total_s", "prefill_s",
+        "decode_step_ms", "eager_decode_step_ms", "bytes_per_step_gb", "decode_tbs", "hbm_roofline_pct",
     ]  # fmt: skip
+    if clocks:  # SM clock and power during each variant's timed rollouts (nvidia-smi)
+        keys += ["sm_mhz_median", "power_w_median"]
+        headers += ["SM MHz", "W"]
     kv_per_token = {"bf16": kv_bytes[torch.bfloat16], "fp8": kv_bytes[torch.float8_e4m3fn]}
     report(
         title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers,

@@ -28,8 +28,6 @@ Every case's rollouts run `--warmup` + `--repeats` times in rounds of alternatin
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import json
 import statistics
 import sys
@@ -38,7 +36,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rollout import calibrate  # noqa: E402
 from common import (  # noqa: E402
     QWEN3_8B,
     TINY,
@@ -51,69 +48,23 @@ from common import (  # noqa: E402
     linear_weight_bytes,
     report,
 )
+from rollout_engines import VARIANTS, build_engines, wrap_variant  # noqa: E402,F401
 from schedule_bound import fcfs_decode_steps  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8  # noqa: E402
-
-VARIANTS = ("bf16", "fp8", "fp8+kv")
 
 
-def build_engines(args, device) -> tuple[dict, torch.nn.Module]:
-    """bf16 / fp8 / fp8+kv engines over two resident models (BF16, and a copy converted to FP8)."""
+def build_queue_engines(args, device) -> tuple[dict, torch.nn.Module]:
+    """The benchmark's engines (`rollout_engines.build_engines`) with a paged KV cache of `--block-size` tokens."""
     shape = TINY if args.quick else QWEN3_8B
     bf16_model = build_model(shape, args.layers, device, torch.bfloat16)
-    fp8_model = copy.deepcopy(bf16_model)
-    convert_to_fp8(fp8_model, PrecisionRecipe.preset("jetrl"))
-    base = dict(
-        max_new_tokens=args.max_len, stop_token_ids=[], pad_token_id=0, cuda_graphs=True, kv_block_size=args.block_size
-    )
-    engines = {
-        "bf16": NativeGenerationEngine(bf16_model, **base),
-        "fp8": NativeGenerationEngine(fp8_model, **base),
-        "fp8+kv": NativeGenerationEngine(fp8_model, kv_cache_dtype="fp8", **base),
-    }
     calib = torch.randint(1, shape["vocab_size"], (4, args.prompt_len), generator=torch.Generator().manual_seed(1))
-    engines["fp8+kv"].update_weights(kv_scales=calibrate(fp8_model, calib.to(device)))
-    if args.deep_gemm:  # the same engine and FP8 weights; its rollouts run with use_deep_gemm (`on_deep_gemm`)
-        engines["fp8+kv+deep_gemm"] = engines["fp8+kv"]
-    if args.torch_sampler:  # the same engine; its rollouts draw with the torch sampler (`on_torch_sampler`)
-        engines["fp8+kv torch sampler"] = engines["fp8+kv"]
+    engines = build_engines(
+        bf16_model, calib, deep_gemm=args.deep_gemm, torch_sampler=args.torch_sampler, max_new_tokens=args.max_len,
+        stop_token_ids=[], pad_token_id=0, cuda_graphs=True, kv_block_size=args.block_size,
+    )  # fmt: skip
     return engines, bf16_model
-
-
-def on_deep_gemm(fn, model: torch.nn.Module):
-    """`fn` run with `use_deep_gemm` in the recipe of `model`'s FP8 linears (the same FP8 weights; restored after), so
-    one resident model serves the cuBLAS and the DeepGEMM variant; each rollout captures its own CUDA graphs."""
-
-    def run():
-        layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-        recipes = [m.recipe for m in layers]
-        for m in layers:
-            m.recipe = dataclasses.replace(m.recipe, use_deep_gemm=True)
-        try:
-            return fn()
-        finally:
-            for m, recipe in zip(layers, recipes):
-                m.recipe = recipe
-
-    return run
-
-
-def on_torch_sampler(fn, engine: NativeGenerationEngine):
-    """`fn` run with the engine drawing through the torch sampler: top_k = the vocabulary filters nothing but keeps
-    the fused sampling kernel (`sample_kernel.py`) out (the same distribution, the previous per-step cost)."""
-
-    def run():
-        sampling = engine.sampling
-        engine.sampling = dataclasses.replace(sampling, top_k=engine.model.config.vocab_size)
-        try:
-            return fn()
-        finally:
-            engine.sampling = sampling
-
-    return run
 
 
 def rollout_fn(engine: NativeGenerationEngine, prompts, lengths, mode: str, args, record: dict):
@@ -172,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = device_info(device)
     check_deep_gemm(p, args, device)
-    engines, model = build_engines(args, device)
+    engines, model = build_queue_engines(args, device)
     gen = torch.Generator().manual_seed(0)
     if args.generations < 1 or args.queue % args.generations:
         p.error(f"--generations must divide --queue ({args.queue}), got {args.generations}")
@@ -201,12 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             records[name] = {}
             if mode == "cb":  # the fewest decode steps any first-come-first-served schedule takes (not timed)
                 records[name]["fcfs_steps"] = fcfs_decode_steps(lengths, args.concurrency, engine.sync_every)
-            fn = rollout_fn(engine, prompts, lengths, mode, args, records[name])
-            if name.endswith("deep_gemm"):
-                fn = on_deep_gemm(fn, engine.model)
-            if name.endswith("torch sampler"):
-                fn = on_torch_sampler(fn, engine)
-            fns[name] = fn
+            fns[name] = wrap_variant(name, rollout_fn(engine, prompts, lengths, mode, args, records[name]), engine)
         timings = alternating_timings(fns, args.warmup, args.repeats, device)
         for name in engines:
             t, rec = timings[name], records[name]

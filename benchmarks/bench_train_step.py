@@ -184,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also 'fp8 W^T cached': blockwise FP8 with policy.fp8_cfg.cache_dgrad_weight: true",
     )  # fmt: skip
     p.add_argument(
+        "--wgrad-tiles", action="store_true",
+        help="also 'fp8 wgrad 128x128': blockwise FP8 with policy.fp8_cfg.wgrad_x_blocks: 128x128 (faster WGrad GEMM)",
+    )  # fmt: skip
+    p.add_argument(
         "--rounds", type=int, default=0,
         help="build one variant at a time (shapes too large for all to be resident): N rounds, alternating order, "
         "--warmup + --steps steps per visit (the timed steps add up over the rounds)",
@@ -210,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(("fp8+deep_gemm", PrecisionRecipe.preset("jetrl", use_deep_gemm=True)))
     if args.cached_dgrad_weight:
         variants.append(("fp8 W^T cached", PrecisionRecipe.preset("jetrl", cache_dgrad_weight=True)))
+    if args.wgrad_tiles:
+        variants.append(("fp8 wgrad 128x128", PrecisionRecipe.preset("jetrl", wgrad_x_blocks="128x128")))
     graph_modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
     recipes = {
         name + ("+graphs" if graphs and args.cuda_graphs == "both" else ""): (recipe, graphs)

@@ -1,8 +1,8 @@
 """The figure of docs/performance.md from the benchmarks' JSON outputs (CPU is fine).
 
-    python3 benchmarks/plot_performance.py --rollout docs/assets/bench_rollout_h200.json \\
-        --train docs/assets/bench_train_step_h200.json --grpo docs/assets/bench_grpo_step_h200.json \\
-        --out docs/assets/performance_h200.png
+    python3 benchmarks/plot_performance.py --rollout docs/assets/rollout_l36_b128_g2048_alternating_h200_run1.json \\
+        --train docs/assets/train_l36_wgrad_tiles_causal_h200_run1.json \\
+        --grpo docs/assets/grpo_step_graphs_l16_h200_run1.json --out docs/assets/performance_h200.png
 """
 
 from __future__ import annotations

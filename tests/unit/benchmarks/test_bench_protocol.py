@@ -60,12 +60,13 @@ def test_train_step_benchmark_reports_median_and_range_per_variant(tmp_path, cap
 
 def test_train_step_benchmark_runs_every_fp8_recipe_side_by_side(tmp_path):
     bench = _load("bench_train_step")
-    argv = ["--quick", "--fp8-recipe", "rowwise", "tensorwise", "--out", str(tmp_path / "t.json")]
+    argv = ["--quick", "--fp8-recipe", "rowwise", "tensorwise", "--wgrad-tiles", "--out", str(tmp_path / "t.json")]
     assert bench.main(argv) == 0
     import json
 
     payload = json.loads((tmp_path / "t.json").read_text())
-    assert [r["variant"] for r in payload["results"]] == ["bf16", "fp8_rowwise", "fp8_tensorwise"]
+    variants = ["bf16", "fp8_rowwise", "fp8_tensorwise", "fp8 wgrad 128x128"]
+    assert [r["variant"] for r in payload["results"]] == variants
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in payload["results"])
 
 
@@ -103,3 +104,23 @@ def test_grpo_step_benchmark_alternates_and_train_forward_skips_the_logprob_pass
     for r in results.values():
         assert r["min_s"] <= r["median_s"] <= r["max_s"]
         assert 1.0 <= r["token_mult_prob_error"] < 1.5  # prev_logprobs filled in both modes (0 would read exp|gen|)
+
+
+def test_rollout_benchmark_times_every_variant_repeatedly_and_derives_the_decode_step(tmp_path):
+    bench = _load("bench_rollout")
+    assert bench.main(["--quick", "--out", str(tmp_path / "r.json")]) == 0
+    import json
+
+    payload = json.loads((tmp_path / "r.json").read_text())
+    results = payload["results"]
+    assert [r["variant"] for r in results] == ["bf16", "fp8", "fp8+kv"]
+    args = payload["args"]
+    for r in results:
+        assert len(r["total_times_s"]) == len(r["prefill_times_s"]) == args["repeats"] == 2
+        assert r["total_s"] == pytest.approx(sorted(r["total_times_s"])[0] / 2 + sorted(r["total_times_s"])[1] / 2)
+        assert r["decode_step_ms"] == pytest.approx(1e3 * (r["total_s"] - r["prefill_s"]) / (args["gen_len"] - 1))
+        assert r["output_tokens_per_s"] == pytest.approx(args["batch"] * args["gen_len"] / r["total_s"])
+        assert r["speedup_vs_bf16"] == pytest.approx(results[0]["total_s"] / r["total_s"])
+    # FP8 weights: e4m3 bytes + fp32 scales < half of bf16's; FP8 KV halves the cache bytes read
+    assert results[1]["bytes_per_step_gb"] < results[0]["bytes_per_step_gb"]
+    assert results[2]["bytes_per_step_gb"] < results[1]["bytes_per_step_gb"]
