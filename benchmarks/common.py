@@ -160,6 +160,12 @@ def _nvidia_smi_clocks(index: int) -> str | None:
     return f"sm {sm} MHz (max {sm_max}), mem {mem} MHz"
 
 
+def alternating_rounds(names: list[str], rounds: int):
+    """(round index, the variants' order in it): as given in even rounds, reversed in odd ones (A, B, then B, A)."""
+    for i in range(rounds):
+        yield i, names if i % 2 == 0 else names[::-1]
+
+
 def alternating_timings(
     variants: dict[str, Callable[[], object]], warmup: int, steps: int, device: torch.device,
     intervals: dict[str, list[tuple[float, float]]] | None = None,
@@ -170,8 +176,8 @@ def alternating_timings(
     end) on the host's monotonic clock is appended under its variant (for `gpu_clocks.per_variant`)."""  # fmt: skip
     names = list(variants)
     out = {n: {"times_s": [], "step_peak_gb": 0.0} for n in names}
-    for i in range(warmup + steps):
-        for name in names if i % 2 == 0 else names[::-1]:
+    for i, order in alternating_rounds(names, warmup + steps):
+        for name in order:
             base = 0
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -188,6 +194,40 @@ def alternating_timings(
     for r in out.values():
         summarize_times(r)
     return out
+
+
+def alternating_graph_times(variants: dict[str, list[Callable[[], object]]], replays: int = 7) -> dict[str, dict]:
+    """Kernel timing as a captured decode step sees it: each variant's calls run once eagerly (JIT, allocations),
+    are captured back to back in one CUDA graph, and the graphs are replayed in `replays` rounds after one warm-up
+    round, the order alternating (A, B, then B, A, ...). Per variant: microseconds per call, median, min and max
+    over the rounds (CUDA events around each replay)."""
+    graphs = {}
+    for name, calls in variants.items():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for call in calls:
+                call()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[name]):
+            for call in calls:
+                call()
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for i, order in alternating_rounds(list(graphs), replays + 1):
+        for name in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            if i:  # round 0 warms up
+                times[name].append(1e3 * start.elapsed_time(end) / len(variants[name]))
+    return {
+        name: {"us": statistics.median(t), "min_us": min(t), "max_us": max(t), "replays": len(t)}
+        for name, t in times.items()
+    }
 
 
 def summarize_times(record: dict) -> None:

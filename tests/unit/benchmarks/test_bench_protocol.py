@@ -124,3 +124,9 @@ def test_rollout_benchmark_times_every_variant_repeatedly_and_derives_the_decode
     # FP8 weights: e4m3 bytes + fp32 scales < half of bf16's; FP8 KV halves the cache bytes read
     assert results[1]["bytes_per_step_gb"] < results[0]["bytes_per_step_gb"]
     assert results[2]["bytes_per_step_gb"] < results[1]["bytes_per_step_gb"]
+
+
+def test_rounds_alternate_the_variant_order():
+    common = _load("common")
+    rounds = list(common.alternating_rounds(["a", "b", "c"], 3))
+    assert rounds == [(0, ["a", "b", "c"]), (1, ["c", "b", "a"]), (2, ["a", "b", "c"])]
