@@ -24,23 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report  # noqa: E402
+from rollout_engines import calibrate  # noqa: E402
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
 from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant  # noqa: E402
-from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, rollout_mode  # noqa: E402
+from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8  # noqa: E402
 from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
-from nemo_jetrl.precision.kv import QKVCalibrator  # noqa: E402
-
-
-@torch.no_grad()
-def kv_scales(model, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-layer (k, v) FP8 scales from one forward over `prompts` [B, S] (the trainer's calibration hook)."""
-    calib = QKVCalibrator(model.config.num_hidden_layers)
-    mask = torch.ones_like(prompts)
-    with rollout_mode(model):
-        decoder_forward(model, prompts, position_ids_from_mask(mask), mask, attn_hook=calib)
-    return calib.scales().kv
 
 
 def mode_parts(mode: str) -> tuple[ExactParts | None, bool]:
@@ -72,7 +61,7 @@ def engines(preset: str, shape: dict, args, prompt_t: torch.Tensor, device) -> d
             cuda_graphs=device.type == "cuda",
         )  # fmt: skip
         if recipe.kv_fp8:  # one set of scales for both (calibrated on the fast copy: same weights)
-            scales = scales if scales is not None else kv_scales(model, prompt_t[: min(8, len(prompt_t))].to(device))
+            scales = scales if scales is not None else calibrate(model, prompt_t[: min(8, len(prompt_t))].to(device))
             engine.update_weights(kv_scales=scales)
         out[mode] = engine
     return out

@@ -201,19 +201,9 @@ def alternating_graph_times(variants: dict[str, list[Callable[[], object]]], rep
     are captured back to back in one CUDA graph, and the graphs are replayed in `replays` rounds after one warm-up
     round, the order alternating (A, B, then B, A, ...). Per variant: microseconds per call, median, min and max
     over the rounds (CUDA events around each replay)."""
-    graphs = {}
-    for name, calls in variants.items():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for call in calls:
-                call()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graphs[name] = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graphs[name]):
-            for call in calls:
-                call()
+    from nemo_jetrl.precision.kernels.triton_gemm import capture_graph
+
+    graphs = {name: capture_graph(calls) for name, calls in variants.items()}
     times: dict[str, list[float]] = {name: [] for name in graphs}
     for i, order in alternating_rounds(list(graphs), replays + 1):
         for name in order:

@@ -197,9 +197,8 @@ def cold_copies(weight_bytes: int, device: torch.device, most: int = 32) -> int:
     return max(2, min(most, -(-2 * l2 // max(weight_bytes, 1))))
 
 
-def time_in_graph(calls: list, replays: int = 7) -> float:
-    """Median milliseconds per call of `calls` run back to back inside one CUDA graph (no CPU launch overhead in
-    the figure, as in the rollout's captured decode step). The calls run once eagerly first (JIT, allocations)."""
+def capture_graph(calls: list) -> torch.cuda.CUDAGraph:
+    """`calls` run once eagerly on a side stream (JIT, allocations), then captured back to back in one CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -211,6 +210,13 @@ def time_in_graph(calls: list, replays: int = 7) -> float:
     with torch.cuda.graph(graph):
         for call in calls:
             call()
+    return graph
+
+
+def time_in_graph(calls: list, replays: int = 7) -> float:
+    """Median milliseconds per call of `calls` run back to back inside one CUDA graph (no CPU launch overhead in
+    the figure, as in the rollout's captured decode step). The calls run once eagerly first (JIT, allocations)."""
+    graph = capture_graph(calls)
     graph.replay()
     times = []
     for _ in range(replays):
