@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_graph_times, parse_gpu_bench, print_table, write_json  # noqa: E402
+from common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json  # noqa: E402
 
 VARIANTS = (("bf16", "triton"), ("fp8", "triton"), ("fp8", "cuda"))
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 moved = 2 * bsz * kv_heads * keys * dim * caches[cache][0].element_size()
                 results.append({
                     "cache": cache, "impl": impl, "batch": bsz, "keys": keys, "us": t["us"],
-                    "us_range": f"{t['us']:.1f} ({t['min_us']:.1f}-{t['max_us']:.1f})", "tbs": moved / t["us"] / 1e6,
+                    "us_range": us_range(t), "tbs": moved / t["us"] / 1e6,
                     "vs_bf16": timings["bf16 triton"]["us"] / t["us"], "rel_err": errors[cache, impl],
                 })  # fmt: skip
                 print(results[-1], flush=True)

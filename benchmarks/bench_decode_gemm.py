@@ -6,8 +6,9 @@ FP8 kernel (vs DeepGEMM where it imports), on Qwen3-8B projection shapes, side b
 At decode the product reads the whole weight for a few rows, so the figure of merit is weight bytes / time
 against the HBM peak. Every figure is GPU time as the rollout's captured decode step sees it: the calls replayed
 inside a CUDA graph (no CPU launch overhead) and cycling over enough weight copies that each call reads its
-weight from HBM, not L2; the variants' graphs replay in alternating rounds (`common.alternating_graph_times`). "qkv" and "gate+up" are the grouped projections (one GEMM
-over the q/k/v or gate/up FP8 weights that `precision.weight_group` keeps in one buffer). Also times the
+weight from HBM, not L2; the variants' graphs replay in alternating rounds (`common.alternating_graph_times`).
+"qkv" and "gate+up" are the grouped projections (one GEMM over the q/k/v or gate/up FP8 weights that
+`precision.weight_group` keeps in one buffer). Also times the
 activation quantizer, once per input (what q/k/v and gate/up share).
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_graph_times, parse_gpu_bench, print_table, write_json  # noqa: E402
+from common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json  # noqa: E402
 
 # (name, N, K): Qwen3-8B projections, separate and grouped
 SHAPES = [
@@ -33,10 +34,6 @@ ROWS = [16, 64, 128, 256, 512]
 def cycled(make_call, weights: list) -> list:
     """One call of make_call(weight) per weight copy: replayed back to back, each reads its weight from HBM."""
     return [lambda w=w: make_call(w) for w in weights]
-
-
-def fmt_us(t: dict) -> str:
-    return f"{t['us']:.1f} ({t['min_us']:.1f}-{t['max_us']:.1f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             t = alternating_graph_times(variants, args.replays)
             r = {
                 "shape": name, "N": n, "K": k, "M": m, "timings": t,
-                **{f"{v}_us": t[v]["us"] for v in t}, **{f"{v}_range": fmt_us(t[v]) for v in t},
+                **{f"{v}_us": t[v]["us"] for v in t}, **{f"{v}_range": us_range(t[v]) for v in t},
                 "triton_rel_err": float((tri - ref).norm() / ref.norm()),
                 "triton_config": list(best_config(xq, wq, torch.bfloat16, False, library=None)),
                 "auto_choice": "triton" if best_config(xq, wq, torch.bfloat16, False, library="scaled_mm") else "scaled_mm",

@@ -201,23 +201,24 @@ def alternating_graph_times(variants: dict[str, list[Callable[[], object]]], rep
     are captured back to back in one CUDA graph, and the graphs are replayed in `replays` rounds after one warm-up
     round, the order alternating (A, B, then B, A, ...). Per variant: microseconds per call, median, min and max
     over the rounds (CUDA events around each replay)."""
-    from nemo_jetrl.precision.kernels.triton_gemm import capture_graph
+    from nemo_jetrl.precision.kernels.triton_gemm import capture_graph, replay_ms
 
     graphs = {name: capture_graph(calls) for name, calls in variants.items()}
     times: dict[str, list[float]] = {name: [] for name in graphs}
     for i, order in alternating_rounds(list(graphs), replays + 1):
         for name in order:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs[name].replay()
-            end.record()
-            end.synchronize()
+            us = 1e3 * replay_ms(graphs[name]) / len(variants[name])
             if i:  # round 0 warms up
-                times[name].append(1e3 * start.elapsed_time(end) / len(variants[name]))
+                times[name].append(us)
     return {
         name: {"us": statistics.median(t), "min_us": min(t), "max_us": max(t), "replays": len(t)}
         for name, t in times.items()
     }
+
+
+def us_range(t: dict) -> str:
+    """'median (min-max)' of an `alternating_graph_times` entry, in us."""
+    return f"{t['us']:.1f} ({t['min_us']:.1f}-{t['max_us']:.1f})"
 
 
 def summarize_times(record: dict) -> None:

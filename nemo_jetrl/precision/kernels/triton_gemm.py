@@ -213,18 +213,21 @@ def capture_graph(calls: list) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    """Milliseconds of one replay of `graph` (CUDA events around it, waited for)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_in_graph(calls: list, replays: int = 7) -> float:
     """Median milliseconds per call of `calls` run back to back inside one CUDA graph (no CPU launch overhead in
     the figure, as in the rollout's captured decode step). The calls run once eagerly first (JIT, allocations)."""
     graph = capture_graph(calls)
     graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(calls))
+    times = [replay_ms(graph) / len(calls) for _ in range(replays)]
     del graph
     return sorted(times)[len(times) // 2]
