@@ -188,6 +188,35 @@ def test_kl_penalty(token_level):
         clipped_pg_loss(logp, old, gen, ADV, MASK, cfg)
 
 
+def test_seq_mask_tis_keeps_sequences_by_their_geometric_mean_ratio():
+    """Each row separates the geometric mean over the row's own tokens from a plausible wrong statistic (the
+    product, the arithmetic mean, the log-mean over the padded width): bounds [0.5, 1.5]."""
+    w = torch.tensor(
+        [
+            [1.3, 1.3, 1.3],  # geo 1.3 kept; product 2.197 would drop it
+            [0.7, 0.7, 0.7],  # geo 0.7 kept; product 0.343 would drop it
+            [1.6, 1.6, 9.0],  # 2 tokens: geo 1.6 dropped; exp(sum / 3 columns) = 1.37 would keep it
+            [4.0, 0.3, 1.0],  # geo 1.2^(1/3) = 1.063 kept; arithmetic mean 1.77 would drop it
+            [0.2, 2.0, 2.0],  # geo 0.8^(1/3) = 0.928 kept; the max (2) / min (0.2) would drop it
+        ],
+        dtype=F64,
+    )
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    old = -torch.rand(5, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    gen = old - w.log()
+    cfg = CASES["seq_mask_tis"][0]
+    weights, oob = importance_weights(old, gen, mask, cfg)
+    kept = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0], dtype=F64)
+    torch.testing.assert_close(weights, w * mask * kept[:, None], rtol=1e-12, atol=0)  # kept rows: raw w
+    assert oob.tolist() == [[False] * 3, [False] * 3, [True, True, False], [False] * 3, [False] * 3]
+    logp = old.clone().requires_grad_()  # r = 1: pg = -A on every token
+    adv = torch.tensor([1.0, -1.0, 2.0, 0.5, -0.5], dtype=F64)
+    loss, metrics = clipped_pg_loss(logp, old, gen, adv, mask, cfg)
+    expected = -(adv[:, None] * w * mask * kept[:, None]).sum() / mask.sum()
+    assert loss.item() == pytest.approx(float(expected), rel=1e-12)
+    assert metrics["is_oob_ratio"] == pytest.approx(1 / 5, rel=1e-6)  # one of five sequences (a float32 ratio)
+
+
 @pytest.mark.parametrize("name", ["none", "tis_min", "icepop", "seq_mask_tis"])
 def test_padding_values_change_nothing(name):
     cfg = {**CASES[name][0], "reference_policy_kl_penalty": 0.05}
