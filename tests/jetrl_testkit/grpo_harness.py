@@ -10,7 +10,8 @@ steps per GRPO step, reordering rollouts):
 
 The expected advantages are recomputed from the decoded rows alone (prompt text -> group, response text ->
 reward), in float64 with NeMo-RL's formulas written out here, so a batch whose rewards, advantages, groups or
-logprob rows were paired with the wrong sequence fails.
+logprob rows were paired with the wrong sequence fails. `ScriptedEngine` replaces the sampled responses with given
+ones (e.g. lengths that reward shaping penalizes).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_jetrl.environments.interfaces import Problem
+from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.policy.interfaces import TrainBatch
 
 EPS = 1e-6  # advantages.group_advantages' default eps
@@ -65,6 +67,46 @@ class ScriptedTask:
     def score(self, responses: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
         self.scored.append((list(responses), list(answers)))
         return torch.tensor([scripted_reward(a, r) for r, a in zip(responses, answers)], dtype=torch.float32)
+
+
+class ScriptedEngine:
+    """A rollout engine whose responses are given: `responses[prompt text]` lists the G response texts of that
+    prompt's group, in order (each completed by the stop token); everything but `generate` is the real engine's.
+    The rollout logprobs are the real engine's scores of these tokens, so trainer and rollout still agree."""
+
+    def __init__(self, engine, tokenizer, responses: dict[str, list[str]]) -> None:
+        self.engine, self.tokenizer, self.responses = engine, tokenizer, responses
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def generate(self, prompt_ids: list[list[int]], *, greedy: bool = False, generator=None) -> GenerationOutput:
+        tok, served = self.tokenizer, {}
+        rows = []
+        for ids in prompt_ids:
+            text = tok.decode(ids, skip_special_tokens=True)
+            k = served[text] = served.get(text, -1) + 1
+            response = tok(self.responses[text][k], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            rows.append((list(ids), response))
+        width = max(len(p) for p, _ in rows)
+        total = width + max(len(r) for _, r in rows)
+        ids = torch.full((len(rows), total), tok.pad_token_id, dtype=torch.long)  # [B, S]
+        attention, response = torch.zeros_like(ids), torch.zeros_like(ids)
+        for i, (prompt, resp) in enumerate(rows):
+            ids[i, width - len(prompt) : width] = torch.tensor(prompt)
+            ids[i, width : width + len(resp)] = torch.tensor(resp)
+            attention[i, width - len(prompt) : width + len(resp)] = 1
+            response[i, width : width + len(resp)] = 1
+        logprobs = self.engine.score(ids, attention, width).float() * response  # [B, S]
+        return GenerationOutput(
+            input_ids=ids,
+            attention_mask=attention,
+            response_mask=response,
+            generation_logprobs=logprobs,
+            prompt_length=width,
+            response_lengths=response.sum(-1),
+            finished=torch.ones(len(rows), dtype=torch.bool),
+        )
 
 
 def record_train(run, passthrough: bool = True) -> list[TrainBatch]:

@@ -11,10 +11,20 @@ import itertools
 from pathlib import Path
 
 import pytest
-from jetrl_testkit.grpo_harness import ScriptedTask, check_train_batch, record_train, responses_by_prompt
+import torch
+from jetrl_testkit.grpo_harness import (
+    ScriptedEngine,
+    ScriptedTask,
+    check_train_batch,
+    decode_rows,
+    record_train,
+    reference_advantages,
+    responses_by_prompt,
+)
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.environments.interfaces import Problem
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
@@ -93,3 +103,55 @@ def _check_switches(run, group, switches, first_step=0) -> list[dict[str, float]
             assert (batch.advantages != 0).sum() > group, "too few nonzero advantages to test the pairing"
         out.append(metrics)
     return out
+
+
+class FirstDigitTask:
+    """Three fixed prompts; a response's reward is its first digit / 8 (exact in float32)."""
+
+    PROMPTS = ("1+1=", "12+3=", "4+56=")
+
+    def train_batch(self, step: int, n: int) -> list[Problem]:
+        return [Problem(prompt=p, answer="") for p in self.PROMPTS[:n]]
+
+    def score(self, responses, answers) -> torch.Tensor:
+        return torch.tensor([int(r[0]) / 8 for r in responses], dtype=torch.float32)
+
+
+def test_zero_advantage_groups_are_dropped_on_the_shaped_rewards(run):
+    """Overlong shaping (max_response_length 4, buffer 4, penalty 1: -L / 4 for L tokens with the stop token) over
+    scripted responses: "2"/"22" (raw 0.25, 0.25) shapes to -0.25, -0.5 (kept: its advantages are not zero);
+    "2"/"44" (raw 0.25, 0.5) shapes to -0.25, -0.25 (dropped). Filtering on the raw rewards would do the opposite."""
+    a, b, c = FirstDigitTask.PROMPTS
+    script = {a: ["2", "6"], b: ["2", "22"], c: ["2", "44"]}
+    shaped = {a: [-0.25, 0.25], b: [-0.25, -0.5], c: [-0.25, -0.25]}
+    g, policy_cfg = run.cfg["grpo"], run.cfg["policy"]
+    saved = (run.engine, run.task, dict(g), policy_cfg["train_global_batch_size"])
+    shaping = dict(enabled=True, overlong_buffer_length=4, overlong_buffer_penalty=1.0, max_response_length=4)
+    g.update(
+        num_prompts_per_step=3,
+        num_generations_per_prompt=2,
+        normalize_rewards=True,
+        use_leave_one_out_baseline=False,
+        drop_zero_advantage_groups=True,
+        use_dynamic_sampling=False,
+        reward_shaping={**g["reward_shaping"], **shaping},
+    )
+    policy_cfg["train_global_batch_size"] = 6
+    run.engine, run.task = ScriptedEngine(run.engine, run.policy.tokenizer, script), FirstDigitTask()
+    before = len(run.calls)
+    try:
+        run.next_batch = 0
+        metrics = grpo.grpo_step(run, 0, Timer(), RunProgress(1, enabled=False))
+    finally:
+        run.engine, run.task = saved[0], saved[1]
+        g.clear()
+        g.update(saved[2])
+        policy_cfg["train_global_batch_size"] = saved[3]
+    assert len(run.calls) == before + 1
+    batch = run.calls[-1]
+    rows = decode_rows(batch, run.policy.tokenizer)
+    assert rows == [(a, "2"), (a, "6"), (b, "2"), (b, "22")]
+    expected = reference_advantages(shaped[a], False, True) + reference_advantages(shaped[b], False, True)
+    torch.testing.assert_close(batch.advantages.double(), torch.tensor(expected, dtype=torch.float64))
+    assert metrics["kept_fraction"] == pytest.approx(4 / 6)
+    assert metrics["reward_mean"] == pytest.approx(sum(sum(v) for v in shaped.values()) / 6)  # shaped, every sample
