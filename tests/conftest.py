@@ -55,6 +55,7 @@ SLOW_MODULES_FIRST = [
     "functional/test_run_eval.py",  # 13
     "unit/precision/test_batch_invariant_gemm.py",  # 12
     "functional/test_accuracy_study.py",  # 12
+    "functional/test_resume_position.py",  # 12
     "unit/config/test_schema.py",  # 11
     "functional/test_grpo_nemo_rl_semantics.py",  # 11
     "unit/models/test_batch_invariant_attention.py",  # 11

@@ -86,6 +86,32 @@ def test_post_step_pass_calibrates_on_the_updated_weights():
     assert torch.equal(fresh.calibrate_kv_scales(batch).k, after.k)
 
 
+def _equal_parts(a, b) -> list[str]:
+    """Which of the q / k / v scales of two KVScales are bitwise equal."""
+    return [n for n in ("q", "k", "v") if torch.equal(getattr(a, n), getattr(b, n))]
+
+
+def test_post_step_pass_calibrates_on_every_optimizer_steps_rows():
+    """train_global_batch_size < samples: two optimizer steps in one GRPO step; the post-step pass runs over both
+    steps' rows (one micro-batch of 24), not the last step's 8, which alone give other scales."""
+    policy, loss_fn = _policy("post_step")
+    rows = _batch(policy, 24)
+    first, last = rows.select(slice(0, 16)), rows.select(slice(16, 24))
+    before = policy.calibrate_kv_scales(first)
+    policy.optimizer.param_groups[0]["lr"] = 1e-2
+    metrics = policy.train([first, last], loss_fn)
+    assert metrics["num_optimizer_steps"] == 2.0
+    policy.prepare_refit()
+    after = policy.kv_scales
+    fresh, _ = _policy("post_step")
+    fresh.model.load_state_dict(policy.model.state_dict())
+    fresh.set_kv_scales(before)
+    both = fresh.calibrate_kv_scales(TrainBatch.cat([first, last]))
+    assert _equal_parts(after, both) == ["q", "k", "v"]
+    fresh.set_kv_scales(before)
+    assert _equal_parts(after, fresh.calibrate_kv_scales(last)) != ["q", "k", "v"]  # (seen: q and v differ)
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fused", "deterministic"])
 def test_grpo_steps_with_fp8_kv_stay_on_policy(deterministic, tmp_path):
     """jetrl_kv end to end: bootstrap scales, rollout on the FP8 cache, trainer fake-quant with the same scales,
