@@ -39,7 +39,7 @@ SLOW_MODULES_FIRST = [
     "functional/test_resume.py",  # 47
     "functional/test_reward_rises.py",  # 45
     "unit/models/test_fused_train_kernels.py",  # 36
-    "unit/distributed/test_tensor_parallel_gloo.py",  # 30
+    "unit/distributed/test_tensor_parallel_gloo.py",  # 38
     "functional/test_grpo_tiny.py",  # 30
     "functional/test_kv_budget_grpo.py",  # 30
     "unit/models/test_fused_rollout_kernels.py",  # 28

@@ -17,7 +17,9 @@ hold on both; `K_SPLIT_EXACT` (a probe of this host) tightens them to bitwise wh
   (AMD: 0.04%; Adam's first step is ~lr * sign(g), and a gradient within rounding of 0 may flip), scales 1e-6
   relative;
 - the rollout after the update: greedy tokens equal where the host is exact (elsewhere the weights are a sign
-  flip apart in places, and greedy decoding amplifies that).
+  flip apart in places, and greedy decoding amplifies that);
+- the FP8 KV scales of a calibrating pass (`kv_rank_check.py`, `DataParallelPolicy` vs `NativePolicy`): bitwise
+  under DP=2; under TP=2 bitwise in layer 0 and where the host is exact (elsewhere 1e-5 relative; measured 5e-7).
 """
 
 from __future__ import annotations
@@ -37,24 +39,30 @@ TILES = 4 / (2 * 128 * 128)  # FP8 bytes / BF16 bytes = 0.5 + one fp32 scale per
 
 
 LAYOUTS = {"tp2": (1, 2), "tp2_dp2": (2, 2)}  # name -> (dp, tp)
+KV_LAYOUTS = {"kv_tp2": (1, 2), "kv_dp2": (2, 1)}  # kv_rank_check.py: FP8 KV scales of a calibrating pass
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> dict[str, list[dict]]:
-    """Both layouts' ranks, one launch after the other from one launcher that imported torch once (torchrun's
+    """Every layout's ranks, one launch after the other from one launcher that imported torch once (torchrun's
     environment, jetrl_testkit/forkrun.py): name -> what each rank observed."""
     tmp = tmp_path_factory.mktemp("tp")
+    layouts = {**LAYOUTS, **KV_LAYOUTS}
     launches = [
         (HERE / "tp_rank_check.py", dp * tp, [str(dp), str(tp), str(tmp / name), "float32"])
         for name, (dp, tp) in LAYOUTS.items()
     ]
-    for name in LAYOUTS:
+    launches += [
+        (HERE / "kv_rank_check.py", dp * tp, [str(dp), str(tp), str(tmp / name)])
+        for name, (dp, tp) in KV_LAYOUTS.items()
+    ]
+    for name in layouts:
         (tmp / name).mkdir()
     proc = run_launches(launches)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {
         name: [torch.load(tmp / name / f"rank{r}.pt", weights_only=False) for r in range(dp * tp)]
-        for name, (dp, tp) in LAYOUTS.items()
+        for name, (dp, tp) in layouts.items()
     }
 
 
@@ -137,6 +145,32 @@ def test_tp2_x_dp2_training_step_and_rollout_equal_one_process(tp2_dp2):
     _check_step(tp2_dp2, dp=2, tp=2)
     _check_refit_bytes(tp2_dp2)
     _check_rollout(tp2_dp2)
+
+
+def _kv_parts(scales: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.stack([scales[n] for n in ("q", "k", "v")])  # [3, L]
+
+
+def test_dp2_kv_scales_equal_the_single_process_bitwise(launched):
+    """Data parallel (gathered per-chunk records replayed in chunk order, kv_sync): the rank holding two of the three
+    logprob micro-batches and the one holding one both get the single process's scales, bit for bit."""
+    ranks = launched["kv_dp2"]
+    assert [r["num_chunks"] for r in ranks] == [2, 1]
+    for r in ranks:
+        assert torch.equal(_kv_parts(r["ranks"]), _kv_parts(r["single"]))
+
+
+def test_tp2_kv_scales_take_the_max_over_the_heads_of_both_ranks(launched):
+    """Tensor parallel (each rank sees half the heads; the amax is all-reduced with MAX): layer 0's Q/K/V come from
+    column-parallel projections of the embeddings, so its scales equal the single process's bitwise; deeper layers
+    read a row-parallel sum, bitwise only where this host's GEMM K-split is exact (else within float32 rounding).
+    Both ranks hold the same scales."""
+    ranks = launched["kv_tp2"]
+    assert sorted(r["tp_rank"] for r in ranks) == [0, 1]
+    assert torch.equal(_kv_parts(ranks[0]["ranks"]), _kv_parts(ranks[1]["ranks"]))
+    got, want = _kv_parts(ranks[0]["ranks"]), _kv_parts(ranks[0]["single"])  # [3, L]
+    assert torch.equal(got[:, 0], want[:, 0])
+    torch.testing.assert_close(got, want, rtol=0 if K_SPLIT_EXACT else 1e-5, atol=0)
 
 
 # ---- layout checks (no ranks) -------------------------------------------------------------------------------

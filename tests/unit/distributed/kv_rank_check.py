@@ -1,0 +1,84 @@
+"""One rank of `test_tensor_parallel_gloo.py`'s KV-scale check (torchrun-style ranks, gloo): the FP8 KV scales of a
+`DataParallelPolicy` calibrating pass (TP x DP layout) and those of the single-process `NativePolicy` over the same
+batch, computed on this rank. Writes rank<r>.pt.
+
+argv: dp tp out_dir
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tp_rank_check import SHAPE
+
+from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.distributed.data_split import assign_contiguous, per_rank
+from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
+from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.micro_batches import plan_micro_batches
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import PrecisionRecipe
+
+CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"
+ROWS, SEQ = 10, 12  # logprob micro-batches of 4 rows: [0, 4) [4, 8) [8, 10); under DP 2 the second rank runs one
+
+
+def policy_config(tp: int) -> dict:
+    overrides = [
+        "policy.logprob_batch_size=4",
+        "policy.compute_dtype=float32",
+        "policy.fp8_cfg.train_kv_fake_quant=false",
+    ]
+    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()["policy"]
+    cfg["dtensor_cfg"]["tensor_parallel_size"] = tp  # as a Ray worker gets it (the local backend refuses TP)
+    return cfg
+
+
+def batch() -> TrainBatch:
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(3, 32, (ROWS, SEQ), generator=g)
+    mask = torch.ones(ROWS, SEQ, dtype=torch.long)
+    for r in range(ROWS):
+        mask[r, : r % 4] = 0  # left pads
+    response = torch.zeros_like(mask)
+    response[:, -4:] = 1
+    zeros = torch.zeros(ROWS, SEQ)
+    return TrainBatch(ids, mask, response, torch.zeros(ROWS), zeros)
+
+
+def main() -> None:
+    dp, tp, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    cfg = policy_config(tp)
+    recipe = PrecisionRecipe.from_config(cfg)
+    assert recipe.kv_fp8 and recipe.linear_fp8
+    base = random_tiny_qwen3(0, **SHAPE)
+    rows = batch()
+    single = NativePolicy(cfg, recipe, torch.device("cpu"), model=copy.deepcopy(base)).calibrate_kv_scales(rows)
+    policy = DataParallelPolicy(
+        copy.deepcopy(base), policy_cfg=cfg, recipe=recipe, device=torch.device("cpu"), pad_token_id=0,
+        stop_token_ids=[2],
+    )  # fmt: skip
+    blocks = assign_contiguous(plan_micro_batches(rows.attention_mask, cfg, "logprob"), dp)
+    chunks = per_rank([[rows.window(p.rows, p.cols) for p in block] for block in blocks], tp)[dist.get_rank()]
+    scales = policy.calibrate_kv(chunks, max(map(len, blocks)), rows.select(slice(0, 1)))
+    torch.save(
+        {
+            "single": {n: getattr(single, n).cpu() for n in ("q", "k", "v")},
+            "ranks": {n: getattr(scales, n).cpu() for n in ("q", "k", "v")},
+            "num_chunks": len(chunks),
+            "tp_rank": policy.tp_rank,
+        },
+        f"{out_dir}/rank{dist.get_rank()}.pt",
+    )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
