@@ -94,7 +94,9 @@ def test_quick_study_runs_every_stage(tmp_path, monkeypatch):
         assert s["response_length_last"] > 0 and s["timing_median_s"]["total_step_time"] > 0
     # BF16 training with an FP8 rollout scores tokens the trainer computes differently: more mismatch than unified
     assert arms["fp8_rollout_only"]["token_mult_prob_error_mean"] > arms["fp8"]["token_mult_prob_error_mean"]
-    assert arms["fp8_rollout_only_tis"]["is_oob_ratio_mean"] is not None
+    tis_metrics = (out / "arms" / "fp8_rollout_only_tis" / "metrics.jsonl").read_text().splitlines()
+    oob = [row["train/is_oob_ratio"] for row in map(json.loads, tis_metrics) if "train/is_oob_ratio" in row]
+    assert len(oob) == 2 and arms["fp8_rollout_only_tis"]["is_oob_ratio_mean"] == pytest.approx(sum(oob) / 2)
     assert summary["mean"]["bf16"]["reward_last"] == arms["bf16"]["reward_last"]  # one run: the mean is that run
 
     for name in ("reward.png", "heldout.png", "mismatch_position.png", "mismatch_steps.png", "summary.json"):
