@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tp_rank_check import SHAPE
+from tp_rank_check import SHAPE, batch
 
 from nemo_jetrl.config import load_config, validate_config
 from nemo_jetrl.distributed.data_split import assign_contiguous, per_rank
@@ -25,30 +25,17 @@ from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"
-ROWS, SEQ = 10, 12  # logprob micro-batches of 4 rows: [0, 4) [4, 8) [8, 10); under DP 2 the second rank runs one
 
 
 def policy_config(tp: int) -> dict:
     overrides = [
-        "policy.logprob_batch_size=4",
+        "policy.logprob_batch_size=3",  # tp_rank_check's 8 rows: [0, 3) [3, 6) [6, 8); under DP 2 rank 1 runs one
         "policy.compute_dtype=float32",
         "policy.fp8_cfg.train_kv_fake_quant=false",
     ]
     cfg = validate_config(load_config(CONFIG, overrides)).model_dump()["policy"]
     cfg["dtensor_cfg"]["tensor_parallel_size"] = tp  # as a Ray worker gets it (the local backend refuses TP)
     return cfg
-
-
-def batch() -> TrainBatch:
-    g = torch.Generator().manual_seed(11)
-    ids = torch.randint(3, 32, (ROWS, SEQ), generator=g)
-    mask = torch.ones(ROWS, SEQ, dtype=torch.long)
-    for r in range(ROWS):
-        mask[r, : r % 4] = 0  # left pads
-    response = torch.zeros_like(mask)
-    response[:, -4:] = 1
-    zeros = torch.zeros(ROWS, SEQ)
-    return TrainBatch(ids, mask, response, torch.zeros(ROWS), zeros)
 
 
 def main() -> None:
@@ -59,7 +46,8 @@ def main() -> None:
     recipe = PrecisionRecipe.from_config(cfg)
     assert recipe.kv_fp8 and recipe.linear_fp8
     base = random_tiny_qwen3(0, **SHAPE)
-    rows = batch()
+    ids, mask, response, _ = batch()
+    rows = TrainBatch(ids, mask, response, torch.zeros(len(ids)), torch.zeros(ids.shape))
     single = NativePolicy(cfg, recipe, torch.device("cpu"), model=copy.deepcopy(base)).calibrate_kv_scales(rows)
     policy = DataParallelPolicy(
         copy.deepcopy(base), policy_cfg=cfg, recipe=recipe, device=torch.device("cpu"), pad_token_id=0,
