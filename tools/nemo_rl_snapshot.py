@@ -20,7 +20,6 @@ import ast
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -42,12 +41,14 @@ OPEN = {"dict", "Dict", "Mapping", "MutableMapping", "Any", "DictConfig"}
 WRAPPERS = {"NotRequired", "Required", "Optional", "Annotated", "Union", "ReadOnly"}
 
 
-@dataclass
 class Module:
-    name: str
-    classes: dict[str, ast.ClassDef] = field(default_factory=dict)
-    imports: dict[str, tuple[str, str]] = field(default_factory=dict)  # local name -> (module, name)
-    aliases: dict[str, ast.expr] = field(default_factory=dict)  # module-level type aliases
+    """One module's classes, `from x import y` names (local name -> (module, name)) and module-level type aliases."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.classes: dict[str, ast.ClassDef] = {}
+        self.imports: dict[str, tuple[str, str]] = {}
+        self.aliases: dict[str, ast.expr] = {}
 
 
 def read_modules(snapshot: Path) -> dict[str, Module]:
@@ -195,8 +196,9 @@ def defined_keys(snapshot: Path) -> list[str]:
     out: set[str] = set()
     tree.keys((ROOT_MODULE, ROOT_CLASS), "", out)
     for section, ref in ENV_SECTIONS.items():
-        out.add(f"env.{section}")
-        tree.keys(ref, f"env.{section}.", out)
+        if ref[1] in getattr(tree.modules.get(ref[0]), "classes", {}):
+            out.add(f"env.{section}")
+            tree.keys(ref, f"env.{section}.", out)
     return sorted(out)
 
 
