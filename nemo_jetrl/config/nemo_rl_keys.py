@@ -11,11 +11,9 @@ line or a field (a test holds it). The docs table (docs/nemo_rl.md) is written f
 
 from __future__ import annotations
 
-from nemo_jetrl.config.nemo_rl_policy_keys import POLICY_RULES
+from nemo_jetrl.config.nemo_rl_policy_keys import DATA_PLANE, MULTIMODAL, POLICY_RULES
 from nemo_jetrl.config.nemo_rl_rules import Rule, alias, announced, no_effect, only
 
-DATA_PLANE = "NeMo-RL's data plane / transport; one process or Ray workers exchange tensors directly here"
-MULTIMODAL = "image / audio / video inputs: text-only prompts here"
 PREFERENCE = "preference-data (DPO / RM) keys: a GRPO run does not read them"
 SYNC = (
     "runs synchronously and on-policy here (async GRPO is not built): each step trains on rollouts of the current "

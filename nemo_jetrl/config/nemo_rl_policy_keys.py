@@ -92,7 +92,7 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.clear_cache_every_n_steps": no_effect(MEMORY),
     "policy.dtensor_cfg.env_vars*": no_effect("environment of NeMo-RL's workers"),
     # megatron_cfg (config/nemo_rl_megatron.py): with enabled: true these are mapped; the FP8 switches always
-    "policy.megatron_cfg.enabled": megatron("trained by the FSDP2 trainer, with the lines below (one start-up line)"),
+    "policy.megatron_cfg.enabled": megatron("trained by the FSDP2 trainer as the lines below say (start-up lines)"),
     "policy.megatron_cfg.tensor_model_parallel_size": megatron("-> `policy.dtensor_cfg.tensor_parallel_size`"),
     "policy.megatron_cfg.pipeline_model_parallel_size": megatron("its ranks join FSDP's data-parallel sharding"),
     "policy.megatron_cfg.sequence_parallel": megatron("TP without sequence parallelism (activation memory only)"),
