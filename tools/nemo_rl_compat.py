@@ -57,7 +57,8 @@ def render_key_table() -> str:
         f"Keys NeMo-RL defines at {pinned_commit()[:12]} (`nemo_jetrl/config/nemo_rl_defined_keys.txt`, written by",
         "`tools/nemo_rl_snapshot.py`) that are not fields of our schema; every one has a line here (patterns: `*` is",
         "any rest of the key). A key below one of NeMo-RL's own sections that is newer than that list is ignored with",
-        "one line `warning: <key>: not known to this version of nemo-jetrl: ignored`; these sections are:",
+        "one line `warning: <key>: not known to this version of nemo-jetrl: ignored`; these sections are (with any",
+        "top-level section newer than the list):",
         "",
         ", ".join(f"`{key}`" for key in nemo_rl_only()) + ".",
     ]

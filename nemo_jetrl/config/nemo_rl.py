@@ -66,7 +66,8 @@ def _schema_node(key: str) -> Any:
 
 @functools.cache
 def nemo_rl_only() -> tuple[str, ...]:
-    """NeMo-RL's sections that our schema does not have, directly below ours (docs/nemo_rl.md lists them)."""
+    """NeMo-RL's sections that our schema does not have, directly below ours (docs/nemo_rl.md lists them); a
+    top-level section newer than the list counts as one too."""
     return tuple(nemo_rl_only_subtrees(is_schema_section, is_schema_field))
 
 
@@ -85,7 +86,9 @@ def lookup(key: str, value: Any) -> Rule | None:
         if (value is None or value == {}) and is_nemo_rl_mapping(key):
             return NULL_SECTION
         return IGNORED
-    if any(key.startswith(prefix + ".") for prefix in nemo_rl_only()) and not _near_our_key(key):
+    in_theirs = any(key.startswith(prefix + ".") for prefix in nemo_rl_only())
+    new_section = "." in key and not is_schema_field(key.partition(".")[0])  # a top-level section newer than the list
+    if (in_theirs or new_section) and not _near_our_key(key):
         return IGNORED
     return None
 

@@ -55,6 +55,7 @@ def test_nemo_rl_only_sections_are_nemo_rls_mappings_outside_our_schema():
         (LIKE_1B, "policy.generation.vllm_cfg.new_engine_flag"),
         (LIKE_1B, "data_plane.new_transport"),
         (LIKE_1B, "grpo.async_grpo.new_staleness"),
+        (LIKE_1B, "brand_new_section.enabled"),  # a top-level section newer than the list
     ],
 )
 def test_a_key_newer_than_the_table_warns_once_and_runs(config, key):
@@ -78,6 +79,7 @@ def test_the_warning_is_one_stderr_line_and_the_run_goes_on():
         ("++grpo.val_periodd=3", "grpo.val_periodd: unknown key; did you mean 'grpo.val_period'?"),
         ("++policy.optimzer.lr=1e-3", "policy.optimzer: unknown key; did you mean 'policy.optimizer'?"),
         ("++env.math.corect_reward=2", "env.math.corect_reward: unknown key; did you mean 'env.math.correct_reward'?"),
+        ("++polcy.model_name=x", "polcy: unknown key; did you mean 'policy'?"),
     ],
 )
 def test_a_typo_in_one_of_our_keys_is_still_an_error_with_the_near_key(override, expected):
