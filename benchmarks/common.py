@@ -56,6 +56,7 @@ LOSS_FN = {
     "kl_output_clamp_value": 10.0,
     "use_on_policy_kl_approximation": False,
     "sequence_level_importance_ratios": False,
+    "force_on_policy_ratio": False,
 }
 LOSS = ClippedPGLossFn(LOSS_FN)  # what the benchmarks hand to `policy.train(batch, LOSS)`
 
@@ -96,9 +97,11 @@ def policy_config(**overrides) -> dict:
         "use_deep_gemm": False,  # the recipe each benchmark passes decides (PrecisionRecipe.use_deep_gemm)
         "cache_dgrad_weight": False,  # likewise (PrecisionRecipe.cache_dgrad_weight)
     }
-    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8}
+    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8,
+                 "decay_1d_params": True}  # fmt: skip
     cfg = {
         "model_name": "benchmark-random",
+        "hf_config_overrides": None,
         "tokenizer": {"name": "benchmark-random"},
         "precision": "fp8",
         "master_dtype": "bfloat16",

@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR
+    for warning in master_cfg.ignored_key_warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print_config(resolved, title=f"config: {args.config}")
+    for note in master_cfg.startup_notes:
+        print(note)
     print(precision_line(master_cfg.policy))
     if args.validate_only:
         return 0

@@ -57,6 +57,7 @@ SLOW_MODULES_FIRST = [
     "functional/test_accuracy_study.py",  # 12
     "functional/test_resume_position.py",  # 12
     "unit/config/test_schema.py",  # 11
+    "functional/test_megatron_fp8_cpu_run.py",  # 11
     "functional/test_grpo_nemo_rl_semantics.py",  # 11
     "unit/models/test_batch_invariant_attention.py",  # 11
     "unit/benchmarks/test_bench_rollout_queue.py",  # 10

@@ -40,6 +40,25 @@ class RewardShapingConfig(Section):
         return self
 
 
+class RewardScalingConfig(Section):
+    """NeMo-RL's `grpo.reward_scaling`: each reward clamped to [source_min, source_max], then mapped linearly onto
+    [target_min, target_max], before reward shaping (algorithms/dapo.py)."""
+
+    enabled: bool = False
+    source_min: FiniteFloat = 0.0
+    source_max: FiniteFloat = 1.0
+    target_min: FiniteFloat = 0.0
+    target_max: FiniteFloat = 1.0
+
+    @model_validator(mode="after")
+    def _check_range(self) -> RewardScalingConfig:
+        if self.enabled and not self.source_min < self.source_max:
+            raise KeyedValueError(
+                f"grpo.reward_scaling.source_min ({self.source_min:g}) must be < source_max ({self.source_max:g})"
+            )
+        return self
+
+
 class GrpoConfig(Section):
     num_prompts_per_step: PositiveInt = 32
     num_generations_per_prompt: PositiveInt = 8
@@ -49,6 +68,7 @@ class GrpoConfig(Section):
     drop_zero_advantage_groups: bool = True  # all-equal groups give no signal
     val_period: Annotated[StrictInt, Field(ge=-1)] = 10  # 0 or -1 disables validation (as in NeMo-RL)
     val_at_start: bool = True
+    val_at_end: bool = False  # one more validation after the last step (when the period did not just run one)
     max_val_samples: PositiveInt = 512
     seed: NonNegativeInt = 42
     on_nonfinite: Literal["skip", "stop"] = "skip"  # non-finite loss / grad / FP8 scale: skip the batch or stop
@@ -59,6 +79,7 @@ class GrpoConfig(Section):
     dynamic_sampling_max_gen_batches: PositiveInt = 10  # generation batches per step before giving up
     overlong_filtering: bool = False  # truncated responses are left out of the loss
     reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    reward_scaling: RewardScalingConfig = RewardScalingConfig()
 
     @model_validator(mode="after")
     def _multiplier_needs_dynamic_sampling(self) -> GrpoConfig:
@@ -91,6 +112,7 @@ class LossConfig(Section):
     kl_output_clamp_value: PositiveFloat | None = 10.0  # clamp of the per-token KL
     use_on_policy_kl_approximation: bool = False  # KL weighted by exp(logp - logp_gen) (rollout samples)
     sequence_level_importance_ratios: bool = False  # GSPO: one PPO ratio per sequence; needs token_level_loss false
+    force_on_policy_ratio: bool = False  # prev_logprobs := the current logprobs, detached: PPO ratio 1 (NeMo-RL)
 
     @model_validator(mode="after")
     def _check_sequence_ratios(self) -> LossConfig:

@@ -1,4 +1,8 @@
-"""DAPO pieces of a GRPO step, NeMo-RL semantics: overlong reward shaping, dynamic sampling, overlong filtering.
+"""DAPO pieces of a GRPO step, NeMo-RL semantics: reward scaling and overlong shaping, dynamic sampling, overlong
+filtering.
+
+- Reward scaling (`grpo.reward_scaling`, NeMo-RL's `scale_rewards`, applied first): each reward clamped to
+  [source_min, source_max] and mapped linearly onto [target_min, target_max].
 
 - Reward shaping (`grpo.reward_shaping`, NeMo-RL's `apply_reward_shaping`): a response of L tokens (stop token
   included) gets `min(0, -(L - (max_response_length - overlong_buffer_length)) / overlong_buffer_length *
@@ -24,6 +28,14 @@ import torch
 from nemo_jetrl.algorithms.advantages import zero_std_groups
 from nemo_jetrl.distributed.data_split import merge_generation_outputs
 from nemo_jetrl.generation.interfaces import GenerationOutput
+
+
+def scale_rewards(rewards: torch.Tensor, cfg: Mapping[str, Any]) -> torch.Tensor:
+    """Scaled rewards [B] from rewards [B] (see module docstring)."""
+    if not cfg["enabled"]:
+        return rewards
+    lo, hi, t_lo, t_hi = (float(cfg[k]) for k in ("source_min", "source_max", "target_min", "target_max"))
+    return t_lo + (rewards.clamp(lo, hi) - lo) / (hi - lo) * (t_hi - t_lo)
 
 
 def shape_rewards(

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from nemo_jetrl.algorithms.advantages import group_advantages, zero_std_groups
-from nemo_jetrl.algorithms.dapo import Rollout, dynamic_sampling, overlong_filter, shape_rewards
+from nemo_jetrl.algorithms.dapo import Rollout, dynamic_sampling, overlong_filter, scale_rewards, shape_rewards
 from nemo_jetrl.algorithms.grpo_checkpoint import (
     checkpoint_manager,
     checkpoint_metrics,
@@ -172,6 +172,7 @@ def _generate_batch(run: GrpoSetup, batch_index: int, num_prompts: int, timer: T
         num_bad = int((~torch.isfinite(raw)).sum())
         if num_bad:  # before any update: the weights stay as they are
             raise NonFiniteError(f"rewards ({num_bad} of {len(raw)}, from the environment)", run.policy.step)
+        raw = scale_rewards(raw, g["reward_scaling"])
         rewards = shape_rewards(raw, out.response_lengths.cpu(), out.finished.cpu(), g["reward_shaping"])
     return Rollout(out, rewards, raw)
 
@@ -387,7 +388,8 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             timing = timer.get_timing_metrics()
             run.logger.log_metrics({**timing, **nemo_rl_timing(timing)}, step=step + 1)
             history.append(metrics)
-            if val_period > 0 and (step + 1) % val_period == 0:
+            periodic = val_period > 0 and (step + 1) % val_period == 0
+            if periodic or (g["val_at_end"] and step + 1 == max_steps):  # NeMo-RL's val_at_end: the last step too
                 progress.phase("validation")
                 val = validate(run, step + 1)
                 val_history.append(val)

@@ -14,6 +14,9 @@ Per response token t (all tensors [B, S], `mask` 1 on generated tokens):
               exp(logp_t - logp_gen_t) with use_on_policy_kl_approximation (NeMo-RL "fix: KL backward")
     loss    = reduce(w_t pg_t) + beta * reduce(kl_t)
 
+force_on_policy_ratio (NeMo-RL): logp_old := sg(logp_t), the current logprobs detached, wherever logp_old appears
+(r_t = exp(logp_t - sg(logp_t)) = 1 with the gradient of logp_t; the IS weights compare them with the rollout's).
+
 reduce: token_level_loss -> sum over masked tokens / normalizer (default: this batch's token count);
 sequence level -> per-sequence token mean, summed / normalizer (default: sequences with >= 1 token). A trainer
 passes the GLOBAL count as `normalizer` so micro-batch losses (and gradients) sum to the full-batch mean.
@@ -185,6 +188,8 @@ def clipped_pg_loss(
     """
     _check_inputs(mask, advantages, logp=logp, logp_old=logp_old, logp_gen=logp_gen, logp_ref=logp_ref)
     _check_normalizer(normalizer)
+    if cfg.get("force_on_policy_ratio"):
+        logp_old = logp.detach()
     if cfg["reference_policy_kl_penalty"] != 0 and logp_ref is None:
         raise ValueError("logp_ref is required when loss_fn.reference_policy_kl_penalty != 0")
     m = mask.bool()  # [B, S]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -25,6 +26,16 @@ def format_value(value: Any, limit: int = 60) -> str:
     else:
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def omegaconf_message(exc: Exception) -> str:
+    """The first line of an OmegaConf error; an unset `${oc.env:X}` as `environment variable X is not set`."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    unset = re.search(r"Environment variable '([^']+)' not found", text)
+    if unset:
+        name = unset.group(1)
+        return f"environment variable {name} is not set (${{oc.env:{name}}}); set it or override the key"
+    return text
 
 
 class KeyedValueError(ValueError):

@@ -19,7 +19,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from nemo_jetrl.config.errors import ConfigError, format_value
+from nemo_jetrl.config.errors import ConfigError, format_value, omegaconf_message
 from nemo_jetrl.config.overrides import apply_overrides, deep_merge
 
 DEFAULTS_KEY = "defaults"
@@ -129,7 +129,7 @@ def _raise_with_key(data: dict) -> None:
     except MissingMandatoryValue as exc:
         raise ConfigError(f"{exc.full_key}: missing mandatory value '???'") from None
     except OmegaConfBaseException as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = omegaconf_message(exc)
         raise ConfigError(f"{exc.full_key}: {message}" if exc.full_key else message) from None
 
 

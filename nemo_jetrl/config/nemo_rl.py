@@ -1,14 +1,16 @@
 """NeMo-RL's config tree as an input: its keys are honoured with NeMo-RL's meaning (mapped onto ours), accepted
 without effect, or refused by value with one line naming key, value and what to use instead (nemo_rl_keys.py).
+A Megatron config is mapped onto our trainer first (nemo_rl_megatron.py). A key NeMo-RL defines (at the pinned
+commit, nemo_rl_facts.py) that the table does not name, or any key under a NeMo-RL-only subtree, is ignored with
+one warning line; an unknown key in one of our sections stays an error (the schema suggests the near key).
 
-Value spellings: `policy.precision: bfloat16 | float32` (the model dtype: non-FP8 training in that dtype unless
-`policy.megatron_cfg.fp8_cfg.enabled`), `policy.optimizer.name: torch.optim.AdamW` + `kwargs`,
-`policy.generation.backend: vllm` (vLLM as the rollout engine where it is installed, `generation/vllm_engine.py`;
-elsewhere a run names the extra to install or `backend=native`, see docs/nemo_rl.md).
+Values NeMo-RL spells differently (the model dtype in `policy.precision`, optimizer classes, rollout backends) are
+respelled by nemo_rl_values.py.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import functools
 from collections.abc import Mapping
@@ -16,16 +18,17 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from nemo_jetrl.config.errors import ConfigError, format_value
+from nemo_jetrl.config.errors import ConfigError
+from nemo_jetrl.config.nemo_rl_facts import is_nemo_rl_mapping, nemo_rl_defines, nemo_rl_only_subtrees
 from nemo_jetrl.config.nemo_rl_keys import KEY_RULES
-from nemo_jetrl.config.nemo_rl_rules import Rule, apply_rules, get_path, set_path
-
-_DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
-_OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adam"}
+from nemo_jetrl.config.nemo_rl_megatron import map_megatron
+from nemo_jetrl.config.nemo_rl_rules import IGNORED, NULL_SECTION, Rule, Translation, apply_rules, get_path, set_path
+from nemo_jetrl.config.nemo_rl_values import respell_values
 
 
 def rule_for(key: str) -> Rule | None:
-    """The first line of KEY_RULES whose pattern matches `key` (exact keys first)."""
+    """The first line of KEY_RULES whose pattern matches `key` (exact keys first). Patterns apply to the keys NeMo-RL
+    defines (see `lookup`)."""
     if key in KEY_RULES:
         return KEY_RULES[key]
     return next(
@@ -36,16 +39,70 @@ def rule_for(key: str) -> Rule | None:
 @functools.cache
 def is_schema_field(key: str) -> bool:
     """Whether `key` names a field of the master schema (or lies inside a field that is not a section)."""
+    model = _schema_node(key)
+    return model is not None
+
+
+@functools.cache
+def is_schema_section(key: str) -> bool:
+    """Whether `key` names one of our sections (a config type; "" is the whole config)."""
+    model = _schema_node(key)
+    return isinstance(model, type) and issubclass(model, BaseModel)
+
+
+def _schema_node(key: str) -> Any:
+    """The type at `key` in the master schema ("leaf" inside a non-section field), None where there is none."""
     from nemo_jetrl.config.schema import MasterConfig
 
     model: Any = MasterConfig
-    for part in key.split("."):
+    for part in key.split(".") if key else ():
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return True
+            return "leaf"
         if part not in model.model_fields:
-            return False
+            return None
         model = _section_type(model.model_fields[part].annotation)
-    return True
+    return model
+
+
+@functools.cache
+def nemo_rl_only() -> tuple[str, ...]:
+    """NeMo-RL's sections that our schema does not have, directly below ours (docs/nemo_rl.md lists them); a
+    top-level section newer than the list counts as one too."""
+    return tuple(nemo_rl_only_subtrees(is_schema_section, is_schema_field))
+
+
+def lookup(key: str, value: Any) -> Rule | None:
+    """The rule for one leaf `key: value`: None (copy it: our field, or an unknown key the schema rejects), its
+    table line, NULL_SECTION (a NeMo-RL section written null) or IGNORED (NeMo-RL's, unknown to the table)."""
+    if is_schema_field(key):
+        return None
+    if key in KEY_RULES:
+        return KEY_RULES[key]
+    parent = key.rpartition(".")[0]
+    pattern = rule_for(key)
+    if nemo_rl_defines(key, through_open=not is_schema_section(parent)):
+        if pattern is not None:
+            return pattern
+        if (value is None or value == {}) and is_nemo_rl_mapping(key):
+            return NULL_SECTION
+        return IGNORED
+    in_theirs = any(key.startswith(prefix + ".") for prefix in nemo_rl_only())
+    new_section = "." in key and not is_schema_field(key.partition(".")[0])  # a top-level section newer than the list
+    if (in_theirs or new_section) and not _near_our_key(key):
+        return IGNORED
+    return None
+
+
+def _near_our_key(key: str) -> bool:
+    """Whether the first part of `key` that is not ours is close to one of our fields there (a typo)."""
+    parts = key.split(".")
+    for depth in range(len(parts)):
+        section = ".".join(parts[:depth])
+        if not is_schema_section(section) or is_schema_field(".".join(parts[: depth + 1])):
+            continue
+        model = _schema_node(section)
+        return bool(difflib.get_close_matches(parts[depth], list(model.model_fields), n=1, cutoff=0.8))
+    return False
 
 
 def _section_type(annotation: Any) -> Any:
@@ -53,14 +110,13 @@ def _section_type(annotation: Any) -> Any:
     return sections[0] if sections else annotation
 
 
-def translate_nemo_rl(data: Mapping[str, Any]) -> dict:
-    """The config tree in our spelling; ConfigError (one line, every refused key) if NeMo-RL keys ask for something
-    this implementation does not do."""
-    tree = {k: v for k, v in data.items()}
-    errors: list[str] = []
-    dtype = _pop_dtype_precision(tree, errors)
-    _respell(tree, "policy.optimizer.name", _OPTIMIZERS, errors)
-    result = apply_rules(tree, rule_for, is_schema_field)
+def translate_nemo_rl(data: Mapping[str, Any]) -> Translation:
+    """The config tree in our spelling (`.tree`) with its start-up lines (`.notes`) and ignored keys (`.warnings`);
+    ConfigError (one line, every refused key) if NeMo-RL keys ask for something this implementation does not do."""
+    tree, notes, errors = map_megatron({k: v for k, v in data.items()})
+    dtype = respell_values(tree, notes, errors)
+    result = apply_rules(tree, lookup)
+    result.notes[:0] = notes
     errors += result.errors
     if dtype is not None:
         if get_path(result.tree, "policy.precision", None) is None:
@@ -71,39 +127,4 @@ def translate_nemo_rl(data: Mapping[str, Any]) -> dict:
         set_path(result.tree, "policy.compute_dtype", dtype)
     if errors:
         raise ConfigError(errors[0] if len(errors) == 1 else f"{len(errors)} config errors: " + "; ".join(errors))
-    return result.tree
-
-
-def _pop_dtype_precision(tree: dict, errors: list[str]) -> str | None:
-    """NeMo-RL's `policy.precision` names the model dtype; ours names the GEMM format (bf16 | fp8)."""
-    value = get_path(tree, "policy.precision", None)
-    if not isinstance(value, str) or value in ("bf16", "fp8"):
-        return None
-    if value not in _DTYPES:
-        errors.append(
-            f"policy.precision: {format_value(value)} is not supported here (one of bfloat16, float32, bf16, fp8)"
-        )
-        return None
-    _replace(tree, "policy", {k: v for k, v in tree["policy"].items() if k != "precision"})
-    return _DTYPES[value]
-
-
-def _respell(tree: dict, key: str, spellings: Mapping[str, str], errors: list[str]) -> None:
-    value = get_path(tree, key, None)
-    if isinstance(value, str) and value in spellings:
-        section, _, leaf = key.rpartition(".")
-        parent = get_path(tree, section)
-        copied = {**parent, leaf: spellings[value]}
-        _replace(tree, section, copied)
-    elif isinstance(value, str) and "." in value:  # another torch.optim class
-        errors.append(f"{key}: {format_value(value)} is not supported here (one of {', '.join(spellings)})")
-
-
-def _replace(tree: dict, path: str, value: Any) -> None:
-    """Set `path` without mutating the caller's nested dicts (copies along the path)."""
-    head, _, rest = path.partition(".")
-    if not rest:
-        tree[head] = value
-        return
-    tree[head] = dict(tree[head])
-    _replace(tree[head], rest, value)
+    return result

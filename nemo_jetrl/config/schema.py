@@ -14,10 +14,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import ValidationError, model_validator
+from pydantic import PrivateAttr, ValidationError, model_validator
 
 from nemo_jetrl.algorithms.config import GrpoConfig, LossConfig
-from nemo_jetrl.config.errors import ConfigError, KeyedValueError, format_validation_error
+from nemo_jetrl.config.errors import ConfigError, KeyedValueError, format_validation_error, omegaconf_message
 from nemo_jetrl.config.section import Section
 from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.distributed.cluster import ClusterSpec
@@ -39,6 +39,19 @@ class MasterConfig(Section):
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointingConfig = CheckpointingConfig()
     cluster: ClusterConfig = ClusterConfig()
+    # what the NeMo-RL translation said (config/nemo_rl.py): mapping lines for stdout, ignored keys for stderr
+    _notes: tuple[str, ...] = PrivateAttr(default=())
+    _warnings: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def startup_notes(self) -> tuple[str, ...]:
+        """Lines announcing how NeMo-RL keys are run here (`megatron_cfg: trained by ...`), printed once at start-up."""
+        return self._notes
+
+    @property
+    def ignored_key_warnings(self) -> tuple[str, ...]:
+        """`<key>: not known to this version of nemo-jetrl: ignored`, one per key (print with `warning: `)."""
+        return self._warnings
 
     @model_validator(mode="after")
     def _check_global_batch(self) -> MasterConfig:
@@ -113,14 +126,16 @@ def validate_config(cfg: DictConfig | Mapping[str, Any]) -> MasterConfig:
         try:
             data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         except OmegaConfBaseException as exc:
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            message = omegaconf_message(exc)
             raise ConfigError(f"{exc.full_key}: {message}" if exc.full_key else message) from None
     elif isinstance(cfg, Mapping):
         data = dict(cfg)
     else:
         raise ConfigError(f"config must be a mapping of sections, got {type(cfg).__name__}")
-    data = translate_nemo_rl(data)
+    translation = translate_nemo_rl(data)
     try:
-        return MasterConfig.model_validate(data)
+        cfg = MasterConfig.model_validate(translation.tree)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, MasterConfig)) from None
+    cfg._notes, cfg._warnings = tuple(translation.notes), tuple(translation.warnings)
+    return cfg

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from nemo_jetrl.config.section import NonEmptyStr, NonNegativeInt, PositiveInt, Section
 
 
@@ -19,5 +21,6 @@ class DataConfig(Section):
     prompt_template: str | None = None  # str.format template with one {} for the problem
     system_prompt: str | None = None
     use_chat_template: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # passed to apply_chat_template (Qwen3: enable_thinking)
     shuffle: bool = True
     max_input_seq_length: PositiveInt | None = None  # null = max_total_sequence_length - max_new_tokens

@@ -140,6 +140,7 @@ def build_dataset_task(
         template=data_cfg["prompt_template"],
         system_prompt=data_cfg["system_prompt"],
         use_chat_template=data_cfg["use_chat_template"],
+        chat_template_kwargs=data_cfg.get("chat_template_kwargs"),
     )
     limit = max_prompt_tokens if max_prompt_tokens is not None else data_cfg["max_input_seq_length"]
     problems = _render(rows, formatter, tokenizer, limit, train_report)

@@ -3,8 +3,9 @@
 1. `prompt_template` (optional): a `str.format` template with one positional `{}` for the problem, NeMo-RL's prompt
    file convention; literal braces are doubled (`\\boxed{{}}`). None = the problem as is.
 2. `use_chat_template`: the result becomes the user message (after an optional `system_prompt`) and is rendered with
-   `tokenizer.apply_chat_template(..., add_generation_prompt=True)`. A tokenizer without a chat template is an error
-   (set `data.use_chat_template: false` for a plain-text prompt).
+   `tokenizer.apply_chat_template(..., add_generation_prompt=True, **chat_template_kwargs)` (NeMo-RL's
+   `policy.tokenizer.chat_template_kwargs`, e.g. Qwen3's `enable_thinking`). A tokenizer without a chat template is an
+   error (set `data.use_chat_template: false` for a plain-text prompt).
 
 The GRPO loop encodes prompts with `tokenizer(text)`, which adds the tokenizer's own special tokens (e.g. Llama-3's
 `<|begin_of_text|>`); when the rendered chat text already starts with that BOS, it is stripped here so the prompt
@@ -48,8 +49,10 @@ class PromptFormatter:
         template: str | None = None,
         system_prompt: str | None = None,
         use_chat_template: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.template = check_template(template)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.system_prompt = system_prompt
         self.use_chat_template = bool(use_chat_template)
         self.tokenizer = tokenizer
@@ -80,7 +83,9 @@ class PromptFormatter:
             return text
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages.append({"role": "user", "content": text})
-        rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
         if self._strip_bos and rendered.startswith(self._strip_bos):
             rendered = rendered[len(self._strip_bos) :]
         return rendered

@@ -317,7 +317,7 @@ class DataParallelPolicy:
             raise ValueError(f"checkpoint lacks model tensors {missing[:5]}{'...' if len(missing) > 5 else ''}")
         for name, dest in own.items():
             _local_of(dest).copy_(_shard_of(state["model"][name], dest))
-        params = list(self.model.parameters())
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]  # the state's numbering
         opt_state = {}
         for i, s in state["optimizer"]["state"].items():
             p = params[int(i)]

@@ -64,7 +64,10 @@ class PolicyWorker:
         policy_cfg = cfg["policy"]
         torch.manual_seed(int(cfg["grpo"]["seed"]))
         model, tokenizer = load_model_and_tokenizer(
-            policy_cfg["model_name"], device=self.device, dtype=DTYPES[policy_cfg["master_dtype"]]
+            policy_cfg["model_name"],
+            device=self.device,
+            dtype=DTYPES[policy_cfg["master_dtype"]],
+            config_overrides=policy_cfg.get("hf_config_overrides"),
         )
         stop_ids = stop_token_ids(policy_cfg["generation"], tokenizer)
         parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # before sharding

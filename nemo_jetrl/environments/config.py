@@ -21,6 +21,10 @@ class MathEnvConfig(Section):
     format_reward: FiniteFloat = 0.0  # bonus for a final answer in the required format, right or wrong
     answer_format: Literal["boxed", "any"] = "boxed"
     verify_timeout_s: PositiveFloat | None = 5.0
+    # hf_math_verify: math-verify on the final answer (the rules above); dapo_math_verify: DAPO's rule, the last
+    # "Answer: ..." of the response's final 300 characters equal to the reference after Minerva's normalisation,
+    # reward correct_reward / wrong_reward (environments/dapo_verify.py)
+    math_verify_impl: Literal["hf_math_verify", "dapo_math_verify"] = "hf_math_verify"
 
 
 class EnvConfig(Section):

@@ -12,6 +12,9 @@ Per response (config `env.math`: environments/config.py's `MathEnvConfig`, NeMo-
    into a math expression (e.g. `"???"`) is counted in `gold_parse_failures` and warned about
    (first 5 distinct); responses to it are then right only on an exact string match of their final answer.
 
+`math_verify_impl: dapo_math_verify` scores with DAPO's string check instead (environments/dapo_verify.py):
+`correct_reward` or `wrong_reward`, a response without an `Answer:` line counted as a parse failure.
+
 Each verification (parse + verify of one response) runs under `verify_timeout_s` (a SIGALRM interval timer, main
 thread only; elsewhere it runs without a limit, after one warning). A timeout gives `wrong_reward` and is counted.
 Counts since the last `pop_metrics()`: `parse_failures`, `gold_parse_failures`, `verify_timeouts`, `num_scored`
@@ -31,6 +34,7 @@ import torch
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from nemo_jetrl.environments.config import MathEnvConfig
+from nemo_jetrl.environments.dapo_verify import NO_ANSWER, dapo_check
 
 AnswerFormat = Literal["boxed", "any"]
 _BOXED_COMMANDS = ("\\boxed", "\\fbox")
@@ -125,6 +129,10 @@ class MathEnvironment:
         """Reward of one decoded response (counts parse failures / timeouts for `pop_metrics`)."""
         cfg = self.cfg
         self._counts["num_scored"] += 1
+        if cfg.math_verify_impl == "dapo_math_verify":
+            correct, pred = dapo_check(response, answer)
+            self._counts["parse_failures"] += pred == NO_ANSWER
+            return cfg.correct_reward if correct else cfg.wrong_reward
         try:
             with time_limit(cfg.verify_timeout_s):
                 gold = self.parse_gold(answer)

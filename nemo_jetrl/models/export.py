@@ -179,7 +179,8 @@ def export_checkpoint(
         raise ValueError(f"checkpoint {checkpoint} holds no policy config / model weights (not a GRPO checkpoint?)")
     protected = [checkpoint, resolve_model_dir(policy_cfg["model_name"])]
     earlier_export_files(out_dir, overwrite=overwrite, protected=protected)
-    model, tokenizer = load_model_and_tokenizer(policy_cfg["model_name"], dtype=torch.float32)
+    overrides = policy_cfg.get("hf_config_overrides")
+    model, tokenizer = load_model_and_tokenizer(policy_cfg["model_name"], dtype=torch.float32, config_overrides=overrides)
     try:
         missing, unexpected = model.load_state_dict(state["policy"]["model"], strict=False)
     except RuntimeError as err:  # shape mismatches

@@ -106,16 +106,19 @@ def load_model_and_tokenizer(
     dtype: torch.dtype = torch.float32,
     fp8_block: int | None = None,
     first_fp8_layer: int = 0,
+    config_overrides: dict | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `policy.model_name` as (causal LM in `dtype` on `device`, tokenizer) from local files only.
 
     The tokenizer pads on the left (the rollout layout); one without a pad token gets its eos token as pad.
     `fp8_block`: check from config.json, before any weight is read, that the FP8 linears can be blocked.
+    `config_overrides` (`policy.hf_config_overrides`): config.json values replaced at load, as NeMo-RL does.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"load_model_and_tokenizer: dtype must be a floating torch.dtype, got {dtype!r}")
     path = resolve_model_dir(model_name)
     config = check_model_dir(path)
+    config.update(config_overrides or {})
     if fp8_block is not None:
         check_fp8_blockable(path, config, fp8_block, first_fp8_layer)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -129,6 +132,6 @@ def load_model_and_tokenizer(
             f"model directory {path}: tokenizer has {len(tokenizer)} tokens but config.vocab_size is {config['vocab_size']}"
         )
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION
+        path, dtype=dtype, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION, **(config_overrides or {})
     )
     return model.to(device), tokenizer

@@ -28,6 +28,7 @@ class OptimizerConfig(Section):
     weight_decay: NonNegativeFloat = 0.0
     betas: tuple[Beta, Beta] = (0.9, 0.999)
     eps: PositiveFloat = 1.0e-8
+    decay_1d_params: bool = True  # false: biases and norm weights take no weight decay (Megatron's rule)
 
 
 class DTensorConfig(Section):
@@ -75,6 +76,7 @@ class PolicyConfig(Section):
     """`train_global_batch_size: null` = grpo.num_prompts_per_step * grpo.num_generations_per_prompt."""
 
     model_name: NonEmptyStr = "tiny-arith"  # builtin tiny model, or a local HF causal-LM directory
+    hf_config_overrides: dict[str, Any] | None = None  # config.json values replaced at load (NeMo-RL's key)
     tokenizer: TokenizerConfig = TokenizerConfig()
     precision: Precision = "fp8"  # training GEMMs (FProp, DGrad, WGrad)
     master_dtype: Literal["float32", "bfloat16"] = "float32"  # master weights + optimizer state

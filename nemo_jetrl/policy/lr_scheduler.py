@@ -9,6 +9,8 @@ Several named schedulers are chained by `torch.optim.lr_scheduler.SequentialLR` 
 milestone than schedulers); one named scheduler (a list of one, or a bare mapping) is used as is; null = no
 scheduler (constant lr). As in NeMo-RL, the trainer steps the scheduler once per GRPO step (once per `train()`
 call, after all of that step's optimizer steps), so `total_iters` and milestones count GRPO steps.
+`{name: megatron.core.optimizer_param_scheduler.OptimizerParamScheduler, kwargs: {...}}` is megatron-core's rule
+(lr and weight decay; policy/megatron_schedule.py), what a NeMo-RL `megatron_cfg.scheduler` maps to.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if TYPE_CHECKING:  # torch is imported where schedulers are built: the config sc
 
 PREFIX = "torch.optim.lr_scheduler."
 KEY = "policy.scheduler"
+MEGATRON = "megatron.core.optimizer_param_scheduler.OptimizerParamScheduler"
 
 
 def _entries(cfg: Any) -> list[Mapping[str, Any]]:
@@ -34,6 +37,13 @@ def _entries(cfg: Any) -> list[Mapping[str, Any]]:
 def check_scheduler_config(cfg: Any) -> None:
     """Structure checks without building anything; ValueError naming `policy.scheduler[i]`."""
     if cfg is None:
+        return
+    if isinstance(cfg, Mapping) and cfg.get("name") == MEGATRON:
+        from nemo_jetrl.policy.megatron_schedule import check_megatron_schedule
+
+        if set(cfg) - {"name", "kwargs"}:
+            raise ValueError(f"{KEY} ({MEGATRON}) holds name and kwargs only, got keys {sorted(cfg)}")
+        check_megatron_schedule(cfg.get("kwargs") or {})
         return
     named, milestones = 0, None
     for i, entry in enumerate(_entries(cfg)):
@@ -71,6 +81,10 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: Any) -> torch.opti
     check_scheduler_config(cfg)
     if cfg is None:
         return None
+    if isinstance(cfg, Mapping) and cfg.get("name") == MEGATRON:
+        from nemo_jetrl.policy.megatron_schedule import MegatronParamScheduler
+
+        return MegatronParamScheduler(optimizer, **cfg["kwargs"])
     schedulers, milestones = [], []
     for i, entry in enumerate(_entries(cfg)):
         if "milestones" in entry:

@@ -70,6 +70,7 @@ class NativePolicy(PolicyInterface):
                 dtype=DTYPES[policy_cfg["master_dtype"]],
                 fp8_block=recipe.block_size if recipe.linear_fp8 else None,  # refuse unblockable dims before loading
                 first_fp8_layer=recipe.num_first_layers_in_bf16,
+                config_overrides=policy_cfg.get("hf_config_overrides"),
             )
         self.tokenizer = tokenizer
         self.reference_model = None

@@ -64,6 +64,7 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
         "weight_decay": 0.01,
         "betas": (0.9, 0.999),
         "eps": 1.0e-8,
+        "decay_1d_params": True,
     }
     assert cfg.policy.generation.backend == "vllm" and cfg.policy.generation.cuda_graphs is True
     assert cfg.policy.generation.max_new_tokens == cfg.policy.max_total_sequence_length == 16
@@ -164,14 +165,14 @@ def test_both_spellings_must_agree(overrides, expected):
 
 
 REFUSED = {
-    "pipeline": (
-        "policy.megatron_cfg.pipeline_model_parallel_size=2",
-        "policy.megatron_cfg.pipeline_model_parallel_size: 2 is not supported here (pipeline parallelism)",
+    "expert": (
+        "++policy.dtensor_cfg.expert_parallel_size=2",
+        "policy.dtensor_cfg.expert_parallel_size: 2 is not supported here (expert parallelism (MoE)); MoE models",
     ),
-    "context": ("policy.dtensor_cfg.context_parallel_size=2", "policy.dtensor_cfg.context_parallel_size: 2"),
-    "async": ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: true is not supported here (async GRPO)"),
-    "noncolocated": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled: false"),
-    "megatron": ("policy.megatron_cfg.enabled=true", "policy.megatron_cfg.enabled: true is not supported here"),
+    "lora": ("policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.enabled: true is not supported"),
+    "cispo": ("loss_fn.use_cispo=true", "loss_fn.use_cispo: true is not supported here (CISPO)"),
+    "multi_turn": ("grpo.max_rollout_turns=4", "grpo.max_rollout_turns: 4 is not supported here (multi-turn"),
+    "env_var": ("policy.model_name=${oc.env:JETRL_UNSET_VAR}", "environment variable JETRL_UNSET_VAR is not set"),
     "mxfp8": ("policy.megatron_cfg.fp8_cfg.fp8_recipe=mxfp8", "fp8_recipe: 'mxfp8' is not supported here (MXFP8"),
     "hybrid": ("policy.megatron_cfg.fp8_cfg.fp8=hybrid", "policy.megatron_cfg.fp8_cfg.fp8: 'hybrid' is not supported"),
     "e5m2_kv": ("policy.generation.vllm_cfg.kv_cache_dtype=fp8_e5m2", "kv_cache_dtype: 'fp8_e5m2' is not supported"),
@@ -267,7 +268,8 @@ def test_no_table_line_shadows_a_schema_field():
     shadowed = [p for p in KEY_RULES if "*" not in p and is_schema_field(p) and KEY_RULES[p].kind != "honoured"]
     assert shadowed == []  # a key the schema honours must not also be documented as no-effect / refused
     assert rule_for("policy.megatron_cfg.moe_router_dtype").kind == "no_effect"
-    assert rule_for("policy.megatron_cfg.pipeline_model_parallel_size").kind == "refused"
+    assert rule_for("policy.megatron_cfg.pipeline_model_parallel_size").kind == "megatron"
+    assert rule_for("policy.megatron_cfg.expert_model_parallel_size").kind == "refused"
 
 
 def test_docs_table_lists_every_key_rule():
@@ -277,7 +279,9 @@ def test_docs_table_lists_every_key_rule():
         for key, rule in KEY_RULES.items()
         if f"| `{key}` | {rule.docs.replace('|', '/')} |" not in docs
     ]
-    assert missing == []  # regenerate the table from nemo_rl_keys.py
+    assert missing == []  # regenerate: python tools/nemo_rl_compat.py keys
+    tool = load_script(ROOT / "tools" / "nemo_rl_compat.py", "nemo_rl_compat_tool")
+    assert tool.render_key_table() in docs
 
 
 @pytest.mark.parametrize(

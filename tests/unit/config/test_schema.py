@@ -333,26 +333,29 @@ def test_tensor_parallel_size_must_divide_the_workers(base_yaml):
     )
 
 
-def test_rollout_tensor_parallel_size_must_equal_the_trainers(base_yaml):
-    """NeMo-RL's vLLM TP: the native rollout runs colocated on the trainer's TP ranks, so it follows dtensor TP."""
+def test_rollout_tensor_parallel_size_follows_the_trainers_with_a_line(base_yaml):
+    """NeMo-RL's vLLM TP: the native rollout runs colocated on the trainer's TP ranks, so it follows dtensor TP;
+    another value runs on the trainer's layout and says so in one start-up line."""
     ray = ("cluster.backend=ray", "cluster.cpu_workers_per_node=2")
     cfg = check(base_yaml, TP2, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=2")
-    assert cfg.policy.dtensor_cfg.tensor_parallel_size == 2
-    assert check(base_yaml, "++policy.generation.vllm_cfg.tensor_parallel_size=1").policy is not None
-    reason = (
-        "is not supported here (a rollout TP other than the trainer's); it must equal "
-        "policy.dtensor_cfg.tensor_parallel_size ({}): the native rollout runs colocated on the trainer's "
-        "tensor-parallel ranks; set both to the same value"
+    assert cfg.policy.dtensor_cfg.tensor_parallel_size == 2 and cfg.startup_notes == ()
+    assert check(base_yaml, "++policy.generation.vllm_cfg.tensor_parallel_size=1").startup_notes == ()
+    line = (
+        "policy.generation.vllm_cfg.tensor_parallel_size: {} -> {} (policy.dtensor_cfg.tensor_parallel_size): the "
+        "rollout runs on the trainer's layout (its DTensor TP groups): same samples, another speed"
     )
-    message = error_of(base_yaml, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=2")
-    assert message == "policy.generation.vllm_cfg.tensor_parallel_size: 2 " + reason.format(1)
-    message = error_of(base_yaml, TP2, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=1")
-    assert message == "policy.generation.vllm_cfg.tensor_parallel_size: 1 " + reason.format(2)
+    cfg = check(base_yaml, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=2")
+    assert cfg.policy.dtensor_cfg.tensor_parallel_size == 1 and cfg.startup_notes == (line.format(2, 1),)
+    cfg = check(base_yaml, TP2, *ray, "++policy.generation.vllm_cfg.tensor_parallel_size=1")
+    assert cfg.policy.dtensor_cfg.tensor_parallel_size == 2 and cfg.startup_notes == (line.format(1, 2),)
 
 
-def test_sequence_parallel_stays_refused_by_name(base_yaml):
-    message = error_of(base_yaml, "++policy.dtensor_cfg.sequence_parallel=true")
-    assert message.startswith("policy.dtensor_cfg.sequence_parallel: true is not supported here (sequence parallelism)")
+def test_sequence_parallel_runs_without_it_and_says_so(base_yaml):
+    cfg = check(base_yaml, "++policy.dtensor_cfg.sequence_parallel=true")
+    assert cfg.startup_notes == (
+        "policy.dtensor_cfg.sequence_parallel: true: TP activations stay replicated here (sequence parallelism "
+        "shards them: memory only, same numbers)",
+    )
 
 
 def test_train_cuda_graphs_refuse_the_exact_mode_and_take_sequence_packing(base_yaml):
