@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
-from nemo_jetrl.config.section import NonEmptyStr, NonNegativeInt, PositiveInt, Section
+import re
+
+from pydantic import field_validator
+
+from nemo_jetrl.config.errors import KeyedValueError
+from nemo_jetrl.config.section import NonNegativeInt, PathStr, PositiveInt, Section
+
+METRIC_SECTIONS = {"val": "validation", "validation": "validation", "train": "train"}
+
+
+def normalize_metric_name(name: str) -> str:
+    """`val:accuracy` (NeMo-RL), `val/accuracy` or `validation/accuracy` -> `validation/accuracy`; `train:x` ->
+    `train/x`."""
+    found = re.fullmatch(r"(\w+)[:/](.+)", name) if isinstance(name, str) else None
+    if found is None or found.group(1) not in METRIC_SECTIONS:
+        raise KeyedValueError(
+            f"checkpointing.metric_name: {name!r} is not 'val:<metric>' or 'train:<metric>' (or val/..., train/...)"
+        )
+    return f"{METRIC_SECTIONS[found.group(1)]}/{found.group(2)}"
 
 
 class WandbConfig(Section):
@@ -18,7 +36,7 @@ class MlflowConfig(Section):
 class LoggerConfig(Section):
     """The `logger:` section (utils/logger.py's `Logger`)."""
 
-    log_dir: NonEmptyStr = "logs/grpo"
+    log_dir: PathStr = "logs/grpo"
     tensorboard_enabled: bool = True
     wandb_enabled: bool = False
     wandb: WandbConfig = WandbConfig()
@@ -29,8 +47,16 @@ class LoggerConfig(Section):
 
 class CheckpointingConfig(Section):
     enabled: bool = False
-    checkpoint_dir: str = "results/grpo"
+    checkpoint_dir: PathStr = "results/grpo"
     save_period: PositiveInt = 10
     keep_top_k: PositiveInt | None = 3  # null = keep all
-    metric_name: NonEmptyStr | None = None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": best K; null = newest K
+    metric_name: str | None = None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": best K; null = newest K
     higher_is_better: bool = True  # for metric_name
+
+    @field_validator("metric_name")
+    @classmethod
+    def _check_metric_name(cls, value: str | None) -> str | None:
+        """The spelling the checkpoint ranking reads (checked here so --validate-only finds it too)."""
+        if value is not None:
+            normalize_metric_name(value)
+        return value
