@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+import nemo_jetrl.utils.checkpoint as checkpoint_module
 from nemo_jetrl.utils.checkpoint import (
     META_FILE,
     STATE_FILE,
@@ -155,3 +156,22 @@ def test_a_pickle_payload_of_any_protocol_is_refused_and_kept(tmp_path, protocol
     with pytest.raises(UnsafeCheckpointError, match=r"step_2.*refused, nothing in it ran"):
         manager.load_latest()
     assert not marker.exists() and (path / STATE_FILE).read_bytes() == data
+
+
+def test_verification_reads_each_checkpoint_once_per_process(tmp_path, monkeypatch):
+    """Rotation verifies content without re-reading files that did not change: a run's own saves are hashed once,
+    when written (as before issue 46); a resumed run reads each earlier checkpoint once."""
+    hashed = []
+    sha256_file = checkpoint_module.sha256_file
+    monkeypatch.setattr(checkpoint_module, "sha256_file", lambda p: hashed.append(p.parent.name) or sha256_file(p))
+    manager = CheckpointManager(tmp_path, keep_top_k=3)
+    for step in range(1, 11):
+        manager.save(step, _state(step))
+    assert len(hashed) == 10 and _names(tmp_path) == ["step_10", "step_8", "step_9"]
+    hashed.clear()
+    resumed = CheckpointManager(tmp_path, keep_top_k=3)
+    for step in range(11, 14):
+        resumed.save(step, _state(step))
+    assert sorted(name.split(".")[1] if name.startswith(".") else name for name in hashed) == sorted(
+        ["tmp_step_11", "tmp_step_12", "tmp_step_13", "step_8", "step_9", "step_10"]
+    )
