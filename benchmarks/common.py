@@ -96,7 +96,7 @@ def policy_config(**overrides) -> dict:
         "use_deep_gemm": False,  # the recipe each benchmark passes decides (PrecisionRecipe.use_deep_gemm)
         "cache_dgrad_weight": False,  # likewise (PrecisionRecipe.cache_dgrad_weight)
     }
-    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8}
+    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8, "allow_large_lr": False}
     cfg = {
         "model_name": "benchmark-random",
         "tokenizer": {"name": "benchmark-random"},

@@ -46,13 +46,13 @@ from nemo_jetrl.utils.checkpoint_files import (
     files_key,
     first_nonfinite,
     fsync_dir,
+    normalize_metric_name,
     one_line,
     pid_alive,
     safe_torch_load,
     sha256_file,
     tmp_owner,
 )
-from nemo_jetrl.utils.config import normalize_metric_name
 from nemo_jetrl.utils.rng_state import capture_rng_state, restore_rng_state
 from nemo_jetrl.utils.run_lock import verify_held
 

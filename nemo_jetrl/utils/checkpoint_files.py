@@ -3,7 +3,8 @@
 `safe_torch_load` reads a state file with `torch.load(weights_only=True)` (tensors and plain data only); anything
 its unpickler refuses (a GLOBAL of any module, or opcodes it does not know, e.g. a protocol-0 payload) is
 `UnsafeCheckpointError`, raised before anything in the file runs. `first_nonfinite` finds a NaN/Inf in a nested
-state (what `CheckpointManager.save` refuses to write).
+state (what `CheckpointManager.save` refuses to write). `normalize_metric_name` reads the names the metrics in
+meta.json are ranked by (`checkpointing.metric_name`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 TMP_PREFIX = ".tmp_step_"
 _STEP_DIR = re.compile(r"step_(\d+)")
+METRIC_SECTIONS = {"val": "validation", "validation": "validation", "train": "train"}
+
+
+def normalize_metric_name(name: str) -> str:
+    """`val:accuracy` (NeMo-RL), `val/accuracy` or `validation/accuracy` -> `validation/accuracy`; `train:x` ->
+    `train/x`."""
+    found = re.fullmatch(r"(\w+)[:/](.+)", name) if isinstance(name, str) else None
+    if found is None or found.group(1) not in METRIC_SECTIONS:
+        raise ValueError(
+            f"checkpointing.metric_name: {name!r} is not 'val:<metric>' or 'train:<metric>' (or val/..., train/...)"
+        )
+    return f"{METRIC_SECTIONS[found.group(1)]}/{found.group(2)}"
 
 
 class UnsafeCheckpointError(ValueError):

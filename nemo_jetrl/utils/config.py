@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 from pydantic import field_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import NonNegativeInt, PathStr, PositiveInt, Section
-
-METRIC_SECTIONS = {"val": "validation", "validation": "validation", "train": "train"}
-
-
-def normalize_metric_name(name: str) -> str:
-    """`val:accuracy` (NeMo-RL), `val/accuracy` or `validation/accuracy` -> `validation/accuracy`; `train:x` ->
-    `train/x`."""
-    found = re.fullmatch(r"(\w+)[:/](.+)", name) if isinstance(name, str) else None
-    if found is None or found.group(1) not in METRIC_SECTIONS:
-        raise KeyedValueError(
-            f"checkpointing.metric_name: {name!r} is not 'val:<metric>' or 'train:<metric>' (or val/..., train/...)"
-        )
-    return f"{METRIC_SECTIONS[found.group(1)]}/{found.group(2)}"
+from nemo_jetrl.utils.checkpoint_files import normalize_metric_name
 
 
 class WandbConfig(Section):
@@ -58,5 +44,8 @@ class CheckpointingConfig(Section):
     def _check_metric_name(cls, value: str | None) -> str | None:
         """The spelling the checkpoint ranking reads (checked here so --validate-only finds it too)."""
         if value is not None:
-            normalize_metric_name(value)
+            try:
+                normalize_metric_name(value)
+            except ValueError as exc:
+                raise KeyedValueError(str(exc)) from None
         return value
