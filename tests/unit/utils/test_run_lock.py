@@ -85,3 +85,15 @@ def test_a_directory_replaced_under_a_live_run_stops_its_next_save(tmp_path):
         assert list((tmp_path / "ckpt").iterdir()) == []
     finally:
         release_all(locks)
+
+
+def test_a_removed_lock_file_is_written_again_before_the_next_save(tmp_path):
+    from nemo_jetrl.utils.run_lock import verify_held
+
+    locks = lock_run_dirs({"checkpointing.checkpoint_dir": tmp_path})
+    try:
+        (tmp_path / LOCK_FILE).unlink()
+        verify_held(tmp_path)
+        assert f'"pid": {os.getpid()}' in (tmp_path / LOCK_FILE).read_text()  # a second writer's error names us again
+    finally:
+        release_all(locks)
