@@ -98,7 +98,7 @@ def policy_config(**overrides) -> dict:
         "cache_dgrad_weight": False,  # likewise (PrecisionRecipe.cache_dgrad_weight)
     }
     optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8,
-                 "decay_1d_params": True}  # fmt: skip
+                 "decay_1d_params": True, "allow_large_lr": False}  # fmt: skip
     cfg = {
         "model_name": "benchmark-random",
         "hf_config_overrides": None,

@@ -10,7 +10,8 @@
 `quantization_config.weight_block_size: [128, 128]`) for the layers the recipe's layer map puts in FP8.
 User errors exit with status 2 and one `error: ...` line on stderr. A non-empty `--out` must hold an earlier export
 of this tool (`.nemo_jetrl_export.json` lists its files; only those are replaced) unless `--overwrite` is given;
-the checkpoint and base model directories are never written to.
+the checkpoint directory (the whole `checkpointing.checkpoint_dir`, also when `--checkpoint` names one step) and the
+base model directory are never written to.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     from nemo_jetrl.config import ConfigError, load_config, validate_config
     from nemo_jetrl.models.export import export_checkpoint
+    from nemo_jetrl.models.export_dir import earlier_export_files
+    from nemo_jetrl.utils.checkpoint import checkpoint_root
 
     try:
         if args.config is not None:
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"overrides {args.overrides} need --config")
         else:
             checkpoint = args.checkpoint
+        # the run's whole checkpoint dir, not only the step exported: its other steps and lock live there
+        earlier_export_files(args.out, overwrite=args.overwrite, protected=[checkpoint_root(checkpoint)])
         out = export_checkpoint(
             checkpoint,
             args.out,

@@ -14,6 +14,7 @@ from nemo_jetrl.config.section import (
     PositiveFloat,
     PositiveInt,
     Section,
+    Seed,
     StrictInt,
     UnitFloat,
 )
@@ -70,8 +71,9 @@ class GrpoConfig(Section):
     val_at_start: bool = True
     val_at_end: bool = False  # one more validation after the last step (when the period did not just run one)
     max_val_samples: PositiveInt = 512
-    seed: NonNegativeInt = 42
+    seed: Seed = 42
     on_nonfinite: Literal["skip", "stop"] = "skip"  # non-finite loss / grad / FP8 scale: skip the batch or stop
+    max_consecutive_nonfinite_skips: PositiveInt | None = 3  # that many steps skipped in a row stop the run; null: never
     mismatch_position_bin: NonNegativeInt = 0  # > 0: train/mismatch_pos/<start> per bin of this many positions
     # DAPO (NeMo-RL keys; algorithms/dapo.py)
     use_dynamic_sampling: bool = False  # generate until the step holds enough groups with reward std > 0

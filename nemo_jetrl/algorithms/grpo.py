@@ -49,7 +49,7 @@ from nemo_jetrl.generation.interfaces import (
 )
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy
-from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError
+from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
 from nemo_jetrl.policy.trainer_setup import resolve_device
 from nemo_jetrl.precision import PrecisionRecipe, deep_gemm_adapter
 from nemo_jetrl.precision.config import precision_line
@@ -358,8 +358,8 @@ def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | No
     t0 = time.perf_counter()
     try:
         _train_loop(run, start_step, history, val_history)
-    except NonFiniteError as err:
-        console.print(f"[red]error: {err}; run stopped; saved checkpoints are untouched[/]")
+    except NonFiniteError:
+        console.print("[red]run stopped on non-finite values; saved checkpoints are untouched[/]")
         raise
     finally:
         run.logger.close()  # draws the final plots
@@ -370,9 +370,11 @@ def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | No
 
 
 def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: list) -> None:
-    """Steps `start_step .. max_num_steps - 1` with logging, validation and checkpoints."""
+    """Steps `start_step .. max_num_steps - 1` with logging, validation and checkpoints;
+    `grpo.max_consecutive_nonfinite_skips` steps skipped as non-finite in a row stop the run (before a save)."""
     cfg, g = run.cfg, run.cfg["grpo"]
     max_steps, val_period = int(g["max_num_steps"]), int(g["val_period"])
+    skip_limit, skipped_in_a_row = g["max_consecutive_nonfinite_skips"], 0
     with RunProgress(max_steps) as progress:
         progress.advance(step=start_step)
         if g["val_at_start"] and val_period > 0 and start_step == 0:
@@ -394,6 +396,10 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
                 val = validate(run, step + 1)
                 val_history.append(val)
                 logged.update(run.logger.log_metrics(val, step=step + 1, prefix="validation/"))
+            skipped = metrics.get("nonfinite_skipped") == 1.0
+            skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
+            if skip_limit is not None and skipped_in_a_row >= skip_limit:
+                raise NonFiniteStreakError(skipped_in_a_row, step + 1)
             if run.checkpoints is not None and (step + 1) % int(cfg["checkpointing"]["save_period"]) == 0:
                 progress.phase("checkpoint")
                 state = checkpoint_state(run, step + 1)

@@ -1,7 +1,8 @@
-"""GRPO run state on disk: resume from the newest valid checkpoint, what a checkpoint holds, the metrics file.
+"""GRPO run state on disk: resume from the newest valid checkpoint, what a checkpoint holds, the log directory.
 
-A fresh start (no checkpoint loaded) never appends to an earlier run's metrics.jsonl: that file is moved aside as
-`metrics.<mtime>.jsonl` first. A resume trims metrics.jsonl to the checkpoint's step (the file reads as one run).
+A resume checks the checkpoint's fields (`resume_state_problem`) before anything is rewritten, then trims
+metrics.jsonl to its step (the dropped lines are kept beside it). A fresh start (no checkpoint loaded) never
+appends to or overwrites an earlier run's outputs: they are moved aside first (`utils/run_outputs.py`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
-from nemo_jetrl.utils.checkpoint import (
-    CheckpointManager,
-    capture_rng_state,
-    restore_rng_state,
-    rotate_metrics_jsonl,
-    truncate_metrics_jsonl,
-)
+from nemo_jetrl.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
+from nemo_jetrl.utils.run_outputs import move_earlier_outputs, trim_metrics_for_resume
 
 console = Console(stderr=True)
 
@@ -38,20 +34,44 @@ def checkpoint_manager(ckpt_cfg: dict[str, Any]) -> CheckpointManager:
 
 
 def load_resume_state(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The latest valid checkpoint, or None; call before the Logger opens metrics.jsonl: a resume trims it to the
-    checkpoint's step, a fresh start moves an earlier run's file aside."""
+    """The latest valid checkpoint, or None; call before the Logger opens its files. A checkpoint whose fields
+    cannot be resumed from is a ValueError of one line (nothing rewritten); a resume trims metrics.jsonl to the
+    checkpoint's step, a fresh start moves an earlier run's outputs aside."""
     ckpt = cfg["checkpointing"]
-    metrics_path = Path(cfg["logger"]["log_dir"]) / METRICS_FILENAME
-    state = checkpoint_manager(ckpt).load_latest() if ckpt["enabled"] else None
-    if state is None:
-        moved = rotate_metrics_jsonl(metrics_path)
-        if moved is not None:
-            console.print(f"metrics.jsonl of an earlier run moved to {moved} (fresh start, no checkpoint loaded)")
+    log_dir = Path(cfg["logger"]["log_dir"])
+    found = checkpoint_manager(ckpt).latest() if ckpt["enabled"] else None
+    if found is None:
+        moved = move_earlier_outputs(log_dir)
+        if moved:
+            names = ", ".join(f"{old.name} -> {new.name}" for old, new in moved)
+            console.print(f"outputs of an earlier run in {log_dir} moved aside: {names} (fresh start)", soft_wrap=True)
         return None
-    dropped = truncate_metrics_jsonl(metrics_path, int(state["step"]))
-    if dropped:
-        console.print(f"metrics.jsonl: dropped {dropped} line(s) logged after step {state['step']} (resuming)")
+    path, state = found
+    problem = resume_state_problem(state)
+    if problem is not None:
+        raise ValueError(
+            f"checkpoint {path} passes its checksum but {problem}; move it aside (or delete it) to resume from the "
+            "checkpoint before it; nothing was changed"
+        )
+    step = state["step"]
+    line = trim_metrics_for_resume(log_dir / METRICS_FILENAME, step).line(log_dir / METRICS_FILENAME, step)
+    if line is not None:
+        console.print(line, soft_wrap=True, highlight=False)
     return state
+
+
+def resume_state_problem(state: dict[str, Any]) -> str | None:
+    """What in a loaded checkpoint a GRPO run cannot resume from (`step`, `policy`, `data`, `rng`, `config`)."""
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"its 'step' is {step!r}, not a step count"
+    for key in ("policy", "data", "rng", "config"):  # a missing policy: `restore` names what the model lacks
+        if key in state and not isinstance(state[key], dict):
+            return f"its '{key}' is {type(state[key]).__name__}, not a dict"
+    next_batch = state.get("data", {}).get("next_batch", step)
+    if isinstance(next_batch, bool) or not isinstance(next_batch, int) or next_batch < 0:
+        return f"its data.next_batch is {next_batch!r}, not a batch count"
+    return None
 
 
 def restore(run: Any, state: dict[str, Any]) -> int:
@@ -80,7 +100,7 @@ def restore(run: Any, state: dict[str, Any]) -> int:
             changed.append(".".join(path))
     if changed:
         console.print(f"[yellow]warning: resuming with changed {', '.join(changed)} (checkpoint config differs)[/]")
-    run.next_batch = int(state.get("data", {}).get("next_batch", step))
+    run.next_batch = state.get("data", {}).get("next_batch", step)  # checked by resume_state_problem
     console.print(f"resumed from step {step} ({where}), data {state.get('data')}")
     return step
 

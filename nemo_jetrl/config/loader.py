@@ -6,10 +6,15 @@
 items override earlier ones), then the including file itself overrides them; inheritance is recursive and cycles
 are reported with the whole chain. Overrides (see `overrides.py`) apply to the merged tree, and interpolations such
 as `${policy.precision}` and `${mul:...}` are resolved last, so an override propagates to every key that refers to it.
+
+A file is refused before OmegaConf builds anything when it is larger than `MAX_YAML_BYTES` or its anchors and
+aliases expand to more than `MAX_YAML_NODES` nodes (a "billion laughs": a few hundred bytes that would take minutes
+and gigabytes to build); the expanded size is counted on PyYAML's node graph, each shared node once.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -23,6 +28,8 @@ from nemo_jetrl.config.errors import ConfigError, format_value, omegaconf_messag
 from nemo_jetrl.config.overrides import apply_overrides, deep_merge
 
 DEFAULTS_KEY = "defaults"
+MAX_YAML_BYTES = 1 << 20  # the largest NeMo-RL config is tens of KB
+MAX_YAML_NODES = 100_000  # nodes after expanding aliases; NeMo-RL's configs have a few hundred
 
 
 def _mul(*values):
@@ -60,7 +67,13 @@ def read_yaml(path: str | os.PathLike, included_from: str | None = None) -> dict
     """One YAML file as a plain dict (interpolations kept as strings). Errors name the file and, for syntax, the line."""
     where = f" (listed in defaults of {included_from})" if included_from else ""
     try:
-        node = OmegaConf.load(path)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+        if len(raw) > MAX_YAML_BYTES:
+            raise ConfigError(f"{path} is over {MAX_YAML_BYTES} bytes; config files are limited to that size{where}")
+        text = raw.decode("utf-8")
+        _check_expansion(path, text, where)
+        node = OmegaConf.load(io.StringIO(text))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}{where}") from None
     except OSError as exc:
@@ -73,11 +86,47 @@ def read_yaml(path: str | os.PathLike, included_from: str | None = None) -> dict
             context += f" started at line {exc.context_mark.line + 1}"
         context += ")" if context else ""
         raise ConfigError(f"{path}{position}: YAML syntax error: {exc.problem or exc}{context}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read{where}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}){where}") from None
     except (yaml.YAMLError, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"{path}: cannot parse YAML: {exc}") from None
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{path}: the top level of a config file must be a mapping of keys, got a list")
     return OmegaConf.to_container(node, resolve=False)
+
+
+def _check_expansion(path: str | os.PathLike, text: str, where: str) -> None:
+    """ConfigError when the YAML's aliases expand to more than MAX_YAML_NODES nodes (or refer to themselves)."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)  # the node graph: an alias is the anchored node itself
+    sizes: dict[int, int] = {}
+    pending: set[int] = set()
+
+    def expanded(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in pending:
+            raise ConfigError(f"{path}: an alias refers to the node that contains it{where}")
+        pending.add(key)
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        total = 1
+        for child in children:
+            total += expanded(child)
+            if total > MAX_YAML_NODES:
+                raise ConfigError(
+                    f"{path}: its anchors and aliases expand to more than {MAX_YAML_NODES} nodes (a 'billion laughs'?)"
+                    f"; config files are limited to that{where}"
+                )
+        pending.discard(key)
+        sizes[key] = total
+        return total
+
+    if root is not None:
+        expanded(root)
 
 
 def load_yaml_with_defaults(path: str | os.PathLike) -> dict:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_jetrl.config.section import NonEmptyStr, NonNegativeInt, PositiveInt, Section
+from nemo_jetrl.config.section import NonEmptyStr, PositiveInt, Section, Seed
 
 
 class DataConfig(Section):
     dataset_name: NonEmptyStr = "arithmetic"  # builtin task name, or a file / HF dataset
     num_digits: PositiveInt = 2  # builtin tasks only (arithmetic, long_addition)
     val_size: PositiveInt = 512  # held-out problems (rows held out of the training data when val_dataset_name is null)
-    seed: NonNegativeInt = 1234  # held-out split + shuffling
+    seed: Seed = 1234  # held-out split + shuffling
     val_dataset_name: NonEmptyStr | None = None
     dataset_config: NonEmptyStr | None = None  # HF datasets config (subset)
     train_split: NonEmptyStr | None = None

@@ -8,9 +8,12 @@ Sources (`data.dataset_name` / `data.val_dataset_name`):
 - a HF datasets name, read from the local cache only: it needs `HF_HUB_OFFLINE=1` (this project never downloads).
 
 A row is kept when both fields exist and are non-empty text (numbers are turned into text: GSM8K-style integer
-answers are fine). Every other row is counted under one reason (`malformed JSON`, `not a JSON object`,
-`missing 'answer'`, `empty 'problem'`, `non-text 'answer'`, `invalid UTF-8 in 'problem'`) in a `RowReport`; a source with no usable row is an error
-that names the fields it does have.
+answers are fine, and a JSON integer of thousands of digits is kept as its digits). Every other row is counted
+under one reason (`malformed JSON`, `JSON nested too deeply`, `not a JSON object`, `missing 'answer'`,
+`empty 'problem'`, `non-text 'answer'`, `invalid UTF-8 in 'problem'`) with its first row number (the line of a
+.jsonl, the element of a .json list, the row of a table) in a `RowReport`, whose summary names the file: no row
+ends the run. A source with no usable row is an error that names the fields it does
+have.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 import numbers
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ from typing import Any
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 # bytes that are not UTF-8 decode (errors="surrogateescape") to lone surrogates; JSON "\\udXXX" escapes give them too
 _NOT_UTF8 = re.compile("[\ud800-\udfff]")
+_MAX_INT_DIGITS = 4000  # below Python's int <-> str conversion limit (4300 digits); longer JSON integers stay text
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]')  # strings (skipped whole), brackets, commas
 
 
 @dataclass
@@ -71,6 +76,20 @@ def _as_text(value: Any) -> str | None:
     return str(value)
 
 
+def _parse_int(digits: str) -> int | str:
+    return int(digits) if len(digits.lstrip("-")) <= _MAX_INT_DIGITS else digits
+
+
+def _loads_row(text: str) -> tuple[Any, str | None]:
+    """(object, None), or (None, the bad-row reason) for text that is not one JSON value this reader can hold."""
+    try:
+        return json.loads(text, parse_int=_parse_int), None
+    except RecursionError:
+        return None, "JSON nested too deeply"
+    except ValueError:  # JSONDecodeError included
+        return None, "malformed JSON"
+
+
 def _take_row(obj: Any, source: DataSource, report: RowReport, row_number: int) -> tuple[str, str, int] | None:
     report.total += 1
     if not isinstance(obj, Mapping):
@@ -113,11 +132,10 @@ def _read_jsonl(path: Path, source: DataSource, report: RowReport) -> list[tuple
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
+            obj, problem = _loads_row(line)
+            if problem is not None:
                 report.total += 1
-                report.skip("malformed JSON", line_number)
+                report.skip(problem, line_number)
                 continue
             row = _take_row(obj, source, report, line_number)
             if row is not None:
@@ -125,9 +143,49 @@ def _read_jsonl(path: Path, source: DataSource, report: RowReport) -> list[tuple
     return rows
 
 
+def _list_elements(text: str) -> Iterator[str] | None:
+    """Source text of each top-level element of a JSON array (strings and brackets matched, nothing parsed), or
+    None when `text` is not one: each element can then be parsed and counted on its own."""
+    if not text.lstrip().startswith("["):
+        return None
+
+    def elements() -> Iterator[str]:
+        depth, start = 0, 0
+        for token in _JSON_TOKENS.finditer(text):
+            mark = token.group()
+            if mark in "[{":
+                depth += 1
+                start = token.end() if depth == 1 else start
+            elif mark in "]}":
+                depth -= 1
+                if depth == 0:
+                    if text[start : token.start()].strip():
+                        yield text[start : token.start()]
+                    return
+            elif mark == "," and depth == 1:
+                yield text[start : token.start()]
+                start = token.end()
+
+    return elements()
+
+
 def _read_json(path: Path, source: DataSource, report: RowReport) -> list[tuple[str, str, int]]:
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
     try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
+        data = json.loads(text, parse_int=_parse_int)
+    except RecursionError:  # one element nested too deeply: read the list element by element
+        elements = _list_elements(text)
+        if elements is None:
+            raise ValueError(f"{source.name}: JSON nested too deeply (and not a list of rows)") from None
+        parsed = []
+        for number, element in enumerate(elements, start=1):
+            obj, problem = _loads_row(element)
+            if problem is None:
+                parsed.append((number, obj))
+            else:
+                report.total += 1
+                report.skip(problem, number)
+        return _rows_from_objects(parsed, source, report)
     except json.JSONDecodeError:
         return _read_jsonl(path, source, report)  # JSON lines saved as .json
     if isinstance(data, Mapping):  # {"data": [...]} or a single split

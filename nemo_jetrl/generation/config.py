@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
-from nemo_jetrl.config.section import FiniteFloat, NonNegativeInt, PositiveInt, Section
+from nemo_jetrl.config.section import ByteCount, FiniteFloat, NonNegativeInt, PositiveInt, Section
 from nemo_jetrl.precision.config import Precision
 
 
@@ -40,7 +40,7 @@ class GenerationConfig(Section):
     # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
     max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for free KV blocks
     gpu_memory_utilization: Annotated[FiniteFloat, Field(gt=0, le=1)] | None = None  # of the memory the trainer leaves
-    kv_cache_memory_bytes: PositiveInt | None = None  # an explicit KV budget (any device; wins over the fraction)
+    kv_cache_memory_bytes: ByteCount | None = None  # an explicit KV budget (any device; wins over the fraction)
     max_model_len: PositiveInt | None = None  # prompt + response cap per row (with max_total_sequence_length)
     kv_block_size: PositiveInt = 16  # tokens per block of the paged KV pool (continuous batching)
 

@@ -29,6 +29,16 @@ class OptimizerConfig(Section):
     betas: tuple[Beta, Beta] = (0.9, 0.999)
     eps: PositiveFloat = 1.0e-8
     decay_1d_params: bool = True  # false: biases and norm weights take no weight decay (Megatron's rule)
+    allow_large_lr: bool = False  # lr > 1 is refused as a typo unless this is true
+
+    @model_validator(mode="after")
+    def _check_lr(self) -> OptimizerConfig:
+        if self.lr > 1 and not self.allow_large_lr:
+            raise KeyedValueError(
+                f"policy.optimizer.lr: {self.lr:g} > 1 would blow the weights up in one step (a typo?); use a "
+                "learning rate <= 1, or set policy.optimizer.allow_large_lr=true to force it"
+            )
+        return self
 
 
 class DTensorConfig(Section):

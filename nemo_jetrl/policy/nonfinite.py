@@ -35,6 +35,19 @@ class NonFiniteStateError(NonFiniteError):
         )
 
 
+class NonFiniteStreakError(NonFiniteError):
+    """`grpo.max_consecutive_nonfinite_skips` GRPO steps in a row were skipped as non-finite: the run stops (a
+    learning rate that blew the weights up, rewards or data that are never finite)."""
+
+    def __init__(self, count: int, step: int) -> None:
+        self.tensor, self.step = "steps", step
+        FloatingPointError.__init__(
+            self,
+            f"{count} steps in a row skipped as non-finite (the last: step {step}); the run stops "
+            f"(grpo.max_consecutive_nonfinite_skips={count}): lower policy.optimizer.lr or check the rewards and data",
+        )
+
+
 def _fp8_ok_flags(model: nn.Module) -> tuple[list[tuple[str, Fp8Linear]], list[torch.Tensor], list[torch.Tensor]]:
     """The FP8 layers and, per layer, its FP8 scales are finite / its master weight is finite (0-d device bools).
 

@@ -1,55 +1,86 @@
 """Atomic step checkpoints: `<root>/step_<N>/` written to a temp dir, checksummed, then renamed into place.
 
-A checkpoint counts only if its `meta.json` exists, the state file's size and SHA-256 match it and the file loads;
-anything else (a run killed mid-save, a truncated or edited file) is skipped with a warning naming the reason and
-is never loaded. The SHA-256 proves integrity, not origin: state files are read with `torch.load(weights_only=True)`
-(tensors and plain data only), and a file that needs any other object unpickled is refused (`UnsafeCheckpointError`)
-before anything in it runs.
+A checkpoint counts (for resume, `keep_top_k` and rotation) only once its content is verified: `meta.json` exists
+and the state file's size and SHA-256 match it (a verification is remembered while the files' inode, size and
+change times stay the same, so rotation re-reads a file only when it changed). Anything else (a run killed
+mid-save, a truncated or edited file) is skipped with a warning naming the reason, never loaded and never deleted:
+a directory at `step_<N>` that this manager did not write (damaged, or another tool's / the user's files) is moved
+aside as `step_<N>.aside.<stamp>` with a warning when the run saves its own step N.
 
-Saves write only finite states (`NonFiniteCheckpointError` otherwise) and never touch earlier checkpoints when
-they fail (`CheckpointSaveError`, e.g. a full disk). A temp dir is named after its owner (`.tmp_step_<N>.<pid>@<host>`)
-and removed by its owner, or by a later save once that process is gone. `keep_top_k` keeps the newest K checkpoints,
-or with `metric_name` the best K by that metric (recorded in meta.json) plus the newest one for resume.
+The SHA-256 proves integrity, not origin. State files are read with `torch.load(weights_only=True)` (tensors and
+plain data only); a file the weights-only unpickler refuses (any pickle protocol) is refused with
+`UnsafeCheckpointError` before anything in it runs, and a verified file whose content contradicts its directory
+(another step, not a dict, does not load) with `CheckpointMismatchError`: both stop the search and keep the file.
 
-What a GRPO checkpoint holds (see `algorithms/grpo.py`): `policy` (model + optimizer + trainer step), `rng`
-(`capture_rng_state()`), `data` (the data position), `step` and the run's `config`. Resume helpers live here too:
-`restore_rng_state` and `truncate_metrics_jsonl` (drop lines logged after the resumed step so the file reads as one
-run).
+Saves write only finite states (`NonFiniteCheckpointError` otherwise); any failure of a save (a full disk: torch's
+writer raises RuntimeError) removes only its own temp dir and raises `CheckpointSaveError` (one line), earlier
+checkpoints untouched. A temp dir is named after its owner (`.tmp_step_<N>.<pid>@<host>`) and removed by its owner,
+or by a later save once that process is gone. Before each save the run's lock on `root` is verified
+(`run_lock.verify_held`). `keep_top_k` keeps the newest K verified checkpoints, or with `metric_name` the best K by
+that metric (recorded in meta.json) plus the newest one for resume.
+
+What a GRPO checkpoint holds (see `algorithms/grpo_checkpoint.py`): `policy` (model + optimizer + trainer step),
+`rng` (`capture_rng_state()`), `data` (the data position), `step` and the run's `config`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import pickle
-import re
 import shutil
 import socket
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nemo_jetrl.utils.aside import move_aside
+from nemo_jetrl.utils.checkpoint_files import (
+    META_FILE,
+    STATE_FILE,
+    TMP_PREFIX,
+    UnsafeCheckpointError,
+    dir_step,
+    files_key,
+    first_nonfinite,
+    fsync_dir,
+    normalize_metric_name,
+    one_line,
+    pid_alive,
+    safe_torch_load,
+    sha256_file,
+    tmp_owner,
+)
 from nemo_jetrl.utils.rng_state import capture_rng_state, restore_rng_state
+from nemo_jetrl.utils.run_lock import verify_held
 
-__all__ = ["CheckpointManager", "capture_rng_state", "restore_rng_state", "safe_torch_load", "truncate_metrics_jsonl"]
+__all__ = [
+    "META_FILE",
+    "STATE_FILE",
+    "CheckpointManager",
+    "UnsafeCheckpointError",
+    "capture_rng_state",
+    "first_nonfinite",
+    "normalize_metric_name",
+    "restore_rng_state",
+    "safe_torch_load",
+]
 
-STATE_FILE = "state.pt"
-META_FILE = "meta.json"
-TMP_PREFIX = ".tmp_step_"
-METRIC_SECTIONS = {"val": "validation", "validation": "validation", "train": "train"}
+ASIDE_TAG = "aside"
 
 
 class CorruptCheckpointWarning(UserWarning):
-    """A checkpoint directory failed its checks and was skipped."""
+    """A checkpoint directory failed its checks and was skipped (kept, never deleted)."""
 
 
-class UnsafeCheckpointError(ValueError):
-    """A state file needs objects other than tensors and plain data unpickled: refused, nothing in it ran."""
+class MovedAsideWarning(UserWarning):
+    """A `step_<N>` this manager did not write was renamed out of the way of its own step N (nothing deleted)."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint passes its checksum but its content contradicts its directory: refused, kept as it is."""
 
 
 class NonFiniteCheckpointError(ValueError):
@@ -58,97 +89,6 @@ class NonFiniteCheckpointError(ValueError):
 
 class CheckpointSaveError(OSError):
     """Writing a checkpoint failed (disk full, unwritable directory); earlier checkpoints are untouched."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def safe_torch_load(path: str | Path, *, mmap: bool = False) -> Any:
-    """`torch.load(weights_only=True)` on CPU; `UnsafeCheckpointError` naming the first refused global otherwise."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        if found is None:
-            raise  # not a foreign object: a damaged file (refused all the same, nothing ran)
-        what = found.group(1)
-        raise UnsafeCheckpointError(
-            f"{path} needs {what} unpickled (only tensors and plain data are loaded); refused, nothing in it ran"
-        ) from None
-
-
-def first_nonfinite(state: Any, prefix: str = "") -> str | None:
-    """Key path (`policy.model.x.weight`) of the first floating tensor or float holding NaN/Inf in a nested state."""
-    named: list[tuple[str, torch.Tensor]] = []
-
-    def walk(obj: Any, path: str) -> str | None:
-        if isinstance(obj, torch.Tensor):
-            if obj.is_floating_point() and obj.numel():
-                named.append((path, obj if obj.element_size() > 1 else obj.float()))  # fp8: no norm kernel
-        elif isinstance(obj, float) and not math.isfinite(obj):
-            return path
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                found = walk(v, f"{path}.{k}" if path else str(k))
-                if found:
-                    return found
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                found = walk(v, f"{path}.{i}" if path else str(i))
-                if found:
-                    return found
-        return None
-
-    found = walk(state, prefix)
-    if found or not named:
-        return found
-    amax = torch._foreach_norm([t for _, t in named], float("inf"))  # max |x| per tensor; NaN propagates
-    ok = torch.stack([a.float().cpu() for a in amax]).isfinite()
-    if bool(ok.all()):
-        return None
-    return named[int((~ok).nonzero()[0])][0]
-
-
-def normalize_metric_name(name: str) -> str:
-    """`val:accuracy` (NeMo-RL), `val/accuracy` or `validation/accuracy` -> `validation/accuracy`; `train:x` ->
-    `train/x`."""
-    found = re.fullmatch(r"(\w+)[:/](.+)", name) if isinstance(name, str) else None
-    if found is None or found.group(1) not in METRIC_SECTIONS:
-        raise ValueError(
-            f"checkpointing.metric_name must be 'val:<metric>' or 'train:<metric>' (or val/..., train/...), got {name!r}"
-        )
-    return f"{METRIC_SECTIONS[found.group(1)]}/{found.group(2)}"
-
-
-def _owner(tmp_name: str) -> tuple[int, str] | None:
-    """(pid, host) of a temp dir `.tmp_step_<N>.<pid>@<host>` (or the older `.tmp_step_<N>_<pid>`, this host)."""
-    found = re.search(r"\.(\d+)@(.+)$", tmp_name) or re.search(r"_(\d+)()$", tmp_name)
-    if found is None:
-        return None
-    return int(found.group(1)), found.group(2) or socket.gethostname()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CheckpointManager:
@@ -173,15 +113,14 @@ class CheckpointManager:
         self.metric_name = normalize_metric_name(metric_name) if metric_name is not None else None
         self.higher_is_better = bool(higher_is_better)
         self._tag = f"{os.getpid()}@{socket.gethostname()}"
+        self._verified: dict[Path, tuple] = {}  # step dir -> `_files_key` when its checksum last matched
+        self._written: dict[Path, tuple] = {}  # step dirs this manager published -> `_files_key` right after
 
     def step_dirs(self) -> list[tuple[int, Path]]:
         """(step, path) of every `step_<N>` directory, oldest first (valid or not)."""
         if not self.root.is_dir():
             return []
-        out = []
-        for p in self.root.iterdir():
-            if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
-                out.append((int(p.name[5:]), p))
+        out = [(dir_step(p), p) for p in self.root.iterdir() if p.is_dir() and dir_step(p) is not None]
         return sorted(out)
 
     def save(self, step: int, state: dict[str, Any], metrics: dict[str, float] | None = None) -> Path:
@@ -194,6 +133,7 @@ class CheckpointManager:
             raise NonFiniteCheckpointError(
                 f"refusing to save checkpoint step_{step}: non-finite {bad}; earlier checkpoints are untouched"
             )
+        verify_held(self.root)  # this run still owns the directory (RunDirLockedError otherwise)
         tmp = self.root / f"{TMP_PREFIX}{step}.{self._tag}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -201,10 +141,14 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             final = self._write_and_publish(step, state, metrics, tmp)
-        except OSError as err:
+        except BaseException as err:  # a full disk makes torch's writer raise RuntimeError, not OSError
             shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(err, Exception):
+                raise
+            free = shutil.disk_usage(self.root).free if self.root.is_dir() else None
+            space = f"; {free / 2**20:.0f} MiB free there" if free is not None else ""
             raise CheckpointSaveError(
-                f"could not save checkpoint step_{step} in {self.root} ({err.strerror or err}); "
+                f"could not save checkpoint step_{step} in {self.root} ({one_line(err)}{space}); "
                 "earlier checkpoints are untouched"
             ) from err
         self._prune()
@@ -216,16 +160,18 @@ class CheckpointManager:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        meta = {"step": step, "sha256": _sha256(state_path), "bytes": state_path.stat().st_size}
+        meta = {"step": step, "sha256": sha256_file(state_path), "bytes": state_path.stat().st_size}
         if metrics:
             meta["metrics"] = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
         with open(tmp / META_FILE, "w") as f:
             f.write(json.dumps(meta))
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = self.root / f"step_{step}"
-        if final.exists():  # re-saving a step: move the old one aside first so a valid copy exists at every instant
+        key = files_key(final)
+        ours = key is not None and self._written.get(final) == key
+        if ours:  # re-saving a step this manager wrote: the old copy goes only once the new one is in place
             old = self.root / f"{TMP_PREFIX}old{step}.{self._tag}"
             os.replace(final, old)
             try:
@@ -235,9 +181,25 @@ class CheckpointManager:
                 raise
             shutil.rmtree(old, ignore_errors=True)
         else:
+            if os.path.lexists(final):
+                self._move_aside(final)
             os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
+        key = files_key(final)
+        self._written[final] = self._verified[final] = key
         return final
+
+    def _move_aside(self, path: Path) -> Path:
+        """Rename a `step_<N>` this manager did not write (damaged, foreign, the user's) out of the way, with a line."""
+        why = self.check(path) if path.is_dir() else "not a directory"
+        what = f"is not a checkpoint of this run ({why})" if why else "was written by another run"
+        target = move_aside(path, tag=ASIDE_TAG)
+        warnings.warn(
+            f"{path} {what}: moved aside to {target} before saving this step (kept for inspection, nothing deleted)",
+            MovedAsideWarning,
+            stacklevel=4,
+        )
+        return target
 
     def _remove_stale_temp_dirs(self) -> None:
         """Temp dirs of this process, or of processes of this host that are gone; never another live save's."""
@@ -245,25 +207,27 @@ class CheckpointManager:
         for p in self.root.iterdir():
             if not (p.is_dir() and p.name.startswith(TMP_PREFIX)):
                 continue
-            owner = _owner(p.name)
-            if owner is not None and owner[1] == host and (owner[0] == os.getpid() or not _pid_alive(owner[0])):
+            owner = tmp_owner(p.name)
+            if owner is not None and owner[1] == host and (owner[0] == os.getpid() or not pid_alive(owner[0])):
                 shutil.rmtree(p, ignore_errors=True)
 
-    def _meta(self, path: Path) -> dict[str, Any] | None:
-        """meta.json of a checkpoint whose state file has the recorded size (cheap check), else None."""
+    def _verified_meta(self, path: Path) -> dict[str, Any] | None:
+        """meta.json of a checkpoint whose content is verified (checksum now, or unchanged since it matched)."""
+        key = files_key(path)
+        if key is None or (self._verified.get(path) != key and self.check(path) is not None):
+            return None
         try:
             meta = json.loads((path / META_FILE).read_text())
-            size = (path / STATE_FILE).stat().st_size
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             return None
-        return meta if isinstance(meta, dict) and meta.get("bytes", size) == size else None
+        return meta if isinstance(meta, dict) else None
 
     def _prune(self) -> None:
-        """Keep the newest checkpoint plus the best (or newest) `keep_top_k`; a checkpoint failing the cheap check
-        neither counts nor is removed (kept for inspection, never chosen over a good one)."""
+        """Keep the newest verified checkpoint plus the best (or newest) `keep_top_k` verified ones; a checkpoint
+        failing verification neither counts nor is removed (kept for inspection, never chosen over a good one)."""
         if not self.keep_top_k:
             return
-        candidates = [(step, path, meta) for step, path in self.step_dirs() if (meta := self._meta(path))]
+        candidates = [(step, path, meta) for step, path in self.step_dirs() if (meta := self._verified_meta(path))]
         if not candidates:
             return
         keep = {candidates[-1][0]}
@@ -275,6 +239,8 @@ class CheckpointManager:
         for step, path, _ in candidates:
             if step not in keep:
                 shutil.rmtree(path, ignore_errors=True)
+                self._verified.pop(path, None)
+                self._written.pop(path, None)
 
     def _score(self, meta: dict[str, Any]) -> float:
         """Higher is better; a checkpoint without the metric ranks last."""
@@ -285,11 +251,13 @@ class CheckpointManager:
 
     def check(self, path: Path) -> str | None:
         """None when `path` is a complete checkpoint whose state file matches its meta.json, else the reason."""
-        meta_path, state_path = Path(path) / META_FILE, Path(path) / STATE_FILE
+        path = Path(path)
+        meta_path, state_path = path / META_FILE, path / STATE_FILE
         if not meta_path.is_file():
             return f"no {META_FILE} (partial save)"
         if not state_path.is_file():
             return f"no {STATE_FILE}"
+        key = files_key(path)
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -299,15 +267,18 @@ class CheckpointManager:
         size = state_path.stat().st_size
         if "bytes" in meta and meta["bytes"] != size:
             return f"{STATE_FILE} has {size} bytes, {META_FILE} says {meta['bytes']} (truncated?)"
-        if meta["sha256"] != _sha256(state_path):
+        if meta["sha256"] != sha256_file(state_path):
             return f"{STATE_FILE} does not match its sha256 (corrupted)"
+        if key is not None and key == files_key(path):  # unchanged while it was read
+            self._verified[path] = key
         return None
 
     def is_valid(self, path: Path) -> bool:
         return self.check(path) is None
 
     def _try_load(self, path: Path, mmap: bool = False) -> tuple[dict[str, Any] | None, str | None]:
-        """(state, None), or (None, reason) for a damaged checkpoint; an unsafe one raises UnsafeCheckpointError."""
+        """(state, None), or (None, reason) for a damaged checkpoint. A verified one whose content cannot be
+        trusted raises: UnsafeCheckpointError (refused unpickling) or CheckpointMismatchError."""
         reason = self.check(path)
         if reason is not None:
             return None, reason
@@ -315,11 +286,19 @@ class CheckpointManager:
             state = safe_torch_load(path / STATE_FILE, mmap=mmap)
         except UnsafeCheckpointError:
             raise
-        except Exception as err:  # noqa: BLE001 - any other load failure means "not a usable checkpoint"
-            return None, f"{STATE_FILE} does not load ({type(err).__name__}: {str(err).splitlines()[0]})"
-        if not isinstance(state, dict):
-            return None, f"{STATE_FILE} holds a {type(state).__name__}, not a checkpoint dict"
+        except Exception as err:  # noqa: BLE001 - verified bytes that do not load: not written by this save
+            self._refuse(path, f"its {STATE_FILE} does not load ({one_line(err)})")
+        problem = _content_problem(path, state)
+        if problem is not None:
+            self._refuse(path, problem)
         return state, None
+
+    @staticmethod
+    def _refuse(path: Path, problem: str) -> None:
+        raise CheckpointMismatchError(
+            f"checkpoint {path} passes its checksum but {problem}: copied in or edited? Move it aside (or delete "
+            "it) to resume from the checkpoint before it; it is kept as it is"
+        )
 
     def load(self, path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
         """Load one checkpoint directory after its checks; ValueError naming the reason when it fails them.
@@ -340,59 +319,48 @@ class CheckpointManager:
             self._warn_skip(path, reason)
         return None
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The newest checkpoint that passes its checks and loads, or None. Damaged ones are skipped with a warning;
-        an unsafe one (see `safe_torch_load`) stops the search with UnsafeCheckpointError."""
+    def latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """(directory, state) of the newest checkpoint that passes its checks and loads, or None. Damaged ones are
+        skipped with a warning; an untrusted verified one (see `_try_load`) stops the search with its error."""
         for _, path in reversed(self.step_dirs()):
             state, reason = self._try_load(path)
             if state is not None:
-                return state
+                return path, state
             self._warn_skip(path, reason)
         return None
+
+    def load_latest(self) -> dict[str, Any] | None:
+        """The state of `latest()`, or None."""
+        found = self.latest()
+        return found[1] if found is not None else None
 
     @staticmethod
     def _warn_skip(path: Path, reason: str) -> None:
         warnings.warn(f"skipping checkpoint {path}: {reason}", CorruptCheckpointWarning, stacklevel=3)
 
 
-# ----------------------------------------------------------------------------------------------------- metrics file
-def truncate_metrics_jsonl(path: str | Path, max_step: int) -> int:
-    """Drop lines of a metrics.jsonl whose step is > `max_step` (and unreadable lines); returns how many were dropped.
-
-    Rewrites the file atomically (temp file + rename); call it before a Logger opens the file.
-    """
+def checkpoint_root(path: str | Path) -> Path:
+    """The checkpoint directory a path belongs to: the parent of a step directory (`step_*`, or one holding a
+    meta.json: what export reads as one checkpoint), else the path itself."""
     path = Path(path)
-    if not path.is_file():
-        return 0
-    kept, dropped = [], 0
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-                step = record["step"] if isinstance(record, dict) else None
-            except json.JSONDecodeError:
-                step = None
-            if isinstance(step, int) and not isinstance(step, bool) and step <= max_step:
-                kept.append(line if line.endswith("\n") else line + "\n")
-            else:
-                dropped += 1
-    if dropped:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, path)
-    return dropped
+    return path.parent if path.name.startswith("step_") or (path / META_FILE).is_file() else path
 
 
-def rotate_metrics_jsonl(path: str | Path) -> Path | None:
-    """Move an earlier run's non-empty metrics.jsonl aside as `metrics.<its mtime>.jsonl` (a fresh run starts a new
-    file; nothing is lost); returns the new name, or None when there was nothing to move."""
-    path = Path(path)
-    if not path.is_file() or path.stat().st_size == 0:
+def _content_problem(path: Path, state: Any) -> str | None:
+    """Why a loaded state contradicts its directory `step_<N>` (not a dict, meta.json or `step` another step)."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a checkpoint dict"
+    expected = dir_step(path)
+    if expected is None:
         return None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-    for n in range(1000):
-        target = path.with_name(f"{path.stem}.{stamp}{f'.{n}' if n else ''}{path.suffix}")
-        if not target.exists():
-            os.replace(path, target)
-            return target
-    raise FileExistsError(f"{path}: too many rotated copies beside it")
+    try:
+        meta_step = json.loads((path / META_FILE).read_text()).get("step", expected)
+    except (OSError, ValueError, AttributeError):
+        meta_step = expected
+    if meta_step != expected:
+        return f"its {META_FILE} says step {meta_step!r}, not {expected}"
+    if "step" in state:
+        value = state["step"]
+        if isinstance(value, bool) or not isinstance(value, int) or value != expected:
+            return f"its 'step' is {value!r}, not {expected}"
+    return None

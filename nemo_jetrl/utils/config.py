@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from nemo_jetrl.config.section import NonEmptyStr, NonNegativeInt, PositiveInt, Section
+from pydantic import field_validator
+
+from nemo_jetrl.config.errors import KeyedValueError
+from nemo_jetrl.config.section import NonNegativeInt, PathStr, PositiveInt, Section
+from nemo_jetrl.utils.checkpoint_files import normalize_metric_name
 
 
 class WandbConfig(Section):
@@ -18,7 +22,7 @@ class MlflowConfig(Section):
 class LoggerConfig(Section):
     """The `logger:` section (utils/logger.py's `Logger`)."""
 
-    log_dir: NonEmptyStr = "logs/grpo"
+    log_dir: PathStr = "logs/grpo"
     tensorboard_enabled: bool = True
     wandb_enabled: bool = False
     wandb: WandbConfig = WandbConfig()
@@ -29,8 +33,19 @@ class LoggerConfig(Section):
 
 class CheckpointingConfig(Section):
     enabled: bool = False
-    checkpoint_dir: str = "results/grpo"
+    checkpoint_dir: PathStr = "results/grpo"
     save_period: PositiveInt = 10
     keep_top_k: PositiveInt | None = 3  # null = keep all
-    metric_name: NonEmptyStr | None = None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": best K; null = newest K
+    metric_name: str | None = None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": best K; null = newest K
     higher_is_better: bool = True  # for metric_name
+
+    @field_validator("metric_name")
+    @classmethod
+    def _check_metric_name(cls, value: str | None) -> str | None:
+        """The spelling the checkpoint ranking reads (checked here so --validate-only finds it too)."""
+        if value is not None:
+            try:
+                normalize_metric_name(value)
+            except ValueError as exc:
+                raise KeyedValueError(str(exc)) from None
+        return value

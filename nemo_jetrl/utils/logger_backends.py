@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from nemo_jetrl.utils.aside import move_aside
 from nemo_jetrl.utils.metrics_jsonl import encode_metrics_line
 
 METRICS_FILENAME = "metrics.jsonl"
@@ -63,7 +64,8 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
 
 
 class LocalFilesBackend:
-    """`<log_dir>/metrics.jsonl` (appended, flushed per line) and `<log_dir>/config.yaml`."""
+    """`<log_dir>/metrics.jsonl` (appended, flushed per line) and `<log_dir>/config.yaml` (an earlier, different
+    config.yaml is moved aside as `config.<its mtime>.yaml`, never overwritten)."""
 
     def __init__(self, log_dir: Path):
         self.metrics_path = log_dir / METRICS_FILENAME
@@ -77,6 +79,8 @@ class LocalFilesBackend:
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         text = yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False)
+        if self.config_path.is_file() and self.config_path.read_bytes() != text.encode("utf-8"):
+            move_aside(self.config_path)
         tmp = self.config_path.with_suffix(".yaml.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(self.config_path)  # atomic: a reader never sees half a config

@@ -2,8 +2,8 @@
 
 Each line is `{"step": <int>, "<key>": <value>, ...}` and is strict JSON (no bare `NaN` tokens): non-finite floats
 are written as the strings `"nan"`, `"inf"` and `"-inf"` (Python's `float()` reads them back), so any JSON reader
-can parse the file and no value is lost. Readers here also accept `null` (as NaN) and skip a truncated last line
-(a run killed mid-write).
+can parse the file and no value is lost. Readers here also accept `null` (as NaN) and skip lines they cannot read
+(`parse_metrics_line`: a truncated last line of a killed run, invalid UTF-8, a record without an integer "step").
 """
 
 from __future__ import annotations
@@ -67,24 +67,36 @@ def decode_value(value: object) -> float | None:
     return None
 
 
+def parse_metrics_line(raw: bytes | str) -> dict | None:
+    """The record of one metrics.jsonl line: a JSON object with an integer "step"; None for anything else (invalid
+    UTF-8, not JSON, not an object, no step or one that is not an int64, a number JSON cannot hold)."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        record = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("step")
+    ok = isinstance(step, int) and not isinstance(step, bool) and -(2**63) <= step < 2**63  # an int64 step
+    return record if ok else None
+
+
 def read_metrics_jsonl(path: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Series per key from a metrics.jsonl: `{key: (steps [n] int64, values [n] float64)}`, sorted by step.
 
-    Lines that are not JSON objects with an integer "step" (e.g. a half-written last line) are skipped; values that
-    are not numbers (after decoding the non-finite spellings) are skipped.
+    Lines `parse_metrics_line` cannot read are skipped; values that are not numbers (after decoding the non-finite
+    spellings) are skipped.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"metrics file not found: {path}")
     steps: dict[str, list[int]] = {}
     values: dict[str, list[float]] = {}
-    with path.open(encoding="utf-8") as f:
+    with path.open("rb") as f:
         for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            record = parse_metrics_line(line)
+            if record is None:
                 continue
             step = record["step"]
             for key, raw in record.items():

@@ -235,5 +235,7 @@ def test_corrupt_latest_checkpoint_is_skipped_and_the_previous_one_resumes(works
     assert len(skipped) == 1 and "step_2" in skipped[0] and "sha256" in skipped[0]
     assert "resumed from step 1" in capsys.readouterr().err
     assert len(result["history"]) == 1  # only step 2 ran again
-    assert sorted(p.name for p in (root / "ckpt").glob("step_*")) == ["step_1", "step_2"]
+    assert sorted(p.name for p in (root / "ckpt").glob("step_*") if "." not in p.name) == ["step_1", "step_2"]
     assert (root / "ckpt" / "step_2" / "state.pt").read_bytes() != bytes(data)  # re-saved, valid again
+    (aside,) = (root / "ckpt").glob("step_2.aside.*")  # issue 46: the damaged one is kept, not deleted
+    assert (aside / "state.pt").read_bytes() == bytes(data)

@@ -65,6 +65,7 @@ def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
         "betas": (0.9, 0.999),
         "eps": 1.0e-8,
         "decay_1d_params": True,
+        "allow_large_lr": False,
     }
     assert cfg.policy.generation.backend == "vllm" and cfg.policy.generation.cuda_graphs is True
     assert cfg.policy.generation.max_new_tokens == cfg.policy.max_total_sequence_length == 16

@@ -37,6 +37,7 @@ def test_megatron_fp8_recipe_resolves_to_what_nemo_rl_runs():
         "betas": (0.9, 0.98),
         "eps": 1.0e-6,
         "decay_1d_params": False,  # Megatron: no weight decay on biases / norm weights
+        "allow_large_lr": False,
     }
     assert cfg.policy.max_grad_norm == 0.5  # clip_grad
     assert cfg.policy.scheduler == {

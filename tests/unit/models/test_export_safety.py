@@ -91,3 +91,24 @@ def test_export_into_the_base_model_directory_is_refused(model_and_tokenizer, tm
     assert _tree(base) == before
     assert not (base / "sub").exists()
     assert torch.load(tmp_path / "ckpt" / "step_1" / "state.pt", weights_only=True)["step"] == 1
+
+
+def test_export_into_the_checkpoint_dir_of_a_step_is_refused(model_and_tokenizer, tmp_path, capsys):
+    """Issue 46: `--checkpoint ckpt/step_1 --out ckpt` (or a directory inside ckpt) would write among the run's
+    checkpoints; the whole checkpoint_dir is protected, not only the step directory."""
+    model, _ = model_and_tokenizer
+    cfg = validate_config(load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml")).to_dict()
+    ckpt = tmp_path / "ckpt"
+    CheckpointManager(ckpt).save(
+        1, {"policy": {"model": model.state_dict(), "optimizer": {}, "step": 1}, "step": 1, "config": cfg}
+    )
+    before = _tree(ckpt)
+    spec = importlib.util.spec_from_file_location("export_hf_cli_46", REPO / "examples" / "export_hf.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    for out in (ckpt, ckpt / "exported"):
+        assert cli.main(["--checkpoint", str(ckpt / "step_1"), "--out", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: export directory") and f"is inside the source {ckpt}" in err, err
+        assert err.count("\n") == 1
+    assert _tree(ckpt) == before and sorted(p.name for p in ckpt.iterdir()) == ["step_1"]

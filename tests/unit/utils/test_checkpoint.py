@@ -16,11 +16,12 @@ from nemo_jetrl.utils.checkpoint import (
     META_FILE,
     STATE_FILE,
     CheckpointManager,
+    CheckpointMismatchError,
     CorruptCheckpointWarning,
     capture_rng_state,
     restore_rng_state,
-    truncate_metrics_jsonl,
 )
+from nemo_jetrl.utils.run_outputs import trim_metrics_for_resume
 
 
 def _state(step: int) -> dict:
@@ -75,13 +76,6 @@ def _garbage_meta(path):
     (path / META_FILE).write_text("{not json")
 
 
-def _unloadable_but_checksummed(path):
-    (path / STATE_FILE).write_bytes(b"not a torch file")
-    meta = json.loads((path / META_FILE).read_text())
-    meta.update(sha256=hashlib.sha256(b"not a torch file").hexdigest(), bytes=16)
-    (path / META_FILE).write_text(json.dumps(meta))
-
-
 @pytest.mark.parametrize(
     "damage, reason",
     [
@@ -89,7 +83,6 @@ def _unloadable_but_checksummed(path):
         (_corrupt_truncate, "truncated"),
         (_partial_no_meta, "partial save"),
         (_garbage_meta, "unreadable meta.json"),
-        (_unloadable_but_checksummed, "does not load"),
     ],
 )
 def test_damaged_newest_checkpoint_is_skipped_with_its_reason(tmp_path, damage, reason):
@@ -102,6 +95,20 @@ def test_damaged_newest_checkpoint_is_skipped_with_its_reason(tmp_path, damage, 
     assert state["step"] == 1
     with pytest.raises(ValueError, match=rf"checkpoint .*step_2 is not usable: .*{reason}"):
         manager.load(tmp_path / "step_2")
+
+
+def test_verified_bytes_that_do_not_load_stop_the_search_and_are_kept(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_top_k=None)
+    manager.save(1, _state(1))
+    manager.save(2, _state(2))
+    data = (tmp_path / "step_2" / STATE_FILE).read_bytes()[:300]  # a cut zip archive, then signed again
+    (tmp_path / "step_2" / STATE_FILE).write_bytes(data)
+    (tmp_path / "step_2" / META_FILE).write_text(
+        json.dumps({"step": 2, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)})
+    )
+    with pytest.raises(CheckpointMismatchError, match=r"step_2 passes its checksum but its state\.pt does not load"):
+        manager.load_latest()
+    assert (tmp_path / "step_2" / STATE_FILE).read_bytes() == data
 
 
 def test_all_damaged_gives_none_and_nothing_is_deleted(tmp_path):
@@ -144,7 +151,7 @@ def test_rng_state_round_trip_replays_every_stream():
     assert first[0] == second[0] and first[1] == second[1] and torch.equal(first[2], second[2])
 
 
-def test_truncate_metrics_jsonl_drops_later_and_broken_lines(tmp_path):
+def test_trim_metrics_for_resume_moves_later_and_broken_lines_aside(tmp_path):
     path = tmp_path / "metrics.jsonl"
     lines = [
         {"step": 0, "validation/accuracy": 0.5},
@@ -153,7 +160,9 @@ def test_truncate_metrics_jsonl_drops_later_and_broken_lines(tmp_path):
         {"step": 3, "train/loss": 0.3},
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 3, "train/lo')  # half-written line
-    assert truncate_metrics_jsonl(path, 2) == 2
+    trim = trim_metrics_for_resume(path, 2)
+    assert (trim.after_step, trim.unreadable) == (1, 1)
     assert [json.loads(x) for x in path.read_text().splitlines()] == lines[:3]
-    assert truncate_metrics_jsonl(path, 2) == 0
-    assert truncate_metrics_jsonl(tmp_path / "absent.jsonl", 2) == 0
+    assert trim.moved_to.read_text() == json.dumps(lines[3]) + '\n{"step": 3, "train/lo\n'
+    assert trim_metrics_for_resume(path, 2).moved_to is None
+    assert trim_metrics_for_resume(tmp_path / "absent.jsonl", 2).moved_to is None

@@ -54,3 +54,46 @@ def test_one_lock_when_two_roles_share_a_directory_and_release_frees_it(tmp_path
     start = time.monotonic()
     release_all(lock_run_dirs({"logger.log_dir": tmp_path}))
     assert time.monotonic() - start < 5
+
+
+# ------------------------------------------------------------------------ issue 46: locks that cannot be removed
+def test_removing_the_lock_file_does_not_free_a_live_holders_directory(tmp_path):
+    holder = _holder(tmp_path / "ckpt")
+    try:
+        (tmp_path / "ckpt" / LOCK_FILE).unlink()
+        with pytest.raises(RunDirLockedError, match="in use by another run"):
+            lock_run_dirs({"checkpointing.checkpoint_dir": tmp_path / "ckpt"})
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    release_all(lock_run_dirs({"checkpointing.checkpoint_dir": tmp_path / "ckpt"}))  # free once the holder is gone
+
+
+def test_a_directory_replaced_under_a_live_run_stops_its_next_save(tmp_path):
+    import torch
+
+    from nemo_jetrl.utils.checkpoint import CheckpointManager
+
+    locks = lock_run_dirs({"checkpointing.checkpoint_dir": tmp_path / "ckpt"})
+    try:
+        manager = CheckpointManager(tmp_path / "ckpt")
+        manager.save(1, {"step": 1, "w": torch.ones(2)})
+        (tmp_path / "ckpt").rename(tmp_path / "moved")
+        (tmp_path / "ckpt").mkdir()  # what a second run would now lock and write
+        with pytest.raises(RunDirLockedError, match=r"checkpointing\.checkpoint_dir .*ckpt was removed or replaced"):
+            manager.save(2, {"step": 2, "w": torch.ones(2)})
+        assert list((tmp_path / "ckpt").iterdir()) == []
+    finally:
+        release_all(locks)
+
+
+def test_a_removed_lock_file_is_written_again_before_the_next_save(tmp_path):
+    from nemo_jetrl.utils.run_lock import verify_held
+
+    locks = lock_run_dirs({"checkpointing.checkpoint_dir": tmp_path})
+    try:
+        (tmp_path / LOCK_FILE).unlink()
+        verify_held(tmp_path)
+        assert f'"pid": {os.getpid()}' in (tmp_path / LOCK_FILE).read_text()  # a second writer's error names us again
+    finally:
+        release_all(locks)
