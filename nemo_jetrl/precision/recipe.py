@@ -12,15 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nemo_jetrl.precision.recipes import BLOCKWISE, ScaleLayout, scale_layout
+
 Precision = Literal["bf16", "fp8"]
 KVCacheDtype = Literal["auto", "fp8"]
 WGradXBlocks = Literal["1x128", "128x128"]
-# Scale granularity of every FP8 cast (docs/precision.md, "which recipe when"):
-#   blockwise  (Jet-RL / DeepSeek-V3): activations and gradients 1x128 groups, weights 128x128 tiles
-#   rowwise    one scale per row of each GEMM operand along the dim that GEMM contracts
-#   tensorwise one scale per tensor, computed from that tensor's own amax (dynamic current scaling)
-Granularity = Literal["blockwise", "rowwise", "tensorwise"]
-GRANULARITIES: tuple[str, ...] = ("blockwise", "rowwise", "tensorwise")
+# Scale layout of every FP8 cast: the name of a registered `recipes.ScaleLayout` (docs/precision.md, "which recipe
+# when"): blockwise (Jet-RL / DeepSeek-V3: 1x128 groups, 128x128 weight tiles), rowwise (one scale per row along the
+# dim each GEMM contracts), tensorwise (one scale per tensor, from its own amax)
+Granularity = str
 
 # policy.fp8_cfg key -> PrecisionRecipe field
 _FP8_CFG_FIELDS = {
@@ -79,9 +79,14 @@ class PrecisionRecipe:
         return self.rollout == "fp8"
 
     @property
+    def layout(self) -> ScaleLayout:
+        """The scale layout object (`precision/recipes/`): its casts, GEMMs and features; what the code asks."""
+        return scale_layout(self.granularity)
+
+    @property
     def blockwise(self) -> bool:
-        """The Jet-RL layout (1x128 / 128x128 blocks); False for the rowwise and tensorwise recipes."""
-        return self.granularity == "blockwise"
+        """The Jet-RL layout (1x128 / 128x128 blocks); the code asks `layout.features` instead."""
+        return self.layout is BLOCKWISE
 
     @property
     def kv_fp8(self) -> bool:
