@@ -10,7 +10,6 @@ from typing import Literal
 from pydantic import field_validator
 
 from nemo_jetrl.config.section import NonNegativeInt, Section, StrictInt
-from nemo_jetrl.precision.recipes import layouts_with, scale_layout
 
 Precision = Literal["bf16", "fp8"]
 SUPPORTED_BLOCK_SIZE = 128
@@ -48,6 +47,8 @@ def precision_line(policy) -> str:
     fp8 = policy.fp8_cfg
     gen = policy.generation
     if policy.precision == "fp8" or gen.precision == "fp8":
+        from nemo_jetrl.precision.recipes import scale_layout  # torch: imported where used, not with the section
+
         pow2 = "+pow2w" * fp8.pow2_weight_scaling_factors + "+pow2a" * fp8.pow2_activation_scaling_factors
         layout = scale_layout(fp8.fp8_recipe).describe(fp8.wgrad_x_blocks)
         recipe = f"{fp8.fp8_recipe}-e4m3({layout}{pow2})"
@@ -64,6 +65,8 @@ def precision_line(policy) -> str:
 def recipe_problems(policy, cluster_backend: str) -> list[str]:
     """What the scale layout of `policy.fp8_cfg.fp8_recipe` cannot run with (its `LayoutFeatures`; refused by name),
     for a PolicyConfig."""
+    from nemo_jetrl.precision.recipes import layouts_with, scale_layout  # torch: imported where used
+
     name = policy.fp8_cfg.fp8_recipe
     if not (policy.precision == "fp8" or policy.generation.precision == "fp8"):
         return []

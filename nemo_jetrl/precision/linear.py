@@ -59,6 +59,12 @@ def fp8_linear_forward(
         return qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, backend)
 
 
+def master_weight_quant(w: torch.Tensor, recipe: PrecisionRecipe) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FProp weight cast of the master w [N, K] in the recipe's layout (one pass): (e4m3 [N, K], fp32 scale,
+    int32 0-dim count of w's NaN / inf values); every `Fp8Linear` quantization goes through here."""
+    return recipe.layout.weight_quant(w, recipe)
+
+
 def quantized_input_forward(
     x: QuantizedInput,
     qweight: QuantizedWeight,
@@ -214,7 +220,7 @@ class Fp8Linear(nn.Module):
         layout (one pass); of this rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (blockwise: its
         tiles never straddle a shard boundary)."""
         with torch.no_grad():
-            return self.recipe.layout.weight_quant(local_tensor(self.weight).detach(), self.recipe)
+            return master_weight_quant(local_tensor(self.weight).detach(), self.recipe)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""

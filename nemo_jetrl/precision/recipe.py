@@ -8,6 +8,7 @@ Nothing here re-checks the values: this module imports without pydantic (the GPU
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -78,7 +79,7 @@ class PrecisionRecipe:
     def rollout_fp8(self) -> bool:
         return self.rollout == "fp8"
 
-    @property
+    @functools.cached_property
     def layout(self) -> ScaleLayout:
         """The scale layout object (`precision/recipes/`): its casts, GEMMs and features; what the code asks."""
         return scale_layout(self.granularity)
@@ -86,7 +87,7 @@ class PrecisionRecipe:
     @property
     def blockwise(self) -> bool:
         """The Jet-RL layout (1x128 / 128x128 blocks); the code asks `layout.features` instead."""
-        return self.layout is BLOCKWISE
+        return self.layout == BLOCKWISE
 
     @property
     def kv_fp8(self) -> bool:

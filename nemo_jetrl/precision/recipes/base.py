@@ -51,6 +51,9 @@ class ScaleLayout:
     name: str
     features: LayoutFeatures = LayoutFeatures()
 
+    def __deepcopy__(self, memo) -> ScaleLayout:
+        return self  # immutable and shared: a copied model's recipe keeps the registered object
+
     # --- weight --------------------------------------------------------------------------------------------
     def weight_quant(self, w: torch.Tensor, recipe: PrecisionRecipe) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The FProp cast of the master w [N, K]: (e4m3 [N, K], fp32 scale, int32 0-dim count of NaN / inf)."""

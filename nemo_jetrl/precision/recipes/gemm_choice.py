@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-import functools
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from nemo_jetrl.precision import deep_gemm_adapter
-from nemo_jetrl.precision.recipes.base import ScaleLayout, layouts_with
+from nemo_jetrl.precision.recipes.base import layouts_with
 
 if TYPE_CHECKING:
     from nemo_jetrl.precision.recipe import PrecisionRecipe
@@ -42,14 +42,18 @@ class GemmChoice:
 
 def choose_gemm(recipe: PrecisionRecipe, *, exact: bool = False, cublas: bool = False) -> GemmChoice:
     """The GEMMs of a linear of `recipe`; `exact`: the exact mode's forward GEMM; `cublas`: cuBLAS at every M."""
-    return _choice(recipe.layout, recipe.use_deep_gemm, bool(exact), bool(cublas))
+    deep_gemm = bool(recipe.use_deep_gemm) and recipe.layout.features.deep_gemm
+    return _CHOICES[deep_gemm, bool(exact), bool(cublas)]
 
 
-@functools.cache
-def _choice(layout: ScaleLayout, use_deep_gemm: bool, exact: bool, cublas: bool) -> GemmChoice:
-    library: LibraryBackend = "deep_gemm" if use_deep_gemm and layout.features.deep_gemm else "auto"
+def _choice(deep_gemm: bool, exact: bool, cublas: bool) -> GemmChoice:
+    library: LibraryBackend = "deep_gemm" if deep_gemm else "auto"
     fprop: FpropBackend = "batch_invariant" if exact else "scaled_mm" if cublas else library
     return GemmChoice(fprop=fprop, dgrad=library)
+
+
+# every (DeepGEMM, exact, cuBLAS) combination, built once: the forward asks per call
+_CHOICES = {key: _choice(*key) for key in itertools.product((False, True), repeat=3)}
 
 
 def linear_gemm(module: nn.Module) -> GemmChoice:
