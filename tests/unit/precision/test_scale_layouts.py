@@ -16,7 +16,7 @@ from torch import nn
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, rollout_mode
 from nemo_jetrl.precision.config import Fp8Config, recipe_problems
-from nemo_jetrl.precision.quant import act_dequant, act_quant, act_quant_t, weight_quant_checked
+from nemo_jetrl.precision.quant import act_dequant, act_quant, act_quant_t
 from nemo_jetrl.precision.recipes import (
     BLOCKWISE,
     GemmChoice,
