@@ -5,7 +5,7 @@
 Per (N, K) projection shape, three measurements, each with all variants in one process and alternating order
 (`common.alternating_timings`), `--steps` timed rounds after warm-up, median and min-max per variant:
   fprop  the FProp GEMM alone on pre-cast operands (BF16 torch.mm vs each recipe's FP8 GEMM);
-  cast   the FProp activation cast of X [M, K] (`recipe_quant.input_quant`);
+  cast   the FProp activation cast of X [M, K] (`recipe.layout.input_quant`);
   layer  one Fp8Linear forward + backward (dX and dW) with a BF16 master weight vs a BF16 nn.Linear; the FP8
          weight cast is cached (once per optimizer step in training), so this is the per-micro-batch cost.
 A round runs `--reps` calls between two device syncs (launch overhead amortised).
@@ -24,8 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import alternating_timings, parse_gpu_bench, print_table, write_json  # noqa: E402
 
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe  # noqa: E402
-from nemo_jetrl.precision.linear import _fprop_mm  # noqa: E402
-from nemo_jetrl.precision.recipe_quant import input_quant  # noqa: E402
 
 RECIPES = ("blockwise", "rowwise", "tensorwise")
 # (N, K) of Qwen3-8B's trainer GEMMs: q / o, k / v, gate / up, down
@@ -60,9 +58,9 @@ def measure_shape(n: int, k: int, m: int, args, device) -> list[dict]:
     cast = {}
     for r, layer in layers.items():
         qw = layer.quantized_weight()
-        xq, xs = input_quant(xd, layer.recipe)
-        fprop[r] = lambda xq=xq, xs=xs, qw=qw: _fprop_mm(xq, xs, qw, None, torch.bfloat16, "auto")
-        cast[r] = lambda recipe=layer.recipe: input_quant(xd, recipe)
+        xq, xs = layer.recipe.layout.input_quant(xd, layer.recipe)
+        fprop[r] = lambda xq=xq, xs=xs, qw=qw: qw.layout.fprop(xq, xs, qw, None, torch.bfloat16, "auto")
+        cast[r] = lambda recipe=layer.recipe: recipe.layout.input_quant(xd, recipe)
     layer_fns = {"bf16": fwd_bwd(base), **{r: fwd_bwd(layer) for r, layer in layers.items()}}
     rows = []
     for what, fns in (("fprop", fprop), ("cast", cast), ("layer", layer_fns)):

@@ -51,8 +51,9 @@ from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_glob
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
 from nemo_jetrl.policy.trainer_setup import resolve_device
-from nemo_jetrl.precision import PrecisionRecipe, deep_gemm_adapter
+from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.config import precision_line
+from nemo_jetrl.precision.recipes.gemm_choice import deep_gemm_status
 from nemo_jetrl.utils.checkpoint import CheckpointManager
 from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
 from nemo_jetrl.utils.logger import Logger
@@ -352,7 +353,7 @@ def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | No
         f"device {run.device}"
     )
     if run.policy.recipe.use_deep_gemm and run.policy.recipe.linear_fp8:
-        console.print(deep_gemm_adapter.status_line(run.device, run.policy.recipe.granularity), highlight=False)
+        console.print(deep_gemm_status(run.policy.recipe, run.device), highlight=False)
     history: list[dict[str, float]] = []
     val_history: list[dict[str, float]] = []
     t0 = time.perf_counter()

@@ -182,7 +182,7 @@ class Fp8Refit:
         fp8_bytes = bf16_bytes = other_bytes = fallback = 0
         for _name, module, target in self.fp8:
             weight, recipe = module.weight, module.recipe
-            if not recipe.blockwise:  # config validation refuses it first (precision/config.py)
+            if not recipe.layout.features.sharded_refit:  # config validation refuses it first (precision/config.py)
                 raise ValueError(f"the FP8 refit gathers 128x128 tiles; fp8_recipe {recipe.granularity!r} has none")
             block, pow2 = recipe.block_size, recipe.pow2_weight_scales
             bf16_bytes += target.weight_fp8.numel() * 2  # per rank: this TP rank's shard

@@ -130,7 +130,7 @@ class VllmGenerationEngine(GenerationInterface):
         self.sleep_level = (2 if torch.cuda.is_available() else 0) if sleep_level is None else int(sleep_level)
         if self.sleep_level not in (0, 1, 2) or (self.sleep_level and not torch.cuda.is_available()):
             raise ValueError(f"sleep_level {sleep_level!r}: 1 or 2 needs CUDA (vLLM's sleep mode), 0 never sleeps")
-        if recipe.rollout_fp8 and not recipe.blockwise:
+        if recipe.rollout_fp8 and not recipe.layout.features.vllm_weights:
             raise ValueError(
                 f"fp8_recipe {recipe.granularity!r} with backend: vllm is not supported: the adapter exports the "
                 "trainer's 128x128 FP8 weights only; use backend: native or fp8_recipe: blockwise"

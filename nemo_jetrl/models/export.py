@@ -69,7 +69,7 @@ def fp8_state_dict(
         if kind != "fp8":
             continue
         module = model.get_submodule(name)
-        same_tiles = isinstance(module, Fp8Linear) and module.recipe.blockwise
+        same_tiles = isinstance(module, Fp8Linear) and module.recipe.layout.features.vllm_weights
         if same_tiles and module.recipe.pow2_weight_scales == recipe.pow2_weight_scales:
             qweight = module.quantized_weight()  # the trainer's cached bits and scales
             data, scale = qweight.data, qweight.scale

@@ -1,4 +1,4 @@
-"""`policy.fp8_cfg:` — the one FP8 recipe shared by trainer and rollout (E4M3; blockwise, rowwise or tensorwise).
+"""`policy.fp8_cfg:` — the one FP8 recipe shared by trainer and rollout (E4M3 in a registered scale layout).
 
 Not imported by `nemo_jetrl.precision` itself (the torch-only modules import without pydantic).
 """
@@ -18,7 +18,7 @@ SUPPORTED_BLOCK_SIZE = 128
 class Fp8Config(Section):
     # blockwise (Jet-RL: 1x128 activations / gradients, 128x128 weights) | rowwise (one scale per row along each
     # GEMM's contraction dim) | tensorwise (one scale per tensor, current scaling); NeMo-RL's
-    # megatron_cfg.fp8_cfg.fp8_recipe maps here
+    # megatron_cfg.fp8_cfg.fp8_recipe maps here. The registered scale layouts (precision/recipes/), one name each:
     fp8_recipe: Literal["blockwise", "rowwise", "tensorwise"] = "blockwise"
     block_size: StrictInt = SUPPORTED_BLOCK_SIZE
     num_first_layers_in_bf16: NonNegativeInt = 0  # one layer map: trainer AND rollout keep these layers BF16
@@ -47,12 +47,10 @@ def precision_line(policy) -> str:
     fp8 = policy.fp8_cfg
     gen = policy.generation
     if policy.precision == "fp8" or gen.precision == "fp8":
+        from nemo_jetrl.precision.recipes import scale_layout  # torch: imported where used, not with the section
+
         pow2 = "+pow2w" * fp8.pow2_weight_scaling_factors + "+pow2a" * fp8.pow2_activation_scaling_factors
-        layout = {
-            "blockwise": f"w128x128,a1x128,wgrad_x={fp8.wgrad_x_blocks}",
-            "rowwise": "w_per_row,a_per_row",
-            "tensorwise": "w_per_tensor,a_per_tensor",
-        }[fp8.fp8_recipe]
+        layout = scale_layout(fp8.fp8_recipe).describe(fp8.wgrad_x_blocks)
         recipe = f"{fp8.fp8_recipe}-e4m3({layout}{pow2})"
     else:
         recipe = "none"
@@ -65,31 +63,36 @@ def precision_line(policy) -> str:
 
 
 def recipe_problems(policy, cluster_backend: str) -> list[str]:
-    """What a non-blockwise `policy.fp8_cfg.fp8_recipe` cannot run with (refused by name), for a PolicyConfig."""
+    """What the scale layout of `policy.fp8_cfg.fp8_recipe` cannot run with (its `LayoutFeatures`; refused by name),
+    for a PolicyConfig."""
+    from nemo_jetrl.precision.recipes import layouts_with, scale_layout  # torch: imported where used
+
     name = policy.fp8_cfg.fp8_recipe
-    if name == "blockwise" or not (policy.precision == "fp8" or policy.generation.precision == "fp8"):
+    if not (policy.precision == "fp8" or policy.generation.precision == "fp8"):
         return []
+    features = scale_layout(name).features
     key = f"policy.fp8_cfg.fp8_recipe: {name}"
     problems = []
-    if policy.generation.backend == "vllm" and policy.generation.precision == "fp8":
+    if policy.generation.backend == "vllm" and policy.generation.precision == "fp8" and not features.vllm_weights:
         problems.append(
             f"{key} with policy.generation.backend: vllm is not supported: the vLLM adapter exports the trainer's "
             "128x128 FP8 weights only (its per-tensor / per-channel loaders quantize activations with their own "
-            "kernels, not the trainer's bits); use backend: native or fp8_recipe: blockwise"
+            f"kernels, not the trainer's bits); use backend: native or fp8_recipe: {layouts_with('vllm_weights')}"
         )
-    if policy.generation.deterministic:
+    exact = layouts_with("exact_gemm")
+    if policy.generation.deterministic and not features.exact_gemm:
         problems.append(
             f"{key} with policy.generation.deterministic: true is not supported: the batch-invariant FP8 GEMM is "
-            "blockwise; use fp8_recipe: blockwise"
+            f"{exact}; use fp8_recipe: {exact}"
         )
-    if policy.generation.matched_kernels:
+    if policy.generation.matched_kernels and not features.exact_gemm:
         problems.append(
             f"{key} with policy.generation.matched_kernels: true is not supported: its FP8 forward GEMM is cuBLAS's "
-            "blockwise one; use fp8_recipe: blockwise"
+            f"{exact} one; use fp8_recipe: {exact}"
         )
-    if cluster_backend == "ray":
+    if cluster_backend == "ray" and not features.sharded_refit:
         problems.append(
             f"{key} with cluster.backend: ray is not supported: the FP8 refit all-gathers 128x128 weight tiles "
-            "quantized per shard; use cluster.backend: local or fp8_recipe: blockwise"
+            f"quantized per shard; use cluster.backend: local or fp8_recipe: {layouts_with('sharded_refit')}"
         )
     return problems

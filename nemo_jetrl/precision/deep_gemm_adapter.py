@@ -62,11 +62,15 @@ def version() -> str | None:
     return getattr(module, "__version__", "unknown") if module is not None else None
 
 
-def status_line(device: torch.device | str, granularity: str = "blockwise") -> str:
-    """What `use_deep_gemm: true` does on `device` for a recipe of `granularity`, for the run's start-up lines."""
+def status_line(
+    device: torch.device | str, unsupported_layout: str | None = None, its_layouts: str = "blockwise"
+) -> str:
+    """What `use_deep_gemm: true` does on `device`, for the run's start-up lines; `unsupported_layout`: the recipe's
+    scale layout when DeepGEMM does not take its products (`its_layouts`: the ones it takes), said as the reason
+    (`recipes.gemm_choice.deep_gemm_status` asks the layout)."""
     reason = unusable_reason(device)
-    if granularity != "blockwise":
-        reason = f"DeepGEMM runs the blockwise recipe's products, not the {granularity} one's"
+    if unsupported_layout is not None:
+        reason = f"DeepGEMM runs the {its_layouts} recipe's products, not the {unsupported_layout} one's"
     if reason is None:
         return f"use_deep_gemm: blockwise FProp / DGrad GEMMs on DeepGEMM {version()}"
     return f"use_deep_gemm: not used, the FP8 GEMMs stay on cuBLAS / Triton: {reason}"

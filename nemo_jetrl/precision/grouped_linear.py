@@ -26,18 +26,11 @@ from collections.abc import Sequence
 
 import torch
 
-from nemo_jetrl.precision.gemm import fp8_blockwise_mm, no_autocast
-from nemo_jetrl.precision.linear import (
-    Fp8Linear,
-    _fprop_mm,
-    fprop_backend,
-    library_backend,
-    local_tensor,
-    output_dtype,
-)
-from nemo_jetrl.precision.quant import act_quant, act_quant_dual
+from nemo_jetrl.precision.gemm import no_autocast
+from nemo_jetrl.precision.linear import Fp8Linear, local_tensor, output_dtype
 from nemo_jetrl.precision.quantized import QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
+from nemo_jetrl.precision.recipes.gemm_choice import choose_gemm, linear_gemm
 from nemo_jetrl.utils.columns import join_columns
 
 
@@ -54,17 +47,17 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
         # x: [..., K]; params: weights [N_i, K] (values in qweight) then biases [N_i] (or none)
         n = len(splits)
         weights, biases = params[:n], params[n:]
-        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+        layout, gemm = recipe.layout, choose_gemm(recipe)
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
         need_dw = any(ctx.needs_input_grad[5 : 5 + n])
         with no_autocast(x.device.type):
             if need_dw:  # X [M, K] 1x128 along K (FProp) + X^T [K, MP] along the tokens (WGrad), read once
-                x_fp8, x_scale, xt_fp8, xt_scale = act_quant_dual(x2, block, pow2, recipe.wgrad_x_blocks)
+                x_fp8, x_scale, xt_fp8, xt_scale = layout.input_quant_train(x2, recipe)
                 ctx.save_for_backward(xt_fp8, xt_scale)
             else:
-                x_fp8, x_scale = act_quant(x2, block, pow2)
+                x_fp8, x_scale = layout.input_quant(x2, recipe)
             bias = torch.cat([b.detach() for b in biases]) if biases else None  # [sum N_i], read live each call
-            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, library_backend(recipe))  # y2: [M, sum N_i]
+            y2 = layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, sum N_i]
         ctx.qweight, ctx.recipe, ctx.splits, ctx.n = qweight, recipe, tuple(splits), n
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight_dtypes = [w.dtype for w in weights]
@@ -74,29 +67,21 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outs):
         qweight, recipe, splits, n = ctx.qweight, ctx.recipe, ctx.splits, ctx.n
-        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+        layout, gemm = recipe.layout, choose_gemm(recipe)
         need_dx = ctx.needs_input_grad[0]
         need_dw = any(ctx.needs_input_grad[5 : 5 + n])
         grad_out = join_columns(grad_outs)  # [..., sum N_i]: a view when the members' gradients lie side by side
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, sum N_i]
         grad_x, grad_ws, grad_bs = None, [None] * n, [None] * len(ctx.bias_dtypes)
         with no_autocast(grad_out.device.type):
-            if need_dw:  # dY [M, sum N_i] 1x128 along N (DGrad) + dY^T [sum N_i, MP] along the tokens (WGrad)
-                dy_fp8, dy_scale, dyt_fp8, dyt_scale = act_quant_dual(dy2, block, pow2, "1x128")
-            elif need_dx:
-                dy_fp8, dy_scale = act_quant(dy2, block, pow2)
+            # dY [M, sum N_i] 1x128 along N (DGrad) + dY^T [sum N_i, MP] along the tokens (WGrad), read once
+            dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2, recipe, need_dx, need_dw)
             if need_dx:  # DGrad: dX [M, K] = Q(dY) [M, sum N_i] @ Q(W_group) [sum N_i, K]
-                wt_fp8, wt_scale = qweight.transposed(recipe.cache_dgrad_weight)  # [K, sum N_i], the tiles transposed
-                grad_x = fp8_blockwise_mm(
-                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, backend=library_backend(recipe),
-                    w_dequant=qweight.dequantized(transposed=True),
-                ).reshape(ctx.x_shape)  # fmt: skip
+                wt = layout.dgrad_weight(qweight, None, recipe)  # [K, sum N_i], the buffer's tiles transposed
+                grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, gemm.dgrad).reshape(ctx.x_shape)
             if need_dw:  # WGrad: dW_group [sum N_i, K] = Q(dY^T) [sum N_i, MP] @ Q(X^T)^T [MP, K]
                 xt_fp8, xt_scale = ctx.saved_tensors
-                dw = fp8_blockwise_mm(
-                    dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtypes[0], w_blocks=recipe.wgrad_x_blocks,
-                    block=block,
-                )  # fmt: skip
+                dw = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtypes[0], recipe)
                 grad_ws = [g if ctx.needs_input_grad[5 + i] else None for i, g in enumerate(dw.split(splits))]
             if ctx.bias_dtypes and any(ctx.needs_input_grad[5 + n :]):  # plain FP32 reductions over the tokens
                 db = dy2.float().sum(0)  # [sum N_i]
@@ -105,8 +90,8 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
 
 
 def trains_grouped(x: torch.Tensor, linears: Sequence[Fp8Linear], group) -> bool:
-    """Whether the trainer runs `linears` (exactly `group`'s members, in order) as one grouped GEMM per pass: blockwise
-    FP8 training on CUDA with the default GEMM choice (the exact mode and matched kernels keep their per-linear
+    """Whether the trainer runs `linears` (exactly `group`'s members, in order) as one grouped GEMM per pass: FP8
+    training in a layout that supports it (`LayoutFeatures.grouped_training`) on CUDA with the default GEMM choice (the exact mode and matched kernels keep their per-linear
     GEMMs; off CUDA the per-linear emulation keeps its bits), no tensor-parallel shard (a shared buffer exists), and
     the group's `train_grouped` switch on (benchmarks turn it off for the per-linear ablation)."""
     first = linears[0]
@@ -117,8 +102,8 @@ def trains_grouped(x: torch.Tensor, linears: Sequence[Fp8Linear], group) -> bool
         and tuple(linears) == group.members
         and first.mode == "train"
         and first.train_fp8
-        and first.recipe.blockwise
-        and all(fprop_backend(m) == library_backend(m.recipe) and m.partial_dtype is None for m in linears)
+        and first.recipe.layout.features.grouped_training
+        and all(linear_gemm(m) == choose_gemm(m.recipe) and m.partial_dtype is None for m in linears)
     )
 
 

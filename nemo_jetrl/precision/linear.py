@@ -16,17 +16,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.precision.axis_gemm import fp8_axis_mm
-from nemo_jetrl.precision.axis_linear import AxisFp8LinearFunction, refill_dgrad_weight
-from nemo_jetrl.precision.gemm import fp8_blockwise_mm, no_autocast
-from nemo_jetrl.precision.quant import act_quant, act_quant_dual
+from nemo_jetrl.precision.gemm import no_autocast
 from nemo_jetrl.precision.quantized import QuantizedInput, QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
-from nemo_jetrl.precision.recipe_quant import input_quant, master_weight_quant
+from nemo_jetrl.precision.recipes.gemm_choice import (  # noqa: F401  (fprop_backend, library_backend: public)
+    FpropBackend,
+    GemmChoice,
+    fprop_backend,
+    library_backend,
+    linear_gemm,
+)
 
+AUTO_GEMM = GemmChoice()  # no switch: the library GEMMs, device and shape deciding
 Mode = Literal["train", "rollout"]
 _MODES = ("train", "rollout")
-FpropBackend = Literal["auto", "deep_gemm", "batch_invariant", "scaled_mm"]
 
 
 def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -52,8 +55,14 @@ def fp8_linear_forward(
 ) -> torch.Tensor:
     """Y [M, N] = Q(X) [M, K] @ Q(W)^T + bias in the recipe's layouts; the one FP8 forward of both sides."""
     with no_autocast(x2.device.type):
-        x_fp8, x_scale = input_quant(x2, recipe)  # [M, K], scale in the recipe's layout
-        return _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, backend)
+        x_fp8, x_scale = recipe.layout.input_quant(x2, recipe)  # [M, K], scale in the recipe's layout
+        return qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, backend)
+
+
+def master_weight_quant(w: torch.Tensor, recipe: PrecisionRecipe) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FProp weight cast of the master w [N, K] in the recipe's layout (one pass): (e4m3 [N, K], fp32 scale,
+    int32 0-dim count of w's NaN / inf values); every `Fp8Linear` quantization goes through here."""
+    return recipe.layout.weight_quant(w, recipe)
 
 
 def quantized_input_forward(
@@ -65,104 +74,55 @@ def quantized_input_forward(
 ) -> torch.Tensor:
     """The FP8 rollout forward on an already-quantized input: [*lead, K] -> [*lead, N]."""
     with torch.no_grad(), no_autocast(x.data.device.type):
-        y2 = _fprop_mm(x.data, x.scale, qweight, bias, x.out_dtype, backend)  # [M, N]
+        y2 = qweight.layout.fprop(x.data, x.scale, qweight, bias, x.out_dtype, backend)  # [M, N]
     return y2.reshape(*x.lead_shape, out_features)
 
 
-def fprop_backend(module: nn.Module) -> FpropBackend:
-    """The forward GEMM of an FP8 linear: "batch_invariant" in the exact mode, "scaled_mm" (cuBLAS at every M,
-    `convert.use_cublas_fprop`), else the recipe's `library_backend`."""
-    if getattr(module, "batch_invariant", False):
-        return "batch_invariant"
-    if getattr(module, "fprop_cublas", False):
-        return "scaled_mm"
-    return library_backend(module.recipe)
-
-
-def library_backend(recipe: PrecisionRecipe) -> Literal["auto", "deep_gemm"]:
-    """The FProp / DGrad GEMM choice of `recipe`: "deep_gemm" with `use_deep_gemm` (DeepGEMM where it runs, in
-    cuBLAS's place; `deep_gemm_adapter`), else "auto"."""
-    return "deep_gemm" if recipe.use_deep_gemm else "auto"
-
-
-def _fprop_mm(x_fp8, x_scale, qweight: QuantizedWeight, bias, out_dtype, backend: FpropBackend) -> torch.Tensor:
-    if qweight.granularity != "blockwise":
-        _refuse_exact_mode(backend, qweight.granularity)
-        return fp8_axis_mm(x_fp8, x_scale, qweight.data, qweight.scale, out_dtype, bias=bias,
-                           b_dequant=qweight.dequantized())  # fmt: skip
-    return fp8_blockwise_mm(
-        x_fp8,
-        x_scale,
-        qweight.data,
-        qweight.scale,
-        out_dtype,
-        bias=bias,
-        block=qweight.block,
-        backend=backend,
-        w_dequant=qweight.dequantized() if backend == "auto" else None,
-    )
-
-
-def _refuse_exact_mode(backend: FpropBackend, granularity: str) -> None:
-    if backend in ("batch_invariant", "scaled_mm"):
-        raise ValueError(f"the exact mode's FP8 GEMM is blockwise; the {granularity} recipe has none")
-
-
 class Fp8LinearFunction(torch.autograd.Function):
-    """Y = Q(X) Q(W)^T with FP8 DGrad and WGrad; gradients leave in the dtypes of x / weight / bias.
+    """Y = Q(X) Q(W)^T with FP8 DGrad and WGrad, every cast and GEMM the recipe's scale layout's (`recipe.layout`,
+    precision/recipes/); the GEMM families are `gemm`'s (`recipes.gemm_choice`). Gradients leave in the dtypes of
+    x / weight / bias.
 
-    The forward also writes the WGrad operand Q(X^T) (groups of 128 along the tokens), which is what gets saved
+    The forward also writes the WGrad operand Q(X^T) (the layout's cast along the tokens), which is what gets saved
     for backward: FP8 instead of the high-precision input, and the same bits WGrad would otherwise requantize.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, qweight: QuantizedWeight, recipe: PrecisionRecipe, out_dtype, backend="auto"):
-        # x: [..., K]; weight: [N, K] master (its values live in qweight); bias: [N] or None
-        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+    def forward(ctx, x, weight, bias, qweight: QuantizedWeight, recipe: PrecisionRecipe, out_dtype, gemm=AUTO_GEMM):
+        # x: [..., K]; weight: [N, K] master (its FProp bits live in qweight); bias: [N] or None
+        layout = recipe.layout
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
         with no_autocast(x.device.type):
             if ctx.needs_input_grad[1]:
-                # X: [M, K] e4m3 in 1x128 groups along K (FProp) + X^T: [K, MP] e4m3, groups of 128 along the
-                # M tokens (1x128) or 128x128 tiles, MP = M rounded up to 128 with zero tokens (WGrad)
-                x_fp8, x_scale, xt_fp8, xt_scale = act_quant_dual(x2, block, pow2, recipe.wgrad_x_blocks)
+                # X: [M, K] (FProp) + X^T: [K, MP] along the M tokens, zero-padded (WGrad), one read of x
+                x_fp8, x_scale, xt_fp8, xt_scale = layout.input_quant_train(x2, recipe)
                 ctx.save_for_backward(xt_fp8, xt_scale)
             else:
-                x_fp8, x_scale = act_quant(x2, block, pow2)
-            y2 = _fprop_mm(x_fp8, x_scale, qweight, bias, out_dtype, backend)  # y2: [M, N]
-        ctx.qweight, ctx.recipe = qweight, recipe
+                x_fp8, x_scale = layout.input_quant(x2, recipe)
+            y2 = qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, N]
+        ctx.qweight, ctx.recipe, ctx.gemm, ctx.master = qweight, recipe, gemm, weight
         ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return y2.reshape(*x.shape[:-1], y2.shape[-1])
 
     @staticmethod
     def backward(ctx, grad_out):
-        qweight, recipe = ctx.qweight, ctx.recipe
-        block, pow2 = recipe.block_size, recipe.pow2_activation_scales
+        recipe = ctx.recipe
+        layout = recipe.layout
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, N]
         grad_x = grad_w = grad_b = None
         with no_autocast(grad_out.device.type):
-            # dY read once: [M, N] e4m3 in 1x128 groups along N (DGrad) and, when WGrad runs,
-            # dY^T: [N, MP] e4m3 in 1x128 groups along the M tokens (zero-padded like X^T)
-            if need_dw:
-                dy_fp8, dy_scale, dyt_fp8, dyt_scale = act_quant_dual(dy2, block, pow2, "1x128")
-            elif need_dx:
-                dy_fp8, dy_scale = act_quant(dy2, block, pow2)
-            # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W) [N, K]
-            #   W^T: [K, N] e4m3, the forward's 128x128 tiles transposed (no re-quantization)
+            # dY read once: [M, N] along N (DGrad) and, when WGrad runs, dY^T: [N, MP] along the tokens
+            dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2, recipe, need_dx, need_dw)
+            # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W^T) [K, N]^T
             if need_dx:
-                wt_fp8, wt_scale = qweight.transposed(recipe.cache_dgrad_weight)
-                wt_dequant = qweight.dequantized(transposed=True)
-                grad_x = fp8_blockwise_mm(
-                    dy_fp8, dy_scale, wt_fp8, wt_scale, ctx.x_dtype, block=block, backend=library_backend(recipe),
-                    w_dequant=wt_dequant,
-                ).reshape(ctx.x_shape)  # fmt: skip
-            # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T)^T [MP, K], contraction over the tokens
+                wt = layout.dgrad_weight(ctx.qweight, ctx.master, recipe)  # W^T [K, N]: the layout's DGrad operand
+                grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, ctx.gemm.dgrad).reshape(ctx.x_shape)
+            # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T) [K, MP]^T, contraction over the tokens
             if need_dw:
                 xt_fp8, xt_scale = ctx.saved_tensors
-                grad_w = fp8_blockwise_mm(
-                    dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, w_blocks=recipe.wgrad_x_blocks, block=block
-                )
+                grad_w = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, recipe)
             # grad_bias: plain FP32 reduction over tokens
             if ctx.bias_dtype is not None and need_db:
                 grad_b = dy2.float().sum(0).to(ctx.bias_dtype)
@@ -170,7 +130,7 @@ class Fp8LinearFunction(torch.autograd.Function):
 
 
 class Fp8Linear(nn.Module):
-    """Linear layer with a master `weight` [N, K] (+ bias) that runs its GEMMs in blockwise FP8.
+    """Linear layer with a master `weight` [N, K] (+ bias) that runs its GEMMs in FP8 (the recipe's scale layout).
 
     mode "train": FP8 autograd if `train_fp8`; mode "rollout": FP8 forward without autograd if `rollout_fp8`;
     otherwise a plain `F.linear`. Output dtype: the autocast dtype when autocast is on, else x's dtype.
@@ -257,7 +217,7 @@ class Fp8Linear(nn.Module):
 
     def quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Fresh (e4m3 [N, K], fp32 scale, int32 non-finite count) of the master weight in the recipe's weight
-        layout (one pass); of this rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (blockwise only: its
+        layout (one pass); of this rank's shard [N/tp, K] or [N, K/tp] under tensor parallel (blockwise: its
         tiles never straddle a shard boundary)."""
         with torch.no_grad():
             return master_weight_quant(local_tensor(self.weight).detach(), self.recipe)
@@ -276,8 +236,7 @@ class Fp8Linear(nn.Module):
         self, data: torch.Tensor, scale: torch.Tensor, key: tuple, nonfinite: torch.Tensor | None = None
     ) -> None:
         """Cache (data, scale) as the FP8 weight for master-weight state `key` (a `weight_key()`)."""
-        granularity = self.recipe.granularity
-        self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size, nonfinite, granularity)
+        self._qweight = QuantizedWeight(data, scale, key[0], self.recipe.block_size, nonfinite, self.recipe.layout)
         self._qweight_key = key
 
     def requantize_in_place(self) -> None:
@@ -298,10 +257,10 @@ class Fp8Linear(nn.Module):
         self.refill_dgrad_weight()
 
     def refill_dgrad_weight(self) -> None:
-        """The rowwise / tensorwise DGrad operand, when cached, re-made in place from the new weight (after
-        `QuantizedWeight.refill`; the blockwise W^T is refilled by the refill itself)."""
-        if not self.recipe.blockwise and self._qweight is not None:
-            refill_dgrad_weight(self._qweight, local_tensor(self.weight), self.recipe)
+        """A cached DGrad operand made apart from the FProp bits (rowwise's second cast), re-made in place from the
+        new weight after `QuantizedWeight.refill` (which refills the transposed FProp bits itself)."""
+        if self._qweight is not None:
+            self.recipe.layout.refill_dgrad_weight(self._qweight, local_tensor(self.weight), self.recipe)
 
     def invalidate_quantized_weight(self) -> None:
         """Drop the cache (for weight writes that bypass the version counter, e.g. through `.data`)."""
@@ -314,26 +273,23 @@ class Fp8Linear(nn.Module):
             if not self.fp8_rollout_active or x.data.shape[-1] != self.in_features:
                 raise ValueError("Fp8Linear: a QuantizedInput is only for FP8 rollout mode with matching in_features")
             bias = local_tensor(self.bias)
-            return quantized_input_forward(x, self.quantized_weight(), bias, self.out_features, fprop_backend(self))
+            return quantized_input_forward(x, self.quantized_weight(), bias, self.out_features, linear_gemm(self).fprop)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
         use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8
         if not use_fp8:
             return self._plain_linear(x)
         out_dtype = output_dtype(x)
-        qweight = self.quantized_weight()
+        qweight, gemm = self.quantized_weight(), linear_gemm(self)
         if self.mode == "rollout":
             with torch.no_grad():
                 bias = local_tensor(self.bias)
                 x2 = x.reshape(-1, self.in_features)
-                y2 = fp8_linear_forward(x2, qweight, bias, self.recipe, out_dtype, fprop_backend(self))
+                y2 = fp8_linear_forward(x2, qweight, bias, self.recipe, out_dtype, gemm.fprop)
             return y2.reshape(*x.shape[:-1], self.out_features)
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)
         out_dtype = self.partial_dtype or out_dtype
-        if not self.recipe.blockwise:
-            _refuse_exact_mode(fprop_backend(self), self.recipe.granularity)
-            return AxisFp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype)
-        return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, fprop_backend(self))
+        return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, gemm)
 
     def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)

@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nemo_jetrl.precision.axis_quant import axis_dequant
 from nemo_jetrl.precision.gemm import gemm_backend
-from nemo_jetrl.precision.quant import weight_dequant
+from nemo_jetrl.precision.recipes import BLOCKWISE, ScaleLayout
 from nemo_jetrl.precision.transpose import transpose_fp8
 
 
@@ -19,7 +18,7 @@ class QuantizedWeight:
     data: e4m3 [N, K]; scale: fp32 dequant multipliers, [ceil(N/128), ceil(K/128)] (blockwise), [N, 1] (rowwise)
     or [1, 1] (tensorwise; a weight group's buffer holds its members' scales as [N, 1]); version: the master
     weight's `_version` when it was quantized; nonfinite: int32 0-dim count of the master weight's NaN / inf
-    values then (None where unknown); granularity: the recipe's (`PrecisionRecipe.granularity`).
+    values then (None where unknown); layout: the recipe's scale layout (`PrecisionRecipe.layout`), which reads it.
     """
 
     data: torch.Tensor
@@ -27,8 +26,13 @@ class QuantizedWeight:
     version: int
     block: int = 128
     nonfinite: torch.Tensor | None = None
-    granularity: str = "blockwise"
+    layout: ScaleLayout = BLOCKWISE
     _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def granularity(self) -> str:
+        """The name of its scale layout (`PrecisionRecipe.granularity`)."""
+        return self.layout.name
 
     def transposed(self, keep: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """W^T for DGrad: e4m3 [K, N] and the same 128x128 tiles transposed, scale [K/128, N/128]. Cached with
@@ -65,9 +69,7 @@ class QuantizedWeight:
         if gemm_backend(self.data.device) != "emulated":
             return None
         if "dequant" not in self._cache:
-            blockwise = self.granularity == "blockwise"
-            dequant = weight_dequant(self.data, self.scale, self.block) if blockwise else None
-            self._cache["dequant"] = axis_dequant(self.data, self.scale) if dequant is None else dequant
+            self._cache["dequant"] = self.layout.weight_dequant(self.data, self.scale, self.block)
         wd = self._cache["dequant"]
         return wd.t() if transposed else wd
 
@@ -77,7 +79,7 @@ class QuantizedInput:
     """An activation quantized once for several rollout-mode FP8 linears that read it (q/k/v, gate/up).
 
     data: e4m3 [M, K] and scale: fp32 (the recipe's activation layout: [M, K/128], [M, 1] or [1, 1]), bitwise the
-    linears' own cast of x [*lead, K] (`recipe_quant.input_quant`); out_dtype: the dtype the linears return (what
+    linears' own cast of x [*lead, K] (`ScaleLayout.input_quant`); out_dtype: the dtype the linears return (what
     they would have returned for x).
     """
 

@@ -8,19 +8,20 @@ Nothing here re-checks the values: this module imports without pydantic (the GPU
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nemo_jetrl.precision.recipes import BLOCKWISE, ScaleLayout, scale_layout
+
 Precision = Literal["bf16", "fp8"]
 KVCacheDtype = Literal["auto", "fp8"]
 WGradXBlocks = Literal["1x128", "128x128"]
-# Scale granularity of every FP8 cast (docs/precision.md, "which recipe when"):
-#   blockwise  (Jet-RL / DeepSeek-V3): activations and gradients 1x128 groups, weights 128x128 tiles
-#   rowwise    one scale per row of each GEMM operand along the dim that GEMM contracts
-#   tensorwise one scale per tensor, computed from that tensor's own amax (dynamic current scaling)
-Granularity = Literal["blockwise", "rowwise", "tensorwise"]
-GRANULARITIES: tuple[str, ...] = ("blockwise", "rowwise", "tensorwise")
+# Scale layout of every FP8 cast: the name of a registered `recipes.ScaleLayout` (docs/precision.md, "which recipe
+# when"): blockwise (Jet-RL / DeepSeek-V3: 1x128 groups, 128x128 weight tiles), rowwise (one scale per row along the
+# dim each GEMM contracts), tensorwise (one scale per tensor, from its own amax)
+Granularity = str
 
 # policy.fp8_cfg key -> PrecisionRecipe field
 _FP8_CFG_FIELDS = {
@@ -78,10 +79,15 @@ class PrecisionRecipe:
     def rollout_fp8(self) -> bool:
         return self.rollout == "fp8"
 
+    @functools.cached_property
+    def layout(self) -> ScaleLayout:
+        """The scale layout object (`precision/recipes/`): its casts, GEMMs and features; what the code asks."""
+        return scale_layout(self.granularity)
+
     @property
     def blockwise(self) -> bool:
-        """The Jet-RL layout (1x128 / 128x128 blocks); False for the rowwise and tensorwise recipes."""
-        return self.granularity == "blockwise"
+        """The Jet-RL layout (1x128 / 128x128 blocks); the code asks `layout.features` instead."""
+        return self.layout == BLOCKWISE
 
     @property
     def kv_fp8(self) -> bool:

@@ -28,7 +28,8 @@ from nemo_jetrl.precision.weight_group import layout_problem, sibling_sets, stac
 
 
 class Fp8RolloutLinear(nn.Module):
-    """Rollout-only linear on received FP8 bits: `weight_fp8` e4m3 [N, K], `weight_scale` fp32 [N/128, K/128].
+    """Rollout-only linear on received FP8 bits: `weight_fp8` e4m3 [N, K], `weight_scale` fp32 in the recipe's
+    weight layout ([N/128, K/128] blockwise).
 
     Its forward is `fp8_linear_forward`, the same function `Fp8Linear` runs in rollout mode, so equal bits give
     equal outputs. Holds no master weight and no autograd state.
@@ -40,9 +41,8 @@ class Fp8RolloutLinear(nn.Module):
         b = recipe.block_size
         device = bias.device if bias is not None else None
         self.register_buffer("weight_fp8", torch.zeros(out_features, in_features, dtype=FP8_DTYPE, device=device))
-        self.register_buffer(
-            "weight_scale", torch.ones(-(-out_features // b), -(-in_features // b), dtype=torch.float32, device=device)
-        )
+        scale_shape = recipe.layout.weight_scale_shape(out_features, in_features, b)
+        self.register_buffer("weight_scale", torch.ones(scale_shape, dtype=torch.float32, device=device))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.num_loads = 0
         self._qweight: QuantizedWeight | None = None
@@ -77,7 +77,9 @@ class Fp8RolloutLinear(nn.Module):
         self.weight_fp8.copy_(data)
         self.weight_scale.copy_(scale)
         self.num_loads += 1
-        self._qweight = QuantizedWeight(self.weight_fp8, self.weight_scale, self.num_loads, self.recipe.block_size)
+        self._qweight = QuantizedWeight(
+            self.weight_fp8, self.weight_scale, self.num_loads, self.recipe.block_size, layout=self.recipe.layout
+        )
 
     def quantized_weight(self) -> QuantizedWeight:
         return self._qweight
@@ -110,7 +112,7 @@ class Fp8RolloutGroup:
 
     def __init__(self, members: tuple[Fp8RolloutLinear, ...]) -> None:
         self.members, self.splits = tuple(members), tuple(m.out_features for m in members)
-        block = members[0].recipe.block_size
+        block, layout = members[0].recipe.block_size, members[0].recipe.layout
         data, data_views = stack_rows([m.weight_fp8 for m in members])  # [sum N, K]
         scale, scale_views = stack_rows([m.weight_scale for m in members])  # [sum N / 128, K / 128]
         self._bias, bias_views = stack_rows([m.bias for m in members]) if members[0].bias is not None else (None, None)
@@ -118,9 +120,9 @@ class Fp8RolloutGroup:
             m.weight_fp8, m.weight_scale = data_views[i], scale_views[i]
             if bias_views is not None:
                 m.bias = bias_views[i]
-            m._qweight = QuantizedWeight(m.weight_fp8, m.weight_scale, m.num_loads, block)
+            m._qweight = QuantizedWeight(m.weight_fp8, m.weight_scale, m.num_loads, block, layout=layout)
             m.weight_group = self
-        self._qweight = QuantizedWeight(data, scale, 0, block)
+        self._qweight = QuantizedWeight(data, scale, 0, block, layout=layout)
 
     @staticmethod
     def compatible(members: tuple[nn.Module, ...]) -> bool:
@@ -128,6 +130,7 @@ class Fp8RolloutGroup:
             all(isinstance(m, Fp8RolloutLinear) for m in members)
             and layout_problem(members) is None
             and len({m.weight_fp8.device for m in members}) == 1
+            and stacked_scales(members)
         )
 
     def quantized_weight(self) -> QuantizedWeight:
@@ -135,6 +138,13 @@ class Fp8RolloutGroup:
 
     def bias(self) -> torch.Tensor | None:
         return self._bias
+
+
+def stacked_scales(members: tuple[Fp8RolloutLinear, ...]) -> bool:
+    """Whether the members' scales stacked along the rows are their buffer's scale (each a row view of it; not so for
+    tensorwise, whose buffer repeats each member's one scale over its rows: `ScaleLayout.group_buffer_scale`)."""
+    scales, splits = [m.weight_scale for m in members], tuple(m.out_features for m in members)
+    return members[0].recipe.layout.group_buffer_scale(scales, splits) is None
 
 
 def build_rollout_replica(model: nn.Module) -> nn.Module:

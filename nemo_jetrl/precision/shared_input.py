@@ -2,7 +2,7 @@
 
 When every linear of a group runs the FP8 rollout forward with the same input quantization, x is cast once and
 handed to all of them as a `QuantizedInput` (bitwise each linear's own cast); the fused producers (norm, SiLU*up)
-write that input quantized themselves when the recipe is blockwise (`shared_input_quant`).
+write that input quantized themselves where the recipe's layout lets them (`shared_input_quant`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from nemo_jetrl.precision.gemm import no_autocast
 from nemo_jetrl.precision.linear import output_dtype
 from nemo_jetrl.precision.quantized import QuantizedInput
 from nemo_jetrl.precision.recipe import PrecisionRecipe
-from nemo_jetrl.precision.recipe_quant import input_quant, input_quant_key
 
 
 def shared_input_recipe(in_features: int, linears: tuple[nn.Module, ...]) -> PrecisionRecipe | None:
@@ -27,19 +26,17 @@ def shared_input_recipe(in_features: int, linears: tuple[nn.Module, ...]) -> Pre
     shared = all(
         getattr(m, "fp8_rollout_active", False)
         and m.in_features == in_features
-        and input_quant_key(m.recipe) == input_quant_key(first.recipe)
+        and m.recipe.layout.input_key(m.recipe) == first.recipe.layout.input_key(first.recipe)
         for m in linears
     )
     return first.recipe if shared else None
 
 
 def shared_input_quant(in_features: int, linears: tuple[nn.Module, ...]) -> tuple[int, bool] | None:
-    """(block, pow2) for the fused producers that write 1x128 groups (`fused_ops.*_fp8`): the blockwise recipe's
-    `shared_input_recipe`; None otherwise (rowwise / tensorwise inputs are cast by `quantize_shared_input`)."""
+    """(block, pow2) for the fused producers that write 1x128 groups (`fused_ops.*_fp8`) when the layout of the
+    `shared_input_recipe` lets them (`ScaleLayout.fused_input_cast`); None otherwise (`quantize_shared_input` casts)."""
     recipe = shared_input_recipe(in_features, linears)
-    if recipe is None or not recipe.blockwise:
-        return None
-    return recipe.block_size, recipe.pow2_activation_scales
+    return None if recipe is None else recipe.layout.fused_input_cast(recipe)
 
 
 def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> torch.Tensor | QuantizedInput:
@@ -49,5 +46,5 @@ def quantize_shared_input(x: torch.Tensor, linears: tuple[nn.Module, ...]) -> to
     if recipe is None:
         return x
     with torch.no_grad(), no_autocast(x.device.type):
-        data, scale = input_quant(x.reshape(-1, x.shape[-1]), recipe)
+        data, scale = recipe.layout.input_quant(x.reshape(-1, x.shape[-1]), recipe)
     return QuantizedInput(data, scale, tuple(x.shape[:-1]), output_dtype(x))

@@ -4,7 +4,7 @@ Linears that read the same activation can share one FP8 weight buffer: `Fp8Weigh
 together into e4m3 [sum N_i, K] (+ fp32 scales [sum N_i / 128, K / 128]) and gives each member a row-slice view
 as its `QuantizedWeight`. Every 128x128 tile (or row, rowwise) lies inside one member (each N_i is a multiple of
 128), so the bits are exactly those each member would quantize alone (tensorwise: each member's own scale, given
-to its rows of the buffer); the per-linear paths read the views, while the rollout's fast path
+to its rows of the buffer: `ScaleLayout.group_buffer_scale`); the per-linear paths read the views, while the rollout's fast path
 (`project_shared_input(..., grouped=True)`) and the CUDA trainer (`grouped_linear.py`: FProp, DGrad and WGrad)
 read the whole buffer in ONE GEMM: no copy of any weight, one launch instead of three (q/k/v) or two (gate/up).
 At decode sizes (M = 64-256 rows) a launch streams the weights well below HBM speed, so one wide GEMM beats
@@ -27,7 +27,7 @@ from nemo_jetrl.precision.linear import (
     Fp8Linear,
     QuantizedInput,
     QuantizedWeight,
-    fprop_backend,
+    linear_gemm,
     quantized_input_forward,
 )
 from nemo_jetrl.precision.shared_input import quantize_shared_input
@@ -64,12 +64,14 @@ class Fp8WeightGroup:
         if not any(hasattr(m.weight, "to_local") for m in self.members):  # no member sharded (DTensor) now
             recipe = self.members[0].recipe
             data, data_views = stack_rows([d for d, _, _ in pieces])  # [sum N_i, K]
-            scale, scale_views = stack_rows([s for _, s, _ in pieces])  # [sum N_i / 128, K / 128] | [sum N_i, 1]
-            if recipe.granularity == "tensorwise":  # one scale per member: the buffer's GEMM scales its rows
-                scale = self._tensorwise_rows(pieces)  # [sum N_i, 1]
-                scale_views = [s for _, s, _ in pieces]  # each member keeps its [1, 1]
+            scales = [s for _, s, _ in pieces]
+            scale = recipe.layout.group_buffer_scale(scales, self.splits)  # tensorwise: [sum N_i, 1], a copy
+            if scale is None:  # [sum N_i / 128, K / 128] | [sum N_i, 1], each member's scale a row view of it
+                scale, scale_views = stack_rows(scales)
+            else:  # each member keeps its own scale
+                scale_views = scales
             self._qweight = QuantizedWeight(
-                data, scale, version=0, block=recipe.block_size, nonfinite=sum(counts), granularity=recipe.granularity
+                data, scale, version=0, block=recipe.block_size, nonfinite=sum(counts), layout=recipe.layout
             )
             for m, d, s, key, c in zip(self.members, data_views, scale_views, keys, counts):
                 m.set_quantized_weight(d, s, key, c)
@@ -95,15 +97,10 @@ class Fp8WeightGroup:
             m._qweight.refill(data, scale, count)  # a member's data / scale: row views of the shared buffer
             m._qweight_key = key
             m.refill_dgrad_weight()
-        if self._qweight is not None:
-            tensorwise = self._qweight.granularity == "tensorwise"  # the buffer's [sum N_i, 1] is its own copy
-            scale = self._tensorwise_rows(pieces) if tensorwise else None
+        if self._qweight is not None:  # a buffer scale of its own (tensorwise) is rewritten; row views already are
+            scale = self._qweight.layout.group_buffer_scale([s for _, s, _ in pieces], self.splits)
             self._qweight.refill(None, scale, sum(c for *_, c in pieces))
         self._keys = keys
-
-    def _tensorwise_rows(self, pieces) -> torch.Tensor:
-        """Each member's [1, 1] tensorwise scale repeated over its rows: [sum N_i, 1], the buffer's GEMM scales."""
-        return torch.cat([s.expand(n, 1) for (_, s, _), n in zip(pieces, self.splits)])
 
     def invalidate(self) -> None:
         """Drop the shared buffer and the cached bias (an optimizer that bumps no version counter wrote them)."""
@@ -216,7 +213,7 @@ def project_shared_input(
     if grouped and isinstance(xin, QuantizedInput) and group is not None and group.members == linears:
         qweight = group.quantized_weight()
         if qweight is not None:
-            backend = fprop_backend(linears[0])  # the members share the exact-mode switch (`enable_batch_invariant`)
+            backend = linear_gemm(linears[0]).fprop  # the members share the exact mode (`enable_batch_invariant`)
             y = quantized_input_forward(xin, qweight, group.bias(), sum(group.splits), backend)  # [*lead, sum N_i]
             return list(y.split(group.splits, dim=-1))
     return [m(xin) for m in linears]

@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     from nemo_jetrl.precision.kernels.triton_gemm import fp8_gemm_small_m
     from nemo_jetrl.precision.kernels.triton_quant import quant_groups
     import nemo_jetrl.precision.linear as L
-    import nemo_jetrl.precision.recipe_quant as RQ
+    import nemo_jetrl.precision.recipes.blockwise as RQ
 
     def rel(a, b):
         return float((a.float() - b.float()).norm() / b.float().norm())
@@ -96,7 +96,7 @@ CHILD = textwrap.dedent(
     # same (Triton) quantizer as the fused kernels here, so that the comparison below sees only real differences
     quantized = []
     L.act_quant = lambda x, block=128, pow2=False, backend="auto": quantized.append(1) or quant_groups(x, block, pow2)
-    RQ.act_quant = L.act_quant  # the rollout's activation cast (recipe_quant.input_quant, blockwise)
+    RQ.act_quant = L.act_quant  # the rollout's activation cast (BlockwiseLayout.input_quant)
     model = random_tiny_qwen3(1, num_layers=2)
     convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))  # q/k/v and gate/up grouped
     calls, act_calls = [], []

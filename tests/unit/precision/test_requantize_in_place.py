@@ -9,7 +9,7 @@ from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.policy.nonfinite import _fp8_ok_flags, fp8_weights_finite
 from nemo_jetrl.policy.train_graphs import requantize_fp8_in_place
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
-from nemo_jetrl.precision.axis_linear import dgrad_weight
+from nemo_jetrl.precision.recipes.axis import dgrad_weight
 
 
 def fp8_layers(granularity: str):
