@@ -5,9 +5,9 @@
     python3 benchmarks/bench_fsdp_refit.py --device cpu --model tiny --gpus 1,2 --out /tmp/x.json   # CPU smoke (gloo)
 
 Without torchrun env it launches itself once per world size with `python -m torch.distributed.run` (PyTorch's
-launcher) and merges the results. Each rank holds a `DataParallelPolicy`: an FSDP2 shard of a randomly initialized
-causal LM (FP32 master, blockwise-FP8 FProp/DGrad/WGrad) plus a rollout replica refit by all-gathering FP8 bits +
-scales. Same global batch at every world size (strong scaling). Needs torch + transformers only (no Ray, OmegaConf,
+launcher) and merges the results. Each rank holds the trainer of its rank (`NativePolicy` on the "fsdp" parallel
+plan): an FSDP2 shard of a randomly initialized causal LM (FP32 master, blockwise-FP8 FProp/DGrad/WGrad) plus a
+rollout replica refit by all-gathering FP8 bits + scales, the very bits the trainer's forward reads. Same global batch at every world size (strong scaling). Needs torch + transformers only (no Ray, OmegaConf,
 pydantic): nemo_jetrl.config is never imported.
 """
 
@@ -109,10 +109,16 @@ def summarize(runs: dict) -> dict:
     ok = {int(k): v for k, v in runs.items() if "error" not in v}
     out: dict = {}
     for n, r in sorted(ok.items()):
-        fp8, bf16 = r["refit"]["fp8"], r["refit"]["bf16"]
         out[f"{n}_gpu"] = {
             "train_step_s": r["train_step_median_s"],
             "train_tokens_per_s": r["train_tokens_per_s"],
+            "allgather_bytes_per_step": r["allgather_bytes_per_step"][-1] if r["allgather_bytes_per_step"] else 0,
+            "max_mem_gb": r.get("max_mem_gb"),
+        }
+        if not r["refit"]:  # one GPU: no refit (the rollout runs on the trainer's own modules)
+            continue
+        fp8, bf16 = r["refit"]["fp8"], r["refit"]["bf16"]
+        out[f"{n}_gpu"] |= {
             "refit_fp8_bytes": fp8["fp8_weight_bytes"] + fp8["other_bytes"],
             "refit_bf16_bytes": bf16["fp8_weight_bytes"] + bf16["other_bytes"],
             "refit_fp8_s": fp8["seconds_median"],
@@ -122,7 +128,6 @@ def summarize(runs: dict) -> dict:
             / (bf16["fp8_weight_bytes"] + bf16["other_bytes"]),
             "refit_time_ratio": fp8["seconds_median"] / bf16["seconds_median"],
             "refit_bits_equal_trainer": r["refit_bits_equal"],
-            "max_mem_gb": r.get("max_mem_gb"),
         }
     if 1 in ok:
         for n in sorted(ok):
@@ -149,12 +154,14 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import LOSS, policy_config
 
-    from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
+    from nemo_jetrl.distributed.parallel_plan import ParallelPlan
+    from nemo_jetrl.generation.native.engine import NativeGenerationEngine
     from nemo_jetrl.policy.interfaces import TrainBatch
+    from nemo_jetrl.policy.native import NativePolicy
     from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
     from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    world = int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = torch.device("cuda", torch.cuda.current_device())
@@ -172,31 +179,32 @@ def worker(args: argparse.Namespace) -> None:
         model = Qwen3ForCausalLM(cfg).float()
     n_params = sum(p.numel() for p in model.parameters())
     policy_cfg = policy_config(
+        train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch,
         max_total_sequence_length=args.seq_len + args.rollout_tokens,
         generation={"max_new_tokens": args.rollout_tokens, "cuda_graphs": False},
     )
-    policy = DataParallelPolicy(
-        model, policy_cfg=policy_cfg, recipe=PrecisionRecipe.preset("jetrl"), device=device,
-        pad_token_id=0, stop_token_ids=[1], other_dtype=torch.bfloat16,  # non-FP8 tensors travel as BF16 in both
-    )  # fmt: skip
+    plan = ParallelPlan.from_process_group(device)
+    policy = NativePolicy(policy_cfg, PrecisionRecipe.preset("jetrl"), device, plan=plan, model=model)
+    if policy.refitter is not None:  # one GPU: the one-process trainer, the rollout on its own modules
+        policy.refitter.other_dtype = torch.bfloat16  # non-FP8 tensors travel as BF16 in both formats
     _sync(device)
     setup_s = time.perf_counter() - t0
     linear_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, Fp8Linear))
 
     # ---- refit: FP8 (bits + scales) vs the BF16 baseline (master in BF16, every rank re-quantizes)
     refit: dict = {}
-    for fmt in ("fp8", "bf16", "fp8"):  # the last fp8 leaves the replica on the trainer's bits
-        policy.refit(fmt)  # warm-up
-        stats = [policy.refit(fmt) for _ in range(args.refit_reps)]
-        refit[fmt] = {**stats[-1], "seconds_median": statistics.median(s["seconds"] for s in stats)}
     bits_equal = True
+    for fmt in ("fp8", "bf16", "fp8") if policy.refitter is not None else ():  # the last fp8: the trainer's bits
+        policy.refitter.refit(fmt)  # warm-up
+        stats = [policy.refitter.refit(fmt).metrics() for _ in range(args.refit_reps)]
+        refit[fmt] = {**stats[-1], "seconds_median": statistics.median(s["seconds"] for s in stats)}
     names = [n for n, m in model.named_modules() if isinstance(m, Fp8Linear)]
-    for name in (names[0], names[-1]):
+    for name in (names[0], names[-1]) if policy.refitter is not None else ():
         w = model.get_submodule(name).weight
         full = w.full_tensor() if hasattr(w, "full_tensor") else w
         data, scale = weight_quant(full.detach())
-        target = policy.replica.get_submodule(name)
+        target = policy.rollout_model.get_submodule(name)
         assert isinstance(target, Fp8RolloutLinear)
         bits_equal &= torch.equal(target.weight_fp8.view(torch.uint8), data.view(torch.uint8))
         bits_equal &= torch.equal(target.weight_scale, scale)
@@ -209,38 +217,35 @@ def worker(args: argparse.Namespace) -> None:
     resp = torch.zeros(b, s, dtype=torch.long)
     resp[:, s // 2 :] = 1
     batch = TrainBatch(ids, attn, resp, torch.randn(b, generator=gen), torch.zeros(b, s))
-    per_rank = b // world
-    mine = batch.select(slice(rank * per_rank, (rank + 1) * per_rank))
-    steps_per_rank = per_rank // args.micro_batch
-    dummy = batch.select(slice(0, 1))
-    chunks = [mine.select(slice(i, i + args.micro_batch)) for i in range(0, per_rank, args.micro_batch)]
     _sync(device)
     t0 = time.perf_counter()
-    mine.prev_logprobs = torch.cat(policy.logprobs(chunks, steps_per_rank, dummy))
+    batch.prev_logprobs = policy.get_logprobs(batch)  # each rank its contiguous micro-batches, gathered
     _sync(device)
     logprob_s = time.perf_counter() - t0
-    dummy.prev_logprobs = mine.prev_logprobs[:1]
-    micro = [mine.select(slice(i, i + args.micro_batch)) for i in range(0, per_rank, args.micro_batch)]
-    normalizer = float(resp.sum())
-    step_s, refit_after_step_s, grad_norms = [], [], []
+    step_s, refit_after_step_s, grad_norms, gather_bytes = [], [], [], []
     for step in range(args.steps + 1):
         _sync(device)
         t0 = time.perf_counter()
-        out = policy.train(micro, steps_per_rank, normalizer, dummy, LOSS)
+        out = policy.train(batch, LOSS)
         _sync(device)
         t1 = time.perf_counter()
-        policy.refit("fp8")
+        refit_metrics = policy.prepare_refit()
         t2 = time.perf_counter()
         if step > 0:  # step 0 is the warm-up
             step_s.append(t1 - t0)
             refit_after_step_s.append(t2 - t1)
             grad_norms.append(out["grad_norm"])
+            gather_bytes.append(refit_metrics.get("allgather_bytes", 0.0))
 
     # ---- a short rollout on the refit replica
     prompts = [[2 + (i * 7 + j) % (cfg.vocab_size - 2) for j in range(32)] for i in range(args.rollout_prompts)]
     _sync(device)
     t0 = time.perf_counter()
-    gen_out = policy.generate([(prompts, 123)], greedy=False)[0]
+    engine = NativeGenerationEngine(
+        policy.rollout_model, max_new_tokens=args.rollout_tokens, stop_token_ids=[1], pad_token_id=0,
+        compute_dtype=policy.compute_dtype, kv_cache_dtype=None, device=device,
+    )  # fmt: skip
+    gen_out = engine.generate(prompts, greedy=False, generator=torch.Generator(device=device).manual_seed(123))
     _sync(device)
     rollout_s = time.perf_counter() - t0
     tokens = int(gen_out.response_mask.sum())
@@ -260,15 +265,18 @@ def worker(args: argparse.Namespace) -> None:
         "train_tokens_per_s": b * s / statistics.median(step_s),
         "refit_after_step_s": refit_after_step_s,
         "grad_norms": grad_norms,
+        "allgather_bytes_per_step": gather_bytes,
         "rollout_tokens": tokens,
         "rollout_tokens_per_s": tokens / rollout_s,
         "max_mem_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
-    if rank == 0:
+    if dist.get_rank() == 0:
         args.result.write_text(json.dumps(result, indent=2))
-        print(f"[bench_fsdp_refit] world {world}: step {result['train_step_median_s']:.3f}s, refit fp8 "
-              f"{refit['fp8']['seconds_median']:.4f}s vs bf16 {refit['bf16']['seconds_median']:.4f}s, bytes ratio "
-              f"{refit['fp8']['fp8_vs_bf16_bytes']:.4f}, bits equal {bits_equal}", flush=True)  # fmt: skip
+        line = f"[bench_fsdp_refit] world {world}: step {result['train_step_median_s']:.3f}s"
+        if refit:
+            line += (f", refit fp8 {refit['fp8']['seconds_median']:.4f}s vs bf16 {refit['bf16']['seconds_median']:.4f}s, "
+                     f"bytes ratio {refit['fp8']['fp8_vs_bf16_bytes']:.4f}, bits equal {bits_equal}")  # fmt: skip
+        print(line, flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

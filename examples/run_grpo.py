@@ -2,6 +2,7 @@
 """Run GRPO with the Jet-RL unified FP8 precision flow.
 
     uv run examples/run_grpo.py --config examples/configs/grpo_base.yaml policy.precision=bf16 +logger.tag=x
+    uv run torchrun --nproc-per-node 2 examples/run_grpo.py --config examples/configs/grpo_tiny.yaml   # 2 ranks
 
 Overrides follow Hydra: `a.b=c` changes an existing key, `+new.key=v` adds one, `~a.b` deletes one; values are
 YAML-like (`x=[1,2]`, `x=null`, `x=1e-5`). User errors exit with status 2 and a one-line `error: ...` on stderr.
@@ -62,13 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    rank = os.environ.get("RANK") if "LOCAL_RANK" in os.environ else None  # started by torchrun (or srun + it)
+    if rank not in (None, "0"):  # only rank 0 of a torchrun run prints (errors still reach stderr)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
     try:
         resolved = load_config(args.config, args.overrides)
         master_cfg = validate_config(resolved)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR
-    for warning in master_cfg.ignored_key_warnings:
+    for warning in master_cfg.ignored_key_warnings if rank in (None, "0") else ():
         print(f"warning: {warning}", file=sys.stderr)
     print_config(resolved, title=f"config: {args.config}")
     for note in master_cfg.startup_notes:
@@ -88,9 +92,20 @@ def main(argv: list[str] | None = None) -> int:
         # unwritable / full output directory, a foreign checkpoint): one line.
         if os.environ.get("NEMO_JETRL_TRACEBACK"):
             raise
-        print(f"error: {exc} (set NEMO_JETRL_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        where = f"rank {rank}: " if rank not in (None, "0") else ""
+        print(f"error: {where}{exc} (set NEMO_JETRL_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        _stop_process_group()
     return 0
+
+
+def _stop_process_group() -> None:
+    """torchrun: leave the process group before exiting (every rank reaches here after the run)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from rich.console import Console
 from nemo_jetrl.algorithms.advantages import group_advantages, zero_std_groups
 from nemo_jetrl.algorithms.dapo import Rollout, dynamic_sampling, overlong_filter, scale_rewards, shape_rewards
 from nemo_jetrl.algorithms.grpo_checkpoint import (
+    checkpoint_console,
     checkpoint_manager,
     checkpoint_metrics,
     checkpoint_state,
@@ -26,6 +27,7 @@ from nemo_jetrl.algorithms.grpo_checkpoint import (
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
 from nemo_jetrl.algorithms.mismatch import step_mismatch_metrics
+from nemo_jetrl.algorithms.placement import place, start_ranks, sync_ranks
 from nemo_jetrl.algorithms.preflight import (
     check_checkpoint_space,
     check_output_dirs,
@@ -39,24 +41,18 @@ from nemo_jetrl.algorithms.rollout_io import (
     needs_kv_bootstrap,
     step_generator,
 )
-from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.environments import make_task
-from nemo_jetrl.generation.build import build_local_engine
 from nemo_jetrl.generation.interfaces import (
     GenerationInterface,
     max_prompt_length,
     rollout_phase,
 )
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
-from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
-from nemo_jetrl.policy.trainer_setup import resolve_device
-from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.precision.recipes.gemm_choice import deep_gemm_status
 from nemo_jetrl.utils.checkpoint import CheckpointManager
-from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
-from nemo_jetrl.utils.logger import Logger
+from nemo_jetrl.utils.logger import Logger, NullLogger
 from nemo_jetrl.utils.progress import RunProgress, run_summary
 from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
 from nemo_jetrl.utils.timers import Timer
@@ -76,6 +72,8 @@ class GrpoSetup:
     logger: Logger
     checkpoints: CheckpointManager | None
     device: torch.device
+    is_main: bool = True  # logs, prints and writes checkpoints (torchrun: rank 0; the others run silently)
+    startup: str | None = None  # how the run is spread over ranks (torchrun), printed at start
     next_batch: int = 0  # the next training data batch (dynamic sampling draws several per step)
 
 
@@ -84,43 +82,17 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
 
     `task`: a ready `VerifiableTask` to use instead of the one `data` / `env` describe.
     """
-    cluster = cfg["cluster"]
-    spec = ClusterSpec.from_config(cluster, cfg["policy"]["dtensor_cfg"]["tensor_parallel_size"])
-    device = resolve_device(cluster["device"]) if spec.backend == "local" else torch.device("cpu")  # Ray: driver=CPU
-    configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=spec.backend == "local" and device.type == "cpu")
-    recipe = PrecisionRecipe.from_config(cfg["policy"])
-    gen = cfg["policy"]["generation"]
-    if gen["backend"] == "vllm" and spec.backend != "local":
-        raise ValueError(
-            "policy.generation.backend: vllm runs with cluster.backend: local (one process: trainer and vLLM "
-            "colocated); Ray workers roll out on the native engine (policy.generation.backend=native)"
-        )
-    if gen["deterministic"] and (spec.backend != "local" or spec.num_seed_shards > 1):
-        raise ValueError("policy.generation.deterministic needs the local backend with one rollout batch")
-    if cfg["policy"]["train_cuda_graphs"] and spec.backend != "local":
-        raise ValueError("policy.train_cuda_graphs needs the local backend (cluster.backend: local)")
-    if gen["matched_kernels"] and spec.backend != "local":
-        raise ValueError("policy.generation.matched_kernels needs the local backend (cluster.backend: local)")
     loss_fn = ClippedPGLossFn(dict(cfg["loss_fn"]))
-    init_reference = float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0
-    policy: PolicyInterface
-    if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
-        from nemo_jetrl.distributed.ray_policy import build_ray_policy_and_engine
-
-        policy, engine = build_ray_policy_and_engine(cfg, spec, init_reference_model=init_reference)
-    else:
-        policy = NativePolicy(
-            cfg["policy"], recipe, device, init_reference_model=init_reference, seed=cfg["grpo"]["seed"]
-        )
-        engine = build_local_engine(cfg, policy, spec, device)
+    placed = place(cfg, init_reference_model=float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0)
+    policy, engine, device = placed.policy, placed.engine, placed.device
     tok = policy.tokenizer
     max_prompt_tokens = max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"])
     if task is None:
         task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
-    logger = Logger(cfg["logger"])
+    logger = Logger(cfg["logger"]) if placed.is_main else NullLogger()
     ckpt = cfg["checkpointing"]
     checkpoints = checkpoint_manager(ckpt) if ckpt["enabled"] else None
-    return GrpoSetup(cfg, policy, engine, loss_fn, task, logger, checkpoints, device)
+    return GrpoSetup(cfg, policy, engine, loss_fn, task, logger, checkpoints, device, placed.is_main, placed.startup)
 
 
 def _env_metrics(task: Any) -> dict[str, float]:
@@ -328,26 +300,38 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     that step) and saves one every `save_period` steps.
     """
     cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
-    check_output_dirs(cfg)
-    locks = lock_run_dirs(output_dirs(cfg))
+    main = start_ranks(cfg)  # torchrun: this rank's process group; rank 0 alone writes and prints
+    for out in (console, checkpoint_console):
+        out.quiet = out.quiet or not main
+    locks = []
+    if main:
+        check_output_dirs(cfg)
+        locks = lock_run_dirs(output_dirs(cfg))
     line = precision_line(master_cfg.policy) if hasattr(master_cfg, "policy") else None
     try:
-        return _run_locked(cfg, resolved, task, line)
+        return _run_locked(cfg, resolved, task, line, main)
     finally:
         release_all(locks)
 
 
-def _run_locked(cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None, line: str | None) -> dict[str, Any]:
-    resume = load_resume_state(cfg)
+def _run_locked(
+    cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None, line: str | None, main: bool
+) -> dict[str, Any]:
+    resume = load_resume_state(cfg) if main else None  # rank 0 first: it may move an earlier run's outputs aside
+    sync_ranks(cfg)
+    if not main:  # then the other ranks read the same checkpoint
+        resume = load_resume_state(cfg, writer=False)
     run = setup(cfg, task)
-    check_checkpoint_space(cfg, run.policy.parameter_bytes())
+    if main:
+        check_checkpoint_space(cfg, run.policy.parameter_bytes())
     check_validation_set(cfg, run.task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = restore(run, resume) if resume is not None else 0
     if resume is not None:  # an engine holding its own weight copy (vLLM) takes the restored ones
         run.engine.update_weights()
-    if line is not None:
-        console.print(line, highlight=False)
+    for text in (line, run.startup):
+        if text is not None:
+            console.print(text, highlight=False)
     console.print(
         f"fp8 layers: {sum(v == 'fp8' for v in run.policy.layer_map.values())}/{len(run.policy.layer_map)} | "
         f"device {run.device}"
@@ -376,7 +360,7 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
     cfg, g = run.cfg, run.cfg["grpo"]
     max_steps, val_period = int(g["max_num_steps"]), int(g["val_period"])
     skip_limit, skipped_in_a_row = g["max_consecutive_nonfinite_skips"], 0
-    with RunProgress(max_steps) as progress:
+    with RunProgress(max_steps, enabled=None if run.is_main else False) as progress:
         progress.advance(step=start_step)
         if g["val_at_start"] and val_period > 0 and start_step == 0:
             progress.phase("validation")
@@ -403,7 +387,8 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
                 raise NonFiniteStreakError(skipped_in_a_row, step + 1)
             if run.checkpoints is not None and (step + 1) % int(cfg["checkpointing"]["save_period"]) == 0:
                 progress.phase("checkpoint")
-                state = checkpoint_state(run, step + 1)
-                run.checkpoints.save(step + 1, state, metrics=checkpoint_metrics(metrics, val_history))
+                state = checkpoint_state(run, step + 1)  # collective on several ranks; rank 0 holds the state
+                if run.is_main:
+                    run.checkpoints.save(step + 1, state, metrics=checkpoint_metrics(metrics, val_history))
             progress.advance(step=step + 1, metrics=logged)
             run.logger.maybe_plot(step + 1)

@@ -16,7 +16,7 @@ from nemo_jetrl.utils.checkpoint import CheckpointManager, capture_rng_state, re
 from nemo_jetrl.utils.logger_backends import METRICS_FILENAME
 from nemo_jetrl.utils.run_outputs import move_earlier_outputs, trim_metrics_for_resume
 
-console = Console(stderr=True)
+console = checkpoint_console = Console(stderr=True)
 
 # settings whose change makes a resumed run a different run than the checkpointed one
 _MAX_DETAIL = 400  # characters of a load error kept in the one-line message
@@ -33,13 +33,16 @@ def checkpoint_manager(ckpt_cfg: dict[str, Any]) -> CheckpointManager:
     )
 
 
-def load_resume_state(cfg: dict[str, Any]) -> dict[str, Any] | None:
+def load_resume_state(cfg: dict[str, Any], writer: bool = True) -> dict[str, Any] | None:
     """The latest valid checkpoint, or None; call before the Logger opens its files. A checkpoint whose fields
     cannot be resumed from is a ValueError of one line (nothing rewritten); a resume trims metrics.jsonl to the
-    checkpoint's step, a fresh start moves an earlier run's outputs aside."""
+    checkpoint's step, a fresh start moves an earlier run's outputs aside (only the `writer`: the ranks of a
+    torchrun run other than 0 just read the checkpoint)."""
     ckpt = cfg["checkpointing"]
     log_dir = Path(cfg["logger"]["log_dir"])
     found = checkpoint_manager(ckpt).latest() if ckpt["enabled"] else None
+    if not writer:
+        return found[1] if found is not None else None
     if found is None:
         moved = move_earlier_outputs(log_dir)
         if moved:

@@ -66,44 +66,41 @@ class MasterConfig(Section):
                 f"({self.grpo.num_prompts_per_step} * {self.grpo.num_generations_per_prompt} = {samples}) must be "
                 f"divisible by policy.train_global_batch_size ({batch})"
             )
-        one_step, local = self.policy.train_global_batch_size == samples, self.cluster.backend != "ray"
+        one_step = self.policy.train_global_batch_size == samples
         if self.policy.prev_logprobs_source == "auto":
-            self.policy.__dict__["prev_logprobs_source"] = "train_forward" if one_step and local else "logprob_forward"
-        if self.policy.prev_logprobs_source == "train_forward":
-            if not one_step:
-                raise KeyedValueError(
-                    f"policy.prev_logprobs_source: train_forward needs one optimizer step per GRPO step "
-                    f"(policy.train_global_batch_size = grpo.num_prompts_per_step * grpo.num_generations_per_prompt "
-                    f"= {samples}), got policy.train_global_batch_size {self.policy.train_global_batch_size}"
-                )
-            if not local:
-                raise KeyedValueError(
-                    "policy.prev_logprobs_source: train_forward is not wired for cluster.backend: ray "
-                    "(use logprob_forward or auto)"
-                )
+            self.policy.__dict__["prev_logprobs_source"] = "train_forward" if one_step else "logprob_forward"
+        if self.policy.prev_logprobs_source == "train_forward" and not one_step:
+            raise KeyedValueError(
+                f"policy.prev_logprobs_source: train_forward needs one optimizer step per GRPO step "
+                f"(policy.train_global_batch_size = grpo.num_prompts_per_step * grpo.num_generations_per_prompt "
+                f"= {samples}), got policy.train_global_batch_size {self.policy.train_global_batch_size}"
+            )
         return self
 
     @model_validator(mode="after")
     def _check_fp8_recipe(self) -> MasterConfig:
         """A rowwise / tensorwise FP8 recipe runs on the paths that derive every cast from it; others refuse it."""
-        problems = recipe_problems(self.policy, self.cluster.backend)
+        ranks = ClusterSpec.from_config(self.cluster).num_workers
+        problems = recipe_problems(self.policy, self.cluster.backend if ranks > 1 else "local")
         if problems:
             raise KeyedValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
     def _check_tensor_parallel(self) -> MasterConfig:
-        """T-way TP runs on groups of T Ray workers (trainer and colocated rollout): T divides the workers."""
+        """T-way TP runs on groups of T ranks (trainer and colocated rollout): T divides the ranks."""
         tp = self.policy.dtensor_cfg.tensor_parallel_size
         if tp == 1:
             return self
         key = f"policy.dtensor_cfg.tensor_parallel_size: {tp}"
-        if self.cluster.backend != "ray":
+        if self.cluster.backend == "local":
             raise KeyedValueError(
-                f"{key} needs cluster.backend: ray (each tensor-parallel rank is a Ray worker), got cluster.backend: "
-                f"'{self.cluster.backend}'; set cluster.backend: ray"
+                f"{key} needs several ranks (each tensor-parallel rank is a torchrun rank or a Ray worker), got "
+                "cluster.backend: 'local'; launch with torchrun, or set cluster.backend: ray"
             )
         workers = ClusterSpec.from_config(self.cluster).num_workers
+        if self.cluster.backend == "torchrun" and workers % tp:
+            raise KeyedValueError(f"{key} must divide torchrun's ranks (WORLD_SIZE = {workers})")
         if workers % tp:
             per_node = "gpus_per_node" if self.cluster.gpus_per_node else "cpu_workers_per_node"
             count = getattr(self.cluster, per_node)

@@ -1,4 +1,5 @@
-"""`cluster.*` as a frozen spec: local single process, or a Ray group of colocated trainer + rollout workers."""
+"""`cluster.*` as a frozen spec: local single process, torchrun ranks, or a Ray group of colocated trainer + rollout
+workers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Backend = Literal["local", "ray"]
+Backend = Literal["local", "ray", "torchrun"]
 # Under `uv run`, Ray's uv hook makes every worker re-create the environment (and try to download Python): off.
 RAY_ENV_DEFAULTS = {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
 
@@ -17,6 +18,8 @@ class ClusterSpec:
     """Where a GRPO run executes, with the values derived from the `cluster` section (worker counts, backends).
 
     backend "local": one process holds trainer and rollout (one device).
+    backend "torchrun": one rank per process torchrun started (WORLD_SIZE of them), each a trainer shard and a
+    rollout engine, the GRPO driver running on every rank (distributed/launch.py).
     backend "ray": one worker per GPU (`num_nodes * gpus_per_node`), or `num_nodes * cpu_workers_per_node` CPU
     workers when `gpus_per_node == 0`; each worker holds an FSDP2 shard of the trainer and a full rollout engine,
     or, with `tensor_parallel_size` T > 1 (`policy.dtensor_cfg`), consecutive groups of T workers hold one TP
@@ -51,6 +54,8 @@ class ClusterSpec:
     def num_workers(self) -> int:
         if self.backend == "local":
             return 1
+        if self.backend == "torchrun":
+            return int(os.environ.get("WORLD_SIZE", "1"))
         per_node = self.gpus_per_node if self.gpus_per_node > 0 else self.cpu_workers_per_node
         return self.num_nodes * per_node
 

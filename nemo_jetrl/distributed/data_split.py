@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+
+if TYPE_CHECKING:
+    from nemo_jetrl.distributed.parallel_plan import ParallelPlan
 
 
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
@@ -123,18 +127,23 @@ def generate_seed_shards(
 
 
 class ShardedGeneration(GenerationInterface):
-    """Single-process twin of the Ray rollout: the same seed shards, run one after another by one engine.
+    """The rollout in seed shards: run one after another by one engine in one process (the twin of a sharded run),
+    or, with a `plan` over several ranks, each data-parallel group running its contiguous block of the shards on
+    its own engine (the TP ranks of a group together) and every rank getting all of them back, merged in order.
 
-    With one shard it is a pass-through (the caller's generator is used as is). With S shards, shard seeds derive
-    from `generator.initial_seed()` (the GRPO driver hands a freshly seeded generator per step).
+    With one shard in one process it is a pass-through (the caller's generator is used as is). Otherwise shard
+    seeds derive from `generator.initial_seed()` (the GRPO driver hands a freshly seeded generator per step).
     """
 
-    def __init__(self, engine: GenerationInterface, num_seed_shards: int, pad_token_id: int) -> None:
+    def __init__(
+        self, engine: GenerationInterface, num_seed_shards: int, pad_token_id: int, plan: ParallelPlan | None = None
+    ) -> None:
         if num_seed_shards < 1:
             raise ValueError(f"cluster.rollout_seed_shards must be >= 1, got {num_seed_shards}")
         self.engine = engine
         self.num_seed_shards = int(num_seed_shards)
         self.pad_token_id = int(pad_token_id)
+        self.plan = plan
 
     def __getattr__(self, name: str):  # the wrapped engine's attributes (device, model, ...)
         if name == "engine":
@@ -143,17 +152,21 @@ class ShardedGeneration(GenerationInterface):
 
     def replace(self, **changes) -> ShardedGeneration:
         """The wrapped engine's `replace(**changes)`, sharded the same way (e.g. the KV calibration rollout)."""
-        return ShardedGeneration(self.engine.replace(**changes), self.num_seed_shards, self.pad_token_id)
+        return ShardedGeneration(self.engine.replace(**changes), self.num_seed_shards, self.pad_token_id, self.plan)
 
     def generate(self, prompt_ids, *, greedy=False, generator=None) -> GenerationOutput:
-        if self.num_seed_shards == 1:
+        distributed = self.plan is not None and self.plan.distributed
+        if self.num_seed_shards == 1 and not distributed:
             return self.engine.generate(prompt_ids, greedy=greedy, generator=generator)
         base = generator.initial_seed() if generator is not None else torch.initial_seed()
         device = generator.device if generator is not None else torch.device("cpu")
         shards = seed_shards(prompt_ids, self.num_seed_shards, base)
-        return merge_generation_outputs(
-            generate_seed_shards(self.engine, shards, greedy=greedy, device=device), self.pad_token_id
-        )
+        if distributed:
+            mine, _ = self.plan.share(shards)
+            outs = self.plan.gather(generate_seed_shards(self.engine, mine, greedy=greedy, device=device))
+        else:
+            outs = generate_seed_shards(self.engine, shards, greedy=greedy, device=device)
+        return merge_generation_outputs(outs, self.pad_token_id)
 
     def prepare_for_generation(self) -> bool:
         return self.engine.prepare_for_generation()

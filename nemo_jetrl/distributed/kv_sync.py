@@ -31,14 +31,12 @@ def gather_qkv_records(records: Sequence[torch.Tensor], group=None) -> list[torc
 def scales_from_records(
     records: Sequence[torch.Tensor], num_layers: int, calibration: KVCalibration, device: torch.device | str
 ) -> KVScales:
-    """Replay [L, 3] records through a `QKVCalibrator` (observe takes |x|.amax(): exact on these 0-dim values)."""
+    """Replay [L, 3] records (in chunk order) into one `QKVCalibrator`: the scales of the calibrator that saw them."""
     if not records:
         raise ValueError("scales_from_records: no Q/K/V records (no calibrating forward ran on any rank)")
     calibrator = QKVCalibrator(num_layers, calibration)
     for record in records:
         if record.shape != (num_layers, 3):
             raise ValueError(f"scales_from_records: record shape {tuple(record.shape)} != ({num_layers}, 3)")
-        record = record.to(device)
-        for layer in range(num_layers):
-            calibrator.observe(layer, record[layer, 0], record[layer, 1], record[layer, 2])
+        calibrator.add_record(record.to(device))
     return calibrator.scales()

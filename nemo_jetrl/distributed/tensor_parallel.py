@@ -57,6 +57,21 @@ def check_tp_heads(heads: int, kv_heads: int, tp: int) -> None:
         )
 
 
+def check_tp_model(model_name: str, tp: int) -> None:
+    """ValueError naming `policy.dtensor_cfg.tensor_parallel_size` unless `tp` divides the model's query and KV heads
+    (read from its config.json)."""
+    from nemo_jetrl.models.loading import check_model_dir, resolve_model_dir
+
+    config = check_model_dir(resolve_model_dir(model_name))
+    heads = int(config["num_attention_heads"])
+    try:
+        check_tp_heads(heads, int(config.get("num_key_value_heads") or heads), tp)
+    except ValueError as exc:
+        raise ValueError(
+            f"policy.dtensor_cfg.tensor_parallel_size: {exc} of policy.model_name {model_name!r}"
+        ) from None
+
+
 def check_tp_layout(model: nn.Module, tp: int, block: int = 128) -> None:
     """Raise ValueError (naming the layer and sizes) unless `tp` splits heads and FP8 tiles cleanly."""
     cfg = model.config

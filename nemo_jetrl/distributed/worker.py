@@ -1,4 +1,5 @@
-"""Body of one Ray worker: a torch.distributed rank holding a `DataParallelPolicy` (trainer shard + rollout engine).
+"""Body of one Ray worker: a torch.distributed rank holding the trainer (`NativePolicy` on the group's parallel plan:
+an FSDP2 shard) and its colocated rollout engine, built as a torchrun rank builds them.
 
 Plain class; `RayWorkerGroup` makes it a Ray actor. Ray gives each GPU worker one visible GPU (`cuda:0` here).
 """
@@ -17,13 +18,13 @@ import torch.distributed as dist
 from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
 
 if TYPE_CHECKING:  # imported in setup(): an actor starts in ~torch's import time (failure paths stay cheap)
-    from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
-    from nemo_jetrl.generation.interfaces import GenerationOutput
+    from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
     from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch
+    from nemo_jetrl.policy.native import NativePolicy
 
 
 class PolicyWorker:
-    """One rank. Methods mirror `DataParallelPolicy`; the collective ones must run on every worker."""
+    """One rank. `call` runs a `NativePolicy` method, `generate` the rollout; both are collective (every worker)."""
 
     def __init__(self, rank: int, world_size: int, *, use_gpu: bool, num_cpu_threads: int | None) -> None:
         self.rank, self.world_size, self.use_gpu = rank, world_size, use_gpu
@@ -33,7 +34,8 @@ class PolicyWorker:
                 raise RuntimeError(f"worker {rank}: a GPU was assigned but torch sees no CUDA device")
             torch.cuda.set_device(0)
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
-        self.policy: DataParallelPolicy | None = None
+        self.policy: NativePolicy | None = None
+        self.engine: GenerationInterface | None = None
 
     def info(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "node": _node_ip(), "device": str(self.device)}
@@ -55,89 +57,68 @@ class PolicyWorker:
         return True
 
     def setup(self, cfg: Mapping[str, Any], init_reference_model: bool = False) -> dict[str, Any]:
-        """Load the policy as the single-process trainer does, shard it, build the rollout replica, first refit."""
-        from nemo_jetrl.distributed.dp_policy import DTYPES, DataParallelPolicy
-        from nemo_jetrl.generation.build import stop_token_ids
-        from nemo_jetrl.models.loading import load_model_and_tokenizer
+        """The trainer of this rank (`NativePolicy` on the plan over the worker group, as a torchrun rank builds
+        it) and its colocated rollout engine; the trainer's first refit fills the engine's replica."""
+        from nemo_jetrl.distributed.cluster import ClusterSpec
+        from nemo_jetrl.distributed.parallel_plan import ParallelPlan
+        from nemo_jetrl.generation.build import build_local_engine
+        from nemo_jetrl.policy.native import NativePolicy
         from nemo_jetrl.precision import PrecisionRecipe
 
         policy_cfg = cfg["policy"]
-        torch.manual_seed(int(cfg["grpo"]["seed"]))
-        model, tokenizer = load_model_and_tokenizer(
-            policy_cfg["model_name"],
-            device=self.device,
-            dtype=DTYPES[policy_cfg["master_dtype"]],
-            config_overrides=policy_cfg.get("hf_config_overrides"),
-        )
-        stop_ids = stop_token_ids(policy_cfg["generation"], tokenizer)
-        parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # before sharding
-        self.policy = DataParallelPolicy(
-            model,
-            policy_cfg=policy_cfg,
-            init_reference_model=init_reference_model,
-            recipe=PrecisionRecipe.from_config(policy_cfg),
-            device=self.device,
-            pad_token_id=tokenizer.pad_token_id,
-            stop_token_ids=stop_ids,
-        )
-        refit = self.policy.refit()
-        info = {"layer_map": self.policy.layer_map, "tokenizer": tokenizer, "refit": refit}
-        return {**info, "parameter_bytes": parameter_bytes}
+        tp = int(policy_cfg["dtensor_cfg"]["tensor_parallel_size"])
+        plan = ParallelPlan.from_process_group(self.device, tp)
+        self.policy = NativePolicy(
+            policy_cfg, PrecisionRecipe.from_config(policy_cfg), self.device, plan=plan,
+            init_reference_model=init_reference_model, seed=int(cfg["grpo"]["seed"]),
+        )  # fmt: skip
+        self.engine = build_local_engine(cfg, self.policy, ClusterSpec.from_config(cfg["cluster"], tp), self.device)
+        info = {"layer_map": self.policy.layer_map, "tokenizer": self.policy.tokenizer}
+        return {**info, "parameter_bytes": self.policy.parameter_bytes()}
+
+    def call(self, method: str, *args: Any) -> tuple[str, Any, dict[str, Any] | None]:
+        """Collective: `NativePolicy.<method>(*args)` on every worker -> ("ok", result, what the driver mirrors:
+        step and KV scales) on rank 0 (the others return no payload; every rank computed the same), or
+        ("nonfinite", (error class name, tensor, step), None) when the step was skipped on every rank."""
+        from nemo_jetrl.policy.nonfinite import NonFiniteError
+
+        policy = self._policy()
+        try:
+            result = getattr(policy, method)(*args)
+        except NonFiniteError as err:
+            return "nonfinite", (type(err).__name__, err.tensor, err.step), None
+        if self.rank != 0:
+            return "ok", None, None
+        kv = policy.kv_scales.to("cpu") if policy.kv_scales is not None else None
+        return "ok", result, {"step": policy.step, "kv_scales": kv}
+
+    def train(self, batches: Sequence[TrainBatch], loss_fn: LossFunction) -> tuple[str, Any, dict | None]:
+        """`call("train", ...)`, with the prev_logprobs a training forward filled in (the driver reads them)."""
+        status, result, mirror = self.call("train", list(batches), loss_fn)
+        if status == "ok" and result is not None:
+            result = (result, [b.prev_logprobs for b in batches])
+        return status, result, mirror
 
     def generate(
-        self, shards: Sequence[tuple[list[list[int]], int]], greedy: bool, engine_changes: Mapping | None = None
-    ) -> list[GenerationOutput]:
-        return self._policy().generate(shards, greedy, engine_changes)
-
-    def logprobs(
-        self, chunks: Sequence[TrainBatch], num_steps: int, dummy: TrainBatch, calibrate: bool = False
-    ) -> list[torch.Tensor] | None:
-        return self._policy().logprobs(chunks, num_steps, dummy, calibrate)
-
-    def calibrate_kv(self, chunks: Sequence[TrainBatch], num_steps: int, dummy: TrainBatch) -> Any:
-        return self._policy().calibrate_kv(chunks, num_steps, dummy).to("cpu")
-
-    def set_kv_scales(self, scales: Any) -> bool:
-        self._policy().set_kv_scales(scales)
-        return True
+        self, prompt_ids: list[list[int]], greedy: bool, seed: int, engine_changes: Mapping | None = None
+    ) -> GenerationOutput | None:
+        """Collective: this rank's rollout seed shards on its engine, every shard gathered; rank 0 returns them."""
+        engine = self.engine.replace(**engine_changes) if engine_changes else self.engine
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(seed))
+        out = engine.generate(prompt_ids, greedy=greedy, generator=gen)
+        return out.to("cpu") if self.rank == 0 else None
 
     def set_engine_kv_scales(self, k_scales: torch.Tensor, v_scales: torch.Tensor) -> bool:
-        self._policy().set_engine_kv_scales(k_scales, v_scales)
+        self.engine.update_weights(kv_scales=(k_scales.to(self.device), v_scales.to(self.device)))
         return True
-
-    def reference_logprobs(self, rows: TrainBatch | None) -> torch.Tensor | None:
-        return None if rows is None else self._policy().reference_logprobs(rows)
-
-    def train(
-        self,
-        micro_batches: Sequence[TrainBatch],
-        num_steps: int,
-        normalizer: float,
-        dummy: TrainBatch,
-        loss_fn: LossFunction,
-    ) -> dict[str, Any]:
-        return self._policy().train(micro_batches, num_steps, normalizer, dummy, loss_fn)
-
-    def step_lr_scheduler(self) -> float:
-        return self._policy().step_lr_scheduler()
-
-    def refit(self) -> dict[str, Any]:
-        return self._policy().refit()
-
-    def full_state_dict(self) -> dict[str, Any] | None:
-        """Collective; rank 0 returns the state, the others None (saves shipping W copies)."""
-        state = self._policy().full_state_dict()
-        return state if self.rank == 0 else None
-
-    def load_full_state_dict(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        return self._policy().load_full_state_dict(state)
 
     def shutdown(self) -> bool:
         if dist.is_initialized():
             dist.destroy_process_group()
         return True
 
-    def _policy(self) -> DataParallelPolicy:
+    def _policy(self) -> NativePolicy:
         if self.policy is None:
             raise RuntimeError(f"worker {self.rank}: setup() has not run")
         return self.policy

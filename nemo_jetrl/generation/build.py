@@ -39,10 +39,15 @@ def engine_kwargs(
 def build_local_engine(
     cfg: dict[str, Any], policy: Any, spec: ClusterSpec, device: torch.device
 ) -> GenerationInterface:
-    """The one-process rollout engine over `policy`'s model (`cluster.backend: local`)."""
+    """The rollout engine colocated with `policy` (its `rollout_model`: the trainer's own modules in one process,
+    the refit replica on a rank of a sharded trainer), in the run's rollout seed shards (`ShardedGeneration`: on
+    several ranks, each data-parallel group rolls out its block of them)."""
     gen, tok = cfg["policy"]["generation"], policy.tokenizer
+    plan = policy.plan
     common = engine_kwargs(cfg["policy"], stop_token_ids(gen, tok), tok.pad_token_id, policy.compute_dtype)
     if gen["backend"] == "vllm":
+        if plan.distributed:  # config validation refuses it first (config/backend_features.py)
+            raise ValueError("policy.generation.backend: vllm runs in one process; several ranks roll out natively")
         from nemo_jetrl.generation.vllm_engine import VllmGenerationEngine
 
         max_len = gen["max_model_len"]
@@ -61,12 +66,12 @@ def build_local_engine(
             **common,
         )
     engine = NativeGenerationEngine(
-        policy.model,
+        policy.rollout_model,
         cuda_graphs=bool(gen["cuda_graphs"]),
         device=device,
         **common,
         **engine_budget_kwargs(gen),
     )
-    if spec.num_seed_shards > 1:  # the Ray run's rollout seed shards, run in this one process
-        return ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id)
+    if spec.num_seed_shards > 1 or plan.distributed:  # a sharded run's seed shards (or one process running them)
+        return ShardedGeneration(engine, spec.num_seed_shards, tok.pad_token_id, plan)
     return engine

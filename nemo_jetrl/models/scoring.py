@@ -137,3 +137,29 @@ def target_logprobs(
     The logits stay in lm_head's dtype: on CUDA the fused `token_logprobs` reads them in place (no float32 copy)."""
     logits = compute_logits(model, hidden, compute_dtype=compute_dtype)  # [..., V]
     return token_logprobs(logits, targets, temperature, batch_invariant=exact_parts(model).logsumexp)
+
+
+class PolicyLogprobs(nn.Module):
+    """`sequence_logprobs` of `model` as a module: the trainer's every forward enters through it (the root FSDP2
+    unit when the trainer is sharded). `forward(input_ids [B, S], attention_mask [B, S], attn_hook, host_mask,
+    packing) -> logprobs [B, S]` (fp32); `kernels`: `sequence_logprobs` keywords (`policy.trainer_setup`)."""
+
+    def __init__(self, model: nn.Module, *, temperature: float, compute_dtype: torch.dtype | None, kernels=None):
+        super().__init__()
+        self.model = model
+        self.kernels = dict(kernels or {})
+        self.temperature = float(temperature)
+        self.compute_dtype = compute_dtype
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        attn_hook: AttnHook | None = None,
+        host_mask: torch.Tensor | None = None,
+        packing: PackedRows | None = None,
+    ) -> torch.Tensor:
+        return sequence_logprobs(
+            self.model, input_ids, attention_mask, temperature=self.temperature, compute_dtype=self.compute_dtype,
+            attn_hook=attn_hook, host_mask=host_mask, packing=packing, **self.kernels,
+        )  # fmt: skip

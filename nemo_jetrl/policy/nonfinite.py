@@ -11,6 +11,7 @@ from torch import nn
 from nemo_jetrl.precision import Fp8Linear, fp8_layers
 from nemo_jetrl.precision.kv import KVScales
 from nemo_jetrl.utils.checkpoint import first_nonfinite
+from nemo_jetrl.utils.dtensor import local_tensor
 
 
 class NonFiniteError(FloatingPointError):
@@ -58,7 +59,7 @@ def _fp8_ok_flags(model: nn.Module) -> tuple[list[tuple[str, Fp8Linear]], list[t
     qweights = [m.quantized_weight() for _, m in layers]
     scale_ok = [qw.scale.isfinite().all() for qw in qweights]
     weight_ok = [
-        qw.nonfinite == 0 if qw.nonfinite is not None else m.weight.isfinite().all()
+        qw.nonfinite == 0 if qw.nonfinite is not None else local_tensor(m.weight).isfinite().all()
         for qw, (_, m) in zip(qweights, layers)
     ]
     return layers, scale_ok, weight_ok
@@ -78,7 +79,7 @@ def fp8_weights_finite(model: nn.Module) -> torch.Tensor | None:
         ok = ok & (torch.stack(counts).sum() == 0)
     for qw, (_, m) in zip(qweights, layers):
         if qw.nonfinite is None:  # a cache made without a count: the master weight itself
-            ok = ok & m.weight.isfinite().all()
+            ok = ok & local_tensor(m.weight).isfinite().all()
     return ok
 
 
@@ -109,7 +110,11 @@ def first_nonfinite_in_step(
     grad_norm = step_checks["grad_norm"]
     if not math.isfinite(grad_norm):
         name = next(
-            (n for n, p in model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()),
+            (
+                n
+                for n, p in model.named_parameters()
+                if p.grad is not None and not local_tensor(p.grad).isfinite().all()
+            ),
             "gradient norm",
         )
         return f"gradient of {name} (grad norm {grad_norm})"
@@ -119,7 +124,7 @@ def first_nonfinite_in_step(
 def nonfinite_model_state(model: nn.Module, kv_scales: KVScales | None) -> str | None:
     """Name of the first non-finite master weight, cached FP8 weight scale or KV scale, else None: one fused
     max-|x| reduction over all of them (one device sync)."""
-    named = {f"master weight {n}": p.detach() for n, p in model.named_parameters()}
+    named = {f"master weight {n}": local_tensor(p.detach()) for n, p in model.named_parameters()}
     named.update({f"FP8 weight scale of {n}": m.quantized_weight().scale for n, m in fp8_layers(model)})
     if kv_scales is not None:
         named.update({f"KV {n} scales": getattr(kv_scales, n) for n in ("q", "k", "v")})

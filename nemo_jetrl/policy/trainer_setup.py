@@ -1,5 +1,5 @@
 """How a trainer is put together from `policy.*`: the optimizer, the forward's kernel switches, the device, the
-dtypes. Shared by the one-process trainer (`policy/native.py`) and the Ray / FSDP2 one (`distributed/dp_policy.py`).
+dtypes. Used by the trainer (`policy/native.py`, every parallel plan).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from nemo_jetrl._lazy import lazy_exports
 _EXPORTS = {
     "convert_to_fp8": "convert",
     "fp8_layers": "convert",
+    "invalidate_fp8_caches": "convert",
     "is_fp8_layer": "convert",
     "fp8_blockwise_mm": "gemm",
     "fp8_wgrad_mm": "gemm",

@@ -90,9 +90,10 @@ def recipe_problems(policy, cluster_backend: str) -> list[str]:
             f"{key} with policy.generation.matched_kernels: true is not supported: its FP8 forward GEMM is cuBLAS's "
             f"{exact} one; use fp8_recipe: {exact}"
         )
-    if cluster_backend == "ray" and not features.sharded_refit:
+    if cluster_backend in ("ray", "torchrun") and not features.sharded_refit:
         problems.append(
-            f"{key} with cluster.backend: ray is not supported: the FP8 refit all-gathers 128x128 weight tiles "
-            f"quantized per shard; use cluster.backend: local or fp8_recipe: {layouts_with('sharded_refit')}"
+            f"{key} with cluster.backend: {cluster_backend} is not supported: the FP8 refit all-gathers 128x128 "
+            f"weight tiles quantized per shard; use cluster.backend: local or fp8_recipe: "
+            f"{layouts_with('sharded_refit')}"
         )
     return problems

@@ -64,3 +64,13 @@ def is_fp8_layer(module: nn.Module) -> bool:
 def fp8_layers(model: nn.Module) -> list[tuple[str, Fp8Linear]]:
     """The model's FP8 layers (`is_fp8_layer`), named, in module order."""
     return [(name, m) for name, m in model.named_modules() if is_fp8_layer(m)]
+
+
+def invalidate_fp8_caches(model: nn.Module) -> int:
+    """Drop every `Fp8Linear`'s cached FP8 weight after an optimizer step (a fused AdamW writes the master weights
+    without bumping their version counters, and FSDP2 refills unsharded weights without either, so the version key
+    alone would keep serving the pre-step bits); returns how many layers were dropped."""
+    layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    for module in layers:
+        module.invalidate_quantized_weight()
+    return len(layers)

@@ -114,6 +114,11 @@ class QKVCalibrator:
     def num_micro_batches(self) -> int:
         return len(self._records)
 
+    @property
+    def records(self) -> list[torch.Tensor]:
+        """The [L, 3] amax record of every forward observed, in order (`add_record` replays them elsewhere)."""
+        return list(self._records)
+
     def reset(self) -> None:
         self._records, self._seen = [], []
 

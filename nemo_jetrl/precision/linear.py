@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,15 +26,11 @@ from nemo_jetrl.precision.recipes.gemm_choice import (  # noqa: F401  (fprop_bac
     library_backend,
     linear_gemm,
 )
+from nemo_jetrl.utils.dtensor import local_tensor  # noqa: F401  (re-exported: the FP8 layers' shard view)
 
 AUTO_GEMM = GemmChoice()  # no switch: the library GEMMs, device and shape deciding
 Mode = Literal["train", "rollout"]
 _MODES = ("train", "rollout")
-
-
-def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
-    """This rank's shard of a DTensor (differentiable), else `t` itself (plain tensors, None)."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def output_dtype(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.dtype:
@@ -76,6 +72,16 @@ def quantized_input_forward(
     with torch.no_grad(), no_autocast(x.data.device.type):
         y2 = qweight.layout.fprop(x.data, x.scale, qweight, bias, x.out_dtype, backend)  # [M, N]
     return y2.reshape(*x.lead_shape, out_features)
+
+
+class WeightSource(Protocol):
+    """FP8 bits of a whole weight kept elsewhere than in the layer (a rank holding a shard of the master):
+    `quantized_weight()` gives them; `autograd_weight(local)` turns this rank's master shard into the [N, K] tensor
+    `Fp8LinearFunction` differentiates (its gradient, whole, goes back to the shard)."""
+
+    def quantized_weight(self) -> QuantizedWeight: ...
+
+    def autograd_weight(self, local: torch.Tensor) -> torch.Tensor: ...
 
 
 class Fp8LinearFunction(torch.autograd.Function):
@@ -169,6 +175,9 @@ class Fp8Linear(nn.Module):
         self.partial_dtype: torch.dtype | None = None
         self.batch_invariant = False  # the exact mode's forward GEMM (`models.batch_invariant.enable_batch_invariant`)
         self.fprop_cublas = False  # the forward GEMM on cuBLAS at every M (`convert.use_cublas_fprop`)
+        # Where the FP8 bits come from when this rank holds only a shard of the master (`WeightSource`, set by
+        # `distributed.fp8_gather`): None = quantized here from `weight`.
+        self.weight_source: WeightSource | None = None
 
     @classmethod
     def from_linear(
@@ -223,7 +232,10 @@ class Fp8Linear(nn.Module):
             return master_weight_quant(local_tensor(self.weight).detach(), self.recipe)
 
     def quantized_weight(self) -> QuantizedWeight:
-        """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""
+        """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype); the
+        `weight_source`'s where one is set."""
+        if self.weight_source is not None:
+            return self.weight_source.quantized_weight()
         if self.weight_group is not None:  # the group re-quantizes its members together into one buffer
             self.weight_group.refresh()
         key = self.weight_key()
@@ -288,6 +300,8 @@ class Fp8Linear(nn.Module):
                 y2 = fp8_linear_forward(x2, qweight, bias, self.recipe, out_dtype, gemm.fprop)
             return y2.reshape(*x.shape[:-1], self.out_features)
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)
+        if self.weight_source is not None:  # the whole weight's stand-in; its gradient goes to this rank's shard
+            weight = self.weight_source.autograd_weight(weight)
         out_dtype = self.partial_dtype or out_dtype
         return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, gemm)
 

@@ -143,6 +143,24 @@ class Logger:
         self.close()
 
 
+class NullLogger:
+    """A `Logger` that writes nothing (the ranks of a torchrun run other than 0); `log_metrics` still returns
+    the scalars it was given."""
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int, prefix: str = "") -> dict[str, int | float]:
+        prefix = prefix.strip("/")
+        return {(f"{prefix}/{key}" if prefix else str(key)): to_scalar(str(key), v) for key, v in metrics.items()}
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        return None
+
+    def maybe_plot(self, step: int) -> list[Path]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
 DEFAULT_SUMMARY_KEYS = (
     "train/reward_mean",
     "validation/accuracy",

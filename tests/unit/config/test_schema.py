@@ -312,8 +312,8 @@ def test_tensor_parallel_size_runs_on_ray_workers_it_divides(base_yaml):
 def test_tensor_parallel_with_the_local_backend_is_refused_by_name(base_yaml):
     for backend in ("cluster.backend=local", "cluster.backend=null"):  # null: one device resolves to local
         assert error_of(base_yaml, TP2, backend) == (
-            "policy.dtensor_cfg.tensor_parallel_size: 2 needs cluster.backend: ray (each tensor-parallel rank is a "
-            "Ray worker), got cluster.backend: 'local'; set cluster.backend: ray"
+            "policy.dtensor_cfg.tensor_parallel_size: 2 needs several ranks (each tensor-parallel rank is a torchrun "
+            "rank or a Ray worker), got cluster.backend: 'local'; launch with torchrun, or set cluster.backend: ray"
         )
 
 

@@ -1,7 +1,8 @@
 """One rank of test_fsdp_gloo.py (launched by torchrun, 2 CPU ranks, gloo). Not collected by pytest.
 
-Runs a `PolicyWorker` (the Ray worker body, without Ray) against the single-process reference the test saved, and
-writes what it observed to `<out>/rank<r>.pt`; the test asserts on it.
+Runs a `PolicyWorker` (the Ray worker body, without Ray: the trainer of this rank, `NativePolicy` on the "fsdp"
+plan) against the single-process reference the test saved, and writes what it observed to `<out>/rank<r>.pt`; the
+test asserts on it.
 
     python -m torch.distributed.run --nproc-per-node 2 fsdp_rank_check.py REFERENCE.pt OUT_DIR
 """
@@ -16,11 +17,9 @@ import torch.distributed as dist
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.distributed import weight_sync
-from nemo_jetrl.distributed.data_split import assign_contiguous
 from nemo_jetrl.distributed.fsdp import shard_policy
 from nemo_jetrl.distributed.weight_sync import Fp8Refit
 from nemo_jetrl.distributed.worker import PolicyWorker
-from nemo_jetrl.policy.micro_batches import fixed_micro_batches
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
 from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear, build_rollout_replica
 
@@ -57,17 +56,17 @@ SMALL_BUCKET = 256 << 10  # bytes: the tiny model's FP8 refit then takes several
 
 def small_bucket_refit(policy) -> dict:
     """Refit into a wiped replica with SMALL_BUCKET buckets; the all-gather sizes and the bits that arrive."""
-    for module in policy.replica.modules():
+    for module in policy.rollout_model.modules():
         if isinstance(module, Fp8RolloutLinear):
             module.weight_fp8.view(torch.uint8).zero_()
-    policy.replica.get_parameter("model.embed_tokens.weight").zero_()
+    policy.rollout_model.get_parameter("model.embed_tokens.weight").zero_()
     sizes, real = [], weight_sync._ALL_GATHER
     weight_sync._ALL_GATHER = lambda out, flat, group=None: sizes.append(flat.numel()) or real(out, flat, group=group)
     try:
-        weight_sync.Fp8Refit(policy.model, policy.replica, bucket_bytes=SMALL_BUCKET).refit()
+        weight_sync.Fp8Refit(policy.model, policy.rollout_model, bucket_bytes=SMALL_BUCKET).refit()
     finally:
         weight_sync._ALL_GATHER = real
-    return {"sizes": sizes, "bits": fp8_bits(policy.replica), "other": replica_other(policy.replica)}
+    return {"sizes": sizes, "bits": fp8_bits(policy.rollout_model), "other": replica_other(policy.rollout_model)}
 
 
 def replica_other(replica: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -76,41 +75,34 @@ def replica_other(replica: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def main(reference_path: str, out_dir: str) -> None:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     ref = torch.load(reference_path, weights_only=False)
-    worker = PolicyWorker(rank, world, use_gpu=False, num_cpu_threads=1)
+    worker = PolicyWorker(rank, int(os.environ["WORLD_SIZE"]), use_gpu=False, num_cpu_threads=1)
     worker.init_distributed(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), "gloo", 120)
-    info = worker.setup(ref["cfg"])
+    worker.setup(ref["cfg"])  # the Ray worker's body: the trainer of this rank (plan "fsdp") + its rollout engine
     policy = worker.policy
-    result: dict = {"setup_refit": info["refit"], "bits_setup": fp8_bits(policy.replica)}
-
+    result: dict = {"setup_refit": policy.prepare_refit(), "bits_setup": fp8_bits(policy.rollout_model)}
     batch = ref["batch"]  # prev_logprobs unset
-    policy_cfg = ref["cfg"]["policy"]
-    # logprob chunks cut as the single process cuts them: rank 0 runs two, rank 1 one + a dummy forward
-    width = batch.input_ids.shape[1]
-    blocks = assign_contiguous(fixed_micro_batches(len(batch), policy_cfg["logprob_batch_size"], width), world)
-    chunks = [batch.window(p.rows, p.cols) for p in blocks[rank]]
-    dummy = batch.select(slice(0, 1))
-    result["logprobs"] = torch.cat(worker.logprobs(chunks, 2, dummy))
-
+    result["logprobs"] = policy.get_logprobs(batch)  # every rank: the whole batch's, in the one-process layout
+    status, logp0, mirror = worker.call("get_logprobs", batch)  # as the Ray driver reads it: rank 0 answers
+    result["worker_call"] = (status, logp0, mirror)
     batch.prev_logprobs = ref["logprobs"]
-    blocks = assign_contiguous(fixed_micro_batches(len(batch), policy_cfg["train_micro_batch_size"], width), world)
-    micro = [batch.window(p.rows, p.cols) for p in blocks[rank]]  # 3 micro-batches: rank 1 runs 1 + a dummy
     loss_fn = ClippedPGLossFn(ref["cfg"]["loss_fn"])
-    result["train"] = worker.train(micro, 2, ref["normalizer"], batch.select(slice(0, 1)), loss_fn)
-    result["refit"] = worker.refit()
-    result["bits_step1"] = fp8_bits(policy.replica)
-    result["state"] = worker.full_state_dict()
+    result["train"] = policy.train(batch, loss_fn)  # 3 micro-batches: rank 0 runs two, rank 1 one + a dummy
+    result["refit"] = policy.prepare_refit()
+    result["bits_step1"] = fp8_bits(policy.rollout_model)
+    result["state"] = policy.state_dict()
 
     # resume path: load the single-process state after its step, then logprobs must equal its logprobs
-    result["load_refit"] = worker.load_full_state_dict(ref["state_step1"])
-    result["logprobs_after_load"] = torch.cat(worker.logprobs(chunks, 2, dummy))
-    result["bits_after_load"] = fp8_bits(policy.replica)
+    policy.load_state_dict(ref["state_step1"])
+    batch.prev_logprobs = None
+    result["logprobs_after_load"] = policy.get_logprobs(batch)
+    result["bits_after_load"] = fp8_bits(policy.rollout_model)
 
     # the BF16 baseline refit (bytes / time), then FP8 again
-    result["bf16_refit"] = policy.refit("bf16")
-    result["bits_bf16_refit"] = fp8_bits(policy.replica)
-    result["fp8_refit"] = policy.refit("fp8")
+    result["bf16_refit"] = policy.refitter.refit("bf16").metrics()
+    result["bits_bf16_refit"] = fp8_bits(policy.rollout_model)
+    result["fp8_refit"] = policy.refitter.refit("fp8").metrics()
     result["small_bucket"] = small_bucket_refit(policy)
     result["toy"] = toy_fallback_refit(rank)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -1,6 +1,6 @@
 """One rank of `test_tensor_parallel_gloo.py`'s KV-scale check (torchrun-style ranks, gloo): the FP8 KV scales of a
-`DataParallelPolicy` calibrating pass (TP x DP layout) and those of the single-process `NativePolicy` over the same
-batch, computed on this rank. Writes rank<r>.pt.
+calibrating pass of the sharded `NativePolicy` (TP x DP plan) and those of the one-process `NativePolicy` over the
+same batch, computed on this rank. Writes rank<r>.pt.
 
 argv: dp tp out_dir
 """
@@ -16,8 +16,7 @@ import torch.distributed as dist
 from tp_rank_check import SHAPE, batch
 
 from nemo_jetrl.config import load_config, validate_config
-from nemo_jetrl.distributed.data_split import assign_contiguous, per_rank
-from nemo_jetrl.distributed.dp_policy import DataParallelPolicy
+from nemo_jetrl.distributed.parallel_plan import ParallelPlan
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
@@ -49,19 +48,17 @@ def main() -> None:
     ids, mask, response, _ = batch()
     rows = TrainBatch(ids, mask, response, torch.zeros(len(ids)), torch.zeros(ids.shape))
     single = NativePolicy(cfg, recipe, torch.device("cpu"), model=copy.deepcopy(base)).calibrate_kv_scales(rows)
-    policy = DataParallelPolicy(
-        copy.deepcopy(base), policy_cfg=cfg, recipe=recipe, device=torch.device("cpu"), pad_token_id=0,
-        stop_token_ids=[2],
-    )  # fmt: skip
-    blocks = assign_contiguous(plan_micro_batches(rows.attention_mask, cfg, "logprob"), dp)
-    chunks = per_rank([[rows.window(p.rows, p.cols) for p in block] for block in blocks], tp)[dist.get_rank()]
-    scales = policy.calibrate_kv(chunks, max(map(len, blocks)), rows.select(slice(0, 1)))
+    plan = ParallelPlan.from_process_group(torch.device("cpu"), tp)
+    assert plan.num_dp_groups == dp
+    policy = NativePolicy(cfg, recipe, torch.device("cpu"), plan=plan, model=copy.deepcopy(base))
+    scales = policy.calibrate_kv_scales(rows)
+    chunks, _ = plan.share(plan_micro_batches(rows.attention_mask, cfg, "logprob"))
     torch.save(
         {
             "single": {n: getattr(single, n).cpu() for n in ("q", "k", "v")},
             "ranks": {n: getattr(scales, n).cpu() for n in ("q", "k", "v")},
             "num_chunks": len(chunks),
-            "tp_rank": policy.tp_rank,
+            "tp_rank": plan.tp_rank,
         },
         f"{out_dir}/rank{dist.get_rank()}.pt",
     )

@@ -24,7 +24,8 @@ names = [
     "nemo_jetrl.algorithms.loss",
     "nemo_jetrl.distributed",
     "nemo_jetrl.distributed.cluster",
-    "nemo_jetrl.distributed.dp_policy",
+    "nemo_jetrl.distributed.sharding",
+    "nemo_jetrl.distributed.launch",
     "nemo_jetrl.distributed.worker",
     "nemo_jetrl.policy.native",
 ]

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from nemo_jetrl.distributed.fsdp import clip_grad_norm, invalidate_fp8_caches, shard_policy
+from nemo_jetrl.distributed.fsdp import clip_grads, shard_policy, total_grad_norm
 from nemo_jetrl.distributed.tensor_parallel import (
     COLWISE,
     build_tp_rollout_replica,
@@ -24,7 +24,14 @@ from nemo_jetrl.distributed.weight_sync import Fp8Refit
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
-from nemo_jetrl.precision import Fp8Linear, Fp8RolloutLinear, PrecisionRecipe, build_rollout_replica, convert_to_fp8
+from nemo_jetrl.precision import (
+    Fp8Linear,
+    Fp8RolloutLinear,
+    PrecisionRecipe,
+    build_rollout_replica,
+    convert_to_fp8,
+    invalidate_fp8_caches,
+)
 
 # 4 q heads x 128, 2 KV heads x 128, intermediate 512: every per-rank dim is whole 128-tiles at TP=2
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
@@ -135,7 +142,10 @@ def main() -> None:
     rows = slice(dp_rank * per, (dp_rank + 1) * per)
     loss, logp, opt = train_step(model, root, rows, normalizer, dtype)
     reduce_head_local_grads(model, mesh["tp"].get_group())
-    grad_norm = clip_grad_norm(model.parameters(), 1.0)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grad_norm = total_grad_norm(grads)
+    clip_grads(grads, 1.0, grad_norm)
+    grad_norm = float(grad_norm)
     opt.step()
     invalidate_fp8_caches(model)
     total_loss = loss.detach().clone()
