@@ -112,7 +112,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
             self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
         self._fp8_stale = self.refitter is not None  # the replica's FP8 bits predate the master weights
         self._refit_bytes = 0  # bytes the refits assembled since the last prepare_refit report
-        self._fp8_gathered()
+        self._fp8_gathered(count=False)
 
     def _choose_kernels(self, model: torch.nn.Module, recipe: PrecisionRecipe, device: torch.device) -> None:
         """Kernel choices both sides share, set on the model before a replica is copied from it."""
@@ -224,16 +224,20 @@ class NativePolicy(TrainerCore, PolicyInterface):
         return combine_step_metrics(per_step)
 
     # ---------------------------------------------------------------- refit
-    def _fp8_gathered(self) -> None:
+    def _fp8_gathered(self, count: bool = True) -> None:
         """Sharded plans: gather the FP8 bits (and the rest the rollout reads) of the current master weights into
         the rollout replica, which the trainer's FP8 linears read too (`distributed/fp8_gather.py`); once per
-        optimizer step. Collective."""
+        optimizer step. Collective. `count`: the bytes go into the next step's `allgather_bytes` (not those of
+        setting the trainer up or loading a checkpoint, nor FSDP2's gathers before then)."""
         if self.refitter is None or not self._fp8_stale:
             return
         stats = self.refitter.refit("fp8")
         self._fp8_stale = False
-        self._refit_bytes += stats.fp8_weight_bytes + stats.other_bytes
         self._last_refit = stats.metrics()
+        if count:
+            self._refit_bytes += stats.fp8_weight_bytes + stats.other_bytes
+        else:
+            self.gather_counter.take()
 
     def prepare_refit(self) -> dict[str, float]:
         """Quantize every FP8 weight once for this step (one process: the rollout takes these very tensors by
@@ -300,4 +304,4 @@ class NativePolicy(TrainerCore, PolicyInterface):
         self.step = int(state["step"])
         if state.get("kv_scales") is not None and self.kv_calibrator is not None:
             self.set_kv_scales(KVScales(**state["kv_scales"]))
-        self._fp8_gathered()
+        self._fp8_gathered(count=False)

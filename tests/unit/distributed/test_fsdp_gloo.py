@@ -83,9 +83,8 @@ def test_setup_refit_gives_the_trainers_fp8_bits_at_half_the_bytes(observed):
     for rank in observed["ranks"]:
         assert _same_bits(rank["bits_setup"], observed["bits0"]) == 0
         stats = rank["setup_refit"]
-        # bytes the refit (FP8 bits + scales, the rest in FP32) and FSDP2 (the root's embeddings, norms, lm_head)
-        # assembled since the trainer started: no forward has run, so the refit's only
-        assert stats["allgather_bytes"] == stats["fp8_weight_bytes"] + stats["other_bytes"]
+        # bytes the refits and FSDP2 assembled since the trainer started, set-up not counted: none
+        assert stats["allgather_bytes"] == stats["fsdp_allgather_bytes"] == 0
         assert stats["num_fp8_weights"] == 28 and stats["fallback_weights"] == 0
         # 1 byte per weight + 4 bytes per 128x128 tile, vs 2 bytes per weight
         assert stats["fp8_vs_bf16_bytes"] == 0.5 + 4 / (2 * 128 * 128)
@@ -159,3 +158,14 @@ def test_bf16_refit_quantizes_the_full_bf16_master(observed):
         for name, (data, scale) in got.items():
             want_data, want_scale = weight_quant(state[f"{name}.weight"].to(torch.bfloat16))
             assert torch.equal(data, want_data.view(torch.uint8)) and torch.equal(scale, want_scale), name
+
+
+def test_a_step_gathers_the_fp8_bits_once(observed):
+    """The step's all-gathers: the refit's FP8 bits + scales and FP32 rest once, plus FSDP2's gathers of the root
+    (embeddings, norms) in the forwards; no FP8 linear's master is gathered in any forward."""
+    for rank in observed["ranks"]:
+        stats = rank["refit"]
+        assert (
+            stats["allgather_bytes"] == stats["fsdp_allgather_bytes"] + stats["fp8_weight_bytes"] + stats["other_bytes"]
+        )
+        assert 0 < stats["fsdp_allgather_bytes"] <= 4 * stats["other_bytes"]  # the root only, a few times
