@@ -7,21 +7,20 @@ tests/functional/test_ray_workers.py) a single-process run of the same config in
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from jetrl_testkit.slurm import metrics as _metrics
+from jetrl_testkit.slurm import slurm_down_reason as _slurm_down_reason
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sync --extra ray)")
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("ray_lock")]  # the job starts Ray
 ROOT = Path(__file__).resolve().parents[2]
-STATUS_FILE = Path(os.environ.get("SLURM_SETUP_STATUS", "/tmp/nemo_jetrl_slurm/status"))
 JOB_TIMEOUT_S = 540
 OVERRIDES = [
     "grpo.max_num_steps=2",
@@ -34,28 +33,6 @@ OVERRIDES = [
     "policy.prev_logprobs_source=logprob_forward",  # both sides score every row (auto picks it on Ray)
     "logger.tensorboard_enabled=false",
 ]
-
-
-def _slurm_down_reason() -> str | None:
-    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
-        return "Slurm is not installed (no sinfo/sbatch); CI installs it with .ci/slurm_setup.sh"
-    try:
-        state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
-    except subprocess.TimeoutExpired:
-        return "sinfo timed out: slurmctld is not answering"
-    states = state.stdout.split()
-    if state.returncode != 0 or not any(s.rstrip("*~#") in ("idle", "mixed") for s in states):
-        setup = STATUS_FILE.read_text().strip() if STATUS_FILE.is_file() else "no .ci/slurm_setup.sh status"
-        return f"no idle Slurm node (sinfo: {state.stdout.strip() or state.stderr.strip()!r}; setup: {setup})"
-    return None
-
-
-def _metrics(path: Path) -> dict[int, dict[str, float]]:
-    rows: dict[int, dict[str, float]] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        rows.setdefault(row["step"], {}).update(row)
-    return rows
 
 
 def test_tiny_grpo_through_ray_sub_matches_single_process(tmp_path):
