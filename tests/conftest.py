@@ -27,6 +27,7 @@ RAY_MODULES = [
     "functional/test_ray_kl_resume.py",  # 90
     "functional/test_ray_tensor_parallel.py",  # 55
     "slurm/test_ray_sub.py",  # 80 where CI's single-node Slurm runs, else a skip
+    "slurm/test_torchrun_sub.py",  # 9 (the shim job); + ~40 where CI's Slurm runs (not measured: no Slurm here)
 ]
 # The slowest CPU modules (seconds each in a full 2-worker run on the 2-core CI machine, 2026-11-27), started
 # first, longest first: pytest-xdist's loadfile hands out whole modules in collection order (`--no-loadscope-reorder`
