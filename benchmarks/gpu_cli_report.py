@@ -8,7 +8,9 @@ loop's own timers: generation, reward, logprobs, training, refit, kv_bootstrap, 
 `nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -i 0 -lms 500`: one GPU, every
 process on it) the peak device memory in MiB.
 The table shows the median over the steps after the first `--skip` (warm-up: Triton JIT, CUDA graph capture) and
-the first step on its own. Needs only the standard library (+ PyYAML for the rollout tokens/s row).
+the first step on its own, then the rollout's and the whole step's token rates, the bytes each rank all-gathered per
+step (sharded runs: `train/refit/allgather_bytes`) and the refit's gather time. Needs only the standard library
+(+ PyYAML for the rollout tokens/s row).
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ def read_gen_tokens(log_dir: Path) -> list[tuple[int, float]]:
     return out
 
 
+def read_metric(log_dir: Path, key: str) -> list[tuple[int, float]]:
+    """`[(step, value)]` of one logged metric (e.g. `train/refit/allgather_bytes`), [] where never logged."""
+    series = read_metrics_jsonl(log_dir / "metrics.jsonl")
+    return list(zip(series[key][0].tolist(), series[key][1].tolist())) if key in series else []
+
+
+def _steady_median(pairs: list[tuple[int, float]], skip: int) -> float | None:
+    steady = [v for s, v in pairs if s > skip]
+    return statistics.median(steady) if steady else None
+
+
 def peak_memory_mib(log_dir: Path) -> float | None:
     """Largest `memory.used` sample (MiB, the last field of each line) in `log_dir/gpu_memory.csv`."""
     path = log_dir / MEMORY_FILE
@@ -89,6 +102,14 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     gen = dict(timings.get("generation", []))
     rates = [tokens / gen[s] for s, tokens in read_gen_tokens(log_dir) if s > skip and gen.get(s)]
     summary["rollout_tokens_per_s"] = statistics.median(rates) if rates else None
+    # useful tokens/s: the step's real tokens (prompts + responses, `train/total_num_tokens`) per GRPO step second
+    total = dict(timings.get("total_step_time", []))
+    useful = [(s, v / total[s]) for s, v in read_metric(log_dir, "train/total_num_tokens") if total.get(s)]
+    summary["useful_tokens_per_s"] = _steady_median(useful, skip)
+    # bytes each rank all-gathered in the step (sharded trainers: FSDP2's forwards + the FP8 refit) and the refit's
+    # own seconds (the FP8 bits + scales and the rest into the rollout replica)
+    summary["allgather_bytes"] = _steady_median(read_metric(log_dir, "train/refit/allgather_bytes"), skip)
+    summary["refit_gather_s"] = _steady_median(read_metric(log_dir, "train/refit/seconds"), skip)
     summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
     return summary
 
@@ -108,6 +129,9 @@ def format_table(summaries: dict[str, dict]) -> str:
         rows.append(f"| {phase} | " + " | ".join(cells) + " |")
     extra = {
         "rollout tokens/s": lambda s: "—" if s["rollout_tokens_per_s"] is None else f"{s['rollout_tokens_per_s']:,.0f}",
+        "useful tokens/s": lambda s: _fmt(s.get("useful_tokens_per_s"), "{:,.0f}"),
+        "all-gather MB/step": lambda s: _fmt(s.get("allgather_bytes"), "{:,.1f}", 1e-6),
+        "refit gather s": lambda s: _fmt(s.get("refit_gather_s"), "{:.3f}"),
         "peak GPU memory": lambda s: (
             "—" if s["peak_gpu_memory_mib"] is None else f"{s['peak_gpu_memory_mib'] / 1024:.1f} GiB"
         ),
@@ -116,6 +140,10 @@ def format_table(summaries: dict[str, dict]) -> str:
     for name, cell in extra.items():
         rows.append(f"| {name} | " + " | ".join(cell(summaries[label]) for label in labels) + " |")
     return "\n".join(rows)
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    return "—" if value is None else spec.format(value * scale)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,9 @@
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
 # Environment: STEPS (GRPO steps, default 10), LAYERS (decoder layers of the built model, default the shape's 28),
-# GPU (nvidia-smi index to sample, default 0), PYTHON (default python3), EXTRA (more overrides for both runs,
+# NPROC (GPUs: > 1 launches the run with torchrun, one rank per GPU, `cluster.backend=torchrun`; default 1),
+# SUFFIX (appended to each variant's log directory name, e.g. _dp2 / _tp2, so layouts do not overwrite each other),
+# GPU (nvidia-smi index(es) to sample, default 0 .. NPROC-1), PYTHON (default python3), EXTRA (more overrides for both runs,
 # e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"), COPY_TO (a directory that gets,
 # on exit even after a failure, the runs' console logs <variant>.log and <variant>/{metrics.jsonl, config.yaml,
 # gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
@@ -25,7 +27,9 @@ STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
 STEPS=${STEPS:-10}
 LAYERS=${LAYERS:-}
-GPU=${GPU:-0}
+NPROC=${NPROC:-1}
+SUFFIX=${SUFFIX:-}
+GPU=${GPU:-$(seq -s, 0 $((NPROC - 1)))}
 SHAPE=${SHAPE:-qwen3-1.7b}
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
@@ -39,7 +43,7 @@ mkdir -p "$OUT/logs"
 copy_results() {  # the small result files into $COPY_TO (runs on exit)
     [ -n "$COPY_TO" ] || return 0
     local f v
-    for v in bf16 fp8 fp8_kv; do
+    for v in bf16$SUFFIX fp8$SUFFIX fp8_kv$SUFFIX; do
         [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
         for f in metrics.jsonl config.yaml gpu_memory.csv; do
             [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
@@ -85,7 +89,12 @@ stage_build() {
 }
 
 run_variant() {  # $1: bf16 | fp8 | fp8_kv
-    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=grpo_math_random_1p7B_$1.yaml
+    local variant=$1$SUFFIX log=$OUT/logs/$1$SUFFIX rc=0 smi config=grpo_math_random_1p7B_$1.yaml
+    local launch=("$PY") ranks=()
+    if [ "$NPROC" -gt 1 ]; then  # one rank per GPU (docs/cluster.md, torchrun)
+        launch=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
+        ranks=(cluster.backend=torchrun "cluster.gpus_per_node=$NPROC")
+    fi
     [ "$variant" = fp8 ] && config=grpo_math_random_1p7B.yaml  # FP8 linears, BF16 KV cache
     rm -rf "$log" && mkdir -p "$log"
     smi=""
@@ -94,13 +103,13 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv
             > "$log/gpu_memory.csv" 2>/dev/null &
         smi=$!
     fi
-    "$PY" examples/run_grpo.py --config "examples/configs/$config" \
+    "${launch[@]}" examples/run_grpo.py --config "examples/configs/$config" \
         "policy.model_name=$CKPT/model" \
         "data.dataset_name=$CKPT/data/train.jsonl" \
         "data.val_dataset_name=$CKPT/data/val.jsonl" \
         "logger.log_dir=$log" \
         "grpo.max_num_steps=$STEPS" \
-        "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
+        "${ranks[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
     if [ -n "$smi" ]; then
         kill "$smi" 2>/dev/null || true
         wait "$smi" 2>/dev/null || true
@@ -111,9 +120,11 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv
 stage_report() {
     echo
     echo "per-phase GRPO step time (median over steps 2..$STEPS; first step in brackets) and peak GPU memory:"
-    local runs=("bf16=$OUT/logs/bf16")
-    [ -f "$OUT/logs/fp8/metrics.jsonl" ] && runs+=("fp8=$OUT/logs/fp8")  # the optional stage, when it ran
-    runs+=("fp8_kv=$OUT/logs/fp8_kv")
+    local runs=() v
+    for v in bf16 fp8 fp8_kv; do  # the variants of this layout (SUFFIX) that ran
+        [ -f "$OUT/logs/$v$SUFFIX/metrics.jsonl" ] && runs+=("$v$SUFFIX=$OUT/logs/$v$SUFFIX")
+    done
+    [ ${#runs[@]} -gt 0 ] || { echo "error: no run of layout '$SUFFIX' in $OUT/logs" >&2; exit 1; }
     "$PY" benchmarks/gpu_cli_report.py "${runs[@]}" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
