@@ -40,7 +40,7 @@ def test_summary_numbers(tmp_path):
     assert s["median_s"]["kv_bootstrap"] is None and s["first_step_s"]["kv_bootstrap"] == 0.5
     assert s["rollout_tokens_per_s"] == pytest.approx(16 * 8 * 512 / 3.0)
     assert s["peak_gpu_memory_mib"] == 40960.0
-    assert s["useful_tokens_per_s"] == pytest.approx(3000 / 5.0)  # steps 2..4: 2000/3, 3000/5, 4000/4
+    assert s["useful_tokens_per_s"] == pytest.approx(2000 / 3.0)  # steps 2..4: 2000/3, 3000/5, 4000/4
     assert s["allgather_bytes"] == 7.5e6 and s["refit_gather_s"] is None  # never logged: no row value
 
 
@@ -52,7 +52,7 @@ def test_cli_table_and_missing_run(tmp_path, capsys):
     assert rc == 0 and "bf16" in captured.err and "metrics.jsonl not found" in captured.err
     assert "| generation | 3.00 s (1st 9.00) |" in captured.out
     assert "| kv_bootstrap | — (1st 0.50) |" in captured.out and "| peak GPU memory | 40.0 GiB |" in captured.out
-    assert "| useful tokens/s | 600 |" in captured.out and "| all-gather MB/step | 7.5 |" in captured.out
+    assert "| useful tokens/s | 667 |" in captured.out and "| all-gather MB/step | 7.5 |" in captured.out
     assert list(json.loads(out_json.read_text())) == ["fp8_kv"]
     assert report.main([f"bf16={tmp_path / 'absent'}"]) == 1
     assert report.main(["no-equals-sign"]) == 2
