@@ -13,13 +13,13 @@ scales after the update (post_step).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from jetrl_testkit.runs import metrics as _metrics
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # before Ray is imported (DESIGN.md §5)
 ray = pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sync --extra ray)")
@@ -55,14 +55,6 @@ def _cfg(tmp: Path, *extra: str) -> dict:
         *extra,
     ]
     return validate_config(load_config(CONFIG, overrides))
-
-
-def _metrics(log_dir: Path) -> dict[int, dict[str, float]]:
-    rows: dict[int, dict[str, float]] = {}
-    for line in (log_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        rows.setdefault(row["step"], {}).update(row)
-    return rows
 
 
 FIXED = [  # prev_logprobs from the training forward (grpo_tiny's auto), the rollout's attention in the trainer

@@ -17,11 +17,12 @@ Bounds, per case (docs/cluster.md, "Same results on 1 process and on W ranks"):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from jetrl_testkit.forkrun import run_launches
+from jetrl_testkit.runs import TINY_TWO_STEPS
+from jetrl_testkit.runs import metrics as _metrics
 
 from nemo_jetrl.algorithms.grpo import run_grpo
 from nemo_jetrl.config import load_config, validate_config
@@ -30,16 +31,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
 EXACT = ("reward_mean", "accuracy", "mean_response_length", "truncated_fraction", "kept_fraction")
-COMMON = [
-    "grpo.max_num_steps=2",
-    "grpo.num_prompts_per_step=4",  # x 8 samples = 32 rows: one 16-row micro-batch per rank
-    "policy.train_micro_batch_size=16",
-    "policy.logprob_batch_size=16",
-    "grpo.val_period=0",
-    "grpo.val_at_start=false",
-    "cluster.num_cpu_threads=1",
-    "logger.tensorboard_enabled=false",
-]
+COMMON = TINY_TWO_STEPS  # one 16-row micro-batch per rank
 # case -> (config, overrides, bitwise); grpo_tiny: unified FP8, FP8 KV cache calibrated in the step's
 # prev_logprobs forward (fused), K/V fake-quantized in the trainer, prev_logprobs from the training forward
 CASES = {
@@ -51,14 +43,6 @@ CASES = {
     "packed": ("grpo_tiny.yaml", ["policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=60",
                                   "policy.sequence_packing.sequence_length_round=4"], False),
 }  # fmt: skip
-
-
-def _metrics(log_dir: Path) -> dict[int, dict[str, float]]:
-    rows: dict[int, dict[str, float]] = {}
-    for line in (log_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        rows.setdefault(row["step"], {}).update(row)
-    return rows
 
 
 @pytest.fixture(scope="module")

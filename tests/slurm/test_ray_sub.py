@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from jetrl_testkit.slurm import metrics as _metrics
-from jetrl_testkit.slurm import slurm_down_reason as _slurm_down_reason
+from jetrl_testkit.runs import metrics as _metrics
+from jetrl_testkit.runs import slurm_down_reason as _slurm_down_reason
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sync --extra ray)")

@@ -16,20 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from jetrl_testkit.slurm import metrics as _metrics
-from jetrl_testkit.slurm import slurm_down_reason as _slurm_down_reason
+from jetrl_testkit.runs import TINY_TWO_STEPS
+from jetrl_testkit.runs import metrics as _metrics
+from jetrl_testkit.runs import slurm_down_reason as _slurm_down_reason
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERRIDES = [
-    "grpo.max_num_steps=2",
-    "grpo.num_prompts_per_step=4",
-    "policy.train_micro_batch_size=16",
-    "policy.logprob_batch_size=16",
-    "grpo.val_period=0",
-    "grpo.val_at_start=false",
-    "cluster.num_cpu_threads=1",
-    "logger.tensorboard_enabled=false",
-]
+OVERRIDES = TINY_TWO_STEPS
 
 
 def _shims(bin_dir: Path) -> None:
