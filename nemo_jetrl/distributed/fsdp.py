@@ -95,14 +95,21 @@ def total_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
         if mesh is not None and any(not isinstance(p, Shard) for p in group[0].placements):
             squares.append(full_tensor(torch.nn.utils.get_total_norm(group)).double() ** 2)  # replicated dims
             continue
-        norms = torch._foreach_norm([local_tensor(g) for g in group], 2, dtype=torch.float64)
-        sq = torch.stack(norms).square().sum()
+        sq = torch.stack(_float64_norms([local_tensor(g) for g in group])).square().sum()
         if mesh is not None:
             dist.all_reduce(sq, group=mesh.get_group() if mesh.ndim == 1 else None)
         squares.append(sq)
     if not squares:
         return torch.zeros(())
     return torch.stack(squares).sum().sqrt().float()
+
+
+def _float64_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's L2 norm accumulated in float64 (one foreach launch where this torch has it)."""
+    try:
+        return list(torch._foreach_norm(tensors, 2, dtype=torch.float64))
+    except (TypeError, RuntimeError):  # an older foreach_norm without `dtype`
+        return [torch.linalg.vector_norm(t, dtype=torch.float64) for t in tensors]
 
 
 def clip_grads(grads: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
@@ -122,8 +129,14 @@ class GatherCounter:
         self.supported = _COUNTING_ALL_GATHER is not None
 
     def attach(self, unit: FSDPModule) -> None:
-        if self.supported:
+        """Count `unit`'s all-gathers; where this torch's FSDP2 takes no custom all-gather, count nothing at all
+        (`supported` turns false and the trainer logs no FSDP2 bytes)."""
+        if not self.supported:
+            return
+        try:
             unit.set_custom_all_gather(_COUNTING_ALL_GATHER(self))
+        except (AttributeError, TypeError, ValueError):
+            self.supported = False
 
     def take(self) -> int:
         n, self.bytes = self.bytes, 0

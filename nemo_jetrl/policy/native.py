@@ -252,7 +252,8 @@ class NativePolicy(TrainerCore, PolicyInterface):
             self._fp8_gathered()
             metrics = dict(self._last_refit)
             fsdp = self.gather_counter.take()
-            metrics.update(fsdp_allgather_bytes=float(fsdp), allgather_bytes=float(fsdp + self._refit_bytes))
+            if self.gather_counter.supported:  # every byte counted (else no total: FSDP2's would be missing)
+                metrics.update(fsdp_allgather_bytes=float(fsdp), allgather_bytes=float(fsdp + self._refit_bytes))
             self._refit_bytes = 0
         if self.kv_calibrator is not None:
             metrics.update(self._recalibrate_kv())
