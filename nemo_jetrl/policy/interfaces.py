@@ -1,5 +1,5 @@
 """Policy-side interfaces, shaped like NeMo-RL's: the batch layout, the trainer (`PolicyInterface`, implemented by
-the one-process `NativePolicy` and the Ray `RayPolicy`) and the loss it is handed (`LossFunction`)."""
+`NativePolicy` for every world size and by the Ray fan-out `RayPolicy`) and the loss it is handed (`LossFunction`)."""
 
 from __future__ import annotations
 

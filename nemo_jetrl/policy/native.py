@@ -78,7 +78,6 @@ class NativePolicy(TrainerCore, PolicyInterface):
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
         self._choose_kernels(model, recipe, device)
         self.model = model.train()
-        self._wrap_activation_checkpointing(model)
         scorer_kwargs = dict(temperature=self.temperature, compute_dtype=self.compute_dtype, kernels=self.kernels)
         layout = lay_out_trainer(model, self.plan, recipe, **scorer_kwargs)  # shards `model` in place (W > 1)
         self.scorer, self.rollout_model, self.refitter, self.gather_counter = (
@@ -125,10 +124,6 @@ class NativePolicy(TrainerCore, PolicyInterface):
             enable_batch_invariant(model)
         elif self.cfg["generation"]["matched_kernels"]:
             match_kernels(model, device)
-
-    def _wrap_activation_checkpointing(self, model: torch.nn.Module) -> None:
-        """The hook for `policy.dtensor_cfg.activation_checkpointing` (applied to the unsharded decoder layers, for
-        every plan, before `lay_out_trainer` shards them); nothing to do until the key exists."""
 
     @property
     def has_reference(self) -> bool:
@@ -242,7 +237,11 @@ class NativePolicy(TrainerCore, PolicyInterface):
     def prepare_refit(self) -> dict[str, float]:
         """Quantize every FP8 weight once for this step (one process: the rollout takes these very tensors by
         reference; sharded: quantize each shard, all-gather bits + scales into the replica), then recalibrate the
-        FP8 KV scales; with the all-gather bytes since the last call (`allgather_bytes`)."""
+        FP8 KV scales; with the all-gather bytes since the last call (`allgather_bytes`). The step's gradients are
+        freed first: the rollout and the next logprob pass get their memory (captured micro-batches keep theirs:
+        their backwards accumulate into them)."""
+        if self.train_graphs is None:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.refitter is None:
             layers = fp8_layers(self.model)
             for _, module in layers:

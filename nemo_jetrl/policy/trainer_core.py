@@ -10,8 +10,9 @@ collectives stay in lock-step), and what the groups computed comes back in micro
 normalizer and gradients are summed over the ranks, so the step is the one-process step (up to the order of the
 gradient sum). A step is skipped on every rank together: the checks of all ranks are summed before anyone decides.
 
-Activation checkpointing (`policy.dtensor_cfg.activation_checkpointing`, another change) applies to `self.model`
-before the plan shards it: `NativePolicy._wrap_activation_checkpointing` is the one hook, for every plan.
+Every switch of the trainer's forward (`policy.trainer_setup.trainer_kernels`: fused glue kernels, causal attention,
+packing, and activation checkpointing where the config asks for it) travels in the scorer (`PolicyLogprobs`, the
+FSDP2 root when sharded) and so holds on every plan.
 """
 
 from __future__ import annotations
