@@ -1,6 +1,6 @@
 """The CLI on 2 GPUs under torchrun (NCCL, NVLink multicast off) against one GPU, the tiny FP8 config, 2 steps.
 
-Run (2 GPUs, about 2 minutes): `python -m pytest -q -p no:xdist -m gpu tests/gpu/test_torchrun_gpu.py`; skipped
+Run (2 GPUs, about 2 minutes): `python3 -m pytest -q -n 0 -m gpu tests/gpu/test_torchrun_gpu.py`; skipped
 with fewer than 2 GPUs. Needs the CLI's imports (pydantic, omegaconf, hydra: the carried wheels).
 
 What it checks on NCCL what the gloo tests check on CPU (tests/functional/test_torchrun_matrix.py): the run
