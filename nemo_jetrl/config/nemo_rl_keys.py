@@ -72,7 +72,6 @@ KEY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.enabled": no_effect("the trainer here is always FSDP2 (DTensor)"),
     "policy.dtensor_cfg._v2": no_effect("NeMo-RL's DTensor worker version"),
     "policy.dtensor_cfg.cpu_offload": no_effect(MEMORY),
-    "policy.dtensor_cfg.activation_checkpointing": no_effect("recomputation: same numbers, less memory"),
     "policy.dtensor_cfg.sequence_parallel": only([False], "sequence parallelism", ONE_TRAINER),
     "policy.dtensor_cfg.context_parallel_size": only([1], "context parallelism", ONE_TRAINER),
     "policy.dtensor_cfg.custom_parallel_plan": only([None], "custom parallel plans", "set null"),

@@ -279,6 +279,7 @@ class DataParallelPolicy:
             self.optimizer.zero_grad(set_to_none=True)
             return {"nonfinite": nonfinite or f"gradient (grad norm {grad_norm})", "step": self.step}
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # the rollout and the next logprob pass get the gradients' memory
         invalidate_fp8_caches(self.model)
         self.step += 1
         out = {"micro_batch_metrics": per_mb, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}

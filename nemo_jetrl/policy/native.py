@@ -316,7 +316,8 @@ class NativePolicy(PolicyInterface):
         self.optimizer.step()
         if graphs is not None:  # the captured micro-batches read the FP8 weights where they lie
             requantize_fp8_in_place(self.model.modules())
-        else:
+        else:  # gradients freed: the rollout and the next logprob pass get their memory (captured ones keep theirs)
+            self.optimizer.zero_grad(set_to_none=True)
             self._invalidate_fp8_weights()
         self.step += 1
         sums: dict[str, float] = {}
