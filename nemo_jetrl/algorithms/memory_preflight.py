@@ -71,7 +71,11 @@ def memory_preflight(
         return PreflightResult("memory preflight: off (policy.memory_preflight.enabled: false)", {})
     if cfg["cluster"]["backend"] == "ray":
         return PreflightResult("memory preflight: not estimated for cluster.backend: ray (sharded trainer)", {})
-    shape = shape or model_shape(policy)
+    if shape is None:
+        try:
+            shape = model_shape(policy)
+        except ValueError as exc:  # the model directory's own error comes when the run loads it
+            return PreflightResult(f"memory preflight: skipped ({exc})", {})
     capacity = capacity if capacity is not None else device_capacity(cfg)
     usable = None if capacity is None else int(capacity * float(policy["memory_preflight"]["usable_fraction"]))
     settings = TrainerMemorySettings.from_policy(policy, float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0)

@@ -101,3 +101,24 @@ def test_checkpointing_cuts_a_long_micro_batchs_training_peak(preset):
         del policy, model
         torch.cuda.empty_cache()
     assert peaks[True] < 0.5 * peaks[False], peaks
+
+
+def test_the_step_timer_records_each_phases_allocated_peak():
+    """Timer(memory_device=cuda) (the GRPO loop's): a phase's peak is what was allocated at most while it ran,
+    nested phases included, and an enclosing phase's is the largest of its parts."""
+    from nemo_jetrl.utils.timers import Timer
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    timer = Timer(memory_device=DEV)
+    with timer.time("total_step_time"):
+        with timer.time("generation"):
+            big = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)  # 256 MiB
+            del big
+        with timer.time("training"):
+            small = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
+            del small
+    gib = {k: v * 1024**3 - base for k, v in timer.get_memory_metrics().items()}
+    assert gib["memory/generation_peak_gib"] == pytest.approx(256 << 20, abs=4 << 20)
+    assert gib["memory/training_peak_gib"] == pytest.approx(64 << 20, abs=4 << 20)
+    assert gib["memory/total_step_time_peak_gib"] == pytest.approx(256 << 20, abs=4 << 20)
