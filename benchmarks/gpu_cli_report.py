@@ -128,6 +128,10 @@ def format_table(summaries: dict[str, dict]) -> str:
             "—" if s["peak_gpu_memory_mib"] is None else f"{s['peak_gpu_memory_mib'] / 1024:.1f} GiB"
         ),
         "steps logged": lambda s: str(s["steps"]),
+        "first step / median step": lambda s: (
+            "—" if not s["median_s"].get("total_step_time") else
+            f"{s['first_step_s']['total_step_time'] / s['median_s']['total_step_time']:.2f}x"
+        ),  # fmt: skip
     }
     for name, cell in extra.items():
         rows.append(f"| {name} | " + " | ".join(cell(summaries[label]) for label in labels) + " |")

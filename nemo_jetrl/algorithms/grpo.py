@@ -348,7 +348,7 @@ def _run_locked(
     check_validation_set(cfg, run.task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = restore(run, resume) if resume is not None else 0
-    if start_step == 0 and memory:  # the preflight's estimate, beside each step's measured memory/<phase>_peak_gib
+    if start_step == 0 and memory and run.device.type == "cuda":  # the estimate, beside memory/<phase>_peak_gib
         run.logger.log_metrics({f"memory/estimate_{k}_peak_gib": v / 1024**3 for k, v in memory.items()}, step=0)
     if resume is not None:  # an engine holding its own weight copy (vLLM) takes the restored ones
         run.engine.update_weights()

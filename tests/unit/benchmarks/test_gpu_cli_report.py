@@ -71,3 +71,4 @@ def test_memory_against_the_estimate_and_mismatch_by_position(tmp_path, capsys):
     assert "| training peak allocated (estimate) | 42.0 GiB (44.0, +5%) |" in out
     assert "| generation peak allocated (estimate) | 31.0 GiB (30.0, -3%) |" in out
     assert "| mismatch at position 8192+ | 1.0300 |" in out
+    assert "| first step / median step | 2.50x |" in out  # 10 s against the median 4 s of steps 2-4
