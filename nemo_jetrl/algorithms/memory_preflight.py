@@ -55,7 +55,10 @@ def device_capacity(cfg: dict[str, Any]) -> int | None:
         return int(float(given) * GIB)
     from nemo_jetrl.policy.trainer_setup import resolve_device
 
-    device = resolve_device(cfg["cluster"]["device"])
+    try:
+        device = resolve_device(cfg["cluster"]["device"])
+    except ValueError:  # e.g. cuda asked for and none visible: the run's own device check says so
+        return None
     if device.type != "cuda":
         return None
     return int(torch.cuda.get_device_properties(device).total_memory)

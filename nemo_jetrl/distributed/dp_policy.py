@@ -135,7 +135,9 @@ class DataParallelPolicy:
 
     def refit(self, fmt: RefitFormat = "fp8") -> dict[str, Any]:
         """Collective: quantize this rank's shards once, all-gather FP8 bits + scales into the replica, and the KV
-        scales of this step's calibrating pass with them. Metrics, plus "kv_scales" (CPU KVScales) when new."""
+        scales of this step's calibrating pass with them. Metrics, plus "kv_scales" (CPU KVScales) when new. The
+        step's gradients are freed first: the rollout and the next logprob pass get their memory."""
+        self.optimizer.zero_grad(set_to_none=True)
         out: dict[str, Any] = self.refitter.refit(fmt).metrics()
         if self.recipe.kv_fp8:
             out.update(self.finish_kv_calibration())
@@ -279,7 +281,6 @@ class DataParallelPolicy:
             self.optimizer.zero_grad(set_to_none=True)
             return {"nonfinite": nonfinite or f"gradient (grad norm {grad_norm})", "step": self.step}
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)  # the rollout and the next logprob pass get the gradients' memory
         invalidate_fp8_caches(self.model)
         self.step += 1
         out = {"micro_batch_metrics": per_mb, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}

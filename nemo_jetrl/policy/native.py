@@ -316,8 +316,7 @@ class NativePolicy(PolicyInterface):
         self.optimizer.step()
         if graphs is not None:  # the captured micro-batches read the FP8 weights where they lie
             requantize_fp8_in_place(self.model.modules())
-        else:  # gradients freed: the rollout and the next logprob pass get their memory (captured ones keep theirs)
-            self.optimizer.zero_grad(set_to_none=True)
+        else:
             self._invalidate_fp8_weights()
         self.step += 1
         sums: dict[str, float] = {}
@@ -351,7 +350,11 @@ class NativePolicy(PolicyInterface):
         return nonfinite_model_state(self.model, self.kv_scales)
 
     def prepare_refit(self) -> dict[str, float]:
-        """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference."""
+        """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference. The
+        step's gradients are freed: the rollout and the next logprob pass get their memory (captured micro-batches
+        keep theirs: their backwards accumulate into them)."""
+        if self.train_graphs is None:
+            self.optimizer.zero_grad(set_to_none=True)
         layers = fp8_layers(self.model)
         for _, module in layers:
             module.quantized_weight()
