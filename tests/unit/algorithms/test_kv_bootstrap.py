@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jetrl_testkit.grpo_harness import SMALL_TINY_RUN
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.algorithms.rollout_io import bootstrap_kv_scales, encode_prompts, step_generator
@@ -18,21 +19,11 @@ from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"  # unified FP8 + FP8 KV
-SMALL = [
-    "grpo.num_prompts_per_step=8",
-    "grpo.num_generations_per_prompt=4",
-    "policy.train_micro_batch_size=16",
-    "policy.logprob_batch_size=32",
-    "grpo.val_period=0",
-    "grpo.val_at_start=false",
-    "logger.tensorboard_enabled=false",
-    "logger.plot_period=0",
-]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    cfg = validate_config(load_config(CONFIG, [*SMALL, f"logger.log_dir={tmp_path_factory.mktemp('logs')}"]))
+    cfg = validate_config(load_config(CONFIG, [*SMALL_TINY_RUN, f"logger.log_dir={tmp_path_factory.mktemp('logs')}"]))
     run = grpo.setup(cfg.model_dump())
     yield run
     run.logger.close()
