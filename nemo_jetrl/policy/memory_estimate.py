@@ -2,10 +2,10 @@
 
 Each phase's peak is the resident state plus what the phase adds:
 
-- resident: master weights, their gradients (the eager trainer frees them after each optimizer step, so only
-  training holds them), AdamW's two moments (all in `master_dtype`), the FP8 weight caches (1 byte per FP8 weight,
-  2 with `cache_dgrad_weight`), a reference copy (KL penalty), the BF16 weight copies autocast makes of an FP32
-  master (kept for the backward), the captured micro-batches' pool (`train_cuda_graphs`);
+- resident: master weights, their gradients (the eager trainers free them at each refit, so only training holds
+  them), AdamW's two moments (all in `master_dtype`), the FP8 weight caches (1 byte per FP8 weight, 2 with
+  `cache_dgrad_weight`), a reference copy (KL penalty), the BF16 weight copies autocast makes of an FP32 master
+  (kept for the backward); the captured micro-batches' pool (`train_cuda_graphs`) is the preflight's to add;
 - training: per micro-batch token, what the forward keeps for the backward (below), the backward's working set, the
   logits (all of them, or one chunk under activation checkpointing), and vocabulary-sized gradient transients;
 - logprobs (no grad): one layer's activations per token and a logits chunk;
