@@ -329,7 +329,7 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     """
     cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
     memory = memory_preflight(cfg)  # may derive token budgets into cfg, or refuse (MemoryPreflightError)
-    console.print(memory.line, highlight=False)
+    console.print(memory.line, highlight=False, soft_wrap=True)
     check_output_dirs(cfg)
     locks = lock_run_dirs(output_dirs(cfg))
     line = precision_line(master_cfg.policy) if hasattr(master_cfg, "policy") else None
