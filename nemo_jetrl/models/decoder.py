@@ -26,6 +26,11 @@ then writes its plain output, as the trainer's does, and the FP8 linear quantize
 FP32 activations the fused norm + FP8 kernel's sum of squares rounds unlike the plain norm kernel's (an exact-mode
 FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused one, H100).
 
+Activation checkpointing (`activation_checkpointing=True`, `policy.dtensor_cfg.activation_checkpointing`): under
+autograd each layer runs through `models/recompute.py`, keeping only its inputs (x, delta) and recomputing its
+activations in the backward, bit for bit (the FP8 weights come from their caches; a hook's `replay` runs instead of
+the hook itself).
+
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
 """
