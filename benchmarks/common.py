@@ -127,7 +127,8 @@ def policy_config(**overrides) -> dict:
             **overrides.pop("sequence_packing", {}),
         },  # fmt: skip
         "fp8_cfg": fp8_cfg,
-        "dtensor_cfg": {"tensor_parallel_size": 1},
+        "dtensor_cfg": {"tensor_parallel_size": 1, "activation_checkpointing": False},
+        "memory_preflight": {"enabled": True, "capacity_gib": None, "usable_fraction": 0.9},
         "generation": generation,
     }
     return {**cfg, **overrides}

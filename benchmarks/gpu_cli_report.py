@@ -8,7 +8,11 @@ loop's own timers: generation, reward, logprobs, training, refit, kv_bootstrap, 
 `nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -i 0 -lms 500`: one GPU, every
 process on it) the peak device memory in MiB.
 The table shows the median over the steps after the first `--skip` (warm-up: Triton JIT, CUDA graph capture) and
-the first step on its own. Needs only the standard library (+ PyYAML for the rollout tokens/s row).
+the first step on its own; where the run logged them, each phase's peak allocated memory (`memory/<phase>_peak_gib`,
+the largest over the steps) against the start-up estimate (`memory/estimate_<phase>_peak_gib`,
+algorithms/memory_preflight.py), and the mismatch per bin of response positions (`train/mismatch_pos/<start>`, mean
+over the steps after `--skip`; `--position-plot PNG` draws it, which needs matplotlib). Needs numpy (+ PyYAML for
+the rollout tokens/s row).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
+from nemo_jetrl.utils.metrics_jsonl import position_curve, read_metrics_jsonl
 
 PHASES = ("generation", "logprobs", "training", "refit", "reward", "kv_bootstrap", "total_step_time")
 MEMORY_FILE = "gpu_memory.csv"
+ESTIMATED = {"generation": "rollout", "logprobs": "logprob", "training": "train"}  # phase -> the preflight's name
 
 
 def read_timings(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -90,7 +95,18 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     rates = [tokens / gen[s] for s, tokens in read_gen_tokens(log_dir) if s > skip and gen.get(s)]
     summary["rollout_tokens_per_s"] = statistics.median(rates) if rates else None
     summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
+    summary["allocated_peak_gib"], summary["estimated_peak_gib"] = read_memory(log_dir)
+    curve = position_curve(read_metrics_jsonl(log_dir / "metrics.jsonl"), skip)
+    summary["mismatch_by_position"] = {str(k): v for k, v in curve.items()}
     return summary
+
+
+def read_memory(log_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """({phase: its largest `memory/<phase>_peak_gib` over the steps}, {phase: the preflight's estimate in GiB})."""
+    series = read_metrics_jsonl(log_dir / "metrics.jsonl")
+    measured = {p: float(series[k][1].max()) for p in ESTIMATED if (k := f"memory/{p}_peak_gib") in series}
+    estimated = {p: float(series[k][1][0]) for p, e in ESTIMATED.items() if (k := f"memory/estimate_{e}_peak_gib") in series}
+    return measured, estimated
 
 
 def format_table(summaries: dict[str, dict]) -> str:
@@ -112,10 +128,32 @@ def format_table(summaries: dict[str, dict]) -> str:
             "—" if s["peak_gpu_memory_mib"] is None else f"{s['peak_gpu_memory_mib'] / 1024:.1f} GiB"
         ),
         "steps logged": lambda s: str(s["steps"]),
+        "first step / median step": lambda s: (
+            "—" if not s["median_s"].get("total_step_time") else
+            f"{s['first_step_s']['total_step_time'] / s['median_s']['total_step_time']:.2f}x"
+        ),  # fmt: skip
     }
     for name, cell in extra.items():
         rows.append(f"| {name} | " + " | ".join(cell(summaries[label]) for label in labels) + " |")
+    for phase in ESTIMATED:  # allocated peak per phase against the start-up estimate
+        cells = [_memory_cell(summaries[label], phase) for label in labels]
+        if any(c != "—" for c in cells):
+            rows.append(f"| {phase} peak allocated (estimate) | " + " | ".join(cells) + " |")
+    bins = sorted({int(b) for s in summaries.values() for b in s["mismatch_by_position"]})
+    for b in bins:  # token_mult_prob_error per response-position bin
+        cells = [f"{v:.4f}" if (v := summaries[label]["mismatch_by_position"].get(str(b))) is not None else "—"
+                 for label in labels]  # fmt: skip
+        rows.append(f"| mismatch at position {b}+ | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _memory_cell(summary: dict, phase: str) -> str:
+    measured, estimated = summary["allocated_peak_gib"].get(phase), summary["estimated_peak_gib"].get(phase)
+    if measured is None:
+        return "—"
+    if estimated is None:
+        return f"{measured:.1f} GiB"
+    return f"{measured:.1f} GiB ({estimated:.1f}, {estimated / measured - 1:+.0%})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", metavar="LABEL=LOG_DIR", help="a run's label and logger.log_dir")
     parser.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the medians (default 1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the summaries as JSON here")
+    parser.add_argument("--position-plot", type=Path, default=None, help="draw the mismatch per position bin here")
     args = parser.parse_args(argv)
     summaries = {}
     for spec in args.runs:
@@ -138,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no run had a metrics.jsonl", file=sys.stderr)
         return 1
     print(format_table(summaries))
+    if args.position_plot is not None:
+        from nemo_jetrl.utils.plots import plot_mismatch_position
+
+        runs = {label: read_metrics_jsonl(Path(s["log_dir"]) / "metrics.jsonl") for label, s in summaries.items()}
+        print(f"position plot: {plot_mismatch_position(runs, args.position_plot, args.skip)}")
     if args.json is not None:
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")
     return 0

@@ -17,6 +17,10 @@
 # gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
 # bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them anywhere); a CPU smoke run of the script
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
+# RECIPE: the config family (default grpo_math_random_1p7B: <RECIPE>_bf16.yaml, <RECIPE>_fp8_kv.yaml, <RECIPE>.yaml for
+# fp8); another shipped family (e.g. RECIPE=grpo_math_8B) also gets what the random-weight one-GPU run needs and
+# grpo_math_random_1p7B.yaml sets: no validation or checkpoints, zero-advantage groups trained, the byte
+# tokenizer's eos, one GPU, no plots (docs/long_responses.md).
 set -euo pipefail
 
 OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv report]}
@@ -33,6 +37,11 @@ read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 [ "$DEVICE" = cpu ] && EXTRA_ARGS=(cluster.device=cpu cluster.gpus_per_node=0 "${EXTRA_ARGS[@]}")
 CKPT=$OUT/ckpt
 COPY_TO=${COPY_TO:-}
+RECIPE=${RECIPE:-grpo_math_random_1p7B}
+RANDOM_RUN=()
+[ "$RECIPE" != grpo_math_random_1p7B ] && RANDOM_RUN=(checkpointing.enabled=false grpo.val_period=0
+    grpo.val_at_start=false grpo.drop_zero_advantage_groups=false policy.generation.stop_token_ids=null
+    cluster.gpus_per_node=1 logger.plot_period=null logger.tensorboard_enabled=false)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs"
 
@@ -85,8 +94,8 @@ stage_build() {
 }
 
 run_variant() {  # $1: bf16 | fp8 | fp8_kv
-    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=grpo_math_random_1p7B_$1.yaml
-    [ "$variant" = fp8 ] && config=grpo_math_random_1p7B.yaml  # FP8 linears, BF16 KV cache
+    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=${RECIPE}_$1.yaml
+    [ "$variant" = fp8 ] && [ -f "examples/configs/$RECIPE.yaml" ] && config=$RECIPE.yaml  # FP8 linears, BF16 KV
     rm -rf "$log" && mkdir -p "$log"
     smi=""
     if command -v nvidia-smi > /dev/null; then
@@ -100,7 +109,7 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv
         "data.val_dataset_name=$CKPT/data/val.jsonl" \
         "logger.log_dir=$log" \
         "grpo.max_num_steps=$STEPS" \
-        "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
+        "${RANDOM_RUN[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
     if [ -n "$smi" ]; then
         kill "$smi" 2>/dev/null || true
         wait "$smi" 2>/dev/null || true

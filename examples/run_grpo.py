@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     print(precision_line(master_cfg.policy))
     if args.validate_only:
         return 0
+    from nemo_jetrl.algorithms.memory_preflight import memory_preflight
+
+    try:  # before the trainer's imports: a config the device cannot run is refused at once (run_grpo reports it)
+        memory_preflight(master_cfg.model_dump())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USER_ERROR
     from nemo_jetrl.algorithms.grpo import run_grpo
     from nemo_jetrl.distributed.errors import WorkerGroupError
     from nemo_jetrl.policy.nonfinite import NonFiniteError

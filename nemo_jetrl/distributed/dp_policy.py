@@ -135,7 +135,9 @@ class DataParallelPolicy:
 
     def refit(self, fmt: RefitFormat = "fp8") -> dict[str, Any]:
         """Collective: quantize this rank's shards once, all-gather FP8 bits + scales into the replica, and the KV
-        scales of this step's calibrating pass with them. Metrics, plus "kv_scales" (CPU KVScales) when new."""
+        scales of this step's calibrating pass with them. Metrics, plus "kv_scales" (CPU KVScales) when new. The
+        step's gradients are freed first: the rollout and the next logprob pass get their memory."""
+        self.optimizer.zero_grad(set_to_none=True)
         out: dict[str, Any] = self.refitter.refit(fmt).metrics()
         if self.recipe.kv_fp8:
             out.update(self.finish_kv_calibration())

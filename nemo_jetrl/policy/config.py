@@ -48,6 +48,9 @@ class DTensorConfig(Section):
     # T ranks per tensor-parallel group (trainer and its colocated rollout); the Ray workers form W / T
     # data-parallel groups (distributed/tensor_parallel.py, docs/cluster.md)
     tensor_parallel_size: PositiveInt = 1
+    # each decoder layer keeps only its inputs and recomputes its activations in the backward (models/recompute.py):
+    # same loss and gradients bit for bit, about one forward more per training pass, far less activation memory
+    activation_checkpointing: bool = False
 
 
 class DynamicBatchingConfig(Section):
@@ -82,6 +85,17 @@ class SequencePackingConfig(Section):
         return value
 
 
+class MemoryPreflightConfig(Section):
+    """`policy.memory_preflight`: at start-up, the training step's peak device memory estimated from the model shape
+    and this section (algorithms/memory_preflight.py, docs/long_responses.md): printed with the device's capacity;
+    null token budgets of packing / dynamic batching derived so that the step fits; a config that cannot fit
+    refused before any rollout, naming the keys to change."""
+
+    enabled: bool = True
+    capacity_gib: PositiveFloat | None = None  # null = the CUDA device's memory (on a CPU: report only, no refusal)
+    usable_fraction: Annotated[FiniteFloat, Field(gt=0, le=1)] = 0.9  # of the capacity (CUDA context, fragmentation)
+
+
 class PolicyConfig(Section):
     """`train_global_batch_size: null` = grpo.num_prompts_per_step * grpo.num_generations_per_prompt."""
 
@@ -113,6 +127,7 @@ class PolicyConfig(Section):
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     sequence_packing: SequencePackingConfig = SequencePackingConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
+    memory_preflight: MemoryPreflightConfig = MemoryPreflightConfig()
     fp8_cfg: Fp8Config = Fp8Config()
     generation: GenerationConfig = GenerationConfig()
 

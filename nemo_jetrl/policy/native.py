@@ -351,7 +351,11 @@ class NativePolicy(PolicyInterface):
         return nonfinite_model_state(self.model, self.kv_scales)
 
     def prepare_refit(self) -> dict[str, float]:
-        """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference."""
+        """Quantize every FP8 weight once for this step; the rollout then takes these very tensors by reference. The
+        step's gradients are freed: the rollout and the next logprob pass get their memory (captured micro-batches
+        keep theirs: their backwards accumulate into them)."""
+        if self.train_graphs is None:
+            self.optimizer.zero_grad(set_to_none=True)
         layers = fp8_layers(self.model)
         for _, module in layers:
             module.quantized_weight()
