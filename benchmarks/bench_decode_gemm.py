@@ -1,7 +1,7 @@
 """Decode-sized GEMMs (M = batch rows): BF16 `torch.mm` vs cuBLAS blockwise FP8 `scaled_mm` vs the Triton split-K
 FP8 kernel (vs DeepGEMM where it imports), on Qwen3-8B projection shapes, side by side in one run (GPU only).
 
-    PYTHONPATH=. python3 benchmarks/bench_decode_gemm.py --out decode_gemm.json
+    python3 -m benchmarks.bench_decode_gemm --out decode_gemm.json
 
 At decode the product reads the whole weight for a few rows, so the figure of merit is weight bytes / time
 against the HBM peak. Every figure is GPU time as the rollout's captured decode step sees it: the calls replayed
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json  # noqa: E402
+from benchmarks.common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json
 
 # (name, N, K): Qwen3-8B projections, separate and grouped
 SHAPES = [

@@ -3,18 +3,13 @@ against the documented GPU rollout, and against the native engine itself (which 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from common import draw_lengths  # noqa: E402
-from schedule_bound import fcfs_decode_steps, main, occupancy_bound  # noqa: E402
-
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.models.tiny import random_tiny_qwen3  # noqa: E402
+from benchmarks.common import draw_lengths
+from benchmarks.schedule_bound import fcfs_decode_steps, main, occupancy_bound
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 
 def test_the_list_schedule_by_hand():
