@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args, dev, info = parsed
     from nemo_jetrl.precision import act_quant, deep_gemm_adapter, fp8_blockwise_mm, weight_quant
-    from nemo_jetrl.precision.kernels.triton_gemm import best_config, cold_copies
+    from nemo_jetrl.precision.gemm import small_m_config
+    from nemo_jetrl.precision.kernels.device import cold_copies
 
     with_dg = deep_gemm_adapter.usable(dev)  # a DeepGEMM column where deep_gemm imports (use_deep_gemm's kernel)
 
@@ -71,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 "shape": name, "N": n, "K": k, "M": m, "timings": t,
                 **{f"{v}_us": t[v]["us"] for v in t}, **{f"{v}_range": us_range(t[v]) for v in t},
                 "triton_rel_err": float((tri - ref).norm() / ref.norm()),
-                "triton_config": list(best_config(xq, wq, torch.bfloat16, False, library=None)),
-                "auto_choice": "triton" if best_config(xq, wq, torch.bfloat16, False, library="scaled_mm") else "scaled_mm",
+                "triton_config": list(small_m_config(xq, wq, torch.bfloat16, False, library=None)),
+                "auto_choice": "triton" if small_m_config(xq, wq, torch.bfloat16, False, library="scaled_mm") else "scaled_mm",
             }  # fmt: skip
             r["bf16_weight_tbs"] = 2 * n * k / r["bf16_us"] / 1e6
             r["triton_weight_tbs"] = n * k / r["triton_us"] / 1e6

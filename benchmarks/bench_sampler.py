@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args, dev, info = parsed
     from nemo_jetrl.generation.native.sampler import SamplingParams, sample, sequence_keys
-    from nemo_jetrl.precision.kernels.triton_gemm import cold_copies, time_in_graph
+    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
 
     variants = {"torch sampler + fused logprob": SamplingParams(top_k=VOCAB), "fused sampling kernel": SamplingParams()}
     results = []

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if parsed is None:
         return 2
     args, dev, info = parsed
-    from nemo_jetrl.precision.kernels.triton_gemm import cold_copies, time_in_graph
+    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
     from nemo_jetrl.precision.transpose import transpose_fp8
 
     variants = {

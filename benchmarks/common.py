@@ -204,7 +204,7 @@ def alternating_graph_times(variants: dict[str, list[Callable[[], object]]], rep
     are captured back to back in one CUDA graph, and the graphs are replayed in `replays` rounds after one warm-up
     round, the order alternating (A, B, then B, A, ...). Per variant: microseconds per call, median, min and max
     over the rounds (CUDA events around each replay)."""
-    from nemo_jetrl.precision.kernels.triton_gemm import capture_graph, replay_ms
+    from nemo_jetrl.precision.kernels.device import capture_graph, replay_ms
 
     graphs = {name: capture_graph(calls) for name, calls in variants.items()}
     times: dict[str, list[float]] = {name: [] for name in graphs}
