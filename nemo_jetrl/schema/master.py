@@ -108,4 +108,3 @@ class MasterConfig(Section):
                 f"{self.cluster.num_nodes} * {count} = {workers})"
             )
         return self
-

@@ -74,7 +74,7 @@ def test_the_benchmarks_touch_no_private_name():
 
 
 def test_the_scan_sees_each_kind_of_private_use():
-    source = '''
+    source = """
 import sys
 import torch
 from nemo_jetrl._lazy import lazy_exports
@@ -86,7 +86,7 @@ torch.cuda._sleep(1)
 class Sampler:
     def stop(self):
         self._proc = None
-'''
+"""
     found = private_uses(source)
     assert [line.split(": ", 1)[1] for line in found] == [
         "private module nemo_jetrl._lazy",
