@@ -4,8 +4,9 @@ arrows between subpackages, and the import circles among modules.
     uv run python tools/import_graph.py            # subpackage arrows, upward arrows, circles
     uv run python tools/import_graph.py --modules  # every module -> module arrow too
 
-Every `import` counts, at module level or inside a function (a deferred import still ties the two modules), except
-those under `if TYPE_CHECKING:`. tests/unit/test_layering.py holds the layer order against this graph.
+Every `import` counts, at module level or inside a function (a deferred import still ties the two modules); those
+under `if TYPE_CHECKING:` count for the layer order (a type is a dependency too) but not for the circles (they never
+run). tests/unit/test_layering.py holds the layer order and the circles against this graph.
 """
 
 from __future__ import annotations
@@ -46,14 +47,15 @@ def _resolve(name: str, modules: set[str]) -> str | None:
     return None
 
 
-def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """module -> the package modules it imports (its own package `__init__`s not counted)."""
+def module_graph(root: Path = ROOT, typing: bool = False) -> dict[str, set[str]]:
+    """module -> the package modules it imports (its own package `__init__`s not counted); with `typing`, the imports
+    under `if TYPE_CHECKING:` too."""
     files = {module_name(p, root): p for p in sorted((root / PACKAGE).rglob("*.py"))}
     modules = set(files)
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        skip = _type_checking_lines(tree)
+        skip = set() if typing else _type_checking_lines(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
         for node in ast.walk(tree):
@@ -133,8 +135,9 @@ def _short(module: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modules", action="store_true", help="print every module -> module arrow too")
+    p.add_argument("--typing", action="store_true", help="count the imports under `if TYPE_CHECKING:` too")
     args = p.parse_args(argv)
-    graph = module_graph()
+    graph = module_graph(typing=args.typing)
     if args.modules:
         for src in sorted(graph):
             for dst in sorted(graph[src]):
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     for (a, b), behind in arrows.items():
         shown = ", ".join(f"{_short(s)}->{_short(d)}" for s, d in behind[:4])
         print(f"  {a} -> {b}  ({len(behind)}: {shown}{' ...' if len(behind) > 4 else ''})")
-    found = circles(graph)
+    found = circles(module_graph())  # runtime imports only
     print(f"{len(found)} import circles among modules:")
     for c in found:
         print("  " + " <-> ".join(map(_short, c)))
