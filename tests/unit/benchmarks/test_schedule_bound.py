@@ -24,7 +24,7 @@ def test_the_list_schedule_by_hand():
 
 
 def test_the_documented_h100_queue_rollout_ran_the_best_fcfs_schedule():
-    """docs/performance.md: 256 lognormal lengths (mean 256, max 1,024) at 64 rows took 1,472 decode steps on the
+    """docs/performance_history.md: 256 lognormal lengths (mean 256, max 1,024) at 64 rows took 1,472 decode steps on the
     GPU (host sync every 16 steps); 1,431 with a refill at every step; occupancy bound 0.68."""
     lengths = draw_lengths("lognormal", 256, 256, 1024, 1.0, seed=2)
     assert fcfs_decode_steps(lengths, 64, 16) == 1472 and fcfs_decode_steps(lengths, 64) == 1431
