@@ -14,8 +14,8 @@ groups along K (`w_blocks="1x128"`, scale [N, K/128]; the exact DeepSeek/Jet-RL 
 The emulation dequantizes the same FP8 bits with the same scales, multiplies in FP32, then casts. The backend is
 chosen once per device by `gemm_backend(device)` (a probe checks scaled_mm's layouts against the emulation). On
 Hopper, products with at most `SMALL_M_MAX` rows (the rollout's decode batches) may go to a split-K Triton kernel
-(`kernels/triton_gemm.py`): each such shape is timed once against cuBLAS and the faster is kept (at M = 128 on an
-H200 the Triton kernel wins for q/k/v/o/down, cuBLAS for gate/up). `backend="batch_invariant"` (the exact mode)
+(`kernels/triton_gemm.py`): each such shape is timed once against cuBLAS and the faster is kept (which wins where:
+docs/performance_history.md, "Decode GEMMs"). `backend="batch_invariant"` (the exact mode)
 takes `precision.batch_invariant.fp8_mm` for every M: one K order whatever the shape, twin included.
 """
 

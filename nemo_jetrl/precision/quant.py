@@ -87,7 +87,7 @@ def act_quant_dual(
     operand (qt [K, MP], st) for x zero-padded to MP = round_up(M, block) tokens: bitwise
     `act_quant_t(x_padded)` (st [K, MP/b], `t_blocks="1x128"`) or `weight_quant(x_padded.t())`
     (st [ceil(K/b), MP/b], `"128x128"`). On CUDA these are two Triton kernels (a fused single-read kernel
-    measured slower on H200: 1.0 TB/s against ~1.3 TB/s-equivalent for the pair).
+    measured slower: docs/precision.md, "Measured figures").
     """
     _check_input(x, block, "act_quant_dual", min_dim=2)
     if x.dim() != 2:

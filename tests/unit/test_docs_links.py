@@ -48,6 +48,8 @@ def test_every_doc_link_resolves():
 
 def test_anchors_follow_github(tmp_path):
     page = tmp_path / "a.md"
-    page.write_text("# Rollout (`bench_rollout.py`)\n## FP8 memory: W^T, 2026\n## Notes\n## Notes\n[x](#notes-1) [y](b.md)")
+    page.write_text(
+        "# Rollout (`bench_rollout.py`)\n## FP8 memory: W^T, 2026\n## Notes\n## Notes\n[x](#notes-1) [y](b.md)"
+    )
     assert anchors(page.read_text()) == {"rollout-bench_rolloutpy", "fp8-memory-wt-2026", "notes", "notes-1"}
     assert dead_links(page) == ["a.md: b.md (no such file)"]

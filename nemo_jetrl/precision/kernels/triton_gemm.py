@@ -3,8 +3,8 @@
     Y [M, N] = dequant(x_fp8 [M, K], x_scale [M, K/128]) @ dequant(w_fp8 [N, K], w_scale [N/128, K/128])^T (+ bias)
 
 cuBLAS's blockwise `scaled_mm` streams weights at well under half of HBM speed when M is a decode batch (64-256
-rows): on an H200 at M = 128, 4096x12288 (down) takes 40 us in FP8 against 41 us for the BF16 GEMM
-(`benchmarks/bench_decode_gemm.py`). Here each program owns one
+rows), barely faster than the BF16 GEMM (`benchmarks/bench_decode_gemm.py`; docs/performance_history.md, "Decode
+GEMMs"). Here each program owns one
 BLOCK_M x BLOCK_N output tile and one contiguous range of the K blocks (split-K, so that a 4096-wide N still
 keeps every SM streaming), and per 128-wide K block does one FP8 tensor-core dot, promoted to FP32 with the two
 scales (DeepSeek-V3 `fp8_gemm` accumulation: `acc += dot(a, b) * (sa * sb)`). Split-K partials go to an FP32
