@@ -1,7 +1,7 @@
 """One full GRPO step, BF16 vs unified FP8 + FP8 KV (Jet-RL), with the phase breakdown.
 
-    PYTHONPATH=. python3 benchmarks/bench_grpo_step.py --out grpo_step.json         # GPU: Qwen3-8B shape
-    PYTHONPATH=. python3 benchmarks/bench_grpo_step.py --quick                      # CPU smoke test
+    python3 -m benchmarks.bench_grpo_step --out grpo_step.json         # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_grpo_step --quick                      # CPU smoke test
 
 The phases of `algorithms/grpo.py`'s step with the project's own trainer and engine, on one device: rollout
 (`NativeGenerationEngine.generate`, CUDA graphs, fixed lengths), trainer logprobs (`NativePolicy.get_logprobs`; in
@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks.common import (
     LOSS,
     QWEN3_8B,
     TINY,
@@ -34,11 +32,10 @@ from common import (  # noqa: E402
     report,
     timed,
 )
-
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import PrecisionRecipe
 
 PHASES = ("rollout", "logprobs", "train", "refit")
 

@@ -1,6 +1,6 @@
 """Per-phase GRPO step times and peak GPU memory of CLI runs, from their log directories.
 
-    python3 benchmarks/gpu_cli_report.py bf16=OUT/logs/bf16 fp8_kv=OUT/logs/fp8_kv --json OUT/summary.json
+    python3 -m benchmarks.gpu_cli_report bf16=OUT/logs/bf16 fp8_kv=OUT/logs/fp8_kv --json OUT/summary.json
 
 Each LOG_DIR is a run's `logger.log_dir`: `metrics.jsonl` gives the `timing/<phase>` seconds of every step (the
 loop's own timers: generation, reward, logprobs, training, refit, kv_bootstrap, total_step_time) and

@@ -14,8 +14,8 @@
 # GPU (nvidia-smi index to sample, default 0), PYTHON (default python3), EXTRA (more overrides for both runs,
 # e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"), COPY_TO (a directory that gets,
 # on exit even after a failure, the runs' console logs <variant>.log and <variant>/{metrics.jsonl, config.yaml,
-# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
-# bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them anywhere); a CPU smoke run of the script
+# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 -m benchmarks.gpu_cli_report
+# bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them in any checkout); a CPU smoke run of the script
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
 # RECIPE: the config family (default grpo_math_random_1p7B: <RECIPE>_bf16.yaml, <RECIPE>_fp8_kv.yaml, <RECIPE>.yaml for
 # fp8); another shipped family (e.g. RECIPE=grpo_math_8B) also gets what the random-weight one-GPU run needs and
@@ -123,7 +123,7 @@ stage_report() {
     local runs=("bf16=$OUT/logs/bf16")
     [ -f "$OUT/logs/fp8/metrics.jsonl" ] && runs+=("fp8=$OUT/logs/fp8")  # the optional stage, when it ran
     runs+=("fp8_kv=$OUT/logs/fp8_kv")
-    "$PY" benchmarks/gpu_cli_report.py "${runs[@]}" --json "$OUT/summary.json"
+    "$PY" -m benchmarks.gpu_cli_report "${runs[@]}" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
 

@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.config.display import print_config
 from nemo_jetrl.precision.config import precision_line
+from nemo_jetrl.schema import validate_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_base.yaml"
 USER_ERROR = 2

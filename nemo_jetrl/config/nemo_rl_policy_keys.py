@@ -90,7 +90,7 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.lora_cfg.*": no_effect("read only with lora_cfg.enabled: true"),
     "policy.dtensor_cfg.clear_cache_every_n_steps": no_effect(MEMORY),
     "policy.dtensor_cfg.env_vars*": no_effect("environment of NeMo-RL's workers"),
-    # megatron_cfg (config/nemo_rl_megatron.py): with enabled: true these are mapped; the FP8 switches always
+    # megatron_cfg (schema/nemo_rl_megatron.py): with enabled: true these are mapped; the FP8 switches always
     "policy.megatron_cfg.enabled": megatron("trained by the FSDP2 trainer as the lines below say (start-up lines)"),
     "policy.megatron_cfg.tensor_model_parallel_size": megatron("-> `policy.dtensor_cfg.tensor_parallel_size`"),
     "policy.megatron_cfg.pipeline_model_parallel_size": megatron("its ranks join FSDP's data-parallel sharding"),

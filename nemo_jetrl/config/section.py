@@ -1,7 +1,7 @@
 """`Section`, the base of every config section type, and the strict value types the sections use.
 
 Each component owns its section type beside its code (algorithms/config.py, policy/config.py, ...); the master
-schema (config/schema.py) composes them. Defaults live in these types only: a partial config is valid.
+schema (nemo_jetrl/schema/master.py) composes them. Defaults live in these types only: a partial config is valid.
 
 Values are strict: integers reject booleans and floats (`true` is not 1), floats reject booleans, infinities and NaN.
 Integers are bounded by what the run can use, so a typo is refused naming its key instead of failing mid-run:

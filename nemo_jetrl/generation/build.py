@@ -6,11 +6,10 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.distributed.cluster import ClusterSpec
-from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.generation.interfaces import GenerationInterface
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
+from nemo_jetrl.generation.seed_shards import ShardedGeneration
 
 
 def stop_token_ids(gen: dict[str, Any], tokenizer: Any) -> list[int]:
@@ -36,10 +35,9 @@ def engine_kwargs(
     )
 
 
-def build_local_engine(
-    cfg: dict[str, Any], policy: Any, spec: ClusterSpec, device: torch.device
-) -> GenerationInterface:
-    """The one-process rollout engine over `policy`'s model (`cluster.backend: local`)."""
+def build_local_engine(cfg: dict[str, Any], policy: Any, spec: Any, device: torch.device) -> GenerationInterface:
+    """The one-process rollout engine over `policy`'s model (`cluster.backend: local`); `spec` is the run's
+    `distributed.ClusterSpec`, of which only `num_seed_shards` is read (generation/ sits below distributed/)."""
     gen, tok = cfg["policy"]["generation"], policy.tokenizer
     common = engine_kwargs(cfg["policy"], stop_token_ids(gen, tok), tok.pad_token_id, policy.compute_dtype)
     if gen["backend"] == "vllm":

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from nemo_jetrl.models.fused_ops import _TL_DTYPES, _round
-from nemo_jetrl.precision.kernels.triton_quant import _on_device
+from nemo_jetrl.precision.kernels.device import on_device
 
 # One configuration for every launch (decode, prefill, training): the reduction over keys must not change with it.
 ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program
@@ -150,7 +150,7 @@ def attention(
     n_rep = heads // kv_heads
     grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
     ones = q_start  # any pointer fills the scale slots of a high-precision cache (never read)
-    with _on_device(q):
+    with on_device(q):
         _attention_kernel[grid](
             q, k_buf, v_buf, key_valid, q_start, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones, out,
             ones, s_q, s_k, kv_heads, float(sm_scale),
@@ -175,7 +175,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=No
     n_rep = heads // kv_heads
     q_start = kv_len - 1  # [B] the query's column: the row's last key
     grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
-    with _on_device(q):
+    with on_device(q):
         _attention_kernel[grid](
             q, k_pool, v_pool, block_table, q_start, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len,
             out, block_table, s_q, block_table.shape[1] * page, kv_heads, float(sm_scale),
@@ -211,6 +211,6 @@ def row_logsumexp(x2: torch.Tensor) -> torch.Tensor:
     """x2 [R, V] fp32 (V contiguous) -> [R] fp32 log-sum-exp, one program per row."""
     out = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
     if x2.shape[0]:
-        with _on_device(x2):
+        with on_device(x2):
             _row_logsumexp_kernel[(x2.shape[0],)](x2, out, x2.shape[1], x2.stride(0), BLOCK=LSE_BLOCK, num_warps=8)
     return out

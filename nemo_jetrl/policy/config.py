@@ -21,7 +21,7 @@ class TokenizerConfig(Section):
 
 
 class OptimizerConfig(Section):
-    """AdamW / Adam. NeMo-RL's spelling (`name: torch.optim.AdamW` + `kwargs:`) is read by config/nemo_rl.py."""
+    """AdamW / Adam. NeMo-RL's spelling (`name: torch.optim.AdamW` + `kwargs:`) is read by schema/nemo_rl.py."""
 
     name: Literal["adamw", "adam"] = "adamw"
     lr: PositiveFloat = 5.0e-5

@@ -31,7 +31,7 @@ class Fp8Config(Section):
     # place; otherwise said at start and left on cuBLAS / Triton); NeMo-RL's generation.vllm_cfg.use_deep_gemm maps here
     use_deep_gemm: bool = False
     # false: each backward makes the DGrad copy W^T of an FP8 weight (its bytes transposed) and frees it after its
-    # GEMM; true: kept until the weight changes (1 byte per weight more for the whole run; ~1% faster at 4K tokens)
+    # GEMM; true: kept until the weight changes (1 byte per weight more for the whole run; docs/performance_history.md, "FP8 trainer memory")
     cache_dgrad_weight: bool = False
 
     @field_validator("block_size")

@@ -222,6 +222,11 @@ class Fp8Linear(nn.Module):
         with torch.no_grad():
             return master_weight_quant(local_tensor(self.weight).detach(), self.recipe)
 
+    @property
+    def cached_quantized_weight(self) -> QuantizedWeight | None:
+        """The FP8 weight held now, as it is (None before the first quantization); `quantized_weight()` refreshes."""
+        return self._qweight
+
     def quantized_weight(self) -> QuantizedWeight:
         """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype)."""
         if self.weight_group is not None:  # the group re-quantizes its members together into one buffer

@@ -3,17 +3,12 @@ config.yaml, peak memory from the nvidia-smi samples, and a missing run reported
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "gpu_cli_report", Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_cli_report.py"
-)
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+from benchmarks import gpu_cli_report as report
 
 
 def _write_run(log_dir: Path) -> Path:

@@ -8,7 +8,7 @@ import pytest
 from jetrl_testkit.cli import load_script, run_main, run_script
 from omegaconf import DictConfig
 
-from nemo_jetrl.config import MasterConfig
+from nemo_jetrl.schema import MasterConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = REPO_ROOT / "examples" / "run_grpo.py"

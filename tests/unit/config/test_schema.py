@@ -3,7 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_jetrl.config import ConfigError, MasterConfig, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
+from nemo_jetrl.schema import MasterConfig, validate_config
 
 
 @pytest.fixture(scope="module")
