@@ -8,7 +8,7 @@ Values are strict: integers reject booleans and floats (`true` is not 1), floats
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
@@ -19,6 +19,12 @@ def _reject_bool(value: Any) -> Any:
     return value
 
 
+def _true_false_or_auto(value: Any) -> Any:
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ValueError(f"{value!r}: expected true, false or auto")
+
+
 StrictInt = Annotated[int, Strict()]
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
@@ -27,6 +33,7 @@ PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
 NonNegativeFloat = Annotated[FiniteFloat, Field(ge=0)]
 UnitFloat = Annotated[FiniteFloat, Field(ge=0, le=1)]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
+AutoBool = Annotated[bool | Literal["auto"], BeforeValidator(_true_false_or_auto)]  # auto: decided at start-up
 
 
 class Section(BaseModel):

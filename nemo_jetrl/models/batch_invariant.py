@@ -103,6 +103,17 @@ def match_kernels(model: nn.Module, device: torch.device) -> None:
         use_cublas_fprop(model)
 
 
+def unmatch_kernels(model: nn.Module) -> None:
+    """Undo `match_kernels`: the fast path's attention, log-sum-exp and FP8 forward GEMM choice back (the
+    `matched_kernels: auto` self-check's refusal)."""
+    if exact_parts(model) != MATCHED_PARTS:
+        raise ValueError(f"unmatch_kernels: the model runs {exact_parts(model)}, not the matched kernels")
+    for module in model.modules():
+        if hasattr(module, "fprop_cublas"):
+            module.fprop_cublas = False
+    delattr(model, _PARTS_ATTR)
+
+
 class BatchInvariantLinear(nn.Linear):
     """`nn.Linear` whose forward is `precision.batch_invariant.linear` (same parameters, same autocast rule)."""
 

@@ -82,7 +82,7 @@ def recipe_problems(policy, cluster_backend: str) -> list[str]:
             f"{key} with policy.generation.deterministic: true is not supported: the batch-invariant FP8 GEMM is "
             "blockwise; use fp8_recipe: blockwise"
         )
-    if policy.generation.matched_kernels:
+    if policy.generation.matched_kernels is True:  # auto resolves to off with this recipe
         problems.append(
             f"{key} with policy.generation.matched_kernels: true is not supported: its FP8 forward GEMM is cuBLAS's "
             "blockwise one; use fp8_recipe: blockwise"

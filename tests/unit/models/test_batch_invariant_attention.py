@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from nemo_jetrl.models.batch_invariant import logsumexp_ref, logsumexp_rows
-from nemo_jetrl.models.batch_invariant_attention import attention, causal_attention, paged_attention
+from nemo_jetrl.models.batch_invariant_attention import attention, paged_attention
+from nemo_jetrl.models.batch_invariant_train import causal_attention
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 
 
