@@ -135,7 +135,9 @@ def varlen_attention_ref(q, k, v, cu_seqlens, sm_scale) -> tuple[torch.Tensor, t
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         if hi > lo:
             valid = torch.ones(1, hi - lo, dtype=torch.bool, device=q.device)
-            part, part_lse = attention_ref(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], valid, 0, sm_scale, with_lse=True)
+            part, part_lse = attention_ref(
+                q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], valid, 0, sm_scale, with_lse=True
+            )
             out[:, :, lo:hi], lse[:, lo:hi] = part, part_lse[0]
     return out, lse
 

@@ -53,9 +53,7 @@ class Product:
     trainer: Callable[[torch.Tensor], Sequence[torch.Tensor]]
 
 
-def row_invariance_problem(
-    product: Product, x: torch.Tensor, rows: Sequence[int] = CHECK_ROWS
-) -> str | None:
+def row_invariance_problem(product: Product, x: torch.Tensor, rows: Sequence[int] = CHECK_ROWS) -> str | None:
     """None when the trainer's forward over all of x [R, K] (no grad and with grad) and both sides' forwards over
     its first m rows (m in `rows`, m <= R) give every row the same bits; else a line naming the first difference."""
     with torch.no_grad():
