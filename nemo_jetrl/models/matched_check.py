@@ -15,7 +15,7 @@ measures it on the model it will run, with the model's own modules and the kerne
   would pass OUTPUT_ELEMENTS);
 - the attention at the model's heads: a query's output in the trainer's forward (padded rows and packed rows),
   the prefill and single decode steps, bitwise (over an FP8 cache too where the KV cache is FP8);
-- the per-row log-sum-exp of one row alone and inside a batch.
+- the token logprob (the path the model's switch selects) of one row alone and inside a batch.
 
 A product is compared with `Product` objects (name, input width, the two sides' forwards), so a test can hand the
 check a GEMM of its own. The first difference found is returned as one line; None means every comparison held.
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nemo_jetrl.models.batch_invariant import logsumexp_rows
+from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import compute_context
+from nemo_jetrl.models.logprobs import token_logprobs
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 from nemo_jetrl.precision.linear import rollout_mode
 from nemo_jetrl.precision.weight_group import project_shared_input
@@ -121,7 +122,7 @@ def matched_kernels_problem(
         problem = row_invariance_problem(product, x)
         if problem is not None:
             return problem
-    return attention_problem(model, dtype, kv_fp8, gen) or logsumexp_problem(model, gen)
+    return attention_problem(model, dtype, kv_fp8, gen) or logprob_problem(model, dtype, gen)
 
 
 def attention_problem(model: nn.Module, dtype: torch.dtype, kv_fp8: bool, gen: torch.Generator) -> str | None:
@@ -170,10 +171,16 @@ def attention_problem(model: nn.Module, dtype: torch.dtype, kv_fp8: bool, gen: t
     return None
 
 
-def logsumexp_problem(model: nn.Module, gen: torch.Generator) -> str | None:
-    """None when the per-row log-sum-exp gives a row alone the bits it gets inside a batch."""
+def logprob_problem(model: nn.Module, dtype: torch.dtype, gen: torch.Generator) -> str | None:
+    """None when the token logprob both sides compute (`models.logprobs.token_logprobs` as the model's switch
+    selects it) gives a row of `dtype` logits alone the bits it gets inside a batch."""
     vocab, device = int(model.config.vocab_size), next(model.parameters()).device
-    x = torch.randn(8, vocab, generator=gen, device=device) * 4
-    if torch.equal(logsumexp_rows(x)[3:4], logsumexp_rows(x[3:4])):
+    logits = (torch.randn(8, vocab, generator=gen, device=device) * 4).to(dtype)  # [8, V]
+    tokens = torch.randint(0, vocab, (8,), generator=gen, device=device)
+    exact = exact_parts(model).logsumexp
+    with torch.no_grad():
+        batch = token_logprobs(logits, tokens, 1.0, batch_invariant=exact)
+        alone = token_logprobs(logits[3:4], tokens[3:4], 1.0, batch_invariant=exact)
+    if torch.equal(batch[3:4], alone):
         return None
-    return "log-sum-exp: a row alone differs from the same row in a batch of 8"
+    return "logprob: a row alone differs from the same row in a batch of 8"

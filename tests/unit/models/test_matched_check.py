@@ -74,18 +74,19 @@ def test_the_exact_mode_passes_and_a_gemm_splitting_k_by_m_is_refused(monkeypatc
     assert problem.endswith("-row product differ from the same rows in 640 rows")  # (seen: 61 rows)
 
 
-@pytest.mark.parametrize("part", ["attention", "logsumexp"])
-def test_a_batch_variant_attention_or_log_sum_exp_is_refused(monkeypatch, part):
+@pytest.mark.parametrize("part", ["attention", "logprob"])
+def test_a_batch_variant_attention_or_logprob_is_refused(monkeypatch, part):
     from nemo_jetrl.models import batch_invariant_train
 
     model = random_tiny_qwen3(0, num_layers=1)
     enable_batch_invariant(model)
-    monkeypatch.setattr(matched_check, "model_products", lambda *a: [])  # the attention and log-sum-exp alone
+    monkeypatch.setattr(matched_check, "model_products", lambda *a: [])  # the attention and the logprob alone
     if part == "attention":  # a decode step whose bits are not the trainer's query's
         real = batch_invariant_train.causal_attention
         monkeypatch.setattr(batch_invariant_train, "causal_attention", lambda *a: real(*a) * (1 + 2**-6))
         expected = "attention: the prefill's queries differ from the trainer's"
-    else:
-        monkeypatch.setattr(matched_check, "logsumexp_rows", lambda x: torch.logsumexp(x, -1) + x.shape[0] * 1e-3)
-        expected = "log-sum-exp: a row alone differs from the same row in a batch of 8"
+    else:  # a logprob whose rows see the batch size
+        real = matched_check.token_logprobs
+        monkeypatch.setattr(matched_check, "token_logprobs", lambda x, *a, **k: real(x, *a, **k) + x.shape[0] * 1e-3)
+        expected = "logprob: a row alone differs from the same row in a batch of 8"
     assert matched_check.matched_kernels_problem(model, torch.bfloat16) == expected
