@@ -77,6 +77,15 @@ def peak_memory_mib(log_dir: Path) -> float | None:
     return max(values) if values else None
 
 
+MISMATCH = {"token_mult_prob_error": "{:.7f}", "exact_token_fraction": "{:.4f}"}  # per-step rows of the table
+
+
+def read_mismatch(log_dir: Path) -> dict[str, list[float]]:
+    """`{name: [value of step 1, 2, ...]}` of the MISMATCH metrics (`train/<name>` in metrics.jsonl)."""
+    series = read_metrics_jsonl(log_dir / "metrics.jsonl")
+    return {name: series[f"train/{name}"][1].tolist() for name in MISMATCH if f"train/{name}" in series}
+
+
 def summarize(log_dir: Path, skip: int = 1) -> dict:
     """Median seconds per phase over steps > `skip`, the first step's seconds, steps, peak memory, rollout tok/s."""
     timings = read_timings(log_dir)
@@ -90,6 +99,7 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     rates = [tokens / gen[s] for s, tokens in read_gen_tokens(log_dir) if s > skip and gen.get(s)]
     summary["rollout_tokens_per_s"] = statistics.median(rates) if rates else None
     summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
+    summary["per_step"] = read_mismatch(log_dir)
     return summary
 
 
@@ -112,6 +122,11 @@ def format_table(summaries: dict[str, dict]) -> str:
             "—" if s["peak_gpu_memory_mib"] is None else f"{s['peak_gpu_memory_mib'] / 1024:.1f} GiB"
         ),
         "steps logged": lambda s: str(s["steps"]),
+        **{
+            f"{name} by step": lambda s, name=name, fmt=fmt: " ".join(fmt.format(v) for v in s["per_step"].get(name, []))
+            or "—"
+            for name, fmt in MISMATCH.items()
+        },
     }
     for name, cell in extra.items():
         rows.append(f"| {name} | " + " | ".join(cell(summaries[label]) for label in labels) + " |")

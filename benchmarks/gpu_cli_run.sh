@@ -5,8 +5,9 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_cli_run.sh OUT_DIR [STAGE ...]
 #
 # From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
-# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv report (default: all but fp8, in order;
-# fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml);
+# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched report (default:
+# all but fp8 and fp8_kv_matched, in order; fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml;
+# fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
@@ -14,12 +15,12 @@
 # GPU (nvidia-smi index to sample, default 0), PYTHON (default python3), EXTRA (more overrides for both runs,
 # e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"), COPY_TO (a directory that gets,
 # on exit even after a failure, the runs' console logs <variant>.log and <variant>/{metrics.jsonl, config.yaml,
-# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
+# gpu_memory.csv}: four small files per variant, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
 # bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them anywhere); a CPU smoke run of the script
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
 set -euo pipefail
 
-OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv report]}
+OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched report]}
 shift
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
@@ -39,7 +40,7 @@ mkdir -p "$OUT/logs"
 copy_results() {  # the small result files into $COPY_TO (runs on exit)
     [ -n "$COPY_TO" ] || return 0
     local f v
-    for v in bf16 fp8 fp8_kv; do
+    for v in bf16 fp8 fp8_kv fp8_kv_matched; do
         [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
         for f in metrics.jsonl config.yaml gpu_memory.csv; do
             [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
@@ -84,9 +85,13 @@ stage_build() {
         2>&1 | tee "$OUT/build.log"
 }
 
-run_variant() {  # $1: bf16 | fp8 | fp8_kv
-    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=grpo_math_random_1p7B_$1.yaml
+run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
+    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=grpo_math_random_1p7B_$1.yaml own=()
     [ "$variant" = fp8 ] && config=grpo_math_random_1p7B.yaml  # FP8 linears, BF16 KV cache
+    if [ "$variant" = fp8_kv_matched ]; then  # the FP8+KV recipe, bitwise on-policy where the self-check passes
+        config=grpo_math_random_1p7B_fp8_kv.yaml
+        own=(policy.generation.matched_kernels=auto)
+    fi
     rm -rf "$log" && mkdir -p "$log"
     smi=""
     if command -v nvidia-smi > /dev/null; then
@@ -100,7 +105,7 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv
         "data.val_dataset_name=$CKPT/data/val.jsonl" \
         "logger.log_dir=$log" \
         "grpo.max_num_steps=$STEPS" \
-        "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
+        "${own[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
     if [ -n "$smi" ]; then
         kill "$smi" 2>/dev/null || true
         wait "$smi" 2>/dev/null || true
@@ -114,6 +119,7 @@ stage_report() {
     local runs=("bf16=$OUT/logs/bf16")
     [ -f "$OUT/logs/fp8/metrics.jsonl" ] && runs+=("fp8=$OUT/logs/fp8")  # the optional stage, when it ran
     runs+=("fp8_kv=$OUT/logs/fp8_kv")
+    [ -f "$OUT/logs/fp8_kv_matched/metrics.jsonl" ] && runs+=("fp8_kv_matched=$OUT/logs/fp8_kv_matched")
     "$PY" benchmarks/gpu_cli_report.py "${runs[@]}" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
@@ -123,8 +129,8 @@ for stage in "${STAGES[@]}"; do
     case $stage in
         check) stage_check ;;
         build) stage_build ;;
-        bf16 | fp8 | fp8_kv) run_variant "$stage" ;;
+        bf16 | fp8 | fp8_kv | fp8_kv_matched) run_variant "$stage" ;;
         report) stage_report ;;
-        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv report)" >&2; exit 2 ;;
+        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv fp8_kv_matched report)" >&2; exit 2 ;;
     esac
 done

@@ -31,12 +31,12 @@ from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 
+from .test_grpo_gpu import SMALL_QWEN3 as GRPO_SMALL_QWEN3
+from .test_grpo_gpu import bootstrap_kv
+
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
-SMALL_QWEN3 = dict(
-    vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4, num_attention_heads=8,
-    num_key_value_heads=4, head_dim=128, max_position_embeddings=512, tie_word_embeddings=False,
-)  # fmt: skip
+SMALL_QWEN3 = {**GRPO_SMALL_QWEN3, "max_position_embeddings": 512}  # prompts up to 64 + 48 new tokens
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -188,10 +188,7 @@ def test_packed_trainer_logprobs_equal_the_rollouts_bitwise(preset, graphs, sour
     policy, engine = _small_parts(recipe, graphs=graphs, source=source)
     prompts = _prompts()
     if recipe.kv_fp8:  # first scales from a high-precision rollout, as the driver's bootstrap
-        boot = engine.replace(kv_cache_dtype=None).generate(prompts, generator=torch.Generator(DEV).manual_seed(9))
-        batch = TrainBatch(boot.input_ids.cpu(), boot.attention_mask.cpu(), boot.response_mask.cpu(),
-                           torch.zeros(len(boot)), boot.generation_logprobs.float().cpu())  # fmt: skip
-        engine.update_weights(kv_scales=policy.calibrate_kv_scales(batch).kv)
+        bootstrap_kv(policy, engine, prompts)
     for seed in range(3):
         exact, metrics = _step(policy, engine, prompts, seed)
         print(
