@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_jetrl.models.batch_invariant_attention import REF_QUERY_CHUNK, _check, attention_ref
-from nemo_jetrl.models.packed import PackedRows, block_causal_mask
+from nemo_jetrl.models.packed import PackedRows
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,13 @@ class _Layout:
 
     def allowed(self, lo: int, hi: int, width: int) -> torch.Tensor:
         """[B | 1, 1, hi - lo, width] bool: which keys the queries lo..hi-1 see (the twin backward's mask)."""
-        if self.key_valid is None:
-            return block_causal_mask(self.cu_seqlens, width)[:, :, lo:hi]
-        cols = torch.arange(width, device=self.key_valid.device)
-        causal = cols[None, :] <= torch.arange(lo, hi, device=cols.device)[:, None]  # [c, S]
+        device = (self.key_valid if self.key_valid is not None else self.cu_seqlens).device
+        cols = torch.arange(width, device=device)
+        rows = torch.arange(lo, hi, device=device)
+        causal = cols[None, :] <= rows[:, None]  # [c, S]
+        if self.key_valid is None:  # one packed row: the same segment too
+            segment = torch.searchsorted(self.cu_seqlens[1:].long(), cols, right=True)  # [S]
+            return (causal & (segment[lo:hi, None] == segment[None, :]))[None, None]
         return (causal[None] & self.key_valid[:, None, :width].bool())[:, None]
 
     def segments(self, bsz: int, seq: int) -> tuple[torch.Tensor, int]:
