@@ -132,14 +132,9 @@ def gather_pages(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def decoder_attention(q, k, v, key_valid, kv_cache, layer_idx: int, cache_start, sm_scale: float) -> torch.Tensor:
-    """`decoder_forward`'s attention in the exact mode: q [B, H, S, D] over the sequence itself (k/v [B, H_kv, S, D],
-    the trainer; differentiable) or over the cache after writing k/v at `cache_start` (the rollout; an FP8 cache is
-    read as stored; a paged cache serves the step itself, `paged_attention`). key_valid: [B, S_total] bool.
-    Returns [B, H, S, D]."""
-    if kv_cache is None:  # the trainer: its gradient is flash attention's backward over this forward's output
-        from nemo_jetrl.models.batch_invariant_train import causal_attention
-
-        return causal_attention(q, k, v, key_valid, sm_scale)
+    """`decoder_forward`'s attention in the exact mode over the rollout's cache: q [B, H, S, D] after writing k/v
+    [B, H_kv, S, D] at `cache_start` (an FP8 cache is read as stored; a paged cache serves the step itself,
+    `paged_attention`). key_valid: [B, S_total] bool. Returns [B, H, S, D]. (The trainer's: `batch_invariant_train`.)"""
     if kv_cache.is_paged:  # continuous batching: one query per row at its own column, keys through the table
         return kv_cache.exact_decode_attention(layer_idx, q, k, v, cache_start, sm_scale)
     kv_cache.write(layer_idx, k, v, cache_start)

@@ -87,6 +87,16 @@ class _BatchInvariantAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+def trainer_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | PackedRows, sm_scale: float
+):
+    """`decoder_forward`'s attention in the exact mode / with matched kernels without a cache (the trainer): over
+    padded rows (`rows` = key_valid [B, S]) or one packed row (`rows` a `PackedRows`); differentiable."""
+    if isinstance(rows, PackedRows):
+        return packed_attention(q, k, v, rows, sm_scale)
+    return causal_attention(q, k, v, rows, sm_scale)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, sm_scale: float):
     """The trainer's forward over padded rows: q [B, H, S, D], k / v [B, H_kv, S, D] of the sequence itself (no
     cache), key_valid [B, S] -> [B, H, S, D]; differentiable."""

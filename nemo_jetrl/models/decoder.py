@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from nemo_jetrl.models import batch_invariant_attention
+from nemo_jetrl.models import batch_invariant_attention, batch_invariant_train
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.models.sdpa import sdpa
@@ -154,7 +154,7 @@ def _self_attention(
     glue: a fused-kernel module (`fused_ops`, `fused_train_ops`) or None (eager); grouped: one GEMM over the
     shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows); mask
     PackedRows: varlen causal attention over one packed row; key_valid [B, S_total] bool: the exact mode's
-    batch-invariant attention (a mask other than PackedRows unused)."""
+    batch-invariant attention (the trainer's over padded rows, or over the packed row of a PackedRows mask)."""
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
     bsz, seq = x.lead_shape if isinstance(x, QuantizedInput) else x.shape[:2]
     head_dim = attn.head_dim
@@ -178,12 +178,15 @@ def _self_attention(
     q, k, v = q.to(attn_dtype), k.to(attn_dtype), v.to(attn_dtype)
     if attn_hook is not None:
         q, k, v = attn_hook(layer_idx, q, k, v)
-    if isinstance(mask, PackedRows):  # batch-invariant (exact / matched) where key_valid is given
-        out = varlen_causal_attention(q, k, v, mask, attn.scaling, repeat_kv, key_valid is not None)  # [1, H, T, D]
+    if key_valid is not None and kv_cache is None:  # the trainer's, padded or packed rows (the rollout's kernel)
+        rows = mask if isinstance(mask, PackedRows) else key_valid
+        out = batch_invariant_train.trainer_attention(q, k, v, rows, attn.scaling)  # [B, H, S, D]
     elif key_valid is not None:
         out = batch_invariant_attention.decoder_attention(
             q, k, v, key_valid, kv_cache, layer_idx, cache_start, attn.scaling
         )  # [B, H, S, D]
+    elif isinstance(mask, PackedRows):
+        out = varlen_causal_attention(q, k, v, mask, attn.scaling, repeat_kv)  # [1, H, T, D]
     elif kv_cache is not None and kv_cache.uses_fused_decode(q):  # CUDA decode: attends over the stored cache
         out = kv_cache.decode_attention(layer_idx, q, k, v, cache_start, mask, attn.scaling)  # [B, H, 1, D]
     elif mask is None:

@@ -12,11 +12,11 @@ rounding slots split into segments of at most L, so that the varlen kernel's gri
 
 Attention (`varlen_causal_attention`): on CUDA in bf16/fp16, torch's flash-attention varlen kernel
 (`torch.nn.attention.varlen.varlen_attn`, cu_seqlens as flash-attn takes them); elsewhere its twin, SDPA with the
-block-diagonal causal mask (exact per-sequence attention). With batch-invariant attention on the model (the exact
-mode, matched kernels) the rollout's kernel in its varlen form (`batch_invariant_train.packed_attention`). FP8 linears see the same tokens: the 1x128 activation
-groups are per token (FProp and DGrad unchanged), while the WGrad operands' groups of 128 tokens along M gather
-other tokens than in the padded layout (no pad tokens among them), so their scales, and the gradient's last bits,
-differ (docs/performance.md).
+block-diagonal causal mask (exact per-sequence attention); the exact mode and matched kernels run the rollout's
+kernel in its varlen form instead (`batch_invariant_train.packed_attention`). FP8 linears see the same tokens: the
+1x128 activation groups are per token (FProp and DGrad unchanged), while the WGrad operands' groups of 128 tokens
+along M gather other tokens than in the padded layout (no pad tokens among them), so their scales, and the
+gradient's last bits, differ (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -141,21 +141,9 @@ def flash_varlen_kwargs(q: torch.Tensor, n_rep: int, scale: float) -> dict | Non
 
 
 def varlen_causal_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    packed: PackedRows,
-    scale: float,
-    repeat_kv: Callable,
-    batch_invariant: bool = False,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedRows, scale: float, repeat_kv: Callable
 ) -> torch.Tensor:
-    """Per-segment causal attention over one packed row: q [1, H, T, D], k/v [1, H_kv, T, D] -> [1, H, T, D].
-    batch_invariant (the exact mode, matched kernels): the rollout's attention kernel, a token's bits those of its
-    decode and prefill (`batch_invariant_train.packed_attention`)."""
-    if batch_invariant:
-        from nemo_jetrl.models.batch_invariant_train import packed_attention  # imports this module
-
-        return packed_attention(q, k, v, packed, scale)
+    """Per-segment causal attention over one packed row: q [1, H, T, D], k/v [1, H_kv, T, D] -> [1, H, T, D]."""
     n_rep = q.shape[1] // k.shape[1]
     kwargs = flash_varlen_kwargs(q, n_rep, scale)
     if kwargs is None or (n_rep > 1 and "enable_gqa" not in kwargs):
