@@ -82,6 +82,15 @@ def peak_memory_mib(log_dir: Path) -> float | None:
     return max(values) if values else None
 
 
+MISMATCH = {"token_mult_prob_error": "{:.7f}", "exact_token_fraction": "{:.4f}"}  # per-step rows of the table
+
+
+def read_mismatch(log_dir: Path) -> dict[str, list[float]]:
+    """`{name: [value of step 1, 2, ...]}` of the MISMATCH metrics (`train/<name>` in metrics.jsonl)."""
+    series = read_metrics_jsonl(log_dir / "metrics.jsonl")
+    return {name: series[f"train/{name}"][1].tolist() for name in MISMATCH if f"train/{name}" in series}
+
+
 def summarize(log_dir: Path, skip: int = 1) -> dict:
     """Median seconds per phase over steps > `skip`, the first step's seconds, steps, peak memory, rollout tok/s."""
     timings = read_timings(log_dir)
@@ -98,6 +107,7 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     summary["allocated_peak_gib"], summary["estimated_peak_gib"] = read_memory(log_dir)
     curve = position_curve(read_metrics_jsonl(log_dir / "metrics.jsonl"), skip)
     summary["mismatch_by_position"] = {str(k): v for k, v in curve.items()}
+    summary["per_step"] = read_mismatch(log_dir)
     return summary
 
 
@@ -132,6 +142,11 @@ def format_table(summaries: dict[str, dict]) -> str:
             "—" if not s["median_s"].get("total_step_time") else
             f"{s['first_step_s']['total_step_time'] / s['median_s']['total_step_time']:.2f}x"
         ),  # fmt: skip
+        **{
+            f"{name} by step": lambda s, name=name, fmt=fmt: " ".join(fmt.format(v) for v in s["per_step"].get(name, []))
+            or "—"
+            for name, fmt in MISMATCH.items()
+        },
     }
     for name, cell in extra.items():
         rows.append(f"| {name} | " + " | ".join(cell(summaries[label]) for label in labels) + " |")

@@ -5,8 +5,9 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_cli_run.sh OUT_DIR [STAGE ...]
 #
 # From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
-# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv report (default: all but fp8, in order;
-# fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml);
+# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched report (default:
+# all but fp8 and fp8_kv_matched, in order; fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml;
+# fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
@@ -23,7 +24,7 @@
 # tokenizer's eos, one GPU, no plots (docs/long_responses.md).
 set -euo pipefail
 
-OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv report]}
+OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched report]}
 shift
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
@@ -48,7 +49,7 @@ mkdir -p "$OUT/logs"
 copy_results() {  # the small result files into $COPY_TO (runs on exit)
     [ -n "$COPY_TO" ] || return 0
     local f v
-    for v in bf16 fp8 fp8_kv; do
+    for v in bf16 fp8 fp8_kv fp8_kv_matched; do
         [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
         for f in metrics.jsonl config.yaml gpu_memory.csv; do
             [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
@@ -93,9 +94,13 @@ stage_build() {
         2>&1 | tee "$OUT/build.log"
 }
 
-run_variant() {  # $1: bf16 | fp8 | fp8_kv
-    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=${RECIPE}_$1.yaml
+run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
+    local variant=$1 log=$OUT/logs/$1 rc=0 smi config=${RECIPE}_$1.yaml own=()
     [ "$variant" = fp8 ] && [ -f "examples/configs/$RECIPE.yaml" ] && config=$RECIPE.yaml  # FP8 linears, BF16 KV
+    if [ "$variant" = fp8_kv_matched ]; then  # the FP8+KV recipe, bitwise on-policy where the self-check passes
+        config=${RECIPE}_fp8_kv.yaml
+        own=(policy.generation.matched_kernels=auto)
+    fi
     rm -rf "$log" && mkdir -p "$log"
     smi=""
     if command -v nvidia-smi > /dev/null; then
@@ -109,7 +114,7 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv
         "data.val_dataset_name=$CKPT/data/val.jsonl" \
         "logger.log_dir=$log" \
         "grpo.max_num_steps=$STEPS" \
-        "${RANDOM_RUN[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
+        "${RANDOM_RUN[@]}" "${own[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
     if [ -n "$smi" ]; then
         kill "$smi" 2>/dev/null || true
         wait "$smi" 2>/dev/null || true
@@ -123,6 +128,7 @@ stage_report() {
     local runs=("bf16=$OUT/logs/bf16")
     [ -f "$OUT/logs/fp8/metrics.jsonl" ] && runs+=("fp8=$OUT/logs/fp8")  # the optional stage, when it ran
     runs+=("fp8_kv=$OUT/logs/fp8_kv")
+    [ -f "$OUT/logs/fp8_kv_matched/metrics.jsonl" ] && runs+=("fp8_kv_matched=$OUT/logs/fp8_kv_matched")
     "$PY" -m benchmarks.gpu_cli_report "${runs[@]}" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
@@ -132,8 +138,8 @@ for stage in "${STAGES[@]}"; do
     case $stage in
         check) stage_check ;;
         build) stage_build ;;
-        bf16 | fp8 | fp8_kv) run_variant "$stage" ;;
+        bf16 | fp8 | fp8_kv | fp8_kv_matched) run_variant "$stage" ;;
         report) stage_report ;;
-        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv report)" >&2; exit 2 ;;
+        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv fp8_kv_matched report)" >&2; exit 2 ;;
     esac
 done

@@ -48,6 +48,7 @@ from nemo_jetrl.generation.interfaces import (
     max_prompt_length,
     rollout_phase,
 )
+from nemo_jetrl.policy.auto_switches import announce, worker_switch_lines
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
@@ -98,10 +99,9 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         )
     if gen["deterministic"] and (spec.backend != "local" or spec.num_seed_shards > 1):
         raise ValueError("policy.generation.deterministic needs the local backend with one rollout batch")
-    if cfg["policy"]["train_cuda_graphs"] and spec.backend != "local":
-        raise ValueError("policy.train_cuda_graphs needs the local backend (cluster.backend: local)")
-    if gen["matched_kernels"] and spec.backend != "local":
-        raise ValueError("policy.generation.matched_kernels needs the local backend (cluster.backend: local)")
+    if spec.backend != "local":  # the workers' trainers: no captured micro-batches, matched kernels where asked
+        for line in worker_switch_lines(cfg["policy"], spec.backend):
+            announce(line)
     loss_fn = ClippedPGLossFn(dict(cfg["loss_fn"]))
     init_reference = float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0
     policy: PolicyInterface

@@ -35,6 +35,7 @@ from nemo_jetrl.generation.build import engine_kwargs
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
+from nemo_jetrl.models.batch_invariant import match_kernels
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch, metrics_to_floats
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
@@ -86,6 +87,8 @@ class DataParallelPolicy:
         if init_reference_model:  # before the FP8 swap, as NativePolicy
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.layer_map = convert_to_fp8(model, recipe) if recipe.any_fp8 else {}
+        if gen["matched_kernels"] is True:  # before the replica, which copies the switch (auto is off on Ray)
+            match_kernels(model, device)
         self.model = model.train()
         if self.mesh is None:
             self.replica = build_rollout_replica(model)

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from nemo_jetrl.models import batch_invariant_attention
+from nemo_jetrl.models import batch_invariant_attention, batch_invariant_train
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.models.recompute import checkpoint_layer, recomputes
@@ -164,7 +164,7 @@ def _self_attention(
     glue: a fused-kernel module (`fused_ops`, `fused_train_ops`) or None (eager); grouped: one GEMM over the
     shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows); mask
     PackedRows: varlen causal attention over one packed row; key_valid [B, S_total] bool: the exact mode's
-    batch-invariant attention (mask unused)."""
+    batch-invariant attention (the trainer's over padded rows, or over the packed row of a PackedRows mask)."""
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
     bsz, seq = x.lead_shape if isinstance(x, QuantizedInput) else x.shape[:2]
     head_dim = attn.head_dim
@@ -188,7 +188,10 @@ def _self_attention(
     q, k, v = q.to(attn_dtype), k.to(attn_dtype), v.to(attn_dtype)
     if attn_hook is not None:
         q, k, v = attn_hook(layer_idx, q, k, v)
-    if key_valid is not None:
+    if key_valid is not None and kv_cache is None:  # the trainer's, padded or packed rows (the rollout's kernel)
+        rows = mask if isinstance(mask, PackedRows) else key_valid
+        out = batch_invariant_train.trainer_attention(q, k, v, rows, attn.scaling)  # [B, H, S, D]
+    elif key_valid is not None:
         out = batch_invariant_attention.decoder_attention(
             q, k, v, key_valid, kv_cache, layer_idx, cache_start, attn.scaling
         )  # [B, H, S, D]
@@ -296,8 +299,8 @@ def decoder_forward(
         raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
     backbone = _backbone(model)
     parts = exact_parts(model)  # the exact mode: all; the mismatch ablation / matched kernels: some
-    if parts.attention and (causal_attention or packed is not None):
-        raise ValueError("decoder_forward: causal / packed attention rounds unlike the rollout; exact mode refuses it")
+    if parts.attention and causal_attention:
+        raise ValueError("decoder_forward: causal attention rounds unlike the rollout; exact mode refuses it")
     if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):
         raise ValueError(f"decoder_forward: packed rows need one row of {packed.width} tokens and no kv_cache")
     with compute_context(model, input_ids.device, compute_dtype):

@@ -7,7 +7,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
-from nemo_jetrl.config.section import FiniteFloat, NonEmptyStr, NonNegativeFloat, PositiveFloat, PositiveInt, Section
+from nemo_jetrl.config.section import (
+    AutoBool,
+    FiniteFloat,
+    NonEmptyStr,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+)
 from nemo_jetrl.generation.config import GenerationConfig
 from nemo_jetrl.policy.lr_scheduler import check_scheduler_config
 from nemo_jetrl.policy.sequence_packing import check_algorithm
@@ -67,7 +75,8 @@ class DynamicBatchingConfig(Section):
 class SequencePackingConfig(Section):
     """NeMo-RL's `policy.sequence_packing`: each trainer micro-batch is a bin of sequences within the token budget
     whose real tokens run as one packed row with varlen causal attention (policy/sequence_packing.py,
-    models/packed.py); the rollout is unaffected. Excludes dynamic batching and the exact mode."""
+    models/packed.py; in the exact mode and with matched kernels the rollout's batch-invariant kernel in its
+    varlen form); the rollout is unaffected. Excludes dynamic batching."""
 
     enabled: bool = False
     train_mb_tokens: PositiveInt | None = None  # null = train_micro_batch_size * max_total_sequence_length
@@ -114,8 +123,9 @@ class PolicyConfig(Section):
     train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
     # CUDA trainer (local backend): each micro-batch shape's forward + loss + backward captured in a CUDA graph and
     # replayed (policy/train_graphs.py): far fewer host launches (the FP8 trainer is host-bound at small widths);
-    # one micro-batch's activations stay reserved between steps
-    train_cuda_graphs: bool = False
+    # one micro-batch's activations stay reserved between steps. auto: on where correct (a CUDA device, the local
+    # backend, not the exact mode), else off with one start-up line (policy/auto_switches.py)
+    train_cuda_graphs: AutoBool = "auto"
     # prev_logprobs (the trainer's logprobs of the rollout tokens): a separate no-grad forward before training, or the
     # training forward itself (one forward less per step; needs one optimizer step per GRPO step, local backend);
     # auto: train_forward where both hold, else logprob_forward (resolved at validation)
@@ -180,7 +190,7 @@ class PolicyConfig(Section):
 
     def _train_graph_problems(self) -> list[str]:
         """What `train_cuda_graphs: true` cannot capture (it would run eagerly: refused instead of ignored)."""
-        if not self.train_cuda_graphs:
+        if self.train_cuda_graphs is not True:  # auto resolves to off where graphs cannot run
             return []
         problems = []
         if self.generation.deterministic:
@@ -192,10 +202,10 @@ class PolicyConfig(Section):
         """What `policy.generation.deterministic: true` (batch-invariant kernels, trainer == rollout bitwise) or
         `matched_kernels: true` (its cheap parts on the fast path) cannot honour."""
         gen = self.generation
-        if gen.deterministic and gen.matched_kernels:
+        if gen.deterministic and gen.matched_kernels is True:
             return ["policy.generation.deterministic: true already runs every kernel matched_kernels would: set "
                     "policy.generation.matched_kernels: false"]  # fmt: skip
-        if gen.matched_kernels:
+        if gen.matched_kernels is True:  # auto: resolved at start-up (off where this would refuse it)
             return self._shared_kernel_problems("policy.generation.matched_kernels: true")
         if not gen.deterministic:
             return []
@@ -218,11 +228,6 @@ class PolicyConfig(Section):
         if self.train_causal_attention:
             problems.append(
                 f"{mode} runs one attention for rollout and trainer: set policy.train_causal_attention: false"
-            )
-        if self.sequence_packing.enabled:
-            problems.append(
-                f"{mode} scores the rollout's padded rows with its attention (packed rows run varlen attention): "
-                "set policy.sequence_packing.enabled: false"
             )
         if not self.fused_train_kernels:
             problems.append(

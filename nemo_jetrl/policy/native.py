@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
+from nemo_jetrl.models.batch_invariant import enable_batch_invariant
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.models.packed import PackedRows
 from nemo_jetrl.models.scoring import sequence_logprobs
+from nemo_jetrl.policy.auto_switches import announce, apply_matched_kernels, resolve_train_cuda_graphs
 from nemo_jetrl.policy.interfaces import (
     LossFunction,
     PolicyInterface,
@@ -84,8 +85,9 @@ class NativePolicy(PolicyInterface):
                     "policy.fp8_cfg.train_kv_fake_quant with an FP8 KV cache)"
                 )
             enable_batch_invariant(model)
-        elif policy_cfg["generation"]["matched_kernels"]:
-            match_kernels(model, device)
+        else:  # true, or auto: where the config allows it and the start-up self-check passes
+            _, line = apply_matched_kernels(model, policy_cfg, recipe, device, self.compute_dtype)
+            announce(line)
         self.model = model.train()
         self.optimizer = build_optimizer(self.model.parameters(), policy_cfg["optimizer"])
         self.lr_scheduler = build_lr_scheduler(self.optimizer, policy_cfg["scheduler"])
@@ -102,9 +104,9 @@ class NativePolicy(PolicyInterface):
         self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
         self.train_graphs: MicroBatchGraphs | None = None  # policy.train_cuda_graphs (policy/train_graphs.py)
-        if policy_cfg.get("train_cuda_graphs"):
-            if device.type != "cuda":
-                raise ValueError(f"policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on {device}")
+        graphs, line = resolve_train_cuda_graphs(policy_cfg, device)  # auto: on CUDA where correct
+        announce(line)
+        if graphs:
             self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
 
     @property

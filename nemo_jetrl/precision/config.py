@@ -85,7 +85,7 @@ def recipe_problems(policy, cluster_backend: str) -> list[str]:
             f"{key} with policy.generation.deterministic: true is not supported: the batch-invariant FP8 GEMM is "
             f"{exact}; use fp8_recipe: {exact}"
         )
-    if policy.generation.matched_kernels and not features.exact_gemm:
+    if policy.generation.matched_kernels is True and not features.exact_gemm:  # auto: off with this recipe
         problems.append(
             f"{key} with policy.generation.matched_kernels: true is not supported: its FP8 forward GEMM is cuBLAS's "
             f"{exact} one; use fp8_recipe: {exact}"
