@@ -21,6 +21,7 @@ from torch import nn
 
 from nemo_jetrl.models.batch_invariant import match_kernels, unmatch_kernels
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.precision.recipes.base import layouts_with, scale_layout
 
 AUTO = "auto"
 
@@ -61,7 +62,8 @@ def matched_kernels_blocker(policy_cfg: Mapping[str, Any], backend: str = "local
          "an FP8 KV cache without policy.fp8_cfg.train_kv_fake_quant"),
         (policy_cfg["train_causal_attention"], "policy.train_causal_attention: true"),
         (not policy_cfg["fused_train_kernels"], "policy.fused_train_kernels: false"),
-        (fp8_anywhere and fp8["fp8_recipe"] != "blockwise", f"policy.fp8_cfg.fp8_recipe: {fp8['fp8_recipe']}"),
+        (fp8_anywhere and not scale_layout(fp8["fp8_recipe"]).features.exact_gemm,
+         f"policy.fp8_cfg.fp8_recipe: {fp8['fp8_recipe']} (matched kernels need {layouts_with('exact_gemm')})"),
     )  # fmt: skip
     return next((reason for blocked, reason in reasons if blocked), None)
 

@@ -57,7 +57,7 @@ def test_train_cuda_graphs_auto_is_on_where_captured_micro_batches_are_correct()
         ("generation", "kv_cache_dtype", "fp8", "an FP8 KV cache without policy.fp8_cfg.train_kv_fake_quant"),
         (None, "train_causal_attention", True, "policy.train_causal_attention: true"),
         (None, "fused_train_kernels", False, "policy.fused_train_kernels: false"),
-        ("fp8_cfg", "fp8_recipe", "rowwise", "policy.fp8_cfg.fp8_recipe: rowwise"),
+        ("fp8_cfg", "fp8_recipe", "rowwise", "policy.fp8_cfg.fp8_recipe: rowwise (matched kernels need blockwise)"),
     ],
 )
 def test_matched_kernels_auto_is_off_where_the_config_rules_it_out(section, key, value, reason):
