@@ -1,6 +1,6 @@
 """Kernel timings of the exact mode against the fast path at Qwen3-8B shapes (GPU), and the tile configurations.
 
-    PYTHONPATH=. python3 benchmarks/bench_batch_invariant_kernels.py --out bi_kernels.json
+    python3 -m benchmarks.bench_batch_invariant_kernels --out bi_kernels.json
 
 FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
 (prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import device_info, report  # noqa: E402
-
-from nemo_jetrl.generation.native.decode_attention import decode_attention  # noqa: E402
-from nemo_jetrl.models import batch_invariant_kernels as K  # noqa: E402
-from nemo_jetrl.models.batch_invariant_attention import attention  # noqa: E402
-from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant  # noqa: E402
-from nemo_jetrl.precision.kernels import triton_batch_invariant as T  # noqa: E402
-from nemo_jetrl.precision.kv import kv_quant  # noqa: E402
+from benchmarks.common import device_info, report
+from nemo_jetrl.generation.native.decode_attention import decode_attention
+from nemo_jetrl.models import batch_invariant_kernels as K
+from nemo_jetrl.models.batch_invariant_attention import attention
+from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant
+from nemo_jetrl.precision.kernels import triton_batch_invariant as T
+from nemo_jetrl.precision.kv import kv_quant
 
 FP8_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 ALT_CONFIGS = {64: [(64, 128, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4)], 4096: [(128, 256, 8, 3), (128, 128, 4, 4)]}

@@ -2,7 +2,7 @@
 kernel), side by side, each timed inside a CUDA graph as the rollout's decode step runs it, the variants' graphs
 replayed in alternating rounds (GPU only).
 
-    PYTHONPATH=. python3 benchmarks/bench_decode_attention.py --out decode_attention.json
+    python3 -m benchmarks.bench_decode_attention --out decode_attention.json
 
 Qwen3-8B heads (32 query / 8 KV heads of 128), one layer; bandwidth counts the K and V bytes actually read.
 """
@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json  # noqa: E402
+from benchmarks.common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json
 
 VARIANTS = (("bf16", "triton"), ("fp8", "triton"), ("fp8", "cuda"))
 

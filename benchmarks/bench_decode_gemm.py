@@ -1,7 +1,7 @@
 """Decode-sized GEMMs (M = batch rows): BF16 `torch.mm` vs cuBLAS blockwise FP8 `scaled_mm` vs the Triton split-K
 FP8 kernel (vs DeepGEMM where it imports), on Qwen3-8B projection shapes, side by side in one run (GPU only).
 
-    PYTHONPATH=. python3 benchmarks/bench_decode_gemm.py --out decode_gemm.json
+    python3 -m benchmarks.bench_decode_gemm --out decode_gemm.json
 
 At decode the product reads the whole weight for a few rows, so the figure of merit is weight bytes / time
 against the HBM peak. Every figure is GPU time as the rollout's captured decode step sees it: the calls replayed
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json  # noqa: E402
+from benchmarks.common import alternating_graph_times, parse_gpu_bench, print_table, us_range, write_json
 
 # (name, N, K): Qwen3-8B projections, separate and grouped
 SHAPES = [
@@ -45,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args, dev, info = parsed
     from nemo_jetrl.precision import act_quant, deep_gemm_adapter, fp8_blockwise_mm, weight_quant
-    from nemo_jetrl.precision.kernels.triton_gemm import best_config, cold_copies
+    from nemo_jetrl.precision.gemm import small_m_config
+    from nemo_jetrl.precision.kernels.device import cold_copies
 
     with_dg = deep_gemm_adapter.usable(dev)  # a DeepGEMM column where deep_gemm imports (use_deep_gemm's kernel)
 
@@ -73,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 "shape": name, "N": n, "K": k, "M": m, "timings": t,
                 **{f"{v}_us": t[v]["us"] for v in t}, **{f"{v}_range": us_range(t[v]) for v in t},
                 "triton_rel_err": float((tri - ref).norm() / ref.norm()),
-                "triton_config": list(best_config(xq, wq, torch.bfloat16, False, library=None)),
-                "auto_choice": "triton" if best_config(xq, wq, torch.bfloat16, False, library="scaled_mm") else "scaled_mm",
+                "triton_config": list(small_m_config(xq, wq, torch.bfloat16, False, library=None)),
+                "auto_choice": "triton" if small_m_config(xq, wq, torch.bfloat16, False, library="scaled_mm") else "scaled_mm",
             }  # fmt: skip
             r["bf16_weight_tbs"] = 2 * n * k / r["bf16_us"] / 1e6
             r["triton_weight_tbs"] = n * k / r["triton_us"] / 1e6

@@ -1,6 +1,6 @@
 """DeepGEMM's FP8 GEMMs against ours (torch._scaled_mm, cuBLAS blockwise) and BF16 at the Qwen3-8B linears (GPU).
 
-    bash benchmarks/build_deepgemm.sh SRC && PYTHONPATH=SRC:. python3 benchmarks/bench_deepgemm.py --out dg.json
+    bash benchmarks/build_deepgemm.sh SRC && PYTHONPATH=SRC python3 -m benchmarks.bench_deepgemm --out dg.json
 
 The gate before DeepGEMM could become a GEMM backend of the recipe: per decoder linear (q/k/v grouped, o, gate/up
 grouped, down) and pass, at `--tokens` tokens, the same FP8 operands (the recipe's quantizers: 1x128 activation /
@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QWEN3_8B, alternating_timings, parse_gpu_bench, report  # noqa: E402
-
-from nemo_jetrl.precision.gemm import SMALL_M_MAX, fp8_blockwise_mm  # noqa: E402
-from nemo_jetrl.precision.quant import act_quant, act_quant_t, weight_quant  # noqa: E402
+from benchmarks.common import QWEN3_8B, alternating_timings, parse_gpu_bench, report
+from nemo_jetrl.precision.gemm import SMALL_M_MAX, fp8_blockwise_mm
+from nemo_jetrl.precision.quant import act_quant, act_quant_t, weight_quant
 
 
 def linears(shape: dict) -> dict[str, tuple[int, int]]:

@@ -1,8 +1,8 @@
 """Trainer passes over long-tailed responses: fixed micro-batches vs dynamic batching (`policy.dynamic_batching`) vs
 sequence packing (`policy.sequence_packing`), per precision preset.
 
-    PYTHONPATH=. python3 benchmarks/bench_dynamic_batching.py --layers 8 --out dyn.json     # GPU: Qwen3-8B shape
-    PYTHONPATH=. python3 benchmarks/bench_dynamic_batching.py --quick                       # CPU smoke test
+    python3 -m benchmarks.bench_dynamic_batching --layers 8 --out dyn.json     # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_dynamic_batching --quick                       # CPU smoke test
 
 A GRPO-shaped batch: `--batch` sequences of a `--prompt-len` prompt (left-padded layout) and a response whose length
 is drawn from `--length-dist` (mean `--mean-len`, capped at `--max-len`, the rollout queue benchmark's draw), so the
@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks.common import (
     LOSS,
     SHAPES,
     TINY,
@@ -37,13 +35,12 @@ from common import (  # noqa: E402
     policy_config,
     report,
 )
-
-from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
-from nemo_jetrl.policy.micro_batches import plan_micro_batches, token_budget  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
-from nemo_jetrl.policy.sequence_packing import captured_row_slots  # noqa: E402
-from nemo_jetrl.policy.trainer_setup import trainer_kernels  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.micro_batches import plan_micro_batches, token_budget
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.policy.sequence_packing import captured_row_slots
+from nemo_jetrl.policy.trainer_setup import trainer_kernels
+from nemo_jetrl.precision import PrecisionRecipe
 
 
 def long_tailed_batch(lengths: list[int], prompt_len: int, max_len: int, vocab: int) -> TrainBatch:

@@ -1,7 +1,7 @@
 """Rollout speed of the exact mode against the fast path: same weights, same prompts, alternating timed rollouts.
 
-    PYTHONPATH=. python3 benchmarks/bench_exact_rollout.py --out exact_rollout.json      # GPU: Qwen3-8B shape
-    PYTHONPATH=. python3 benchmarks/bench_exact_rollout.py --quick                        # CPU smoke test
+    python3 -m benchmarks.bench_exact_rollout --out exact_rollout.json      # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_exact_rollout --quick                        # CPU smoke test
 
 Per preset (`jetrl`, `jetrl_kv`) two copies of one random-weight model: the fast path (cuBLAS / split-K Triton
 GEMMs, fused FP8 decode attention) and the exact mode (`enable_batch_invariant`: batch-invariant GEMMs, attention
@@ -18,18 +18,15 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report  # noqa: E402
-from rollout_engines import calibrate  # noqa: E402
-
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8  # noqa: E402
-from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
+from benchmarks.common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report
+from benchmarks.rollout_engines import calibrate
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant
+from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision.convert import use_cublas_fprop
 
 
 def mode_parts(mode: str) -> tuple[ExactParts | None, bool]:
@@ -108,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             base = timings[name.replace(f" {mode}", " fast", 1)]["median_s"]
             results.append({"variant": name, **t, "exact_over_fast": t["median_s"] / base})
             if args.profile_steps and device.type == "cuda" and not name.endswith("prefill"):
-                from bench_rollout import kernel_profile
+                from benchmarks.bench_rollout import kernel_profile
 
                 results[-1]["profile"] = profile = kernel_profile(
                     pair[mode], args.batch, args.prompt_len + args.gen_len // 2, args.profile_steps, device

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_timings, parse_gpu_bench, print_table, write_json  # noqa: E402
-
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe  # noqa: E402
+from benchmarks.common import alternating_timings, parse_gpu_bench, print_table, write_json
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe
 
 RECIPES = ("blockwise", "rowwise", "tensorwise")
 # (N, K) of Qwen3-8B's trainer GEMMs: q / o, k / v, gate / up, down

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """FSDP2 + FP8 training + FP8 all-gather refit: refit bytes/time BF16 vs FP8, train step time 1 -> N GPUs.
 
-    python3 benchmarks/bench_fsdp_refit.py --out results/fsdp_refit.json            # 1 and 2 GPUs, Qwen3-1.7B shape
-    python3 benchmarks/bench_fsdp_refit.py --device cpu --model tiny --gpus 1,2 --out /tmp/x.json   # CPU smoke (gloo)
+    python3 -m benchmarks.bench_fsdp_refit --out results/fsdp_refit.json            # 1 and 2 GPUs, Qwen3-1.7B shape
+    python3 -m benchmarks.bench_fsdp_refit --device cpu --model tiny --gpus 1,2 --out /tmp/x.json   # CPU smoke (gloo)
 
-Without torchrun env it launches itself once per world size with `python -m torch.distributed.run` (PyTorch's
-launcher) and merges the results. Each rank holds the trainer of its rank (`NativePolicy` on the "fsdp" parallel
-plan): an FSDP2 shard of a randomly initialized causal LM (FP32 master, blockwise-FP8 FProp/DGrad/WGrad) plus a
-rollout replica refit by all-gathering FP8 bits + scales, the very bits the trainer's forward reads. Same global batch at every world size (strong scaling). Needs torch + transformers only (no Ray, OmegaConf,
+Without torchrun env it launches itself (`-m benchmarks.bench_fsdp_refit`, from the repo root) once per world size with
+`python -m torch.distributed.run` (PyTorch's launcher) and merges the results. Each rank holds the trainer of its
+rank (`NativePolicy` on the "fsdp" parallel plan): an FSDP2 shard of a randomly initialized causal LM (FP32 master,
+blockwise-FP8 FProp/DGrad/WGrad) plus a rollout replica refit by all-gathering FP8 bits + scales, the very bits the
+trainer's forward reads. Same global batch at every world size (strong scaling). Needs torch + transformers only (no
+Ray, OmegaConf,
 pydantic): nemo_jetrl.config is never imported.
 """
 
@@ -22,9 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 MODELS = {
     # Qwen3-1.7B shape: 1.41B linear params in 28 layers + 311M tied embedding = 1.72B
@@ -69,7 +68,7 @@ def launch(args: argparse.Namespace) -> int:
             result = Path(tmp) / "result.json"
             passthrough = _drop_option(sys.argv[1:], "--out")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-                   str(Path(__file__).resolve()), *passthrough, "--out", str(args.out), "--worker",
+                   "-m", "benchmarks.bench_fsdp_refit", *passthrough, "--out", str(args.out), "--worker",
                    "--result", str(result)]  # fmt: skip
             print(f"[bench_fsdp_refit] world size {n}: {' '.join(cmd)}", flush=True)
             proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
@@ -151,13 +150,11 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import LOSS, policy_config
-
-    from nemo_jetrl.distributed.parallel_plan import ParallelPlan
+    from benchmarks.common import LOSS, policy_config
     from nemo_jetrl.generation.native.engine import NativeGenerationEngine
     from nemo_jetrl.policy.interfaces import TrainBatch
     from nemo_jetrl.policy.native import NativePolicy
+    from nemo_jetrl.policy.parallel.plan import ParallelPlan
     from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
     from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 

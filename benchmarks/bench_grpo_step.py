@@ -1,7 +1,9 @@
 """One full GRPO step, BF16 vs unified FP8 + FP8 KV (Jet-RL), with the phase breakdown.
 
-    PYTHONPATH=. python3 benchmarks/bench_grpo_step.py --out grpo_step.json         # GPU: Qwen3-8B shape
-    PYTHONPATH=. python3 benchmarks/bench_grpo_step.py --quick                      # CPU smoke test
+    python3 -m benchmarks.bench_grpo_step --out grpo_step.json         # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_grpo_step --quick                      # CPU smoke test
+    python3 -m benchmarks.bench_grpo_step --shape qwen3-1.7b --layers 0 --packing \
+        --train-cuda-graphs --variants "fp8+kv" "fp8+kv matched"      # the matched kernels' cost
 
 The phases of `algorithms/grpo.py`'s step with the project's own trainer and engine, on one device: rollout
 (`NativeGenerationEngine.generate`, CUDA graphs, fixed lengths), trainer logprobs (`NativePolicy.get_logprobs`; in
@@ -17,14 +19,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks.common import (
     LOSS,
-    QWEN3_8B,
     TINY,
     alternating_timings,
     bootstrapped_engine,
@@ -34,11 +33,11 @@ from common import (  # noqa: E402
     report,
     timed,
 )
-
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.models.random_checkpoint import SHAPES
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import PrecisionRecipe
 
 PHASES = ("rollout", "logprobs", "train", "refit")
 
@@ -71,6 +70,7 @@ def grpo_step(policy: NativePolicy, engine: NativeGenerationEngine, prompts, see
         **times,
         "total": sum(times.values()),
         "token_mult_prob_error": float(d.abs().exp().mean()),
+        "exact_token_fraction": float((d == 0).float().mean()),
         "batch": batch,
     }
 
@@ -89,12 +89,15 @@ def build_variant(name: str, model, prompts, args, device):
     """(policy, engine) of one variant, KV scales bootstrapped where the cache is FP8."""
     preset, source, generation = VARIANTS[name]
     recipe = PrecisionRecipe.preset(preset)
+    tokens = args.micro_batch * (args.prompt_len + args.gen_len)  # a micro-batch's tokens, padded or packed
     cfg = policy_config(
         train_causal_attention=args.causal_attention,
         train_cuda_graphs=args.train_cuda_graphs,
         train_micro_batch_size=args.micro_batch,
         logprob_batch_size=args.micro_batch * 2,
+        max_total_sequence_length=args.prompt_len + args.gen_len,
         prev_logprobs_source=source,
+        sequence_packing={"enabled": args.packing, "train_mb_tokens": tokens, "logprob_mb_tokens": 2 * tokens},
         generation={"kv_cache_calibration_pass": "fused", **generation},
     )
     policy = NativePolicy(cfg, recipe, device, model=model)
@@ -119,7 +122,7 @@ def run_alternating(names: list[str], shape: dict, prompts, args, device) -> lis
         measured = records[name][args.warmup :]
         r = {"variant": name, **{k: v for k, v in timings[name].items() if k != "times_s"}}
         r["min_max_s"] = f"{r['min_s']:.2f}-{r['max_s']:.2f}"
-        for key in (*PHASES, "total", "token_mult_prob_error"):
+        for key in (*PHASES, "total", "token_mult_prob_error", "exact_token_fraction"):
             r[key] = statistics.median(s[key] for s in measured)
         r["tokens_per_s"] = len(prompts) * args.gen_len / r["total"]
         results.append(r)
@@ -128,7 +131,8 @@ def run_alternating(names: list[str], shape: dict, prompts, args, device) -> lis
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=16, help="decoder layers of the Qwen3-8B shape")
+    p.add_argument("--shape", default="qwen3-8b", choices=["qwen3-8b", "qwen3-1.7b"], help="random-weight model shape")
+    p.add_argument("--layers", type=int, default=16, help="decoder layers of the shape (0: all of them)")
     p.add_argument("--prompts", type=int, default=64, help="sequences per step (prompts x generations)")
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=768)
@@ -144,10 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--train-cuda-graphs", action="store_true", help="policy.train_cuda_graphs: true for every variant (CUDA)"
     )
+    p.add_argument(
+        "--packing", action="store_true", help="policy.sequence_packing for every variant (micro-batch token budgets)"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    shape, shape_name = dict(SHAPES[args.shape]), {"qwen3-8b": "Qwen3-8B", "qwen3-1.7b": "Qwen3-1.7B"}[args.shape]
     if args.quick:
         shape, shape_name, args.layers, args.prompts, args.prompt_len, args.gen_len = TINY, "tiny", 2, 8, 8, 8
         args.micro_batch, args.steps = 4, 2
@@ -165,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.prompts} sequences, {args.prompt_len} -> {args.gen_len} tokens, micro-batch {args.micro_batch}; "
         f"{args.steps} timed steps after {args.warmup} warm-up, variants alternating"
         + (", trainer micro-batches in CUDA graphs" if args.train_cuda_graphs else "")
+        + (", sequence packing" if args.packing else "")
     )
     headers = ["variant", "median s", "min-max s", f"x {results[0]['variant']}", "rollout s", "logprobs s",
-               "train s", "refit s", "tmpe"]  # fmt: skip
+               "train s", "refit s", "tmpe", "exact"]  # fmt: skip
     keys = [
         "variant", "median_s", "min_max_s", "speedup_vs_first", "rollout", "logprobs", "train", "refit",
-        "token_mult_prob_error",
+        "token_mult_prob_error", "exact_token_fraction",
     ]  # fmt: skip
     report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=n_layers)
     return 0

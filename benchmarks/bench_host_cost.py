@@ -1,6 +1,6 @@
 """Host time per call of the launches an FP8 linear makes, against BF16's GEMM (GPU only).
 
-    PYTHONPATH=. python3 benchmarks/bench_host_cost.py
+    python3 -m benchmarks.bench_host_cost
 
 A long sleep kernel keeps the device busy while each call runs `--calls` times, so no call waits for the device:
 the wall time per call is what the host spends launching it. Prints the median of `--repeats` such loops, in us.

@@ -1,6 +1,6 @@
 """The lm_head + token-logprob segment of a trainer micro-batch, fused logprob vs the float32 twin (GPU).
 
-    PYTHONPATH=. python3 benchmarks/bench_logprob.py --tokens 4096 --out logprob.json
+    python3 -m benchmarks.bench_logprob --tokens 4096 --out logprob.json
 
 One micro-batch of `--tokens` tokens at the Qwen3-8B shape (hidden 4096, vocabulary 151936, BF16 lm_head):
 logits = h @ W^T, logprobs of random targets (`models.logprobs.token_logprobs`, fused=True / False), a weighted sum
@@ -11,15 +11,11 @@ step's peak memory above what was allocated before it. Also checks the two varia
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QWEN3_8B, alternating_timings, parse_gpu_bench, report  # noqa: E402
-
-from nemo_jetrl.models.logprobs import token_logprobs  # noqa: E402
+from benchmarks.common import QWEN3_8B, alternating_timings, parse_gpu_bench, report
+from nemo_jetrl.models.logprobs import token_logprobs
 
 
 def main(argv: list[str] | None = None) -> str | None:

@@ -1,7 +1,7 @@
 """Training-inference mismatch at a real model shape: every precision preset side by side, by response position.
 
-    PYTHONPATH=. python3 benchmarks/bench_mismatch.py --out mismatch_8b.json --plot mismatch_8b.png   # GPU
-    PYTHONPATH=. python3 benchmarks/bench_mismatch.py --quick                                         # CPU
+    python3 -m benchmarks.bench_mismatch --out mismatch_8b.json --plot mismatch_8b.png   # GPU
+    python3 -m benchmarks.bench_mismatch --quick                                         # CPU
 
 Each variant runs `--steps` GRPO steps on the same random-weight model (Qwen3-8B shape, `--layers` deep): rollout
 (`NativeGenerationEngine.generate`, CUDA graphs) -> prev_logprobs from the trainer's own forward
@@ -28,12 +28,10 @@ import gc
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks.common import (
     LOSS,
     QWEN3_8B,
     TINY,
@@ -44,13 +42,12 @@ from common import (  # noqa: E402
     report,
     write_json,
 )
-
-from nemo_jetrl.algorithms.mismatch import mismatch_metrics  # noqa: E402
-from nemo_jetrl.models.batch_invariant import MATCHED_PARTS, ExactParts, enable_batch_invariant  # noqa: E402
-from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
-from nemo_jetrl.precision.convert import use_cublas_fprop  # noqa: E402
+from nemo_jetrl.algorithms.mismatch import mismatch_metrics
+from nemo_jetrl.models.batch_invariant import MATCHED_PARTS, ExactParts, enable_batch_invariant
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.precision.convert import use_cublas_fprop
 
 # (label, preset, mode: fast | sdpa_decode | matched | exact)
 VARIANTS = (

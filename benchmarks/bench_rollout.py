@@ -1,7 +1,7 @@
 """Rollout throughput: BF16 vs FP8 linears vs FP8 linears + FP8 KV cache, side by side in one process.
 
-    PYTHONPATH=. python3 benchmarks/bench_rollout.py --out rollout.json            # GPU: Qwen3-8B shape
-    PYTHONPATH=. python3 benchmarks/bench_rollout.py --quick                        # CPU smoke test
+    python3 -m benchmarks.bench_rollout --out rollout.json            # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_rollout --quick                        # CPU smoke test
 
 The native engine as GRPO runs it: prefill, then a CUDA-graph-captured static decode step with the decode
 attention over the stored cache (bf16 or e4m3 + per-layer scales), sampling on the device, no host sync but an
@@ -23,12 +23,10 @@ import collections
 import contextlib
 import re
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks.common import (
     QWEN3_8B,
     TINY,
     add_deep_gemm_flag,
@@ -40,12 +38,11 @@ from common import (  # noqa: E402
     report,
     timed,
 )
-from gpu_clocks import ClockSampler, per_variant  # noqa: E402
-from rollout_engines import build_engines, wrap_variant  # noqa: E402
-
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
-from nemo_jetrl.precision import rollout_mode  # noqa: E402
+from benchmarks.gpu_clocks import ClockSampler, per_variant
+from benchmarks.rollout_engines import build_engines, wrap_variant
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.generation.native.kv_cache import KVCache
+from nemo_jetrl.precision import rollout_mode
 
 
 def rollout_fn(engine: NativeGenerationEngine, prompts: list[list[int]], gen_len: int, seed: int, check: bool = True):
@@ -135,9 +132,9 @@ def kernel_profile(engine: NativeGenerationEngine, batch: int, context: int, ste
     width = context + steps + 1
     mask = torch.ones((batch, width), dtype=torch.long, device=device)
     with torch.no_grad(), rollout_mode(eager.model):
-        cache = eager._new_cache(batch, width)
+        cache = eager.new_kv_cache(batch, width)
         logits = torch.randn((batch, engine.vocab_size), generator=gen, device=device)
-        decode = eager._decoder(cache, None, mask)
+        decode = eager.decoder(cache, mask)
         positions = torch.full((batch,), context, dtype=torch.long, device=device)
         torch.cuda.synchronize(device)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

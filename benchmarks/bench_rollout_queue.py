@@ -1,8 +1,8 @@
 """Rollout of a queue of sequences with long-tailed response lengths: continuous batching vs one static batch at a
 time, BF16 vs FP8 vs FP8 + FP8 KV, one run, side by side (the bench_rollout.py model and engines).
 
-    PYTHONPATH=. python3 benchmarks/bench_rollout_queue.py --layers 8 --out queue.json     # GPU: Qwen3-8B shape
-    PYTHONPATH=. python3 benchmarks/bench_rollout_queue.py --quick                          # CPU smoke test
+    python3 -m benchmarks.bench_rollout_queue --layers 8 --out queue.json     # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_rollout_queue --quick                          # CPU smoke test
 
 Each sequence gets a response length drawn from `--length-dist` (fixed: all `--mean-len`; lognormal with sigma
 `--sigma`, or geometric, both with mean `--mean-len`, capped at `--max-len`); the engine is forced to stop there
@@ -35,8 +35,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks.common import (
     QWEN3_8B,
     TINY,
     add_deep_gemm_flag,
@@ -48,11 +47,10 @@ from common import (  # noqa: E402
     linear_weight_bytes,
     report,
 )
-from rollout_engines import VARIANTS, build_engines, wrap_variant  # noqa: E402,F401
-from schedule_bound import fcfs_decode_steps  # noqa: E402
-
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.generation.native.kv_cache import KVCache  # noqa: E402
+from benchmarks.rollout_engines import VARIANTS, build_engines, wrap_variant  # noqa: F401
+from benchmarks.schedule_bound import fcfs_decode_steps
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.generation.native.kv_cache import KVCache
 
 
 def build_queue_engines(args, device) -> tuple[dict, torch.nn.Module]:

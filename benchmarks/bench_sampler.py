@@ -1,7 +1,7 @@
 """Next-token sampling at decode sizes: the torch sampler (softmax, float64 cumsum, searchsorted) + the fused
 logprob kernel vs the fused sampling kernel (`sample_kernel.py`: token and logprob in one kernel), GPU only.
 
-    PYTHONPATH=. python3 benchmarks/bench_sampler.py --out sampler.json
+    python3 -m benchmarks.bench_sampler --out sampler.json
 
 Qwen3 vocabulary (151,936), bf16 logits, temperature 1, no top-k / top-p (the torch path is taken by asking for
 top_k = V, which filters nothing). Each call runs inside a CUDA graph over logits cycled out of L2; the variants
@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import parse_gpu_bench, print_table, write_json  # noqa: E402
+from benchmarks.common import parse_gpu_bench, print_table, write_json
 
 VOCAB = 151936
 
@@ -32,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args, dev, info = parsed
     from nemo_jetrl.generation.native.sampler import SamplingParams, sample, sequence_keys
-    from nemo_jetrl.precision.kernels.triton_gemm import cold_copies, time_in_graph
+    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
 
     variants = {"torch sampler + fused logprob": SamplingParams(top_k=VOCAB), "fused sampling kernel": SamplingParams()}
     results = []

@@ -1,10 +1,10 @@
 """Training step throughput, BF16 vs FP8 (FProp/DGrad/WGrad): the project's trainer (`NativePolicy.train`).
 
-    PYTHONPATH=. python3 benchmarks/bench_train_step.py --out train_step.json      # GPU: Qwen3-8B shape
-    PYTHONPATH=. python3 benchmarks/bench_train_step.py --quick                     # CPU smoke test
-    PYTHONPATH=. python3 benchmarks/bench_train_step.py --fp8-recipe rowwise        # other FP8 recipes
-    PYTHONPATH=. python3 benchmarks/bench_train_step.py --memory --layers 16        # each variant's own peak
-    PYTHONPATH=. python3 benchmarks/bench_train_step.py --layers 36 --rounds 3 --steps 2  # one resident at a time
+    python3 -m benchmarks.bench_train_step --out train_step.json      # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_train_step --quick                     # CPU smoke test
+    python3 -m benchmarks.bench_train_step --fp8-recipe rowwise        # other FP8 recipes
+    python3 -m benchmarks.bench_train_step --memory --layers 16        # each variant's own peak
+    python3 -m benchmarks.bench_train_step --layers 36 --rounds 3 --steps 2  # one resident at a time
 
 One optimizer step = forward + backward of the clipped-PG loss over `--batch` packed sequences of `--seq-len`
 tokens (micro-batches of `--micro-batch` sequences, default 1; every token a response token), grad-norm clip and AdamW, then the FP8 weight
@@ -26,12 +26,10 @@ import argparse
 import contextlib
 import gc
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from benchmarks.common import (
     LOSS,
     TINY,
     add_deep_gemm_flag,
@@ -43,12 +41,11 @@ from common import (  # noqa: E402
     report,
     summarize_times,
 )
-from gpu_clocks import ClockSampler, per_variant  # noqa: E402
-
-from nemo_jetrl.models.random_checkpoint import SHAPES  # noqa: E402
-from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+from benchmarks.gpu_clocks import ClockSampler, per_variant
+from nemo_jetrl.models.random_checkpoint import SHAPES
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe
 
 
 def make_batch(batch: int, seq_len: int, vocab: int) -> TrainBatch:
@@ -73,12 +70,11 @@ def fp8_cache_gb(policy: NativePolicy) -> float:
     """The FP8 weight caches a policy holds (e4m3 weights, scales, held DGrad copies), each storage counted once."""
     storages = {}
     for m in policy.model.modules():
-        qweights = [getattr(m, "_qweight", None)]
-        group = getattr(m, "weight_group", None)
-        qweights.append(getattr(group, "_qweight", None))
-        for qw in filter(None, qweights):
-            tensors = [qw.data, qw.scale] + [t for v in qw._cache.values() for t in (v if isinstance(v, tuple) else [v])]
-            for t in filter(torch.is_tensor, tensors):
+        if not isinstance(m, Fp8Linear):
+            continue
+        group = m.weight_group
+        for qw in filter(None, [m.cached_quantized_weight, group and group.cached_quantized_weight]):
+            for t in filter(torch.is_tensor, qw.held_tensors()):
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(storages.values()) / 1e9
 

@@ -1,7 +1,7 @@
 """DGrad's W^T copy (e4m3 [N, K] -> [K, N]): torch's strided copy vs the tiled Triton kernel (`transpose_fp8`), on
 Qwen3-8B weight shapes, side by side in one run (GPU only).
 
-    PYTHONPATH=. python3 benchmarks/bench_transpose.py --out transpose.json
+    python3 -m benchmarks.bench_transpose --out transpose.json
 
 This is what `policy.fp8_cfg.cache_dgrad_weight: false` pays per FP8 linear and micro-batch (and, cached, once per
 optimizer step). Each call runs inside a CUDA graph over weights cycled out of L2; the two variants alternate over
@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import parse_gpu_bench, print_table, write_json  # noqa: E402
+from benchmarks.common import parse_gpu_bench, print_table, write_json
 
 SHAPES = [("q/o", 4096, 4096), ("qkv", 6144, 4096), ("gate+up", 24576, 4096), ("down", 4096, 12288)]
 
@@ -30,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if parsed is None:
         return 2
     args, dev, info = parsed
-    from nemo_jetrl.precision.kernels.triton_gemm import cold_copies, time_in_graph
+    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
     from nemo_jetrl.precision.transpose import transpose_fp8
 
     variants = {

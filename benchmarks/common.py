@@ -127,7 +127,8 @@ def policy_config(**overrides) -> dict:
             **overrides.pop("sequence_packing", {}),
         },  # fmt: skip
         "fp8_cfg": fp8_cfg,
-        "dtensor_cfg": {"tensor_parallel_size": 1},
+        "dtensor_cfg": {"tensor_parallel_size": 1, "activation_checkpointing": False},
+        "memory_preflight": {"enabled": True, "capacity_gib": None, "usable_fraction": 0.9},
         "generation": generation,
     }
     return {**cfg, **overrides}
@@ -204,7 +205,7 @@ def alternating_graph_times(variants: dict[str, list[Callable[[], object]]], rep
     are captured back to back in one CUDA graph, and the graphs are replayed in `replays` rounds after one warm-up
     round, the order alternating (A, B, then B, A, ...). Per variant: microseconds per call, median, min and max
     over the rounds (CUDA events around each replay)."""
-    from nemo_jetrl.precision.kernels.triton_gemm import capture_graph, replay_ms
+    from nemo_jetrl.precision.kernels.device import capture_graph, replay_ms
 
     graphs = {name: capture_graph(calls) for name, calls in variants.items()}
     times: dict[str, list[float]] = {name: [] for name in graphs}
@@ -350,12 +351,12 @@ def plot_benchmarks(rollout: dict, train: dict, grpo: dict, path: str | Path) ->
         axes[1].text(i, r["tokens_per_s"], f"{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x", ha="center",
                      va="bottom", fontsize=8)  # fmt: skip
     rows = grpo["results"]
-    _stacked(axes[2], [r["variant"].split(" ")[0] for r in rows], [{p: r[p] for p in GRPO_PHASES} for r in rows])
+    stacked_bars(axes[2], [r["variant"].split(" ")[0] for r in rows], [{p: r[p] for p in GRPO_PHASES} for r in rows])
     axes[2].set_title("GRPO step: seconds per phase")
     if profiled:
         rows = rollout["results"]
         context = rows[0]["profile"]["context"]
-        _stacked(axes[3], [r["variant"] for r in rows], [r["profile"]["categories_ms"] for r in rows])
+        stacked_bars(axes[3], [r["variant"] for r in rows], [r["profile"]["categories_ms"] for r in rows])
         axes[3].set_title(f"decode step at {context} keys: kernel ms")
     fig.suptitle(rollout.get("device", ""))
     fig.tight_layout()
@@ -371,7 +372,7 @@ def _wrap(label: str) -> str:
     return label.replace(" ", "\n").replace("_", "\n").replace("+", "+\n")
 
 
-def _stacked(ax, labels: list[str], parts: list[dict[str, float]]) -> None:
+def stacked_bars(ax, labels: list[str], parts: list[dict[str, float]]) -> None:
     """Stacked bars: one per label, one segment per key (keys in first-seen order), with a legend."""
     keys = list(dict.fromkeys(k for p in parts for k in p))
     bottom = [0.0] * len(labels)

@@ -1,6 +1,6 @@
 """Per-phase GRPO step times and peak GPU memory of CLI runs, from their log directories.
 
-    python3 benchmarks/gpu_cli_report.py bf16=OUT/logs/bf16 fp8_kv=OUT/logs/fp8_kv --json OUT/summary.json
+    python3 -m benchmarks.gpu_cli_report bf16=OUT/logs/bf16 fp8_kv=OUT/logs/fp8_kv --json OUT/summary.json
 
 Each LOG_DIR is a run's `logger.log_dir`: `metrics.jsonl` gives the `timing/<phase>` seconds of every step (the
 loop's own timers: generation, reward, logprobs, training, refit, kv_bootstrap, total_step_time) and
@@ -8,9 +8,13 @@ loop's own timers: generation, reward, logprobs, training, refit, kv_bootstrap, 
 `nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -i 0 -lms 500`: one GPU, every
 process on it) the peak device memory in MiB.
 The table shows the median over the steps after the first `--skip` (warm-up: Triton JIT, CUDA graph capture) and
-the first step on its own, then the rollout's and the whole step's token rates, the bytes each rank all-gathered per
-step (sharded runs: `train/refit/allgather_bytes`) and the refit's gather time. Needs only the standard library
-(+ PyYAML for the rollout tokens/s row).
+the first step on its own, then the rollout's and the whole step's token rates (useful tokens/s: the step's real
+tokens, `train/total_num_tokens`, per GRPO step second), the bytes each rank all-gathered per step (sharded runs:
+`train/refit/allgather_bytes`) and the refit's gather time; where the run logged them, each phase's peak allocated
+memory (`memory/<phase>_peak_gib`, the largest over the steps) against the start-up estimate
+(`memory/estimate_<phase>_peak_gib`, algorithms/memory_preflight.py), and the mismatch per bin of response positions
+(`train/mismatch_pos/<start>`, mean over the steps after `--skip`; `--position-plot PNG` draws it, which needs
+matplotlib). Needs numpy (+ PyYAML for the rollout tokens/s row).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
+from nemo_jetrl.utils.metrics_jsonl import position_curve, read_metrics_jsonl
 
 PHASES = ("generation", "logprobs", "training", "refit", "reward", "kv_bootstrap", "total_step_time")
 MEMORY_FILE = "gpu_memory.csv"
+ESTIMATED = {"generation": "rollout", "logprobs": "logprob", "training": "train"}  # phase -> the preflight's name
 
 
 def read_timings(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -90,6 +95,15 @@ def peak_memory_mib(log_dir: Path) -> float | None:
     return max(values) if values else None
 
 
+MISMATCH = {"token_mult_prob_error": "{:.7f}", "exact_token_fraction": "{:.4f}"}  # per-step rows of the table
+
+
+def read_mismatch(log_dir: Path) -> dict[str, list[float]]:
+    """`{name: [value of step 1, 2, ...]}` of the MISMATCH metrics (`train/<name>` in metrics.jsonl)."""
+    series = read_metrics_jsonl(log_dir / "metrics.jsonl")
+    return {name: series[f"train/{name}"][1].tolist() for name in MISMATCH if f"train/{name}" in series}
+
+
 def summarize(log_dir: Path, skip: int = 1) -> dict:
     """Median seconds per phase over steps > `skip`, the first step's seconds, steps, peak memory, rollout tok/s."""
     timings = read_timings(log_dir)
@@ -111,7 +125,19 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     summary["allgather_bytes"] = _steady_median(read_metric(log_dir, "train/refit/allgather_bytes"), skip)
     summary["refit_gather_s"] = _steady_median(read_metric(log_dir, "train/refit/seconds"), skip)
     summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
+    summary["allocated_peak_gib"], summary["estimated_peak_gib"] = read_memory(log_dir)
+    curve = position_curve(read_metrics_jsonl(log_dir / "metrics.jsonl"), skip)
+    summary["mismatch_by_position"] = {str(k): v for k, v in curve.items()}
+    summary["per_step"] = read_mismatch(log_dir)
     return summary
+
+
+def read_memory(log_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """({phase: its largest `memory/<phase>_peak_gib` over the steps}, {phase: the preflight's estimate in GiB})."""
+    series = read_metrics_jsonl(log_dir / "metrics.jsonl")
+    measured = {p: float(series[k][1].max()) for p in ESTIMATED if (k := f"memory/{p}_peak_gib") in series}
+    estimated = {p: float(series[k][1][0]) for p, e in ESTIMATED.items() if (k := f"memory/estimate_{e}_peak_gib") in series}
+    return measured, estimated
 
 
 def format_table(summaries: dict[str, dict]) -> str:
@@ -136,9 +162,27 @@ def format_table(summaries: dict[str, dict]) -> str:
             "—" if s["peak_gpu_memory_mib"] is None else f"{s['peak_gpu_memory_mib'] / 1024:.1f} GiB"
         ),
         "steps logged": lambda s: str(s["steps"]),
+        "first step / median step": lambda s: (
+            "—" if not s["median_s"].get("total_step_time") else
+            f"{s['first_step_s']['total_step_time'] / s['median_s']['total_step_time']:.2f}x"
+        ),  # fmt: skip
+        **{
+            f"{name} by step": lambda s, name=name, fmt=fmt: " ".join(fmt.format(v) for v in s["per_step"].get(name, []))
+            or "—"
+            for name, fmt in MISMATCH.items()
+        },
     }
     for name, cell in extra.items():
         rows.append(f"| {name} | " + " | ".join(cell(summaries[label]) for label in labels) + " |")
+    for phase in ESTIMATED:  # allocated peak per phase against the start-up estimate
+        cells = [_memory_cell(summaries[label], phase) for label in labels]
+        if any(c != "—" for c in cells):
+            rows.append(f"| {phase} peak allocated (estimate) | " + " | ".join(cells) + " |")
+    bins = sorted({int(b) for s in summaries.values() for b in s["mismatch_by_position"]})
+    for b in bins:  # token_mult_prob_error per response-position bin
+        cells = [f"{v:.4f}" if (v := summaries[label]["mismatch_by_position"].get(str(b))) is not None else "—"
+                 for label in labels]  # fmt: skip
+        rows.append(f"| mismatch at position {b}+ | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -146,11 +190,21 @@ def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "—" if value is None else spec.format(value * scale)
 
 
+def _memory_cell(summary: dict, phase: str) -> str:
+    measured, estimated = summary["allocated_peak_gib"].get(phase), summary["estimated_peak_gib"].get(phase)
+    if measured is None:
+        return "—"
+    if estimated is None:
+        return f"{measured:.1f} GiB"
+    return f"{measured:.1f} GiB ({estimated:.1f}, {estimated / measured - 1:+.0%})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="LABEL=LOG_DIR", help="a run's label and logger.log_dir")
     parser.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the medians (default 1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the summaries as JSON here")
+    parser.add_argument("--position-plot", type=Path, default=None, help="draw the mismatch per position bin here")
     args = parser.parse_args(argv)
     summaries = {}
     for spec in args.runs:
@@ -166,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no run had a metrics.jsonl", file=sys.stderr)
         return 1
     print(format_table(summaries))
+    if args.position_plot is not None:
+        from nemo_jetrl.utils.plots import plot_mismatch_position
+
+        runs = {label: read_metrics_jsonl(Path(s["log_dir"]) / "metrics.jsonl") for label, s in summaries.items()}
+        print(f"position plot: {plot_mismatch_position(runs, args.position_plot, args.skip)}")
     if args.json is not None:
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")
     return 0

@@ -5,8 +5,9 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_cli_run.sh OUT_DIR [STAGE ...]
 #
 # From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
-# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv report (default: all but fp8, in order;
-# fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml);
+# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched report (default:
+# all but fp8 and fp8_kv_matched, in order; fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml;
+# fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
@@ -16,12 +17,16 @@
 # GPU (nvidia-smi index(es) to sample, default 0 .. NPROC-1), PYTHON (default python3), EXTRA (more overrides for both runs,
 # e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"), COPY_TO (a directory that gets,
 # on exit even after a failure, the runs' console logs <variant>.log and <variant>/{metrics.jsonl, config.yaml,
-# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 benchmarks/gpu_cli_report.py
-# bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them anywhere); a CPU smoke run of the script
+# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 -m benchmarks.gpu_cli_report
+# bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them in any checkout); a CPU smoke run of the script
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
+# RECIPE: the config family (default grpo_math_random_1p7B: <RECIPE>_bf16.yaml, <RECIPE>_fp8_kv.yaml, <RECIPE>.yaml for
+# fp8); another shipped family (e.g. RECIPE=grpo_math_8B) also gets what the random-weight one-GPU run needs and
+# grpo_math_random_1p7B.yaml sets: no validation or checkpoints, zero-advantage groups trained, the byte
+# tokenizer's eos, NPROC GPUs, no plots (docs/long_responses.md).
 set -euo pipefail
 
-OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv report]}
+OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched report]}
 shift
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
@@ -37,13 +42,20 @@ read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 [ "$DEVICE" = cpu ] && EXTRA_ARGS=(cluster.device=cpu cluster.gpus_per_node=0 "${EXTRA_ARGS[@]}")
 CKPT=$OUT/ckpt
 COPY_TO=${COPY_TO:-}
+RECIPE=${RECIPE:-grpo_math_random_1p7B}
+RANDOM_RUN=()
+[ "$RECIPE" != grpo_math_random_1p7B ] && RANDOM_RUN=(checkpointing.enabled=false grpo.val_period=0
+    grpo.val_at_start=false grpo.drop_zero_advantage_groups=false policy.generation.stop_token_ids=null
+    logger.plot_period=null logger.tensorboard_enabled=false)
+[ "$RECIPE" != grpo_math_random_1p7B ] && [ "$NPROC" -eq 1 ] && RANDOM_RUN+=(cluster.gpus_per_node=1)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs"
 
 copy_results() {  # the small result files into $COPY_TO (runs on exit)
     [ -n "$COPY_TO" ] || return 0
     local f v
-    for v in bf16$SUFFIX fp8$SUFFIX fp8_kv$SUFFIX; do
+    for v in bf16 fp8 fp8_kv fp8_kv_matched; do
+        v=$v$SUFFIX
         [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
         for f in metrics.jsonl config.yaml gpu_memory.csv; do
             [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
@@ -88,14 +100,18 @@ stage_build() {
         2>&1 | tee "$OUT/build.log"
 }
 
-run_variant() {  # $1: bf16 | fp8 | fp8_kv
-    local variant=$1$SUFFIX log=$OUT/logs/$1$SUFFIX rc=0 smi config=grpo_math_random_1p7B_$1.yaml
+run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
+    local variant=$1$SUFFIX log=$OUT/logs/$1$SUFFIX rc=0 smi config=${RECIPE}_$1.yaml own=()
     local launch=("$PY") ranks=()
     if [ "$NPROC" -gt 1 ]; then  # one rank per GPU (docs/cluster.md, torchrun)
         launch=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
         ranks=(cluster.backend=torchrun "cluster.gpus_per_node=$NPROC")
     fi
-    [ "$variant" = fp8 ] && config=grpo_math_random_1p7B.yaml  # FP8 linears, BF16 KV cache
+    [ "$1" = fp8 ] && [ -f "examples/configs/$RECIPE.yaml" ] && config=$RECIPE.yaml  # FP8 linears, BF16 KV
+    if [ "$1" = fp8_kv_matched ]; then  # the FP8+KV recipe, bitwise on-policy where the self-check passes
+        config=${RECIPE}_fp8_kv.yaml
+        own=(policy.generation.matched_kernels=auto)
+    fi
     rm -rf "$log" && mkdir -p "$log"
     smi=""
     if command -v nvidia-smi > /dev/null; then
@@ -109,7 +125,8 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv
         "data.val_dataset_name=$CKPT/data/val.jsonl" \
         "logger.log_dir=$log" \
         "grpo.max_num_steps=$STEPS" \
-        "${ranks[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" || rc=${PIPESTATUS[0]}
+        "${RANDOM_RUN[@]}" "${own[@]}" "${ranks[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" \
+        || rc=${PIPESTATUS[0]}
     if [ -n "$smi" ]; then
         kill "$smi" 2>/dev/null || true
         wait "$smi" 2>/dev/null || true
@@ -121,11 +138,11 @@ stage_report() {
     echo
     echo "per-phase GRPO step time (median over steps 2..$STEPS; first step in brackets) and peak GPU memory:"
     local runs=() v
-    for v in bf16 fp8 fp8_kv; do  # the variants of this layout (SUFFIX) that ran
+    for v in bf16 fp8 fp8_kv fp8_kv_matched; do  # the variants of this layout (SUFFIX) that ran
         [ -f "$OUT/logs/$v$SUFFIX/metrics.jsonl" ] && runs+=("$v$SUFFIX=$OUT/logs/$v$SUFFIX")
     done
     [ ${#runs[@]} -gt 0 ] || { echo "error: no run of layout '$SUFFIX' in $OUT/logs" >&2; exit 1; }
-    "$PY" benchmarks/gpu_cli_report.py "${runs[@]}" --json "$OUT/summary.json"
+    "$PY" -m benchmarks.gpu_cli_report "${runs[@]}" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
 
@@ -134,8 +151,8 @@ for stage in "${STAGES[@]}"; do
     case $stage in
         check) stage_check ;;
         build) stage_build ;;
-        bf16 | fp8 | fp8_kv) run_variant "$stage" ;;
+        bf16 | fp8 | fp8_kv | fp8_kv_matched) run_variant "$stage" ;;
         report) stage_report ;;
-        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv report)" >&2; exit 2 ;;
+        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv fp8_kv_matched report)" >&2; exit 2 ;;
     esac
 done

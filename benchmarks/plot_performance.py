@@ -1,6 +1,6 @@
 """The figure of docs/performance.md from the benchmarks' JSON outputs (CPU is fine).
 
-    python3 benchmarks/plot_performance.py --rollout docs/assets/rollout_l36_b128_g2048_alternating_h200_run1.json \\
+    python3 -m benchmarks.plot_performance --rollout docs/assets/rollout_l36_b128_g2048_alternating_h200_run1.json \\
         --train docs/assets/train_l36_wgrad_tiles_causal_h200_run1.json \\
         --grpo docs/assets/grpo_step_graphs_l16_h200_run1.json --out docs/assets/performance_h200.png
 """
@@ -12,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import plot_benchmarks  # noqa: E402
+from benchmarks.common import plot_benchmarks
 
 
 def main(argv: list[str] | None = None) -> int:

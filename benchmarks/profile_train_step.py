@@ -1,7 +1,7 @@
 """Kernel-time breakdown of one training step, BF16 vs FP8 (torch.profiler), for finding FP8-only costs.
 
-    PYTHONPATH=. python3 benchmarks/profile_train_step.py --layers 8 --out prof.json
-    PYTHONPATH=. python3 benchmarks/profile_train_step.py --layers 4 8 --variants bf16,jetrl,tensorwise  # split
+    python3 -m benchmarks.profile_train_step --layers 8 --out prof.json
+    python3 -m benchmarks.profile_train_step --layers 4 8 --variants bf16,jetrl,tensorwise  # split
 
 Builds one policy at a time (the same random weights), takes `--warmup` steps, then profiles one step
 (`NativePolicy.train` + `prepare_refit`, as bench_train_step.py) and prints the top kernels by device time and a
@@ -24,15 +24,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import step_split  # noqa: E402
-import trace_gaps  # noqa: E402
-from bench_train_step import make_batch, train_step_fn  # noqa: E402
-from common import build_model, policy_config  # noqa: E402
-
-from nemo_jetrl.models.random_checkpoint import SHAPES  # noqa: E402
-from nemo_jetrl.policy.native import NativePolicy  # noqa: E402
-from nemo_jetrl.precision import PrecisionRecipe  # noqa: E402
+from benchmarks import step_split, trace_gaps
+from benchmarks.bench_train_step import make_batch, train_step_fn
+from benchmarks.common import build_model, policy_config
+from nemo_jetrl.models.random_checkpoint import SHAPES
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import PrecisionRecipe
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
     ("attention", r"flash|fmha|attention|cudnn|sdpa"),

@@ -9,7 +9,7 @@ hardly depends on how many rows are live (it streams every weight once), so usef
 occupancy, sum(lengths) / (steps x rows), and a long-tailed queue's useful tokens/s over a fixed-length queue's
 (occupancy 1) can be no more than this bound, whatever the kernels.
 
-    python3 benchmarks/schedule_bound.py --queue 512 2048 --concurrency 128 256   # the bound per workload
+    python3 -m benchmarks.schedule_bound --queue 512 2048 --concurrency 128 256   # the bound per workload
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import argparse
 import heapq
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 
 def fcfs_decode_steps(lengths: Sequence[int], rows: int, refill_every: int = 1) -> int:
@@ -52,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sigma", type=float, default=1.0)
     p.add_argument("--refill-every", type=int, default=16, help="the engine's sync_every (16 on CUDA)")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import draw_lengths, print_table
+    from benchmarks.common import draw_lengths, print_table
 
     rows = []
     for dist in args.length_dist:

@@ -9,7 +9,7 @@ split, at any depth L:
   tensor cores: 1,979 : 989 TFLOP/s, 2x) of BF16's and its quantizers and copies cost nothing, every other kernel as
   measured. No FP8 GEMM library reaches that ratio at these shapes, so this bounds what any kernel work can buy.
 
-    python3 benchmarks/step_split.py PROFILE.json --plot split.png   # re-draw a saved split (profile_train_step)
+    python3 -m benchmarks.step_split PROFILE.json --plot split.png   # re-draw a saved split (profile_train_step)
 """
 
 from __future__ import annotations
@@ -112,8 +112,7 @@ def plot(record: Mapping, path: str | Path, device: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import _stacked
+    from benchmarks.common import stacked_bars
 
     variants = record["variants"]
     labels = [v.replace(":", "\n").replace("+", "\n+") for v in variants]
@@ -122,7 +121,7 @@ def plot(record: Mapping, path: str | Path, device: str = "") -> None:
         for r in variants.values()
     ]
     fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(labels), 4.2))
-    _stacked(ax, labels, parts)
+    stacked_bars(ax, labels, parts)
     for i, r in enumerate(variants.values()):
         total = sum(parts[i].values())
         note = "" if i == 0 else f"ceiling {r['ceiling_x_bf16']:.2f}x"

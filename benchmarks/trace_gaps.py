@@ -1,6 +1,6 @@
 """Where the GPU sits idle in a profiled step: gaps between kernels and what the host was doing meanwhile.
 
-    PYTHONPATH=. python3 benchmarks/trace_gaps.py trace.json.gz [--min-gap-us 5] [--top 25]
+    python3 -m benchmarks.trace_gaps trace.json.gz [--min-gap-us 5] [--top 25]
 
 Reads a PyTorch profiler chrome trace (`profile_train_step.py --trace`). The device timeline (kernels, memcpys,
 memsets) is merged into busy intervals; every idle gap longer than `--min-gap-us` is charged to:

@@ -40,7 +40,8 @@ CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_tiny.yaml"
 def run_grpo_variant(name: str, args) -> dict:
     """`args.steps` GRPO steps of grpo_tiny.yaml with the variant's precision; per-step mismatch metrics."""
     from nemo_jetrl.algorithms.grpo import run_grpo
-    from nemo_jetrl.config import load_config, validate_config
+    from nemo_jetrl.config import load_config
+    from nemo_jetrl.schema import validate_config
 
     train, rollout, kv, fake_quant, deterministic = VARIANTS[name]
     overrides = [

@@ -18,7 +18,8 @@ from typing import NoReturn
 
 from omegaconf import OmegaConf
 
-from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
+from nemo_jetrl.schema import validate_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "evals" / "eval_tiny.yaml"
 USER_ERROR, RUN_ERROR = 2, 1

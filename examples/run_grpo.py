@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.config.display import print_config
 from nemo_jetrl.precision.config import precision_line
+from nemo_jetrl.schema import validate_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_base.yaml"
 USER_ERROR = 2
@@ -80,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     print(precision_line(master_cfg.policy))
     if args.validate_only:
         return 0
+    from nemo_jetrl.algorithms.memory_preflight import memory_preflight
+
+    try:  # before the trainer's imports: a config the device cannot run is refused at once (run_grpo reports it)
+        memory_preflight(master_cfg.model_dump())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USER_ERROR
     from nemo_jetrl.algorithms.grpo import run_grpo
     from nemo_jetrl.distributed.errors import WorkerGroupError
     from nemo_jetrl.policy.nonfinite import NonFiniteError

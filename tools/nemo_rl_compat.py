@@ -29,7 +29,7 @@ TREE_BEGIN, TREE_END = "<!-- compatibility table: tools/nemo_rl_compat.py tree -
 MOE = re.compile(r"(?i)(\d+b-?a\d+b|deepseek-v3|dsv3|gpt-?oss|glm-?4\.?7-?flash|glm-?5|minimax|moonlight|qwen3-235b)")
 SECTIONS = {
     "honoured": "Honoured (mapped onto our key, NeMo-RL's meaning)",
-    "megatron": "Megatron (`policy.megatron_cfg.enabled: true`, config/nemo_rl_megatron.py)",
+    "megatron": "Megatron (`policy.megatron_cfg.enabled: true`, schema/nemo_rl_megatron.py)",
     "refused": "Refused unless neutral (value-dependent)",
     "announced": "Accepted; other values run with one start-up line",
     "no_effect": "Accepted, no effect here",
@@ -47,9 +47,9 @@ def _section(rule) -> str:
 def render_key_table() -> str:
     """The key table section of docs/nemo_rl.md, markers included."""
     sys.path.insert(0, str(REPO))
-    from nemo_jetrl.config.nemo_rl import nemo_rl_only
     from nemo_jetrl.config.nemo_rl_facts import pinned_commit
     from nemo_jetrl.config.nemo_rl_keys import KEY_RULES
+    from nemo_jetrl.schema.nemo_rl import nemo_rl_only
 
     lines = [
         KEYS_BEGIN,
@@ -87,9 +87,10 @@ def family(path: Path, tree: dict) -> str:
 def validate_tree(snapshot: Path) -> list[Outcome]:
     """Every GRPO / DAPO config of the snapshot, validated from its root."""
     sys.path.insert(0, str(REPO))
-    from nemo_jetrl.config import ConfigError, load_config, validate_config
+    from nemo_jetrl.config import ConfigError, load_config
     from nemo_jetrl.config.loader import load_yaml_with_defaults
     from nemo_jetrl.precision.config import precision_line
+    from nemo_jetrl.schema import validate_config
 
     configs = snapshot / "examples" / "configs"
     files = sorted(p for p in configs.rglob("*.yaml") if re.match(r"(grpo|dapo)", p.name))

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from nemo_jetrl.algorithms.advantages import zero_std_groups
-from nemo_jetrl.distributed.data_split import merge_generation_outputs
 from nemo_jetrl.generation.interfaces import GenerationOutput
+from nemo_jetrl.generation.seed_shards import merge_generation_outputs
 
 
 def scale_rewards(rewards: torch.Tensor, cfg: Mapping[str, Any]) -> torch.Tensor:

@@ -25,6 +25,7 @@ from nemo_jetrl.algorithms.grpo_checkpoint import (
     restore,
 )
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
+from nemo_jetrl.algorithms.memory_preflight import memory_preflight
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
 from nemo_jetrl.algorithms.mismatch import step_mismatch_metrics
 from nemo_jetrl.algorithms.placement import place, start_ranks, sync_ranks
@@ -295,7 +296,8 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     `task`: a `VerifiableTask` to train on instead of the one the config's `data` / `env` sections build.
 
     Locks `logger.log_dir` and `checkpointing.checkpoint_dir` for the run (a second writer is refused), checks
-    them, the device and the data before the first step (`preflight`). With `checkpointing.enabled`, resumes from
+    them, the device and the data before the first step (`preflight`), and the step's memory before anything
+    (`memory_preflight`: derived token budgets, or a refusal naming the keys). With `checkpointing.enabled`, resumes from
     the latest valid checkpoint in `checkpoint_dir` (model, optimizer, RNG states, step; metrics.jsonl trimmed to
     that step) and saves one every `save_period` steps.
     """
@@ -303,19 +305,22 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     main = start_ranks(cfg)  # torchrun: this rank's process group; rank 0 alone writes and prints
     for out in (console, checkpoint_console):
         out.quiet = out.quiet or not main
+    memory = memory_preflight(cfg)  # may derive token budgets into cfg (every rank alike), or refuse
+    console.print(memory.line, highlight=False, soft_wrap=True)
     locks = []
     if main:
         check_output_dirs(cfg)
         locks = lock_run_dirs(output_dirs(cfg))
     line = precision_line(master_cfg.policy) if hasattr(master_cfg, "policy") else None
     try:
-        return _run_locked(cfg, resolved, task, line, main)
+        return _run_locked(cfg, resolved, task, line, main, memory.peaks or {})
     finally:
         release_all(locks)
 
 
 def _run_locked(
-    cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None, line: str | None, main: bool
+    cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None, line: str | None, main: bool,
+    memory: dict[str, int],
 ) -> dict[str, Any]:
     resume = load_resume_state(cfg) if main else None  # rank 0 first: it may move an earlier run's outputs aside
     sync_ranks(cfg)
@@ -327,6 +332,8 @@ def _run_locked(
     check_validation_set(cfg, run.task)
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
     start_step = restore(run, resume) if resume is not None else 0
+    if start_step == 0 and memory and run.device.type == "cuda":  # the estimate, beside memory/<phase>_peak_gib
+        run.logger.log_metrics({f"memory/estimate_{k}_peak_gib": v / 1024**3 for k, v in memory.items()}, step=0)
     if resume is not None:  # an engine holding its own weight copy (vLLM) takes the restored ones
         run.engine.update_weights()
     for text in (line, run.startup):
@@ -368,12 +375,12 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             val_history.append(val)
             run.logger.log_metrics(val, step=0, prefix="validation/")
         for step in range(start_step, max_steps):
-            timer = Timer()
+            timer = Timer(memory_device=run.device)  # CUDA: each phase's peak allocated memory too
             with timer.time("total_step_time"):
                 metrics = grpo_step(run, step, timer, progress)
             logged = run.logger.log_metrics(metrics, step=step + 1, prefix="train/")
             timing = timer.get_timing_metrics()
-            run.logger.log_metrics({**timing, **nemo_rl_timing(timing)}, step=step + 1)
+            run.logger.log_metrics({**timing, **nemo_rl_timing(timing), **timer.get_memory_metrics()}, step=step + 1)
             history.append(metrics)
             periodic = val_period > 0 and (step + 1) % val_period == 0
             if periodic or (g["val_at_end"] and step + 1 == max_steps):  # NeMo-RL's val_at_end: the last step too

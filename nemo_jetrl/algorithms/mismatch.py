@@ -29,6 +29,7 @@ import math
 import torch
 
 KL_TYPES = ("k1", "k2", "k3")
+POSITION_DIGITS = 5  # mismatch_pos/<start>: the bin's first response position, zero-padded
 
 
 def kl_estimator(
@@ -130,8 +131,10 @@ def mismatch_metrics(
 def mismatch_by_position(
     logp_train: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, bin_tokens: int
 ) -> dict[str, float]:
-    """``token_mult_prob_error`` per bin of `bin_tokens` response positions: {"0000": ..., "0064": ...}, keyed by
-    the bin's first position (zero-padded); bins with no usable token are left out. All inputs [B, S]."""
+    """``token_mult_prob_error`` per bin of `bin_tokens` response positions: {"00000": ..., "00064": ...}, keyed by
+    the bin's first position zero-padded to 5 digits (one name per bin in every step, up to 99,999 positions, so a
+    16K-token run's bins keep their names whatever its longest response); bins with no usable token are left out.
+    All inputs [B, S]."""
     _check_pair(logp_train, logp_gen, mask)
     if isinstance(bin_tokens, bool) or not isinstance(bin_tokens, int) or bin_tokens < 1:
         raise ValueError(f"bin_tokens must be an int >= 1, got {bin_tokens!r}")
@@ -146,7 +149,7 @@ def mismatch_by_position(
     num_bins = int(bins.max()) + 1
     sums = torch.zeros(num_bins, dtype=err.dtype, device=err.device).index_add_(0, bins, err)  # [num_bins]
     counts = torch.bincount(bins, minlength=num_bins)  # [num_bins]
-    width = max(4, len(str((num_bins - 1) * bin_tokens)))
+    width = max(POSITION_DIGITS, len(str((num_bins - 1) * bin_tokens)))
     return {f"{b * bin_tokens:0{width}d}": float(sums[b] / counts[b]) for b in range(num_bins) if int(counts[b]) > 0}
 
 

@@ -18,11 +18,12 @@ import torch.distributed
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.cluster_config import multi_rank_problems
 from nemo_jetrl.distributed.launch import init_torchrun, startup_line
-from nemo_jetrl.distributed.parallel_plan import ParallelPlan
 from nemo_jetrl.generation.build import build_local_engine
 from nemo_jetrl.generation.interfaces import GenerationInterface
+from nemo_jetrl.policy.auto_switches import announce, worker_switch_lines
 from nemo_jetrl.policy.interfaces import PolicyInterface
 from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.policy.parallel.plan import ParallelPlan
 from nemo_jetrl.policy.trainer_setup import resolve_device
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
@@ -45,21 +46,27 @@ def place(cfg: dict[str, Any], *, init_reference_model: bool) -> Placement:
     problems = multi_rank_problems(policy_cfg, spec)
     if problems:
         raise ValueError("; ".join(problems))
+    # several ranks: no captured micro-batches, no matched-kernel self-check (`auto` is off: one line each)
+    switch_lines = worker_switch_lines(policy_cfg, spec.backend) if spec.num_workers > 1 else []
     if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
         from nemo_jetrl.distributed.ray_policy import build_ray_policy_and_engine
 
         configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=False)
+        for line in switch_lines:
+            announce(line)
         policy, engine = build_ray_policy_and_engine(cfg, spec, init_reference_model=init_reference_model)
         return Placement(policy, engine, torch.device("cpu"), True)
     plan, startup = ParallelPlan.single(), None
     if spec.backend == "torchrun":
         device = init_torchrun(cluster["device"])
         if tp > 1:  # before loading the model on every rank
-            from nemo_jetrl.distributed.tensor_parallel import check_tp_model
+            from nemo_jetrl.policy.parallel.tensor_parallel import check_tp_model
 
             check_tp_model(policy_cfg["model_name"], tp)
         plan = ParallelPlan.from_process_group(device, tp)
         startup = startup_line(spec.num_workers, tp, device)
+        for line in switch_lines if plan.is_main else ():
+            announce(line)
     else:
         device = resolve_device(cluster["device"])
     configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=device.type == "cpu")

@@ -1,5 +1,6 @@
 """What the GRPO loop and the evaluator share around a rollout: prompts in, responses out, the per-step sampling
-generator, and the first FP8 KV scales (before any training step has calibrated them)."""
+generator, and the first FP8 KV scales (before any training step has calibrated them: from a prefill of the
+step's prompts through the trainer, docs/long_responses.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nemo_jetrl.generation.interfaces import GenerationOutput, rollout_phase
+from nemo_jetrl.generation.interfaces import GenerationOutput
+from nemo_jetrl.generation.native.prompts import left_pad
 from nemo_jetrl.policy.interfaces import TrainBatch
 
 if TYPE_CHECKING:
@@ -37,20 +39,16 @@ def needs_kv_bootstrap(run: GrpoSetup) -> bool:
 
 
 def bootstrap_kv_scales(run: GrpoSetup, step: int) -> None:
-    """FP8 KV scales for the first rollout (and after a resume): one rollout of this step's prompts with a
-    high-precision cache, observed by the trainer's calibration forward; later steps recalibrate (prepare_refit)."""
+    """FP8 KV scales for the first rollout (and after a resume): the trainer's calibration forward over this step's
+    prompts, one prefill of them observing Q/K/V (no rollout); the rollout and, with train_kv_fake_quant, the trainer
+    then run on these scales, and every step recalibrates them from its own sequences (prepare_refit)."""
     g = run.cfg["grpo"]
     problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
     prompt_ids = encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
-    with rollout_phase(run.engine.replace(kv_cache_dtype=None)) as engine:
-        out = engine.generate(prompt_ids, generator=step_generator(g["seed"] + 13, step, run.device))
-    batch = TrainBatch(
-        input_ids=out.input_ids.cpu(),
-        attention_mask=out.attention_mask.cpu(),
-        response_mask=out.response_mask.cpu(),
-        advantages=torch.zeros(len(out)),
-        generation_logprobs=out.generation_logprobs.float().cpu(),
-    )
+    width = max(len(p) for p in prompt_ids)
+    ids, mask = left_pad(prompt_ids, width, run.policy.tokenizer.pad_token_id, torch.device("cpu"))  # [B, P] each
+    zeros = torch.zeros(ids.shape)
+    batch = TrainBatch(ids, mask, torch.zeros_like(mask), torch.zeros(len(ids)), zeros)  # no response tokens
     run.engine.update_weights(kv_scales=run.policy.calibrate_kv_scales(batch).kv)
 
 

@@ -45,7 +45,7 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.offload_optimizer_for_logprob": no_effect(MEMORY),
     "policy.refit_buffer_size_gb": no_effect(DATA_PLANE),
     "policy.make_sequence_length_divisible_by": no_effect("padding only; the trainer masks padded tokens"),
-    "policy.activation_checkpointing_enabled": no_effect("recomputation: same numbers, less memory"),
+    "policy.activation_checkpointing_enabled": alias("policy.dtensor_cfg.activation_checkpointing"),
     "policy.quant_cfg": only([None], "ModelOpt quantization-aware training", "set null (FP8 comes from the recipe)"),
     "policy.quant_*": no_effect("read only with policy.quant_cfg"),
     "policy.disable_modelopt_layer_spec": no_effect("read only with policy.quant_cfg"),
@@ -76,7 +76,6 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.enabled": no_effect("the trainer here is always FSDP2 (DTensor)"),
     "policy.dtensor_cfg._v2": no_effect("NeMo-RL's DTensor worker version"),
     "policy.dtensor_cfg.cpu_offload": no_effect(MEMORY),
-    "policy.dtensor_cfg.activation_checkpointing": no_effect("recomputation: same numbers, less memory"),
     "policy.dtensor_cfg.sequence_parallel": announced(
         [False], "TP activations stay replicated here (sequence parallelism shards them: memory only, same numbers)"
     ),
@@ -91,7 +90,7 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.lora_cfg.*": no_effect("read only with lora_cfg.enabled: true"),
     "policy.dtensor_cfg.clear_cache_every_n_steps": no_effect(MEMORY),
     "policy.dtensor_cfg.env_vars*": no_effect("environment of NeMo-RL's workers"),
-    # megatron_cfg (config/nemo_rl_megatron.py): with enabled: true these are mapped; the FP8 switches always
+    # megatron_cfg (schema/nemo_rl_megatron.py): with enabled: true these are mapped; the FP8 switches always
     "policy.megatron_cfg.enabled": megatron("trained by the FSDP2 trainer as the lines below say (start-up lines)"),
     "policy.megatron_cfg.tensor_model_parallel_size": megatron("-> `policy.dtensor_cfg.tensor_parallel_size`"),
     "policy.megatron_cfg.pipeline_model_parallel_size": megatron("its ranks join FSDP's data-parallel sharding"),

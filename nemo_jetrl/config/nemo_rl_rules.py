@@ -18,7 +18,7 @@ _UNSET = object()
 class Rule:
     """`kind`: honoured (moved to `target`, value through `values`), no_effect (dropped), refused (unless the
     value is one of `allowed`, which is then dropped as the neutral setting), same_as (dropped when equal to the
-    value of `target`, whose default is `allowed[0]`; refused otherwise), megatron (mapped by config/nemo_rl_megatron.py
+    value of `target`, whose default is `allowed[0]`; refused otherwise), megatron (mapped by schema/nemo_rl_megatron.py
     when `policy.megatron_cfg.enabled: true`, which consumes the key; otherwise no effect, as in NeMo-RL).
     `refused`: honoured keys' values refused by name, each with its reason. `announce`: a no_effect key whose value
     is not one of `allowed`, or a same_as key that differs, is accepted with one start-up line saying what runs."""

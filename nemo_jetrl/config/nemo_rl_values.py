@@ -1,4 +1,4 @@
-"""NeMo-RL values spelled differently from ours, respelled before the key table runs (config/nemo_rl.py).
+"""NeMo-RL values spelled differently from ours, respelled before the key table runs (schema/nemo_rl.py).
 
 - `policy.precision: bfloat16 | float32` is NeMo-RL's model dtype: non-FP8 training in that dtype
   (`policy.compute_dtype`) unless `policy.megatron_cfg.fp8_cfg.enabled`; ours (`bf16 | fp8`) names the GEMM format.

@@ -1,7 +1,7 @@
 """`Section`, the base of every config section type, and the strict value types the sections use.
 
 Each component owns its section type beside its code (algorithms/config.py, policy/config.py, ...); the master
-schema (config/schema.py) composes them. Defaults live in these types only: a partial config is valid.
+schema (nemo_jetrl/schema/master.py) composes them. Defaults live in these types only: a partial config is valid.
 
 Values are strict: integers reject booleans and floats (`true` is not 1), floats reject booleans, infinities and NaN.
 Integers are bounded by what the run can use, so a typo is refused naming its key instead of failing mid-run:
@@ -12,7 +12,7 @@ empty or blank (an empty path would silently mean the working directory).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
@@ -33,6 +33,12 @@ def _not_blank(value: str) -> str:
     return value
 
 
+def _true_false_or_auto(value: Any) -> Any:
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ValueError(f"{value!r}: expected true, false or auto")
+
+
 StrictInt = Annotated[int, Strict(), Field(ge=-MAX_COUNT, le=MAX_COUNT)]
 PositiveInt = Annotated[int, Strict(), Field(gt=0, le=MAX_COUNT)]
 NonNegativeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
@@ -44,6 +50,7 @@ NonNegativeFloat = Annotated[FiniteFloat, Field(ge=0)]
 UnitFloat = Annotated[FiniteFloat, Field(ge=0, le=1)]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 PathStr = Annotated[str, Strict(), AfterValidator(_not_blank)]
+AutoBool = Annotated[bool | Literal["auto"], BeforeValidator(_true_false_or_auto)]  # auto: decided at start-up
 
 
 class Section(BaseModel):

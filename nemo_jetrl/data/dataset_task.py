@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from nemo_jetrl.data.problem import Problem
 from nemo_jetrl.data.prompts import PromptFormatter
 from nemo_jetrl.data.readers import DataSource, RowReport, read_rows
-from nemo_jetrl.environments.interfaces import Problem
 
 _HOLDOUT_STREAM, _SHUFFLE_STREAM = 0, 1
 _TOKENIZE_CHUNK = 4096  # prompts per tokenizer call when measuring lengths (bounded memory on large datasets)

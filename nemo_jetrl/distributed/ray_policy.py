@@ -147,7 +147,7 @@ def build_ray_policy_and_engine(
 ) -> tuple[RayPolicy, RayGeneration]:
     """Start the worker group, load + shard the policy on every worker, first refit; the driver's two handles."""
     if spec.tensor_parallel_size > 1:  # before any worker starts (the workers check the FP8 tiles per layer)
-        from nemo_jetrl.distributed.tensor_parallel import check_tp_model
+        from nemo_jetrl.policy.parallel.tensor_parallel import check_tp_model
 
         check_tp_model(cfg["policy"]["model_name"], spec.tensor_parallel_size)
     group = RayWorkerGroup(spec)

@@ -60,9 +60,9 @@ class PolicyWorker:
         """The trainer of this rank (`NativePolicy` on the plan over the worker group, as a torchrun rank builds
         it) and its colocated rollout engine; the trainer's first refit fills the engine's replica."""
         from nemo_jetrl.distributed.cluster import ClusterSpec
-        from nemo_jetrl.distributed.parallel_plan import ParallelPlan
         from nemo_jetrl.generation.build import build_local_engine
         from nemo_jetrl.policy.native import NativePolicy
+        from nemo_jetrl.policy.parallel.plan import ParallelPlan
         from nemo_jetrl.precision import PrecisionRecipe
 
         policy_cfg = cfg["policy"]

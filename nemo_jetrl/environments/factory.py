@@ -43,7 +43,7 @@ def make_task(
     env = _as_mapping("env", env_cfg)
     name = data["dataset_name"]
     if isinstance(name, str) and name and name not in BUILTIN_TASKS:
-        # imported here: nemo_jetrl.data imports this package's interfaces
+        # imported here: the math environment (math-verify) and the dataset readers load for dataset runs only
         from nemo_jetrl.data import build_dataset_task
         from nemo_jetrl.environments.config import MathEnvConfig
         from nemo_jetrl.environments.math_env import MathEnvironment

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from nemo_jetrl.data.problem import Problem
 
-@dataclass(frozen=True)
-class Problem:
-    """One prompt (plain text; the tokenizer adds <bos>) and its reference answer (plain text)."""
-
-    prompt: str
-    answer: str
+__all__ = ["Problem", "VerifiableTask"]
 
 
 @runtime_checkable

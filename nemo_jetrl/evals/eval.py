@@ -19,7 +19,7 @@ import torch
 from pydantic import Field, model_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
-from nemo_jetrl.config.schema import Section
+from nemo_jetrl.config.section import Section
 
 RESULTS_FILE = "results.json"
 

@@ -6,11 +6,10 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.distributed.cluster import ClusterSpec
-from nemo_jetrl.distributed.data_split import ShardedGeneration
 from nemo_jetrl.generation.interfaces import GenerationInterface
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
+from nemo_jetrl.generation.seed_shards import ShardedGeneration
 
 
 def stop_token_ids(gen: dict[str, Any], tokenizer: Any) -> list[int]:
@@ -36,17 +35,16 @@ def engine_kwargs(
     )
 
 
-def build_local_engine(
-    cfg: dict[str, Any], policy: Any, spec: ClusterSpec, device: torch.device
-) -> GenerationInterface:
+def build_local_engine(cfg: dict[str, Any], policy: Any, spec: Any, device: torch.device) -> GenerationInterface:
     """The rollout engine colocated with `policy` (its `rollout_model`: the trainer's own modules in one process,
     the refit replica on a rank of a sharded trainer), in the run's rollout seed shards (`ShardedGeneration`: on
-    several ranks, each data-parallel group rolls out its block of them)."""
+    several ranks, each data-parallel group rolls out its block of them). `spec` is the run's
+    `distributed.ClusterSpec`, of which only `num_seed_shards` is read (generation/ sits below distributed/)."""
     gen, tok = cfg["policy"]["generation"], policy.tokenizer
     plan = policy.plan
     common = engine_kwargs(cfg["policy"], stop_token_ids(gen, tok), tok.pad_token_id, policy.compute_dtype)
     if gen["backend"] == "vllm":
-        if plan.distributed:  # config validation refuses it first (config/backend_features.py)
+        if plan.distributed:  # refused first when the run is placed (cluster_config.multi_rank_problems)
             raise ValueError("policy.generation.backend: vllm runs in one process; several ranks roll out natively")
         from nemo_jetrl.generation.vllm_engine import VllmGenerationEngine
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
-from nemo_jetrl.config.section import ByteCount, FiniteFloat, NonNegativeInt, PositiveInt, Section
+from nemo_jetrl.config.section import AutoBool, ByteCount, FiniteFloat, NonNegativeInt, PositiveInt, Section
 from nemo_jetrl.precision.config import Precision
 
 
@@ -34,8 +34,9 @@ class GenerationConfig(Section):
     # the exact mode: batch-invariant kernels in rollout AND trainer, rollout logprobs == trainer logprobs bitwise
     deterministic: bool = False
     # the fast path with its two large mismatch sources matched: batch-invariant attention and log-sum-exp on both
-    # sides, FP8 forward GEMMs on cuBLAS at every M (docs/mismatch.md)
-    matched_kernels: bool = False
+    # sides, FP8 forward GEMMs on cuBLAS at every M (docs/mismatch.md); auto: on where the config allows it and a
+    # start-up self-check finds every product row-invariant on this device (policy/auto_switches.py)
+    matched_kernels: AutoBool = False
     cuda_graphs: bool = True  # capture the decode step on CUDA
     # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
     max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for free KV blocks
@@ -49,7 +50,7 @@ class GenerationConfig(Section):
         if self.backend != "vllm":
             return self
         for key in ("deterministic", "matched_kernels"):
-            if getattr(self, key):
+            if getattr(self, key) is True:  # matched_kernels: auto resolves to off with vLLM
                 raise KeyedValueError(
                     f"policy.generation.{key}: true is the native engine's path (kernels shared with the trainer); "
                     "with backend: vllm set it false (or backend=native)"

@@ -18,7 +18,8 @@ disagree. On CPU the twins run (float64, batch-invariant there too). Backward pa
 
 `ExactParts` names the parts one by one; the exact mode switches all of them, the mismatch ablation
 (`benchmarks/bench_mismatch.py --ablate`) subsets, passed explicitly to `enable_batch_invariant`;
-`policy.generation.matched_kernels` (`match_kernels`) the cheap ones, with the FP8 GEMMs on cuBLAS at every M.
+`policy.generation.matched_kernels` (`match_kernels`) the cheap ones (`matched_parts`: on CUDA the attention, whose
+logprob kernel is per-row already), with the FP8 GEMMs on cuBLAS at every M.
 """
 
 from __future__ import annotations
@@ -91,16 +92,35 @@ NO_EXACT_PARTS = ExactParts.none()
 MATCHED_PARTS = ExactParts.only("attention", "logsumexp")
 
 
+def matched_parts(device: torch.device) -> ExactParts:
+    """The parts `match_kernels` switches on `device`: on CUDA the attention alone, because the fast path's logprob
+    is already one program per row with a fixed reduction order on both sides (`models.logprob_kernels`, whose sums
+    the sampler's fused kernel shares), and it reads the bf16 logits in place where the exact form copies them to
+    float32; elsewhere `MATCHED_PARTS` (the CPU's `torch.logsumexp` makes no such promise)."""
+    return MATCHED_PARTS.without("logsumexp") if device.type == "cuda" else MATCHED_PARTS
+
+
 def match_kernels(model: nn.Module, device: torch.device) -> None:
-    """`policy.generation.matched_kernels`: `MATCHED_PARTS` on both sides, and on a GPU where cuBLAS runs the
-    blockwise FP8 recipe every FP8 forward GEMM there (`precision.convert.use_cublas_fprop`)."""
+    """`policy.generation.matched_kernels`: `matched_parts(device)` on both sides, and on a GPU where cuBLAS runs
+    the blockwise FP8 recipe every FP8 forward GEMM there (`precision.convert.use_cublas_fprop`)."""
     from nemo_jetrl.precision.convert import use_cublas_fprop
     from nemo_jetrl.precision.gemm import gemm_backend
 
-    enable_batch_invariant(model, MATCHED_PARTS)
+    enable_batch_invariant(model, matched_parts(device))
     has_fp8 = any(isinstance(m, (Fp8Linear, Fp8RolloutLinear)) for m in model.modules())
     if has_fp8 and gemm_backend(device) == "scaled_mm":
         use_cublas_fprop(model)
+
+
+def unmatch_kernels(model: nn.Module) -> None:
+    """Undo `match_kernels`: the fast path's attention, log-sum-exp and FP8 forward GEMM choice back (the
+    `matched_kernels: auto` self-check's refusal)."""
+    if exact_parts(model) not in (MATCHED_PARTS, matched_parts(torch.device("cuda"))):
+        raise ValueError(f"unmatch_kernels: the model runs {exact_parts(model)}, not the matched kernels")
+    for module in model.modules():
+        if hasattr(module, "fprop_cublas"):
+            module.fprop_cublas = False
+    delattr(model, _PARTS_ATTR)
 
 
 class BatchInvariantLinear(nn.Linear):

@@ -13,8 +13,9 @@ kernel configuration for every launch. A block a query may not see leaves its ru
 bit unchanged, so a query's result does not depend on how many other queries share its program or how far the
 loop runs: decode, prefill and training give the same bits for the same query. Elsewhere the twin runs
 (`attention_ref`): float64 scores and weights from elementwise products and innermost-dim sums (batch-invariant
-on CPU), rounded once. The trainer's forward (`causal_attention`) takes its gradient from SDPA recomputed over the
-same inputs (the forward bits are what must match the rollout; gradients need not).
+on CPU), rounded once. The trainer's forward (`batch_invariant_train`: padded rows and packed rows) writes each
+query's log-sum-exp too and takes its gradient from flash attention's backward over that output (the forward bits
+are what must match the rollout; gradients need not).
 
 Paged decode (`paged_attention`, continuous batching): one query per row over keys [0, kv_len) of the row, read
 through a block table from one layer's block pools (key j: block table[b, j // page], slot j % page). A row there
@@ -27,7 +28,6 @@ left-padded contiguous cache's decode step for the same keys; the twin gathers t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from nemo_jetrl.precision.kv import kv_dequant
 
@@ -57,8 +57,11 @@ def attention(
     return batch_invariant_kernels.attention(q, k_buf, v_buf, key_valid, start, sm_scale, k_scale, v_scale)
 
 
-def attention_ref(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
-    """The float64 twin of `attention` (same arguments and result layout)."""
+def attention_ref(
+    q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None, with_lse: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The float64 twin of `attention` (same arguments and result layout); with_lse: also each query's natural-log
+    sum of exp(scores) [B, H, S_q] float32 (+inf where it sees no key), as the kernel writes it."""
     bsz, heads, s_q, _ = q.shape
     s_k = k_buf.shape[2]
     k, v = k_buf, v_buf
@@ -69,7 +72,7 @@ def attention_ref(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v
     vt = v.to(q.dtype).double().repeat_interleave(n_rep, dim=1).transpose(-1, -2)  # [B, H, D, S_k]
     start = torch.as_tensor(q_start, device=q.device).reshape(-1, 1)  # [1 | B, 1]
     k_col = torch.arange(s_k, device=q.device)
-    out = []
+    out, lse = [], []
     for lo in range(0, s_q, REF_QUERY_CHUNK):
         qc = q[:, :, lo : lo + REF_QUERY_CHUNK].double()  # [B, H, c, D]
         q_col = start + torch.arange(lo, lo + qc.shape[2], device=q.device)  # [1 | B, c]
@@ -79,8 +82,11 @@ def attention_ref(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v
         top = scores.amax(-1, keepdim=True).nan_to_num(neginf=0.0)  # rows that may see no key: 0
         weights = (scores - top).exp()  # [B, H, c, S_k]
         num = (weights[:, :, :, None, :] * vt[:, :, None, :, :]).sum(-1)  # [B, H, c, D]
-        out.append(num / weights.sum(-1, keepdim=True).clamp_min(1e-300))
-    return torch.cat(out, dim=2).to(q.dtype)
+        total = weights.sum(-1, keepdim=True)  # [B, H, c, 1]
+        out.append(num / total.clamp_min(1e-300))
+        lse.append(torch.where(total > 0, top + total.log(), float("inf"))[..., 0])  # [B, H, c]
+    result = torch.cat(out, dim=2).to(q.dtype)
+    return (result, torch.cat(lse, dim=2).float()) if with_lse else result
 
 
 def paged_attention(
@@ -125,49 +131,10 @@ def gather_pages(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return out.view(FP8) if pool.dtype == FP8 else out
 
 
-class _CausalAttention(torch.autograd.Function):
-    """Forward: `attention` over the sequence itself; backward: SDPA's gradient of the same masked attention."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, key_valid, sm_scale):
-        ctx.save_for_backward(q, k, v, key_valid)
-        ctx.sm_scale = sm_scale
-        return attention(q, k, v, key_valid, 0, sm_scale)
-
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, key_valid = ctx.saved_tensors
-        seq, n_rep = q.shape[2], q.shape[1] // k.shape[1]
-        pos = torch.arange(seq, device=q.device)
-        # causal AND valid, and each query its own key (no fully masked row: the pad rows' grads stay finite)
-        mask = ((pos[None, :] <= pos[:, None]) & key_valid[:, None, :seq].bool()) | torch.eye(
-            seq, dtype=torch.bool, device=q.device
-        )  # [B, S, S]
-        with torch.enable_grad():
-            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-            out = F.scaled_dot_product_attention(
-                qg, kg.repeat_interleave(n_rep, 1), vg.repeat_interleave(n_rep, 1), attn_mask=mask[:, None],
-                scale=ctx.sm_scale,
-            )  # fmt: skip
-            dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), d_out)
-        return dq, dk, dv, None, None
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, sm_scale: float):
-    """The trainer's forward: q [B, H, S, D], k/v [B, H_kv, S, D] of the sequence itself (no cache), key_valid
-    [B, S] -> [B, H, S, D]; differentiable."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return _CausalAttention.apply(q, k, v, key_valid, sm_scale)
-    return attention(q, k, v, key_valid, 0, sm_scale)
-
-
 def decoder_attention(q, k, v, key_valid, kv_cache, layer_idx: int, cache_start, sm_scale: float) -> torch.Tensor:
-    """`decoder_forward`'s attention in the exact mode: q [B, H, S, D] over the sequence itself (k/v [B, H_kv, S, D],
-    the trainer; differentiable) or over the cache after writing k/v at `cache_start` (the rollout; an FP8 cache is
-    read as stored; a paged cache serves the step itself, `paged_attention`). key_valid: [B, S_total] bool.
-    Returns [B, H, S, D]."""
-    if kv_cache is None:
-        return causal_attention(q, k, v, key_valid, sm_scale)
+    """`decoder_forward`'s attention in the exact mode over the rollout's cache: q [B, H, S, D] after writing k/v
+    [B, H_kv, S, D] at `cache_start` (an FP8 cache is read as stored; a paged cache serves the step itself,
+    `paged_attention`). key_valid: [B, S_total] bool. Returns [B, H, S, D]. (The trainer's: `batch_invariant_train`.)"""
     if kv_cache.is_paged:  # continuous batching: one query per row at its own column, keys through the table
         return kv_cache.exact_decode_attention(layer_idx, q, k, v, cache_start, sm_scale)
     kv_cache.write(layer_idx, k, v, cache_start)

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from nemo_jetrl.models.fused_ops import _TL_DTYPES, _round
-from nemo_jetrl.precision.kernels.triton_quant import _on_device
+from nemo_jetrl.precision.kernels.device import on_device
 
 # One configuration for every launch (decode, prefill, training): the reduction over keys must not change with it.
 ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program
@@ -58,21 +58,37 @@ def _load_kv(base, offsets, in_range, dims, scale, FP8: tl.constexpr, DT: tl.con
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, valid_ptr, start_ptr, ks_ptr, vs_ptr, out_ptr, table_ptr,
+    q_ptr, k_ptr, v_ptr, valid_ptr, start_ptr, ks_ptr, vs_ptr, out_ptr, table_ptr, lse_ptr, cu_ptr,
     S_q, S_k, kv_heads, sm_scale,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos, stable,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos, stable, slse,
     N_REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
+    VARLEN: tl.constexpr = False, WRITE_LSE: tl.constexpr = False,
 ):  # fmt: skip
     # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile row r: query s = r // N_REP of head hk * N_REP + r % N_REP.
     # Keys are visited in blocks of BLOCK_N aligned to the row's first valid key column `lead`, up to the tile's
     # last query; a block whose keys a row may not see leaves that row's state bit for bit unchanged.
     # PAGED: k/v are one layer's block pools [blocks, H_kv, PAGE, D] (skb / svb: the block stride) read through the
     # row's block table; the row's keys are columns [0, S_k) with no padding, so `lead` is 0 and every key is valid.
+    # VARLEN: one packed row; "row" b is the segment [cu[b], cu[b+1]) of it, its queries and keys its own tokens
+    # (S_q = S_k = its length, no padding: `lead` 0, every key valid), so a token's key blocks start at its
+    # sequence's first token as in the padded layout (same blocks, same bits).
+    # WRITE_LSE: also the natural-log sum of exp(scores) per query, to lse [H, rows] at lse_ptr + head * slse + the
+    # query's row (b * S_q + s; VARLEN: cu[b] + s); +inf where a query sees no key (flash attention's convention).
     pid_bh, pid_m = tl.program_id(0), tl.program_id(1)
     b = pid_bh // kv_heads
     hk = pid_bh % kv_heads
     b64 = b.to(tl.int64)
+    row0 = b64 * S_q  # the query row of (b, s = 0) in lse
+    if VARLEN:
+        row0 = tl.load(cu_ptr + b).to(tl.int64)
+        S_q = tl.load(cu_ptr + b + 1) - row0.to(tl.int32)
+        S_k = S_q
+        q_ptr += row0 * sqs
+        k_ptr += row0 * sks
+        v_ptr += row0 * svs
+        out_ptr += row0 * sos
+        b64 = b64 * 0
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     s_idx = rows // N_REP
     head = hk * N_REP + rows % N_REP
@@ -86,7 +102,9 @@ def _attention_kernel(
     hi = tl.minimum(q0 + last_s + 1, S_k)  # one past the tile's last query column
     valid_row = valid_ptr + b64 * svalb
     table_row = table_ptr + b64 * stable
-    if PAGED:
+    if VARLEN:  # a tile past the segment's last query visits no key
+        hi = tl.where(pid_m * BLOCK_M < S_q * N_REP, hi, 0)
+    if PAGED or VARLEN:  # PAGED: skb / svb step blocks, not rows; VARLEN: k_ptr / v_ptr start at the segment
         lead = 0
         k_base = k_ptr + hk * skh
         v_base = v_ptr + hk * svh
@@ -106,7 +124,7 @@ def _attention_kernel(
     for start in range(lead, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         in_range = cols < hi
-        if PAGED:
+        if PAGED or VARLEN:
             valid = in_range
         else:
             valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
@@ -126,6 +144,9 @@ def _attention_kernel(
     out = acc / tl.maximum(l_i, 1e-30)[:, None]  # a row that may see no key gives 0
     o_ptrs = out_ptr + b64 * sob + head[:, None].to(tl.int64) * soh + s_idx[:, None].to(tl.int64) * sos + dims[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("inf"))  # [BM]
+        tl.store(lse_ptr + head.to(tl.int64) * slse + row0 + s_idx, lse, mask=row_ok)
 
 
 def attention(
@@ -138,10 +159,12 @@ def attention(
     k_scale=None,
     v_scale=None,
     config: tuple[int, int, int] | None = None,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]. config: (query rows per
     program, warps, pipeline stages), default (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES); the GPU tests check which
-    configs give the default's bits."""
+    configs give the default's bits. lse: a float32 [H, B * S_q] the kernel fills with each query's log-sum-exp
+    (row b * S_q + s; the trainer's forward, `batch_invariant_train`)."""
     bsz, heads, s_q, dim = q.shape
     block_m, warps, stages = config or (DECODE_CONFIG if s_q == 1 else (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES))
     _, kv_heads, s_k, _ = k_buf.shape
@@ -150,17 +173,43 @@ def attention(
     n_rep = heads // kv_heads
     grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
     ones = q_start  # any pointer fills the scale slots of a high-precision cache (never read)
-    with _on_device(q):
+    with on_device(q):
         _attention_kernel[grid](
             q, k_buf, v_buf, key_valid, q_start, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones, out,
-            ones, s_q, s_k, kv_heads, float(sm_scale),
+            ones, ones if lse is None else lse, ones, s_q, s_k, kv_heads, float(sm_scale),
             *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
             0 if q_start.dim() == 0 else q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), 0,
+            0 if lse is None else lse.stride(0),
             N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
-            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", PAGE=1, PAGED=False, num_warps=warps,
-            num_stages=stages,
+            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", PAGE=1, PAGED=False, WRITE_LSE=lse is not None,
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out.transpose(1, 2)  # [B, H, S_q, D]
+
+
+def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-segment causal attention over one packed row, q [1, H, T, D], k / v [1, H_kv, T, D] (bf16 / fp16 / fp32,
+    head dim contiguous), segments cu_seqlens int32 [n + 1] of at most max_seqlen tokens: each query the kernel
+    of `attention` over its own sequence's keys (the training configuration). Returns (out [1, H, T, D],
+    lse float32 [H, T])."""
+    _, heads, total, dim = q.shape
+    kv_heads = k.shape[1]
+    n_rep = heads // kv_heads
+    out = torch.empty((1, total, heads, dim), dtype=q.dtype, device=q.device)  # [1, T, H, D]
+    lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)  # [H, T]
+    zero = torch.zeros((), dtype=torch.int64, device=q.device)  # every query's column is its index in its segment
+    segments = cu_seqlens.numel() - 1
+    grid = (segments * kv_heads, triton.cdiv(max(max_seqlen, 1) * n_rep, ATTN_BLOCK_M))
+    with on_device(q):
+        _attention_kernel[grid](
+            q, k, v, zero, zero, zero, zero, out, zero, lse, cu_seqlens, 0, 0, kv_heads, float(sm_scale),
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], 0, 0, out.stride(0), out.stride(2), out.stride(1), 0,
+            lse.stride(0),
+            N_REP=n_rep, D=dim, BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, KV_FP8=False, DT=_TL_DTYPES[q.dtype],
+            HW_CAST=True, PAGE=1, PAGED=False, VARLEN=True, WRITE_LSE=True, num_warps=ATTN_WARPS,
+            num_stages=ATTN_STAGES,
+        )  # fmt: skip
+    return out.transpose(1, 2), lse  # [1, H, T, D], [H, T]
 
 
 def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
@@ -175,12 +224,12 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=No
     n_rep = heads // kv_heads
     q_start = kv_len - 1  # [B] the query's column: the row's last key
     grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
-    with _on_device(q):
+    with on_device(q):
         _attention_kernel[grid](
             q, k_pool, v_pool, block_table, q_start, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len,
-            out, block_table, s_q, block_table.shape[1] * page, kv_heads, float(sm_scale),
+            out, block_table, kv_len, kv_len, s_q, block_table.shape[1] * page, kv_heads, float(sm_scale),
             *q.stride()[:3], *k_pool.stride()[:3], *v_pool.stride()[:3], 0,
-            q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), block_table.stride(0),
+            q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), block_table.stride(0), 0,
             N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
             HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", PAGE=page, PAGED=True, num_warps=warps,
             num_stages=stages,
@@ -211,6 +260,6 @@ def row_logsumexp(x2: torch.Tensor) -> torch.Tensor:
     """x2 [R, V] fp32 (V contiguous) -> [R] fp32 log-sum-exp, one program per row."""
     out = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
     if x2.shape[0]:
-        with _on_device(x2):
+        with on_device(x2):
             _row_logsumexp_kernel[(x2.shape[0],)](x2, out, x2.shape[1], x2.stride(0), BLOCK=LSE_BLOCK, num_warps=8)
     return out

@@ -26,6 +26,11 @@ then writes its plain output, as the trainer's does, and the FP8 linear quantize
 FP32 activations the fused norm + FP8 kernel's sum of squares rounds unlike the plain norm kernel's (an exact-mode
 FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused one, H100).
 
+Activation checkpointing (`activation_checkpointing=True`, `policy.dtensor_cfg.activation_checkpointing`): under
+autograd each layer runs through `models/recompute.py`, keeping only its inputs (x, delta) and recomputing its
+activations in the backward, bit for bit (the FP8 weights come from their caches; a hook's `replay` runs instead of
+the hook itself).
+
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
 """
@@ -33,16 +38,19 @@ tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from nemo_jetrl.models import batch_invariant_attention
+from nemo_jetrl.models import batch_invariant_attention, batch_invariant_train
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
+from nemo_jetrl.models.recompute import checkpoint_layer, recomputes
 from nemo_jetrl.models.sdpa import sdpa
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype
 from nemo_jetrl.precision.shared_input import shared_input_quant
@@ -57,7 +65,9 @@ except ImportError:  # pragma: no cover
     fused_ops = fused_train_ops = None
 
 # attn_hook(layer_idx, q, k, v) -> (q, k, v); q: [B, H, S, D], k/v: [B, H_kv, S, D] of the new tokens only, after
-# RoPE and q/k-norm, cast to the attention dtype, before the KV cache write.
+# RoPE and q/k-norm, cast to the attention dtype, before the KV cache write. A hook with side effects (a calibrator
+# observing Q/K/V) carries `replay`: the same transform without them, which a recomputed forward calls instead
+# (models/recompute.py).
 AttnHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -154,7 +164,7 @@ def _self_attention(
     glue: a fused-kernel module (`fused_ops`, `fused_train_ops`) or None (eager); grouped: one GEMM over the
     shared q/k/v FP8 buffer; mask None: causal attention without a mask (no cache, right-padded rows); mask
     PackedRows: varlen causal attention over one packed row; key_valid [B, S_total] bool: the exact mode's
-    batch-invariant attention (mask unused)."""
+    batch-invariant attention (the trainer's over padded rows, or over the packed row of a PackedRows mask)."""
     apply_rotary_pos_emb, repeat_kv = _hf_attention_helpers(attn)
     bsz, seq = x.lead_shape if isinstance(x, QuantizedInput) else x.shape[:2]
     head_dim = attn.head_dim
@@ -178,7 +188,10 @@ def _self_attention(
     q, k, v = q.to(attn_dtype), k.to(attn_dtype), v.to(attn_dtype)
     if attn_hook is not None:
         q, k, v = attn_hook(layer_idx, q, k, v)
-    if key_valid is not None:
+    if key_valid is not None and kv_cache is None:  # the trainer's, padded or packed rows (the rollout's kernel)
+        rows = mask if isinstance(mask, PackedRows) else key_valid
+        out = batch_invariant_train.trainer_attention(q, k, v, rows, attn.scaling)  # [B, H, S, D]
+    elif key_valid is not None:
         out = batch_invariant_attention.decoder_attention(
             q, k, v, key_valid, kv_cache, layer_idx, cache_start, attn.scaling
         )  # [B, H, S, D]
@@ -249,6 +262,7 @@ def decoder_forward(
     causal_attention: bool = False,
     packed: PackedRows | None = None,
     right_padded: bool | None = None,
+    activation_checkpointing: bool = False,
 ) -> torch.Tensor:
     """Hidden states after the final norm, [B, S, H].
 
@@ -257,6 +271,8 @@ def decoder_forward(
     has a pad before a real token (else the explicit mask, as always); `right_padded` says so where the caller
     knows (None: checked on the device, a host sync a captured step cannot make). packed: one packed row (B = 1,
     no cache, position_ids = packed.position_ids) attending per sequence (models/packed.py).
+    activation_checkpointing: under autograd and without a cache, each layer keeps only its inputs and recomputes
+    its activations in the backward (models/recompute.py; same numbers, bit for bit).
 
     input_ids / position_ids: [B, S]; attention_mask: [B, S_total] (1 real, 0 pad) over every key the queries may
     see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions
@@ -283,8 +299,8 @@ def decoder_forward(
         raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
     backbone = _backbone(model)
     parts = exact_parts(model)  # the exact mode: all; the mismatch ablation / matched kernels: some
-    if parts.attention and (causal_attention or packed is not None):
-        raise ValueError("decoder_forward: causal / packed attention rounds unlike the rollout; exact mode refuses it")
+    if parts.attention and causal_attention:
+        raise ValueError("decoder_forward: causal attention rounds unlike the rollout; exact mode refuses it")
     if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):
         raise ValueError(f"decoder_forward: packed rows need one row of {packed.width} tokens and no kv_cache")
     with compute_context(model, input_ids.device, compute_dtype):
@@ -306,16 +322,46 @@ def decoder_forward(
         # bitwise (exact / matched kernels): with FP32 activations its sum of squares rounds unlike the trainer's norm
         norm_quant = grouped and not parts.any
         glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
+        shared = _LayerInputs(cos_sin, mask, kv_cache, cache_start, compute_dtype, glue, grouped, key_valid, norm_quant)
+        recompute = recomputes(activation_checkpointing, kv_cache)
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if norm_quant else ()
-            x, h = _add_norm(x, delta, layer.input_layernorm, glue, qkv)
-            attn_out = _self_attention(
-                attn, layer_idx, h, cos_sin, mask, kv_cache, cache_start, attn_hook, compute_dtype, glue, grouped,
-                key_valid,
-            )  # fmt: skip
-            gate_up = (mlp.gate_proj, mlp.up_proj) if norm_quant and hasattr(mlp, "gate_proj") else ()
-            x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, glue, gate_up)
-            delta = _mlp(mlp, h, glue, grouped)
+            run = functools.partial(_decoder_layer, shared, layer_idx, layer)
+            x, delta = checkpoint_layer(run, x, delta, attn_hook) if recompute else run(x, delta, attn_hook)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
+
+
+@dataclass(frozen=True)
+class _LayerInputs:
+    """What every decoder layer of one forward reads besides its own modules, x and delta."""
+
+    cos_sin: tuple[torch.Tensor, torch.Tensor]  # 2 x [B, S, D]
+    mask: torch.Tensor | PackedRows | None
+    kv_cache: KVCache | None
+    cache_start: int | torch.Tensor
+    compute_dtype: torch.dtype | None
+    glue: object  # fused_ops | fused_train_ops | None
+    grouped: bool
+    key_valid: torch.Tensor | None
+    norm_quant: bool
+
+
+def _decoder_layer(
+    shared: _LayerInputs,
+    layer_idx: int,
+    layer: nn.Module,
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    attn_hook: AttnHook | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer: (x, delta) -> (x + delta + attention, the MLP's output), x / delta / outputs [B, S, H]."""
+    s, attn, mlp = shared, layer.self_attn, layer.mlp
+    qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if s.norm_quant else ()
+    x, h = _add_norm(x, delta, layer.input_layernorm, s.glue, qkv)
+    attn_out = _self_attention(
+        attn, layer_idx, h, s.cos_sin, s.mask, s.kv_cache, s.cache_start, attn_hook, s.compute_dtype, s.glue,
+        s.grouped, s.key_valid,
+    )  # fmt: skip
+    gate_up = (mlp.gate_proj, mlp.up_proj) if s.norm_quant and hasattr(mlp, "gate_proj") else ()
+    x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, s.glue, gate_up)
+    return x, _mlp(mlp, h, s.glue, s.grouped)

@@ -1,7 +1,8 @@
 """Fused rollout kernels for the decoder's elementwise glue: residual add + RMSNorm, q/k-norm + RoPE, SiLU * up.
 
 A decode step of an 8B model is ~50 small kernels per layer in eager PyTorch (HF RMSNorm alone is 6, RoPE 4 per
-tensor); each costs 2-3 us even inside a CUDA graph, ~30% of the step. These Triton kernels do each group in one
+tensor), each a launch even inside a CUDA graph (docs/performance_history.md, "What each pass changed"). These
+Triton kernels do each group in one
 pass with the SAME per-op roundings as the HF modules they replace (every intermediate rounded to the dtype
 PyTorch's type promotion gives it), so the only differences from the eager path are the FP32 reduction order
 of the RMSNorm variance and the `rsqrt`/`exp` implementations (last-bit effects; tests bound them).

@@ -1,8 +1,8 @@
 """Differentiable fused glue for the trainer on CUDA: residual add + RMSNorm, q/k-norm + RoPE, SiLU * up.
 
-Eager HF glue costs about as much as the decoder's GEMMs in a training step (Qwen3-8B shape, 4K tokens, H200:
-RMSNorm fwd+bwd 0.8 ms per norm, q-norm 0.9 ms, RoPE 0.8 ms, SiLU*up 0.5 ms per layer, each a chain of
-fp32 temporaries). Here each group is one Triton kernel forward and one backward:
+Eager HF glue, each op a chain of fp32 temporaries, costs about as much as the decoder's GEMMs in a training step
+(docs/performance_history.md, "Captured micro-batches and grouped FP8 GEMMs"). Here each group is one Triton
+kernel forward and one backward:
 
 - forward: the rollout's kernels from `fused_ops` (same per-op roundings as the HF modules), so the trainer's
   forward runs the very glue kernels the rollout's fused decode runs;

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nemo_jetrl.precision.kernels.triton_quant import _on_device
+from nemo_jetrl.precision.kernels.device import on_device
 
 LOGPROB_BLOCK = 4096  # vocabulary entries per step of a row's reduction (fixed: the reduction order never changes)
 GRAD_BLOCK = 4096  # vocabulary entries per backward program
@@ -90,7 +90,7 @@ def logprob_forward(
     lse = torch.empty_like(logp)
     if rows:
         inv_t, scale = _inverse(temperature)
-        with _on_device(logits):
+        with on_device(logits):
             _logprob_fwd_kernel[(rows,)](
                 logits, tokens, logp, lse, vocab, logits.stride(0), inv_t, SCALE=scale, BLOCK=LOGPROB_BLOCK,
                 num_warps=8,
@@ -106,7 +106,7 @@ def logprob_backward(
     grad = torch.empty_like(logits)
     if rows:
         inv_t, scale = _inverse(temperature)
-        with _on_device(logits):
+        with on_device(logits):
             _logprob_bwd_kernel[(rows, triton.cdiv(vocab, GRAD_BLOCK))](
                 logits, tokens, lse, grad_logp.float(), grad, vocab, logits.stride(0), grad.stride(0), inv_t,
                 SCALE=scale, BLOCK=GRAD_BLOCK, num_warps=8,

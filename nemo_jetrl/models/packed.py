@@ -12,10 +12,11 @@ rounding slots split into segments of at most L, so that the varlen kernel's gri
 
 Attention (`varlen_causal_attention`): on CUDA in bf16/fp16, torch's flash-attention varlen kernel
 (`torch.nn.attention.varlen.varlen_attn`, cu_seqlens as flash-attn takes them); elsewhere its twin, SDPA with the
-block-diagonal causal mask (exact per-sequence attention). FP8 linears see the same tokens: the 1x128 activation
-groups are per token (FProp and DGrad unchanged), while the WGrad operands' groups of 128 tokens along M gather
-other tokens than in the padded layout (no pad tokens among them), so their scales, and the gradient's last bits,
-differ (docs/performance.md).
+block-diagonal causal mask (exact per-sequence attention); the exact mode and matched kernels run the rollout's
+kernel in its varlen form instead (`batch_invariant_train.packed_attention`). FP8 linears see the same tokens: the
+1x128 activation groups are per token (FProp and DGrad unchanged), while the WGrad operands' groups of 128 tokens
+along M gather other tokens than in the padded layout (no pad tokens among them), so their scales, and the
+gradient's last bits, differ (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.models.decoder import AttnHook, decoder_forward
+from nemo_jetrl.models.decoder import AttnHook, compute_context, decoder_forward
 from nemo_jetrl.models.packed import PackedRows
-from nemo_jetrl.models.scoring import LOGPROB_CHUNK_ELEMENTS, scored_tokens_only, target_logprobs, vocab_size
+from nemo_jetrl.models.scoring import LOGPROB_CHUNK_ELEMENTS, chunk_logprobs, scored_tokens_only, vocab_size
 
 
 def packed_sequence_logprobs(
@@ -23,6 +23,7 @@ def packed_sequence_logprobs(
     pack_round: int,
     host_mask: torch.Tensor | None = None,
     packing: PackedRows | None = None,
+    activation_checkpointing: bool = False,
 ) -> torch.Tensor:
     """`sequence_logprobs` with the rows' real tokens packed into one row; logits in token chunks of at most
     LOGPROB_CHUNK_ELEMENTS floats. The rounding slots hold the batch's first pad id (0 without pads).
@@ -39,13 +40,12 @@ def packed_sequence_logprobs(
     ids = torch.where(packing.real(), packing.pack(input_ids), fill)  # [1, T]
     hidden = decoder_forward(
         model, ids, packing.position_ids, packing.real().long(), attn_hook=attn_hook, compute_dtype=compute_dtype,
-        fused_train=fused_train, packed=packing,
+        fused_train=fused_train, packed=packing, activation_checkpointing=activation_checkpointing,
     )[0, :-1]  # [T-1, H]: slot t predicts slot t+1  # fmt: skip
     step = max(1, LOGPROB_CHUNK_ELEMENTS // vocab_size(model))
-    pieces = [
-        target_logprobs(model, hidden[lo : lo + step], ids[0, lo + 1 : lo + 1 + step], temperature, compute_dtype)
-        for lo in range(0, hidden.shape[0], step)
-    ]  # [n] each
+    chunk = chunk_logprobs(model, temperature, compute_dtype, activation_checkpointing)
+    with compute_context(model, hidden.device, compute_dtype):  # one autocast copy of lm_head for all chunks
+        pieces = [chunk(hidden[lo : lo + step], ids[0, lo + 1 : lo + 1 + step]) for lo in range(0, len(hidden), step)]
     flat = torch.cat(pieces) if pieces else torch.zeros(0, device=hidden.device)  # [T-1]
     logp = packing.unpack(F.pad(flat, (1, 0))[None])  # [B, S]: each token's logp from its predecessor
     return scored_tokens_only(logp[:, 1:], real)  # the padded path's zeros (a row's first real token has no context)

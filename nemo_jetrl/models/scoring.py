@@ -7,6 +7,8 @@ compare the rollout's own logprobs against; `compute_logits` is the lm_head both
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,7 @@ from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import AttnHook, compute_context, decoder_forward, position_ids_from_mask
 from nemo_jetrl.models.logprobs import token_logprobs
 from nemo_jetrl.models.packed import PackedRows
+from nemo_jetrl.models.recompute import checkpoint_call, recomputes
 
 # Upper bound on the elements of one float32 logits chunk in `sequence_logprobs` (64M floats = 256 MiB).
 LOGPROB_CHUNK_ELEMENTS = 1 << 26
@@ -41,6 +44,7 @@ def sequence_logprobs(
     pack_round: int | None = None,
     host_mask: torch.Tensor | None = None,
     packing: PackedRows | None = None,
+    activation_checkpointing: bool = False,
 ) -> torch.Tensor:
     """Per-token logprobs [B, S] float32 in the shared layout.
 
@@ -56,6 +60,8 @@ def sequence_logprobs(
     causal attention (models/packed.py; causal_attention then changes nothing); the result is in the [B, S] layout.
     host_mask: attention_mask on the host, where the caller has it (the packing is planned there, no host sync).
     packing: the rows' packing planned by the caller (on the device, e.g. a fixed-shape one): packed as pack_round.
+    activation_checkpointing: under autograd, each decoder layer and each logits chunk recomputes its activations
+    in the backward instead of keeping them (models/recompute.py; same numbers).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -71,16 +77,19 @@ def sequence_logprobs(
 
         return packed_sequence_logprobs(
             model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round or 1,
-            host_mask, packing,
+            host_mask, packing, activation_checkpointing,
         )  # fmt: skip
     if causal_attention:
         index = left_align_index(attention_mask)  # [B, S]
         logp = _sequence_logprobs(
             model, input_ids.gather(1, index), attention_mask.gather(1, index), temperature, compute_dtype, attn_hook,
-            fused_train, causal_attention=True,
+            fused_train, causal_attention=True, activation_checkpointing=activation_checkpointing,
         )  # fmt: skip
         return torch.zeros_like(logp).scatter(1, index, logp)  # [B, S]
-    return _sequence_logprobs(model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train)
+    return _sequence_logprobs(
+        model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train,
+        activation_checkpointing=activation_checkpointing,
+    )  # fmt: skip
 
 
 def left_align_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -100,20 +109,21 @@ def _sequence_logprobs(
     attn_hook: AttnHook | None,
     fused_train: bool,
     causal_attention: bool = False,
+    activation_checkpointing: bool = False,
 ) -> torch.Tensor:
     bsz, seq = input_ids.shape
     position_ids = position_ids_from_mask(attention_mask)
     hidden = decoder_forward(
         model, input_ids, position_ids, attention_mask, attn_hook=attn_hook, compute_dtype=compute_dtype,
         fused_train=fused_train, causal_attention=causal_attention, right_padded=True if causal_attention else None,
+        activation_checkpointing=activation_checkpointing,
     )  # [B, S, H]  # fmt: skip
     hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
     targets = input_ids[:, 1:]  # [B, S-1]
     rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab_size(model)))
-    pieces = [
-        target_logprobs(model, hidden[lo : lo + rows], targets[lo : lo + rows], temperature, compute_dtype)
-        for lo in range(0, bsz, rows)
-    ]  # [b, S-1] each
+    chunk = chunk_logprobs(model, temperature, compute_dtype, activation_checkpointing)
+    with compute_context(model, hidden.device, compute_dtype):  # one autocast copy of lm_head for all chunks
+        pieces = [chunk(hidden[lo : lo + rows], targets[lo : lo + rows]) for lo in range(0, bsz, rows)]  # [b, S-1]
     logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
     return scored_tokens_only(logp, attention_mask)
 
@@ -127,6 +137,18 @@ def scored_tokens_only(logp: torch.Tensor, attention_mask: torch.Tensor) -> torc
 
 def vocab_size(model: nn.Module) -> int:
     return model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
+
+
+def chunk_logprobs(model: nn.Module, temperature: float, compute_dtype, activation_checkpointing: bool):
+    """`fn(hidden [..., H], targets [...]) -> logprobs [...]` of one logits chunk (`target_logprobs`); with
+    activation checkpointing under autograd its logits are recomputed in the backward instead of kept. Callers run
+    every chunk inside one `compute_context`: autocast then casts an FP32 lm_head to BF16 once for all of them (a
+    context per chunk would keep one BF16 copy of the lm_head weight per chunk for the backward)."""
+
+    def run(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return target_logprobs(model, hidden, targets, temperature, compute_dtype)
+
+    return functools.partial(checkpoint_call, run) if recomputes(activation_checkpointing) else run
 
 
 def target_logprobs(

@@ -7,7 +7,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
-from nemo_jetrl.config.section import FiniteFloat, NonEmptyStr, NonNegativeFloat, PositiveFloat, PositiveInt, Section
+from nemo_jetrl.config.section import (
+    AutoBool,
+    FiniteFloat,
+    NonEmptyStr,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+)
 from nemo_jetrl.generation.config import GenerationConfig
 from nemo_jetrl.policy.lr_scheduler import check_scheduler_config
 from nemo_jetrl.policy.sequence_packing import check_algorithm
@@ -21,7 +29,7 @@ class TokenizerConfig(Section):
 
 
 class OptimizerConfig(Section):
-    """AdamW / Adam. NeMo-RL's spelling (`name: torch.optim.AdamW` + `kwargs:`) is read by config/nemo_rl.py."""
+    """AdamW / Adam. NeMo-RL's spelling (`name: torch.optim.AdamW` + `kwargs:`) is read by schema/nemo_rl.py."""
 
     name: Literal["adamw", "adam"] = "adamw"
     lr: PositiveFloat = 5.0e-5
@@ -46,8 +54,11 @@ class DTensorConfig(Section):
     accepted without effect or refused in config/nemo_rl_keys.py."""
 
     # T ranks per tensor-parallel group (trainer and its colocated rollout); the Ray workers form W / T
-    # data-parallel groups (distributed/tensor_parallel.py, docs/cluster.md)
+    # data-parallel groups (policy/parallel/tensor_parallel.py, docs/cluster.md)
     tensor_parallel_size: PositiveInt = 1
+    # each decoder layer keeps only its inputs and recomputes its activations in the backward (models/recompute.py):
+    # same loss and gradients bit for bit, about one forward more per training pass, far less activation memory
+    activation_checkpointing: bool = False
 
 
 class DynamicBatchingConfig(Section):
@@ -64,7 +75,8 @@ class DynamicBatchingConfig(Section):
 class SequencePackingConfig(Section):
     """NeMo-RL's `policy.sequence_packing`: each trainer micro-batch is a bin of sequences within the token budget
     whose real tokens run as one packed row with varlen causal attention (policy/sequence_packing.py,
-    models/packed.py); the rollout is unaffected. Excludes dynamic batching and the exact mode."""
+    models/packed.py; in the exact mode and with matched kernels the rollout's batch-invariant kernel in its
+    varlen form); the rollout is unaffected. Excludes dynamic batching."""
 
     enabled: bool = False
     train_mb_tokens: PositiveInt | None = None  # null = train_micro_batch_size * max_total_sequence_length
@@ -80,6 +92,17 @@ class SequencePackingConfig(Section):
         except ValueError as exc:
             raise KeyedValueError(str(exc)) from None
         return value
+
+
+class MemoryPreflightConfig(Section):
+    """`policy.memory_preflight`: at start-up, the training step's peak device memory estimated from the model shape
+    and this section (algorithms/memory_preflight.py, docs/long_responses.md): printed with the device's capacity;
+    null token budgets of packing / dynamic batching derived so that the step fits; a config that cannot fit
+    refused before any rollout, naming the keys to change."""
+
+    enabled: bool = True
+    capacity_gib: PositiveFloat | None = None  # null = the CUDA device's memory (on a CPU: report only, no refusal)
+    usable_fraction: Annotated[FiniteFloat, Field(gt=0, le=1)] = 0.9  # of the capacity (CUDA context, fragmentation)
 
 
 class PolicyConfig(Section):
@@ -100,8 +123,9 @@ class PolicyConfig(Section):
     train_causal_attention: bool = False  # trainer: causal SDPA on left-aligned rows (faster, not bit-exact)
     # CUDA trainer (local backend): each micro-batch shape's forward + loss + backward captured in a CUDA graph and
     # replayed (policy/train_graphs.py): far fewer host launches (the FP8 trainer is host-bound at small widths);
-    # one micro-batch's activations stay reserved between steps
-    train_cuda_graphs: bool = False
+    # one micro-batch's activations stay reserved between steps. auto: on where correct (a CUDA device, the local
+    # backend, not the exact mode), else off with one start-up line (policy/auto_switches.py)
+    train_cuda_graphs: AutoBool = "auto"
     # prev_logprobs (the trainer's logprobs of the rollout tokens): a separate no-grad forward before training, or the
     # training forward itself (one forward less per step; needs one optimizer step per GRPO step, local backend);
     # auto: train_forward where both hold, else logprob_forward (resolved at validation)
@@ -113,6 +137,7 @@ class PolicyConfig(Section):
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     sequence_packing: SequencePackingConfig = SequencePackingConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
+    memory_preflight: MemoryPreflightConfig = MemoryPreflightConfig()
     fp8_cfg: Fp8Config = Fp8Config()
     generation: GenerationConfig = GenerationConfig()
 
@@ -165,7 +190,7 @@ class PolicyConfig(Section):
 
     def _train_graph_problems(self) -> list[str]:
         """What `train_cuda_graphs: true` cannot capture (it would run eagerly: refused instead of ignored)."""
-        if not self.train_cuda_graphs:
+        if self.train_cuda_graphs is not True:  # auto resolves to off where graphs cannot run
             return []
         problems = []
         if self.generation.deterministic:
@@ -177,10 +202,10 @@ class PolicyConfig(Section):
         """What `policy.generation.deterministic: true` (batch-invariant kernels, trainer == rollout bitwise) or
         `matched_kernels: true` (its cheap parts on the fast path) cannot honour."""
         gen = self.generation
-        if gen.deterministic and gen.matched_kernels:
+        if gen.deterministic and gen.matched_kernels is True:
             return ["policy.generation.deterministic: true already runs every kernel matched_kernels would: set "
                     "policy.generation.matched_kernels: false"]  # fmt: skip
-        if gen.matched_kernels:
+        if gen.matched_kernels is True:  # auto: resolved at start-up (off where this would refuse it)
             return self._shared_kernel_problems("policy.generation.matched_kernels: true")
         if not gen.deterministic:
             return []
@@ -203,11 +228,6 @@ class PolicyConfig(Section):
         if self.train_causal_attention:
             problems.append(
                 f"{mode} runs one attention for rollout and trainer: set policy.train_causal_attention: false"
-            )
-        if self.sequence_packing.enabled:
-            problems.append(
-                f"{mode} scores the rollout's padded rows with its attention (packed rows run varlen attention): "
-                "set policy.sequence_packing.enabled: false"
             )
         if not self.fused_train_kernels:
             problems.append(

@@ -6,7 +6,7 @@
         kwargs: {init_lr: 5.0e-8, max_lr: 5.0e-7, min_lr: 5.0e-8, lr_warmup_steps: 2, lr_decay_steps: 1000,
                  lr_decay_style: constant, start_wd: 0.0, end_wd: 0.0, wd_incr_steps: 500, wd_incr_style: constant}
 
-The arguments are megatron-core's, in GRPO steps (config/nemo_rl_megatron.py writes them from a NeMo-RL
+The arguments are megatron-core's, in GRPO steps (schema/nemo_rl_megatron.py writes them from a NeMo-RL
 `megatron_cfg`). After n steps (n = 0 for the first GRPO step):
 - lr: warm-up `init_lr + (max_lr - init_lr) * n / lr_warmup_steps` while n <= lr_warmup_steps (when > 0); then
   `max_lr` for `constant`; `min_lr` past `lr_decay_steps`; `inverse-square-root`: max(min_lr,

@@ -3,7 +3,7 @@
 One process (`ParallelPlan` "none"): the trainer owns the model object and the native rollout engine runs on the
 very same modules (weights by reference), so in unified FP8 the rollout uses the trainer's cached FP8 weight bits
 and scales. One rank of W (plans "fsdp" / "fsdp_tp", torchrun or a Ray worker): the same class over a sharded
-model and a rollout replica the refit fills (`distributed/sharding.py`); every method is then collective (all
+model and a rollout replica the refit fills (`policy/parallel/sharding.py`); every method is then collective (all
 ranks, same order, same arguments) and returns the one-process result on every rank.
 """
 
@@ -15,11 +15,10 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.distributed.parallel_plan import ParallelPlan
-from nemo_jetrl.distributed.sharding import full_state, lay_out_trainer, load_full_state
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.models.scoring import PolicyLogprobs
+from nemo_jetrl.policy.auto_switches import announce, apply_matched_kernels, resolve_train_cuda_graphs
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are imported from here too
@@ -27,6 +26,8 @@ from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are importe
     NonFiniteStateError,
     nonfinite_model_state,
 )
+from nemo_jetrl.policy.parallel.plan import ParallelPlan
+from nemo_jetrl.policy.parallel.sharding import full_state, lay_out_trainer, load_full_state
 from nemo_jetrl.policy.train_graphs import MicroBatchGraphs
 from nemo_jetrl.policy.trainer_core import TrainerCore
 from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels
@@ -101,20 +102,18 @@ class NativePolicy(TrainerCore, PolicyInterface):
         self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
         self.train_graphs: MicroBatchGraphs | None = None  # policy.train_cuda_graphs (policy/train_graphs.py)
-        if cfg.get("train_cuda_graphs"):
-            if device.type != "cuda" or self.plan.distributed:
-                raise ValueError(
-                    f"policy.train_cuda_graphs: true needs one CUDA device (the trainer runs on {device}, "
-                    f"{self.plan.world_size} rank(s): captured micro-batches cannot hold the sharded trainer's "
-                    "collectives); set policy.train_cuda_graphs: false"
-                )
+        graphs, line = (False, None) if self._graphs_off_on_ranks() else resolve_train_cuda_graphs(cfg, device)
+        announce(line)  # auto: on one CUDA device where correct
+        if graphs:
             self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
         self._fp8_stale = self.refitter is not None  # the replica's FP8 bits predate the master weights
         self._refit_bytes = 0  # bytes the refits assembled since the last prepare_refit report
         self._fp8_gathered(count=False)
 
     def _choose_kernels(self, model: torch.nn.Module, recipe: PrecisionRecipe, device: torch.device) -> None:
-        """Kernel choices both sides share, set on the model before a replica is copied from it."""
+        """Kernel choices both sides share, set on the model before a replica is copied from it. `matched_kernels:
+        auto` runs the start-up self-check in one process; on several ranks it is off (the placement says so:
+        `auto_switches.worker_switch_lines`), `true` runs them there too."""
         if self.cfg["generation"]["deterministic"]:  # the exact mode: batch-invariant kernels on both sides
             if not recipe.unified:
                 raise ValueError(
@@ -122,8 +121,25 @@ class NativePolicy(TrainerCore, PolicyInterface):
                     "policy.fp8_cfg.train_kv_fake_quant with an FP8 KV cache)"
                 )
             enable_batch_invariant(model)
-        elif self.cfg["generation"]["matched_kernels"]:
-            match_kernels(model, device)
+        elif self.plan.distributed:
+            if self.cfg["generation"]["matched_kernels"] is True:
+                match_kernels(model, device)
+        else:  # true, or auto: where the config allows it and the start-up self-check passes
+            _, line = apply_matched_kernels(model, self.cfg, recipe, device, self.compute_dtype)
+            announce(line)
+
+    def _graphs_off_on_ranks(self) -> bool:
+        """Several ranks: no captured micro-batches (they cannot hold the sharded trainer's collectives); `auto` is
+        off there and `true` refused (`cluster_config.multi_rank_problems`; here for a trainer built in code)."""
+        if not self.plan.distributed:
+            return False
+        if self.cfg["train_cuda_graphs"] is True:
+            raise ValueError(
+                f"policy.train_cuda_graphs: true needs one CUDA device (the trainer runs on {self.device}, "
+                f"{self.plan.world_size} rank(s): captured micro-batches cannot hold the sharded trainer's "
+                "collectives); set policy.train_cuda_graphs: false"
+            )
+        return True
 
     @property
     def has_reference(self) -> bool:
@@ -190,7 +206,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
         calibrator's, bit for bit); None when no rank recorded anything. Collective on several ranks."""
         if not self.plan.distributed:
             return self.kv_calibrator.scales() if self.kv_calibrator.num_micro_batches else None
-        from nemo_jetrl.distributed.kv_sync import scales_from_records
+        from nemo_jetrl.policy.parallel.kv_sync import scales_from_records
 
         records = self.plan.gather([r.cpu() for r in self.kv_calibrator.records])
         if not records:
@@ -221,7 +237,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
     # ---------------------------------------------------------------- refit
     def _fp8_gathered(self, count: bool = True) -> None:
         """Sharded plans: gather the FP8 bits (and the rest the rollout reads) of the current master weights into
-        the rollout replica, which the trainer's FP8 linears read too (`distributed/fp8_gather.py`); once per
+        the rollout replica, which the trainer's FP8 linears read too (`policy/parallel/fp8_gather.py`); once per
         optimizer step. Collective. `count`: the bytes go into the next step's `allgather_bytes` (not those of
         setting the trainer up or loading a checkpoint, nor FSDP2's gathers before then)."""
         if self.refitter is None or not self._fp8_stale:

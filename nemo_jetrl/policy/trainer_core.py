@@ -1,4 +1,4 @@
-"""The trainer core, written once for every parallel plan (`distributed/parallel_plan.py`): the micro-batch loops
+"""The trainer core, written once for every parallel plan (`policy/parallel/plan.py`): the micro-batch loops
 of a logprob pass and of an optimizer step, the loss, the non-finite checks, the Q/K/V observation for the FP8 KV
 scales, captured micro-batches (`policy.train_cuda_graphs`), packing / dynamic batching, prev_logprobs from the
 training forward. One process is the plan "none" (world size 1): no collective, no dummy, nothing gathered.
@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 import torch
 
-from nemo_jetrl.distributed.fsdp import clip_grads, total_grad_norm
-from nemo_jetrl.distributed.tensor_parallel import reduce_head_local_grads
 from nemo_jetrl.models.packed import PackedRows
 from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch, metrics_to_floats
 from nemo_jetrl.policy.micro_batches import MicroBatch, plan_micro_batches, token_budget
 from nemo_jetrl.policy.nonfinite import NonFiniteError, first_nonfinite_in_step, fp8_weights_finite
+from nemo_jetrl.policy.parallel.fsdp import clip_grads, total_grad_norm
+from nemo_jetrl.policy.parallel.tensor_parallel import reduce_head_local_grads
 from nemo_jetrl.policy.sequence_packing import fixed_packed_window
 from nemo_jetrl.policy.train_graphs import MicroBatchGraphs, batch_key, requantize_fp8_in_place
 from nemo_jetrl.precision import invalidate_fp8_caches

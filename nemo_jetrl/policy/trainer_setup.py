@@ -39,12 +39,14 @@ def build_optimizer(params, opt_cfg: Mapping[str, Any]) -> torch.optim.Optimizer
 def trainer_kernels(policy_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """`sequence_logprobs` keywords from `policy.fused_train_kernels` (glue kernels; None = wherever they run, i.e.
     CUDA), `policy.train_causal_attention` (opt-in: faster, not bit-exact with the rollout) and
-    `policy.sequence_packing` (each micro-batch's real tokens as one packed row)."""
+    `policy.sequence_packing` (each micro-batch's real tokens as one packed row) and
+    `policy.dtensor_cfg.activation_checkpointing` (each decoder layer recomputed in the backward)."""
     packing = policy_cfg.get("sequence_packing") or {}
     return {
         "fused_train": None if policy_cfg["fused_train_kernels"] else False,
         "causal_attention": policy_cfg["train_causal_attention"],
         "pack_round": int(packing["sequence_length_round"]) if packing.get("enabled") else None,
+        "activation_checkpointing": bool((policy_cfg.get("dtensor_cfg") or {}).get("activation_checkpointing")),
     }
 
 

@@ -31,7 +31,7 @@ class Fp8Config(Section):
     # place; otherwise said at start and left on cuBLAS / Triton); NeMo-RL's generation.vllm_cfg.use_deep_gemm maps here
     use_deep_gemm: bool = False
     # false: each backward makes the DGrad copy W^T of an FP8 weight (its bytes transposed) and frees it after its
-    # GEMM; true: kept until the weight changes (1 byte per weight more for the whole run; ~1% faster at 4K tokens)
+    # GEMM; true: kept until the weight changes (1 byte per weight more for the whole run; docs/performance_history.md, "FP8 trainer memory")
     cache_dgrad_weight: bool = False
 
     @field_validator("block_size")
@@ -85,7 +85,7 @@ def recipe_problems(policy, cluster_backend: str) -> list[str]:
             f"{key} with policy.generation.deterministic: true is not supported: the batch-invariant FP8 GEMM is "
             f"{exact}; use fp8_recipe: {exact}"
         )
-    if policy.generation.matched_kernels and not features.exact_gemm:
+    if policy.generation.matched_kernels is True and not features.exact_gemm:  # auto: off with this recipe
         problems.append(
             f"{key} with policy.generation.matched_kernels: true is not supported: its FP8 forward GEMM is cuBLAS's "
             f"{exact} one; use fp8_recipe: {exact}"

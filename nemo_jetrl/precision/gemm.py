@@ -14,8 +14,8 @@ groups along K (`w_blocks="1x128"`, scale [N, K/128]; the exact DeepSeek/Jet-RL 
 The emulation dequantizes the same FP8 bits with the same scales, multiplies in FP32, then casts. The backend is
 chosen once per device by `gemm_backend(device)` (a probe checks scaled_mm's layouts against the emulation). On
 Hopper, products with at most `SMALL_M_MAX` rows (the rollout's decode batches) may go to a split-K Triton kernel
-(`kernels/triton_gemm.py`): each such shape is timed once against cuBLAS and the faster is kept (at M = 128 on an
-H200 the Triton kernel wins for q/k/v/o/down, cuBLAS for gate/up). `backend="batch_invariant"` (the exact mode)
+(`kernels/triton_gemm.py`): each such shape is timed once against cuBLAS and the faster is kept (which wins where:
+docs/performance_history.md, "Decode GEMMs"). `backend="batch_invariant"` (the exact mode)
 takes `precision.batch_invariant.fp8_mm` for every M: one K order whatever the shape, twin included.
 """
 
@@ -120,9 +120,7 @@ def fp8_blockwise_mm(
             raise ValueError("fp8_blockwise_mm: backend='triton' needs CUDA operands and 128x128 weight tiles")
         from nemo_jetrl.precision.kernels import triton_gemm
 
-        config = triton_gemm.best_config(
-            x_fp8, w_fp8, out_dtype, bias is not None, library if backend == "auto" else None
-        )
+        config = small_m_config(x_fp8, w_fp8, out_dtype, bias is not None, library if backend == "auto" else None)
         if config is not None:  # else the library GEMM (cuBLAS or DeepGEMM) measured faster for this shape
             return triton_gemm.fp8_gemm_small_m(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, config)
     use_scaled = backend != "emulated" and caps is not None and _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps)
@@ -136,6 +134,29 @@ def fp8_blockwise_mm(
         if use_scaled:
             return _scaled_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps)
         return _emulated_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, block, w_dequant)
+
+
+def small_m_config(
+    x_fp8: torch.Tensor, w_fp8: torch.Tensor, out_dtype: torch.dtype, has_bias: bool, library: Library | None
+) -> tuple[int, int, int, int] | None:
+    """The split-K Triton configuration "auto" runs this decode-sized product with (CUDA, 128x128 weight tiles), or
+    None where the `library` GEMM measured faster; library None: the fastest Triton candidate. Timed once per shape
+    (`kernels.triton_gemm.best_config`), outside any CUDA-graph capture."""
+    from nemo_jetrl.precision.kernels import triton_gemm
+
+    timed_against = _LIBRARY_GEMMS[library] if library is not None else None
+    return triton_gemm.best_config(x_fp8, w_fp8, out_dtype, has_bias, timed_against)
+
+
+def _scaled_mm_library(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias) -> torch.Tensor:
+    return fp8_blockwise_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias=bias, backend="scaled_mm")
+
+
+def _deep_gemm_library(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias) -> torch.Tensor:
+    return deep_gemm_adapter.fp8_gemm(x_fp8, x_scale, w_fp8, w_scale)  # bf16 out, no bias: as "auto" calls it
+
+
+_LIBRARY_GEMMS = {"scaled_mm": _scaled_mm_library, "deep_gemm": _deep_gemm_library}
 
 
 def no_autocast(device_type: str):

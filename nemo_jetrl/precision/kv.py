@@ -100,7 +100,10 @@ class QKVCalibrator:
 
     A call with `layer_idx == 0` opens a new record (one decoder forward = one micro-batch). The hook returns its
     inputs unchanged, so it composes with a fake-quant hook (observe first, then quantize: see `make_attn_hook`).
+    A recomputed forward (activation checkpointing) observes nothing: `replay` is None (no transform).
     """
+
+    replay = None
 
     def __init__(self, num_layers: int, calibration: KVCalibration | None = None) -> None:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
@@ -177,7 +180,8 @@ def make_attn_hook(
     quantize_q: bool = False,
 ):
     """The trainer's attn_hook: observe raw Q/K/V (calibration), then fake-quantize K/V (and Q with `quantize_q`)
-    with the rollout's scales. None when there is nothing to do."""
+    with the rollout's scales. None when there is nothing to do. Its `replay` (what a recomputed forward calls,
+    models/recompute.py) fake-quantizes without observing."""
     if calibrator is None and fake_quant is None:
         return None
 
@@ -191,4 +195,5 @@ def make_attn_hook(
             v = kv_fake_quant(v, fake_quant.v[layer_idx])
         return q, k, v
 
+    hook.replay = make_attn_hook(None, fake_quant, quantize_q=quantize_q) if calibrator is not None else hook
     return hook

@@ -176,7 +176,7 @@ class Fp8Linear(nn.Module):
         self.batch_invariant = False  # the exact mode's forward GEMM (`models.batch_invariant.enable_batch_invariant`)
         self.fprop_cublas = False  # the forward GEMM on cuBLAS at every M (`convert.use_cublas_fprop`)
         # Where the FP8 bits come from when this rank holds only a shard of the master (`WeightSource`, set by
-        # `distributed.fp8_gather`): None = quantized here from `weight`.
+        # `policy.parallel.fp8_gather`): None = quantized here from `weight`.
         self.weight_source: WeightSource | None = None
 
     @classmethod
@@ -230,6 +230,11 @@ class Fp8Linear(nn.Module):
         tiles never straddle a shard boundary)."""
         with torch.no_grad():
             return master_weight_quant(local_tensor(self.weight).detach(), self.recipe)
+
+    @property
+    def cached_quantized_weight(self) -> QuantizedWeight | None:
+        """The FP8 weight held now, as it is (None before the first quantization); `quantized_weight()` refreshes."""
+        return self._qweight
 
     def quantized_weight(self) -> QuantizedWeight:
         """The FP8 weight, re-quantized only when the master weight changed (version, storage, shape, dtype); the

@@ -24,12 +24,16 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-FP8_DTYPE = torch.float8_e4m3fn
-E4M3_MAX = 448.0
-# Exact FP32 values (as Python floats), so every backend rounds nothing further.
-SCALE_EPS = float(torch.tensor(1e-10, dtype=torch.float32))
-INV_E4M3_MAX = float(torch.tensor(1.0 / 448.0, dtype=torch.float32))
-FLT_MAX = float(torch.finfo(torch.float32).max)
+# The format's constants and scale rule live in e4m3.py (the Triton twins read them there); re-exported here.
+from nemo_jetrl.precision.e4m3 import (  # noqa: F401
+    E4M3_MAX,
+    FLT_MAX,
+    FP8_DTYPE,
+    INV_E4M3_MAX,
+    SCALE_EPS,
+    pow2_ceil,
+    scale_from_amax,
+)
 
 QuantBackend = Literal["auto", "torch", "triton"]
 _BACKENDS = ("auto", "torch", "triton")
@@ -83,7 +87,7 @@ def act_quant_dual(
     operand (qt [K, MP], st) for x zero-padded to MP = round_up(M, block) tokens: bitwise
     `act_quant_t(x_padded)` (st [K, MP/b], `t_blocks="1x128"`) or `weight_quant(x_padded.t())`
     (st [ceil(K/b), MP/b], `"128x128"`). On CUDA these are two Triton kernels (a fused single-read kernel
-    measured slower on H200: 1.0 TB/s against ~1.3 TB/s-equivalent for the pair).
+    measured slower: docs/precision.md, "Measured figures").
     """
     _check_input(x, block, "act_quant_dual", min_dim=2)
     if x.dim() != 2:
@@ -191,19 +195,6 @@ def _e4m3_table(device: torch.device) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------------------
 # reference implementation (pure torch, any device)
 # ----------------------------------------------------------------------------------------------------------------
-def scale_from_amax(amax: torch.Tensor, pow2: bool = False) -> torch.Tensor:
-    """FP32 dequantization scale from a finite, non-negative FP32 block amax."""
-    scale = amax.clamp_min(SCALE_EPS) * INV_E4M3_MAX
-    return pow2_ceil(scale) if pow2 else scale
-
-
-def pow2_ceil(scale: torch.Tensor) -> torch.Tensor:
-    """Exact 2**ceil(log2(s)) for positive normal FP32 s, on the bits (no log2 rounding)."""
-    bits = scale.contiguous().view(torch.int32)
-    rounded_up = (bits & 0x7F800000) + 0x00800000  # next power of two: exponent + 1, mantissa 0
-    return torch.where((bits & 0x007FFFFF) == 0, bits, rounded_up).view(torch.float32)
-
-
 def _block_amax(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """max |x| over `dims`, NaN ignored and inf counted as FLT_MAX (a fast pass first on CPU, fixed if needed)."""
     if not x.is_cuda:  # no device sync on CPU: take the one-pass result when it is finite (the common case)

@@ -64,6 +64,11 @@ class QuantizedWeight:
                 wd.copy_(self.dequantized())  # recomputed, then written where the old copy lives
                 self._cache["dequant"] = wd
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Every tensor it holds: data, scale and the copies cached from them (DGrad transpose, dequantized W)."""
+        cached = [t for v in self._cache.values() for t in (v if isinstance(v, tuple) else [v])]
+        return [self.data, self.scale, *cached]
+
     def dequantized(self, transposed: bool = False) -> torch.Tensor | None:
         """fp32 dequant(W) [N, K] (or W^T [K, N]) for the emulated GEMM; None where scaled_mm runs. Cached."""
         if gemm_backend(self.data.device) != "emulated":

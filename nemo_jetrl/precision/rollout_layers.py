@@ -1,7 +1,7 @@
 """Rollout-only FP8 layers: `Fp8RolloutLinear` (received FP8 bits + scales, no master weight), `Fp8RolloutGroup`
 (sibling projections in one buffer) and `build_rollout_replica` (a rollout copy of a converted policy).
 
-A refit (`distributed/weight_sync.py`) loads the trainer's FP8 bits into these layers; their forward is the one the
+A refit (`policy/parallel/weight_sync.py`) loads the trainer's FP8 bits into these layers; their forward is the one the
 trainer's `Fp8Linear` runs in rollout mode, so equal bits give equal outputs.
 """
 

@@ -108,6 +108,11 @@ class Fp8WeightGroup:
         for m in self.members:
             m._qweight, m._qweight_key = None, None
 
+    @property
+    def cached_quantized_weight(self) -> QuantizedWeight | None:
+        """The shared FP8 buffer held now, as it is (None while the members hold their own); no refresh."""
+        return self._qweight
+
     def quantized_weight(self) -> QuantizedWeight | None:
         """The shared FP8 buffer e4m3 [sum N_i, K] + scales, up to date; None when the members could not share."""
         self.refresh()

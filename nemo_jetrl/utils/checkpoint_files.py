@@ -97,7 +97,7 @@ def safe_torch_load(path: str | Path, *, mmap: bool = False) -> Any:
 
 
 def first_nonfinite(state: Any, prefix: str = "") -> str | None:
-    """Key path (`policy.model.x.weight`) of the first floating tensor or float holding NaN/Inf in a nested state."""
+    """Key path (`policy.model.<name>.weight`) of the first floating tensor or float holding NaN/Inf in a nested state."""
     named: list[tuple[str, torch.Tensor]] = []
 
     def walk(obj: Any, path: str) -> str | None:

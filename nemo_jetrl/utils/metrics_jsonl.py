@@ -114,3 +114,17 @@ def read_metrics_jsonl(path: Path | str) -> dict[str, tuple[np.ndarray, np.ndarr
         order = np.argsort(s, kind="stable")
         series[key] = (s[order], v[order])
     return series
+
+
+POSITION_PREFIX = "train/mismatch_pos/"  # grpo.mismatch_position_bin's metrics: one per bin of response positions
+
+
+def position_curve(series: dict[str, tuple[np.ndarray, np.ndarray]], skip: int = 0) -> dict[int, float]:
+    """{bin start: mean over the steps after `skip` of train/mismatch_pos/<start>} from `read_metrics_jsonl`'s
+    series, by bin start."""
+    out = {}
+    for key, (steps, values) in series.items():
+        kept = values[(steps > skip) & np.isfinite(values)] if key.startswith(POSITION_PREFIX) else ()
+        if len(kept):
+            out[int(key.removeprefix(POSITION_PREFIX))] = float(np.mean(kept))
+    return dict(sorted(out.items()))

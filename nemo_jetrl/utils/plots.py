@@ -4,6 +4,7 @@
 - `reward_accuracy.png`: train/reward_mean (faint raw + smoothed) and validation/accuracy per step;
 - `mismatch.png`: the rollout-vs-trainer mismatch metrics (train/token_mult_prob_error, KL / JS estimates on a log
   scale, sampling_importance_ratio, is_oob_ratio);
+- `mismatch_position.png`: token_mult_prob_error - 1 per bin of response positions (`grpo.mismatch_position_bin`);
 - `timing.png`: timing/* phases stacked per step, with the step total as a line and sub-phases ("a/b") apart.
 `plot_comparison(runs, out)` overlays several runs (e.g. bf16 / fp8 / fp8 rollout only) key by key.
 """
@@ -20,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
+from nemo_jetrl.utils.metrics_jsonl import position_curve, read_metrics_jsonl
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps [n] int64, values [n] float64)
 
@@ -178,6 +179,23 @@ def plot_mismatch(series: Mapping[str, Series], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_mismatch_position(runs: Mapping[str, Mapping[str, Series]], path: Path, skip: int = 0) -> Path | None:
+    """token_mult_prob_error - 1 per bin of response positions (mean over the steps after `skip`), one line per
+    run, on a log axis; None when no run logged any bin."""
+    curves = {label: position_curve(series, skip) for label, series in runs.items()}
+    curves = {label: curve for label, curve in curves.items() if curve}
+    if not curves:
+        return None
+    fig, axes = _new_figure(1, "Mismatch along the response")
+    for label, curve in curves.items():
+        excess = np.maximum(np.array(list(curve.values())) - 1.0, 1e-9)  # exact bins (1.0) at the floor
+        axes[0].plot(list(curve), excess, marker=".", label=label)
+    axes[0].set_yscale("log")
+    _style(axes[0], "token_mult_prob_error - 1 per position bin", "excess over 1")
+    axes[0].set_xlabel("response position (start of the bin)")
+    return _save(fig, path)
+
+
 def _by_step(series: Series, steps: np.ndarray) -> np.ndarray:
     """Values on the `steps` grid (last value per step wins; 0 where absent or non-finite)."""
     # -> [len(steps)]
@@ -227,7 +245,8 @@ def plot_timing(series: Mapping[str, Series], path: Path) -> Path | None:
 
 
 def plot_run(metrics_jsonl: Path | str, out_dir: Path | str, smoothing: float | None = None) -> list[Path]:
-    """Write reward_accuracy.png, mismatch.png and timing.png into `out_dir` (each only if it has data).
+    """Write reward_accuracy.png, mismatch.png, mismatch_position.png and timing.png into `out_dir` (each only if it
+    has data).
 
     `smoothing` is the reward EMA weight in [0, 1); None picks one from the run length.
     """
@@ -239,6 +258,7 @@ def plot_run(metrics_jsonl: Path | str, out_dir: Path | str, smoothing: float | 
     written = [
         plot_reward_accuracy(series, out_dir / "reward_accuracy.png", smoothing),
         plot_mismatch(series, out_dir / "mismatch.png"),
+        plot_mismatch_position({"run": series}, out_dir / "mismatch_position.png"),
         plot_timing(series, out_dir / "timing.png"),
     ]
     return [path for path in written if path is not None]

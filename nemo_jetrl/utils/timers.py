@@ -8,6 +8,10 @@ with timer.time("train"):
         ...
 logger.log_metrics(timer.get_timing_metrics(), step)   # {"timing/generation": s, "timing/train": s, ...}
 timer.reset()
+
+`Timer(memory_device=cuda_device)` also records each name's peak allocated device memory while it runs
+(`torch.cuda.max_memory_allocated`, nested names included: an inner start resets the counter after folding it into
+the names still running), as `memory/<name>_peak_gib` in `get_memory_metrics()`; other devices record nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +34,16 @@ REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
 class Timer:
     """Accumulates durations (seconds) per name until `reset()`; a name may be timed many times per step."""
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | str | None = None, memory_device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else None
         if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"Timer device {self.device} requested but CUDA is not available")
+        memory = torch.device(memory_device) if memory_device is not None else None
+        self.memory_device = memory if memory is not None and memory.type == "cuda" else None
         self._durations: dict[str, list[float]] = {}
         self._started: dict[str, float] = {}
+        self._peak_now: dict[str, int] = {}  # running names: their peak bytes so far
+        self._peaks: dict[str, int] = {}  # finished names: their largest peak since the last reset
 
     def _sync(self) -> None:
         if self.device is not None and self.device.type == "cuda":
@@ -47,6 +55,10 @@ class Timer:
         if name in self._started:
             raise ValueError(f"timer {name!r} is already running")
         self._sync()
+        if self.memory_device is not None:
+            self._fold_peak()
+            torch.cuda.reset_peak_memory_stats(self.memory_device)
+            self._peak_now[name] = torch.cuda.memory_allocated(self.memory_device)
         self._started[name] = time.perf_counter()
 
     def stop(self, name: str) -> float:
@@ -56,7 +68,20 @@ class Timer:
         self._sync()
         elapsed = time.perf_counter() - self._started.pop(name)
         self._durations.setdefault(name, []).append(elapsed)
+        if self.memory_device is not None:
+            self._fold_peak()
+            self._peaks[name] = max(self._peaks.get(name, 0), self._peak_now.pop(name))
         return elapsed
+
+    def _fold_peak(self) -> None:
+        """The device's peak since the last reset, into every running name's."""
+        peak = torch.cuda.max_memory_allocated(self.memory_device)
+        for running in self._peak_now:
+            self._peak_now[running] = max(self._peak_now[running], peak)
+
+    def get_memory_metrics(self) -> dict[str, float]:
+        """`{"memory/<name>_peak_gib": GiB}`: each finished name's peak allocated memory (with a CUDA memory_device)."""
+        return {f"memory/{name}_peak_gib": peak / 1024**3 for name, peak in self._peaks.items()}
 
     @contextmanager
     def time(self, name: str) -> Iterator[None]:
@@ -82,5 +107,7 @@ class Timer:
         """Forget the intervals of `name`, or of every name (running timers keep running)."""
         if name is None:
             self._durations.clear()
+            self._peaks.clear()
         else:
             self._durations.pop(name, None)
+            self._peaks.pop(name, None)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jetrl_testkit.grpo_harness import SMALL_TINY_RUN
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
@@ -17,16 +18,7 @@ from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
-SMALL = [
-    "grpo.num_prompts_per_step=8",
-    "grpo.num_generations_per_prompt=4",
-    "policy.train_micro_batch_size=16",
-    "policy.logprob_batch_size=32",
-    "grpo.val_period=0",
-    "grpo.val_at_start=false",
-    "logger.tensorboard_enabled=false",
-    "logger.plot_period=0",
-]
+SMALL = SMALL_TINY_RUN
 KV = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quant=true"]
 
 

@@ -169,7 +169,7 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         "fp8_kv/metrics.jsonl",
     ]
     report = subprocess.run(
-        [sys.executable, "benchmarks/gpu_cli_report.py", f"fp8_kv={tmp_path / 'copied' / 'fp8_kv'}"],
+        [sys.executable, "-m", "benchmarks.gpu_cli_report", f"fp8_kv={tmp_path / 'copied' / 'fp8_kv'}"],
         cwd=REPO,
         capture_output=True,
         text=True,

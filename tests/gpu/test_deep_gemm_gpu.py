@@ -2,22 +2,17 @@
 products are as close to the exact product as cuBLAS's (bit for bit cuBLAS's at the training shapes tested), and
 the captured trainer on DeepGEMM replays the eager one bit for bit (DeepGEMM actually running in each)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from jetrl_testkit.sibling_linears import sibling_linear_grads
 
+from benchmarks.bench_train_step import make_batch
+from benchmarks.common import LOSS, TINY, build_model, policy_config
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, deep_gemm_adapter
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm
 from nemo_jetrl.precision.linear import rollout_mode
 from nemo_jetrl.precision.quant import act_quant, weight_quant
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_train_step import make_batch  # noqa: E402
-from common import LOSS, TINY, build_model, policy_config  # noqa: E402
-from jetrl_testkit.sibling_linears import sibling_linear_grads  # noqa: E402
 
 DEV = torch.device("cuda")
 pytestmark = [

@@ -1,19 +1,14 @@
 """The FP8 training step on CUDA: the fused AdamW's update reaches the FP8 weights (the trainer's and the rollout's),
 and the grouped q/k/v, gate/up training GEMMs agree with the per-linear ones through scaled_mm."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from jetrl_testkit.sibling_linears import sibling_linear_grads
 
+from benchmarks.bench_train_step import make_batch
+from benchmarks.common import LOSS, TINY, build_model, policy_config
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_train_step import make_batch  # noqa: E402
-from common import LOSS, TINY, build_model, policy_config  # noqa: E402
-from jetrl_testkit.sibling_linears import sibling_linear_grads  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

@@ -60,12 +60,12 @@ def test_triton_gemm_every_config_matches(split_k):
 def test_auto_backend_takes_the_faster_kernel_for_small_m():
     if gemm_backend(DEV) != "scaled_mm":
         pytest.skip("needs sm90 (scaled_mm present)")
-    from nemo_jetrl.precision.kernels.triton_gemm import best_config
+    from nemo_jetrl.precision.gemm import small_m_config
 
     x, w = torch.randn(SMALL_M_MAX + 1, 4096, device=DEV), torch.randn(1024, 4096, device=DEV)
     (xq, xs), (wq, ws) = act_quant(x), weight_quant(w)
     small = fp8_blockwise_mm(xq[:64], xs[:64], wq, ws, torch.float32)
-    choice = best_config(xq[:64], wq, torch.float32, False, library="scaled_mm")
+    choice = small_m_config(xq[:64], wq, torch.float32, False, library="scaled_mm")
     want = "scaled_mm" if choice is None else "triton"
     assert torch.equal(small, fp8_blockwise_mm(xq[:64], xs[:64], wq, ws, torch.float32, backend=want))
     big = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32)  # beyond SMALL_M_MAX: always cuBLAS

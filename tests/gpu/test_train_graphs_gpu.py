@@ -2,19 +2,15 @@
 (metrics, prev_logprobs from the training forward, master weights, FP8 weights), across shapes and a reset."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.bench_train_step import make_batch
+from benchmarks.common import LOSS, TINY, build_model, policy_config
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_train_step import make_batch  # noqa: E402
-from common import LOSS, TINY, build_model, policy_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

@@ -28,6 +28,17 @@ from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.policy.interfaces import TrainBatch
 
 EPS = 1e-6  # advantages.group_advantages' default eps
+# grpo_tiny.yaml cut to a few-second GRPO step on 2 CPU cores: 8 prompts x 4 samples, no validation, no plots
+SMALL_TINY_RUN = [
+    "grpo.num_prompts_per_step=8",
+    "grpo.num_generations_per_prompt=4",
+    "policy.train_micro_batch_size=16",
+    "policy.logprob_batch_size=32",
+    "grpo.val_period=0",
+    "grpo.val_at_start=false",
+    "logger.tensorboard_enabled=false",
+    "logger.plot_period=0",
+]
 
 
 def scripted_reward(answer: str, response: str) -> float:

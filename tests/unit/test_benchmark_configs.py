@@ -3,16 +3,12 @@ box has no pydantic to fill them in). They must be complete and valid: exactly w
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from nemo_jetrl.algorithms.config import LossConfig
 from nemo_jetrl.policy.config import PolicyConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-common = pytest.importorskip("common")
+common = pytest.importorskip("benchmarks.common")
 
 
 @pytest.mark.parametrize(

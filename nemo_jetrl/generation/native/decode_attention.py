@@ -6,7 +6,7 @@ widened to fp16 in registers, exactly; the per-layer scales multiply the scores 
 softmax, and a second kernel merges the splits. No dequantized copy of the cache is ever written, so an FP8 cache
 moves half the bytes of a bf16 one. GQA: the n_rep query heads of a KV head share its K/V loads. Where it fits
 (e4m3 cache, bf16 queries, head_dim 128, sm_89+), the e4m3 cache is read by the hand-written CUDA kernel in
-`fp8_decode_cuda.py` instead (same math and contract, 1.2-1.3x faster than this one on an H200).
+`fp8_decode_cuda.py` instead (same math and contract, faster: docs/performance_history.md, "Decode attention").
 
 The number of keys `kv_len` is read from device memory, so a CUDA graph captured once over the whole buffer still
 only reads the written prefix at every step. `decode_attention_ref` is the plain-torch reference (any device).

@@ -241,6 +241,17 @@ class NativeGenerationEngine(GenerationInterface):
             out = self._run(ids, mask, prompt_length, forced=forced, num_steps=width - prompt_length)
         return out.generation_logprobs
 
+    # ------------------------------------------------------------------ one rollout's pieces (for profiling)
+    def new_kv_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
+        """An empty KV cache of `batch_size` rows x `max_seq_len` tokens, as `generate` allocates it (e4m3 with the
+        engine's KV scales when `kv_cache_dtype` is fp8)."""
+        return self._new_cache(batch_size, max_seq_len)
+
+    def decoder(self, cache: KVCache, mask: torch.Tensor, attn_hook: AttnHook | None = None) -> Callable:
+        """The decode step `generate` runs over `cache` (prefix, static or CUDA-graph form, by the engine's settings):
+        `decode(tokens [B], positions [B], col) -> logits [B, V]`, writing cache column `col`; mask: [B, S_max]."""
+        return self._decoder(cache, attn_hook, mask)
+
     # ------------------------------------------------------------------ internals
     def _new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
         cache = KVCache.for_model(

@@ -4,7 +4,8 @@ Same contract and math as the Triton kernel in `decode_attention.py` (twin: `dec
 are read as stored (e4m3), widened to fp16 exactly, Q·K and P·V run as fp16 tensor-core MMAs with fp32
 accumulation, the per-layer scales multiply the scores and the output, the softmax is online. What differs is
 where the bytes go: Triton widens an FP8 tile in registers and then round-trips it through shared memory to reach
-its MMA operand layout, which holds the e4m3 read to ~55% of the bf16 kernel's bandwidth. Here every thread
+its MMA operand layout, which holds the e4m3 read well below the bf16 kernel's bandwidth (docs/
+performance_history.md, "Decode attention"). Here every thread
 loads, straight from HBM into registers, exactly the bytes its `mma.sync.m16n8k16` fragments need:
 
 - Q·K^T (rows = the n_rep query heads of one KV head, padded to 16; cols = 16 keys; k = head dim). The head dim

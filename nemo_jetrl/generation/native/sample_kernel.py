@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from nemo_jetrl.models.logprob_kernels import LOGPROB_BLOCK, _inverse, load_scaled, row_max
-from nemo_jetrl.precision.kernels.triton_quant import _on_device
+from nemo_jetrl.precision.kernels.device import on_device
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def sample_fused(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> t
     logp = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
         inv_t, scale = _inverse(temperature)
-        with _on_device(logits):
+        with on_device(logits):
             _sample_kernel[(rows,)](
                 logits, u.to(torch.float64).contiguous(), sums, tokens, logp, vocab, logits.stride(0), inv_t,
                 SCALE=scale, BLOCK=LOGPROB_BLOCK, NCH=steps, NCH_P2=triton.next_power_of_2(steps), num_warps=8,

@@ -13,11 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
+from nemo_jetrl.precision.e4m3 import scale_from_amax
+from nemo_jetrl.precision.kernels.device import on_device
 from nemo_jetrl.precision.kernels.triton_quant import (
     _FLT_MAX,
     _check,
     _finite_abs,
-    _on_device,
     _scale_from_amax,
     _to_e4m3,
 )
@@ -93,7 +94,7 @@ def _row_cast(x: torch.Tensor, pow2: bool):
     y = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((r, 1), dtype=torch.float32, device=x.device)
     bc = triton.next_power_of_2(c)
-    with _on_device(x):
+    with on_device(x):
         _row_cast_kernel[(r,)](x, y, scale, c, x.stride(0), BC=bc, POW2=pow2, num_warps=min(16, max(4, bc // 1024)))
     return y, scale
 
@@ -116,7 +117,7 @@ def _quant(x: torch.Tensor, per_row: bool, pow2: bool, count_nonfinite: bool, t_
     br, bc = (64, 64) if x.stride(0) == 1 and c > 1 else (8, 512)
     grid = (triton.cdiv(r, br), triton.cdiv(c, bc))
     args = (r, c, x.stride(0), x.stride(1))
-    with _on_device(x):
+    with on_device(x):
         _amax_kernel[grid](x, amax, bad, *args, PER_ROW=per_row, BR=br, BC=bc, COUNT=count_nonfinite, num_warps=4)
         _quant_kernel[grid](x, y, amax, scale, *args, c, PER_ROW=per_row, BR=br, BC=bc, POW2=pow2, num_warps=4)
         if t_pad is not None:  # the same values written transposed, [C, R] in a zero-padded [C, RP] buffer
@@ -130,8 +131,6 @@ def _quant(x: torch.Tensor, per_row: bool, pow2: bool, count_nonfinite: bool, t_
 
 
 def _scale_host(amax: torch.Tensor, pow2: bool) -> torch.Tensor:
-    from nemo_jetrl.precision.quant import scale_from_amax
-
     return scale_from_amax(amax, pow2)
 
 

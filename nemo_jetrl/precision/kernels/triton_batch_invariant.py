@@ -17,7 +17,7 @@ Tile sizes (BLOCK_M, BLOCK_N, warps, stages) may depend on M: each output elemen
 K-ordered tensor-core instructions whatever tile holds it (tests/gpu/test_batch_invariant_gpu.py checks every
 configuration against every other bitwise). So decode-sized FP8 products (M <= SPLIT_M_MAX) take the fastest of
 `DECODE_CANDIDATES` (tile, warps, stages, chunks split or not) per shape, timed once as the rollout runs them (CUDA
-graph, weights cold in L2: `triton_gemm.time_in_graph`). Twins: `precision.batch_invariant` (float64, CPU).
+graph, weights cold in L2: `kernels.device.time_in_graph`). Twins: `precision.batch_invariant` (float64, CPU).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nemo_jetrl.precision.kernels.triton_gemm import cold_copies, time_in_graph
-from nemo_jetrl.precision.kernels.triton_quant import _on_device
+from nemo_jetrl.precision.kernels.device import cold_copies, on_device, time_in_graph
 
 FP8_BLOCK = 128
 CHUNK_BLOCKS = 8  # K blocks per chunk (1024 channels): the fixed summation unit of the FP8 GEMM
@@ -151,7 +150,7 @@ def fp8_gemm(
     bias_arg = bias if has_bias else y
     out = torch.empty((chunks, m, n), dtype=torch.float32, device=x_fp8.device) if split else y
     grid = (n // block_n, triton.cdiv(m, block_m), chunks if split else 1)
-    with _on_device(x_fp8):
+    with on_device(x_fp8):
         _fp8_gemm_kernel[grid](
             x_fp8, x_scale, w_fp8, w_scale, out, bias_arg, m, n, k,
             x_fp8.stride(0), x_scale.stride(0), x_scale.stride(1), w_fp8.stride(0), w_scale.stride(0), n, m * n,
@@ -234,7 +233,7 @@ def mm(
         return y
     block_m, block_n, warps, stages = config or pick_config(MM_CONFIGS, m)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
-    with _on_device(x):
+    with on_device(x):
         _mm_kernel[grid](
             x, w, y, bias if bias is not None else y, m, n, k, x.stride(0), w.stride(0), n,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=MM_BLOCK_K, HAS_BIAS=bias is not None,

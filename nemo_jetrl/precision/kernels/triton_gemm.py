@@ -3,8 +3,8 @@
     Y [M, N] = dequant(x_fp8 [M, K], x_scale [M, K/128]) @ dequant(w_fp8 [N, K], w_scale [N/128, K/128])^T (+ bias)
 
 cuBLAS's blockwise `scaled_mm` streams weights at well under half of HBM speed when M is a decode batch (64-256
-rows): on an H200 at M = 128, 4096x12288 (down) takes 40 us in FP8 against 41 us for the BF16 GEMM
-(`benchmarks/bench_decode_gemm.py`). Here each program owns one
+rows), barely faster than the BF16 GEMM (`benchmarks/bench_decode_gemm.py`; docs/performance_history.md, "Decode
+GEMMs"). Here each program owns one
 BLOCK_M x BLOCK_N output tile and one contiguous range of the K blocks (split-K, so that a 4096-wide N still
 keeps every SM streaming), and per 128-wide K block does one FP8 tensor-core dot, promoted to FP32 with the two
 scales (DeepSeek-V3 `fp8_gemm` accumulation: `acc += dot(a, b) * (sa * sb)`). Split-K partials go to an FP32
@@ -20,13 +20,13 @@ eager call with the same shapes (the engine's `CapturedStep` warm-up does this).
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from nemo_jetrl.precision.kernels.triton_quant import _on_device
+from nemo_jetrl.precision.kernels.device import cold_copies, on_device, time_in_graph
 
 BLOCK_K = 128
 _BK = tl.constexpr(BLOCK_K)
@@ -38,8 +38,9 @@ CANDIDATES = tuple(
     (block_n, split_k, 8, stages) for block_n in (64, 128) for split_k in (1, 2, 4, 8) for stages in (3, 4)
 )
 Config = tuple[int, int, int, int]
-if TYPE_CHECKING:
-    from nemo_jetrl.precision.gemm import Library  # the library GEMM the Triton kernel is timed against
+# The library GEMM a shape's Triton candidates are timed against (cuBLAS or DeepGEMM, handed in by the dispatcher
+# `precision.gemm`, which this module does not import): (x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias) -> [M, N]
+LibraryGemm = Callable[..., torch.Tensor]
 
 
 @triton.jit
@@ -126,7 +127,7 @@ def fp8_gemm_small_m(
     # SPLIT_K == 1 writes y directly; otherwise FP32 partials [SPLIT_K, M, N], summed in order by a second kernel.
     out = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x_fp8.device)
     grid = (n // block_n, triton.cdiv(m, block_m), split_k)
-    with _on_device(x_fp8):
+    with on_device(x_fp8):
         _fp8_gemm_kernel[grid](
             x_fp8, x_scale, w_fp8, w_scale, out, bias_arg, m, n, k,
             x_fp8.stride(0), x_scale.stride(0), x_scale.stride(1), w_fp8.stride(0), w_scale.stride(0), n, m * n,
@@ -141,11 +142,11 @@ def fp8_gemm_small_m(
 
 
 def best_config(
-    x_fp8: torch.Tensor, w_fp8: torch.Tensor, out_dtype: torch.dtype, has_bias: bool, library: Library | None
+    x_fp8: torch.Tensor, w_fp8: torch.Tensor, out_dtype: torch.dtype, has_bias: bool, library: LibraryGemm | None
 ) -> Config | None:
-    """The fastest way to run this product shape: a Triton config, or None where the library GEMM (cuBLAS
-    `scaled_mm` or DeepGEMM, timed too when `library` names one) is faster. Decided once per (M rounded up to a
-    power of two, N, K, dtype, device, library)."""
+    """The fastest way to run this product shape: a Triton config, or None where the `library` GEMM (cuBLAS
+    `scaled_mm` or DeepGEMM, timed too when one is given: `gemm.small_m_config`) is faster. Decided once per (M
+    rounded up to a power of two, N, K, dtype, device, library)."""
     index = x_fp8.device.index if x_fp8.device.index is not None else torch.cuda.current_device()
     m_bucket = triton.next_power_of_2(x_fp8.shape[0])
     return tuned_config(m_bucket, w_fp8.shape[0], x_fp8.shape[1], out_dtype, has_bias, index, library)
@@ -153,15 +154,19 @@ def best_config(
 
 @functools.cache
 def tuned_config(
-    m_bucket: int, n: int, k: int, out_dtype: torch.dtype, has_bias: bool, device_index: int, library: Library | None
+    m_bucket: int,
+    n: int,
+    k: int,
+    out_dtype: torch.dtype,
+    has_bias: bool,
+    device_index: int,
+    library: LibraryGemm | None,
 ) -> Config | None:
     """Times every candidate (and the `library` GEMM when one is named) once on random operands of the shape,
     as the rollout runs them: inside a CUDA graph (no launch overhead) with weights cold in L2 (`time_in_graph`).
 
     Must not run inside a CUDA-graph capture: the first call of a shape happens in the eager warm-up.
     """
-    from nemo_jetrl.precision.gemm import fp8_blockwise_mm
-
     device = torch.device("cuda", device_index)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m_bucket, k, device=device, generator=gen).to(torch.float8_e4m3fn)
@@ -177,57 +182,7 @@ def tuned_config(
         if config[1] <= k // BLOCK_K:
             calls = [lambda w=w, s=s, c=config: fp8_gemm_small_m(x, xs, w, s, out_dtype, bias, c) for w, s in operands]
             timings[config] = time_in_graph(calls)
-    if library == "deep_gemm":
-        from nemo_jetrl.precision import deep_gemm_adapter
-
-        timings[None] = time_in_graph([lambda w=w, s=s: deep_gemm_adapter.fp8_gemm(x, xs, w, s) for w, s in operands])
-    elif library == "scaled_mm":
-        calls = [
-            lambda w=w, s=s: fp8_blockwise_mm(x, xs, w, s, out_dtype, bias=bias, backend="scaled_mm")
-            for w, s in operands
-        ]
-        timings[None] = time_in_graph(calls)
+    if library is not None:
+        timings[None] = time_in_graph([lambda w=w, s=s: library(x, xs, w, s, out_dtype, bias) for w, s in operands])
     return min(timings, key=timings.get)
 
-
-def cold_copies(weight_bytes: int, device: torch.device, most: int = 32) -> int:
-    """How many distinct weights to cycle through so that each call finds its weight out of L2 (as in a decode
-    step, where every other layer's weights pass through L2 in between): about twice the L2 size in all."""
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
-    return max(2, min(most, -(-2 * l2 // max(weight_bytes, 1))))
-
-
-def capture_graph(calls: list) -> torch.cuda.CUDAGraph:
-    """`calls` run once eagerly on a side stream (JIT, allocations), then captured back to back in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    return graph
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
-    """Milliseconds of one replay of `graph` (CUDA events around it, waited for)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def time_in_graph(calls: list, replays: int = 7) -> float:
-    """Median milliseconds per call of `calls` run back to back inside one CUDA graph (no CPU launch overhead in
-    the figure, as in the rollout's captured decode step). The calls run once eagerly first (JIT, allocations)."""
-    graph = capture_graph(calls)
-    graph.replay()
-    times = [replay_ms(graph) / len(calls) for _ in range(replays)]
-    del graph
-    return sorted(times)[len(times) // 2]

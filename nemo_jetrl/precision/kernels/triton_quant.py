@@ -8,14 +8,16 @@ NaN explicitly (PTX min/max drop it); the e4m3 cast rounds to nearest even. CUDA
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from nemo_jetrl.precision.quant import FLT_MAX, INV_E4M3_MAX, SCALE_EPS
+from nemo_jetrl.precision.e4m3 import FLT_MAX, INV_E4M3_MAX, SCALE_EPS
+from nemo_jetrl.precision.kernels.device import on_device
+
+_on_device = on_device  # the former name: kept until the branches that import it from here have merged
 
 _EPS = tl.constexpr(SCALE_EPS)
 _INV_MAX = tl.constexpr(INV_E4M3_MAX)
@@ -122,19 +124,12 @@ def quant_groups(
     if rows is None:  # rows contiguous in memory (the transposed WGrad operand): taller tiles, longer reads
         rows = 64 if x.stride(0) == 1 and c > 1 else 32
     grid = (triton.cdiv(r, rows), n_groups)
-    with _on_device(x):
+    with on_device(x):
         _quant_groups_kernel[grid](
             x, y, s, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
             BLOCK=block, ROWS=rows, POW2=pow2, num_warps=num_warps,
         )  # fmt: skip
     return y, s
-
-
-def _on_device(x: torch.Tensor):
-    """Launch on x's GPU; skip the (host-costly) device switch in the common single-device case."""
-    if not x.is_cuda or x.device.index == torch.cuda.current_device():  # (CPU: the Triton interpreter in tests)
-        return contextlib.nullcontext()
-    return torch.cuda.device(x.device)
 
 
 def quant_tiles(
@@ -150,7 +145,7 @@ def quant_tiles(
     s = torch.empty(grid, dtype=torch.float32, device=x.device)
     if y.numel() == 0:
         return y, s
-    with _on_device(x):
+    with on_device(x):
         _quant_tiles_kernel[grid](
             x, y, s, nonfinite if nonfinite is not None else s, r, c, x.stride(0), x.stride(1), grid[1],
             BLOCK=block, POW2=pow2, COUNT=nonfinite is not None, num_warps=8,

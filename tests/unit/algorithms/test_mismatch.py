@@ -106,13 +106,29 @@ def test_mismatch_by_position_bins_response_positions():
     gen = torch.zeros(2, 5, dtype=torch.float64)
     out = mismatch_by_position(d, gen, mask, 2)
     e = torch.exp(torch.tensor([0.1, 0.2, 0.5, 0.6, 0.3, 0.4], dtype=torch.float64)).tolist()
-    assert out.keys() == {"0000", "0002"}
-    assert out["0000"] == pytest.approx((e[0] + e[1] + e[2] + e[3]) / 4, rel=1e-12)  # positions 0, 1 of both rows
-    assert out["0002"] == pytest.approx((e[4] + e[5]) / 2, rel=1e-12)
+    assert out.keys() == {"00000", "00002"}
+    assert out["00000"] == pytest.approx((e[0] + e[1] + e[2] + e[3]) / 4, rel=1e-12)  # positions 0, 1 of both rows
+    assert out["00002"] == pytest.approx((e[4] + e[5]) / 2, rel=1e-12)
     # one bin holding everything equals the overall token_mult_prob_error
-    assert mismatch_by_position(d, gen, mask, 64)["0000"] == pytest.approx(
+    assert mismatch_by_position(d, gen, mask, 64)["00000"] == pytest.approx(
         mismatch_metrics(d, gen, mask)["token_mult_prob_error"], rel=1e-6
     )
+
+
+def test_mismatch_by_position_at_16k_tokens_keeps_one_name_per_bin():
+    """16,384-token responses in 1,024-token bins: 16 bins named by their 5-digit start; a step whose longest
+    response ends before position 10,000 names its bins the same way (one metric series per bin)."""
+    from nemo_jetrl.algorithms.mismatch import mismatch_by_position
+
+    long_mask = torch.zeros(2, 16_500)
+    long_mask[:, 100:16_484] = 1  # 16,384 response tokens per row
+    d = torch.zeros(2, 16_500, dtype=torch.float64)
+    d[0, 100 + 15_360 :] = 0.5  # the last bin of row 0 drifts
+    out = mismatch_by_position(d, torch.zeros_like(d), long_mask, 1024)
+    assert list(out) == [f"{b * 1024:05d}" for b in range(16)] and out["15360"] == pytest.approx((math.exp(0.5) + 1) / 2)
+    assert all(out[k] == 1.0 for k in list(out)[:-1])
+    short = mismatch_by_position(d[:, :9_400], torch.zeros(2, 9_400, dtype=torch.float64), long_mask[:, :9_400], 1024)
+    assert list(short) == list(out)[:10] and "09216" in short
 
 
 def test_mismatch_by_position_skips_nonfinite_and_empty():
@@ -121,7 +137,7 @@ def test_mismatch_by_position_skips_nonfinite_and_empty():
     mask = torch.ones(1, 4)
     train = torch.tensor([[0.0, float("nan"), 0.0, 0.0]])
     out = mismatch_by_position(train, torch.zeros(1, 4), mask, 1)
-    assert out == {"0000": 1.0, "0002": 1.0, "0003": 1.0}  # position 1 has no usable token
+    assert out == {"00000": 1.0, "00002": 1.0, "00003": 1.0}  # position 1 has no usable token
     assert mismatch_by_position(train, torch.zeros(1, 4), torch.zeros(1, 4), 1) == {}
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="bin_tokens"):

@@ -3,29 +3,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
-
 
 def _load():
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("bench_deepgemm", BENCHMARKS / "bench_deepgemm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import bench_deepgemm
+
+    return bench_deepgemm
 
 
 def test_the_linears_are_qwen3_8b_s_grouped_gemms():
     bench = _load()
-    from common import QWEN3_8B
+    from benchmarks.common import QWEN3_8B
 
     assert bench.linears(QWEN3_8B) == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
                                        "down": (4096, 12288)}  # fmt: skip

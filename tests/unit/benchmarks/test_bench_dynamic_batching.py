@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-
 
 def test_quick_run_reports_occupancy_and_micro_batches(tmp_path):
-    module = importlib.import_module("bench_dynamic_batching")
+    module = importlib.import_module("benchmarks.bench_dynamic_batching")
     out = tmp_path / "dyn.json"
     assert module.main(["--quick", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
@@ -33,7 +29,7 @@ def test_quick_run_reports_occupancy_and_micro_batches(tmp_path):
 
 
 def test_unknown_variants_and_captured_packing_without_cuda_are_refused(capsys):
-    module = importlib.import_module("bench_dynamic_batching")
+    module = importlib.import_module("benchmarks.bench_dynamic_batching")
     cases = [("packed,graphs", "unknown ['graphs']")]
     if not torch.cuda.is_available():
         cases.append(("packed+graphs", "needs a CUDA device"))

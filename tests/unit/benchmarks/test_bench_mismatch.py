@@ -4,20 +4,16 @@ by response position, the ordering that the Jet-RL argument rests on (rollout-on
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_mismatch.py"
+from benchmarks import bench_mismatch
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("bench_mismatch", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = bench_mismatch
     out = tmp_path_factory.mktemp("bench") / "mismatch.json"
     variants = [label for label, _, mode in module.VARIANTS if mode != "exact"] + ["jetrl_kv, exact"]
     assert len(module.VARIANTS) == 12  # the other exact presets (bf16, jetrl) run in test_batch_invariant_mode.py

@@ -3,23 +3,15 @@ warm-up steps are run but not timed, and the summary is the median and min-max o
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
-
 
 def _load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_variants_alternate_and_warmup_is_not_timed():

@@ -3,23 +3,16 @@ an FP8 KV pool holds twice the blocks and admits twice the sequences of a BF16 o
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_rollout_queue.py"
+from benchmarks import bench_rollout_queue
 
 
 @pytest.fixture(scope="module")
 def module():
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("bench_rollout_queue", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_rollout_queue
 
 
 def test_quick_run_generates_the_drawn_lengths_and_fp8_kv_admits_twice_the_sequences(module, tmp_path):

@@ -1,19 +1,15 @@
 """benchmarks/gpu_cli_report.py: medians over the steps after warm-up, first-step-only phases, rollout tokens/s from
-config.yaml, peak memory from the nvidia-smi samples, and a missing run reported without stopping the others."""
+config.yaml, peak memory from the nvidia-smi samples, the per-step mismatch metrics, and a missing run reported
+without stopping the others."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "gpu_cli_report", Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_cli_report.py"
-)
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+from benchmarks import gpu_cli_report as report
 
 
 def _write_run(log_dir: Path) -> Path:
@@ -21,7 +17,8 @@ def _write_run(log_dir: Path) -> Path:
     lines = []
     for step, gen in zip((1, 2, 3, 4), (9.0, 2.0, 4.0, 3.0)):
         lines.append({"step": step, "train/mean_gen_tokens_per_sample": 512.0, "train/loss": 0.0,
-                      "train/total_num_tokens": 1000.0 * step, "train/refit/allgather_bytes": 2.5e6 * step})  # fmt: skip
+                      "train/total_num_tokens": 1000.0 * step, "train/refit/allgather_bytes": 2.5e6 * step,
+                      "train/token_mult_prob_error": 1.0 + (step == 2) * 1e-6, "train/exact_token_fraction": 1.0})  # fmt: skip
         timing = {"step": step, "timing/generation": gen, "timing/training": 1.0, "timing/total_step_time": gen + 1}
         if step == 1:
             timing["timing/kv_bootstrap"] = 0.5
@@ -42,6 +39,7 @@ def test_summary_numbers(tmp_path):
     assert s["peak_gpu_memory_mib"] == 40960.0
     assert s["useful_tokens_per_s"] == pytest.approx(2000 / 3.0)  # steps 2..4: 2000/3, 3000/5, 4000/4
     assert s["allgather_bytes"] == 7.5e6 and s["refit_gather_s"] is None  # never logged: no row value
+    assert s["per_step"] == {"token_mult_prob_error": [1.0, 1.000001, 1.0, 1.0], "exact_token_fraction": [1.0] * 4}
 
 
 def test_cli_table_and_missing_run(tmp_path, capsys):
@@ -53,6 +51,28 @@ def test_cli_table_and_missing_run(tmp_path, capsys):
     assert "| generation | 3.00 s (1st 9.00) |" in captured.out
     assert "| kv_bootstrap | — (1st 0.50) |" in captured.out and "| peak GPU memory | 40.0 GiB |" in captured.out
     assert "| useful tokens/s | 667 |" in captured.out and "| all-gather MB/step | 7.5 |" in captured.out
+    assert "| token_mult_prob_error by step | 1.0000000 1.0000010 1.0000000 1.0000000 |" in captured.out
+    assert "| exact_token_fraction by step | 1.0000 1.0000 1.0000 1.0000 |" in captured.out
     assert list(json.loads(out_json.read_text())) == ["fp8_kv"]
     assert report.main([f"bf16={tmp_path / 'absent'}"]) == 1
     assert report.main(["no-equals-sign"]) == 2
+
+
+def test_memory_against_the_estimate_and_mismatch_by_position(tmp_path, capsys):
+    log_dir = _write_run(tmp_path / "fp8_kv")
+    extra = [{"step": 0, "memory/estimate_train_peak_gib": 44.0, "memory/estimate_rollout_peak_gib": 30.0}]
+    for step in (1, 2, 3, 4):
+        extra.append({"step": step, "memory/training_peak_gib": 38.0 + step, "memory/generation_peak_gib": 31.0,
+                      "train/mismatch_pos/00000": 1.0, "train/mismatch_pos/08192": 1.0 + 0.01 * step})  # fmt: skip
+    with open(log_dir / "metrics.jsonl", "a") as f:
+        f.write("\n" + "\n".join(json.dumps(line) for line in extra) + "\n")
+    s = report.summarize(log_dir, skip=1)
+    assert s["allocated_peak_gib"] == {"generation": 31.0, "training": 42.0}  # the largest over the steps
+    assert s["estimated_peak_gib"] == {"generation": 30.0, "training": 44.0}
+    assert s["mismatch_by_position"] == {"0": 1.0, "8192": pytest.approx(1.03)}  # steps 2-4
+    assert report.main([f"fp8_kv={log_dir}"]) == 0
+    out = capsys.readouterr().out
+    assert "| training peak allocated (estimate) | 42.0 GiB (44.0, +5%) |" in out
+    assert "| generation peak allocated (estimate) | 31.0 GiB (30.0, -3%) |" in out
+    assert "| mismatch at position 8192+ | 1.0300 |" in out
+    assert "| first step / median step | 2.50x |" in out  # 10 s against the median 4 s of steps 2-4

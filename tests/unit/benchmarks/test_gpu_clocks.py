@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import gpu_clocks  # noqa: E402
-from gpu_clocks import ClockSampler, Sample, parse_line, per_variant  # noqa: E402
+from benchmarks import gpu_clocks
+from benchmarks.gpu_clocks import ClockSampler, Sample, parse_line, per_variant
 
 
 def test_lines_parse_and_unreadable_ones_are_skipped():

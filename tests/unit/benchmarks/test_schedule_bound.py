@@ -3,18 +3,13 @@ against the documented GPU rollout, and against the native engine itself (which 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from common import draw_lengths  # noqa: E402
-from schedule_bound import fcfs_decode_steps, main, occupancy_bound  # noqa: E402
-
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine  # noqa: E402
-from nemo_jetrl.models.tiny import random_tiny_qwen3  # noqa: E402
+from benchmarks.common import draw_lengths
+from benchmarks.schedule_bound import fcfs_decode_steps, main, occupancy_bound
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 
 def test_the_list_schedule_by_hand():
@@ -29,7 +24,7 @@ def test_the_list_schedule_by_hand():
 
 
 def test_the_documented_h100_queue_rollout_ran_the_best_fcfs_schedule():
-    """docs/performance.md: 256 lognormal lengths (mean 256, max 1,024) at 64 rows took 1,472 decode steps on the
+    """docs/performance_history.md: 256 lognormal lengths (mean 256, max 1,024) at 64 rows took 1,472 decode steps on the
     GPU (host sync every 16 steps); 1,431 with a refill at every step; occupancy bound 0.68."""
     lengths = draw_lengths("lognormal", 256, 256, 1024, 1.0, seed=2)
     assert fcfs_decode_steps(lengths, 64, 16) == 1472 and fcfs_decode_steps(lengths, 64) == 1431

@@ -3,13 +3,9 @@ checked on hand-made profiles whose answers are known."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import step_split  # noqa: E402
+from benchmarks import step_split
 
 
 def _profile(per_layer: dict, per_step: dict, layers: int) -> dict:
@@ -61,7 +57,7 @@ def test_report_refuses_one_depth_twice_and_a_missing_baseline():
 
 
 def test_profile_variants_are_presets_with_recipe_fields():
-    import profile_train_step
+    from benchmarks import profile_train_step
 
     recipe = profile_train_step.recipe_from_spec("jetrl:wgrad_x_blocks=128x128+cache_dgrad_weight=true")
     assert (recipe.granularity, recipe.wgrad_x_blocks, recipe.cache_dgrad_weight) == ("blockwise", "128x128", True)

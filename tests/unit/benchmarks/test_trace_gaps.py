@@ -2,11 +2,8 @@
 
 import gzip
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import trace_gaps  # noqa: E402
+from benchmarks import trace_gaps
 
 
 def _trace(tmp_path, gz: bool):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
+from nemo_jetrl.schema import validate_config
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "examples" / "configs" / "grpo_tiny.yaml"

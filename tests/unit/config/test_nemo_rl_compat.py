@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 from jetrl_testkit.cli import load_script, run_main
 
-from nemo_jetrl.config import ConfigError, MasterConfig, load_config, validate_config
-from nemo_jetrl.config.nemo_rl import is_schema_field, rule_for
+from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.config.nemo_rl_keys import KEY_RULES
 from nemo_jetrl.precision.config import precision_line
+from nemo_jetrl.schema import MasterConfig, validate_config
+from nemo_jetrl.schema.nemo_rl import is_schema_field, rule_for
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent / "nemo_rl_yaml"

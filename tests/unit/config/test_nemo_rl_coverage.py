@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from jetrl_testkit.cli import load_script, run_main
 
-from nemo_jetrl.config import ConfigError, load_config, validate_config
-from nemo_jetrl.config.nemo_rl import lookup, nemo_rl_only
+from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.config.nemo_rl_facts import defined_keys, is_nemo_rl_mapping, pinned_commit
 from nemo_jetrl.config.nemo_rl_keys import KEY_RULES
 from nemo_jetrl.config.nemo_rl_rules import IGNORED
+from nemo_jetrl.schema import validate_config
+from nemo_jetrl.schema.nemo_rl import lookup, nemo_rl_only
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent / "nemo_rl_yaml"

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_jetrl.config import MasterConfig, load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.data.prompts import PromptFormatter
 from nemo_jetrl.models.loading import load_model_and_tokenizer
+from nemo_jetrl.schema import MasterConfig, validate_config
 
 LIKE_1B = Path(__file__).resolve().parent / "nemo_rl_yaml" / "grpo_math_1B_like.yaml"
 NATIVE = "policy.generation.backend=native"

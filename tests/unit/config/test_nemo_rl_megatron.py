@@ -1,13 +1,14 @@
 """`policy.megatron_cfg.enabled: true` resolves to the optimizer, scheduler, parallel layout and FP8 recipe NeMo-RL's
-Megatron worker would use, announced in start-up lines (config/nemo_rl_megatron.py)."""
+Megatron worker would use, announced in start-up lines (schema/nemo_rl_megatron.py)."""
 
 from pathlib import Path
 
 import pytest
 from jetrl_testkit.cli import load_script, run_main
 
-from nemo_jetrl.config import ConfigError, MasterConfig, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.precision.config import precision_line
+from nemo_jetrl.schema import MasterConfig, validate_config
 
 ROOT = Path(__file__).resolve().parents[3]
 MEGATRON_FP8 = Path(__file__).resolve().parent / "nemo_rl_yaml" / "grpo_megatron_fp8.yaml"

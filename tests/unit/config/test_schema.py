@@ -3,7 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_jetrl.config import ConfigError, MasterConfig, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
+from nemo_jetrl.schema import MasterConfig, validate_config
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +159,6 @@ def test_train_kv_fake_quant_requires_kv_fp8(base_yaml):
         (["policy.generation.kv_cache_dtype=fp8"], "needs policy.fp8_cfg.train_kv_fake_quant: true"),
         (["policy.train_causal_attention=true"], "set policy.train_causal_attention: false"),
         (["policy.fused_train_kernels=false"], "set policy.fused_train_kernels: true"),
-        (["policy.sequence_packing.enabled=true"], "set policy.sequence_packing.enabled: false"),
     ],
 )
 def test_exact_mode_refuses_what_it_cannot_honour(base_yaml, overrides, expected):
@@ -166,6 +166,8 @@ def test_exact_mode_refuses_what_it_cannot_honour(base_yaml, overrides, expected
     assert message.startswith("policy.generation.deterministic: true") and expected in message
     kv = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quant=true"]
     assert check(base_yaml, "policy.generation.deterministic=true", *kv).policy.generation.deterministic
+    packed = check(base_yaml, "policy.generation.deterministic=true", "policy.sequence_packing.enabled=true")
+    assert packed.policy.sequence_packing.enabled  # packed rows run the batch-invariant kernel's varlen form
 
 
 def test_sequence_packing_refuses_dynamic_batching_and_unseeded_or_unknown_algorithms(base_yaml):
@@ -187,13 +189,14 @@ def test_sequence_packing_refuses_dynamic_batching_and_unseeded_or_unknown_algor
         (["policy.train_causal_attention=true"], "set policy.train_causal_attention: false"),
         (["policy.fused_train_kernels=false"], "set policy.fused_train_kernels: true"),
         (["policy.generation.deterministic=true"], "set policy.generation.matched_kernels: false"),
-        (["policy.sequence_packing.enabled=true"], "set policy.sequence_packing.enabled: false"),
     ],
 )
 def test_matched_kernels_refuse_what_they_cannot_honour(base_yaml, overrides, expected):
     message = error_of(base_yaml, "policy.generation.matched_kernels=true", *overrides)
     assert message.startswith("policy.generation.") and expected in message
-    assert check(base_yaml, "policy.generation.matched_kernels=true").policy.generation.matched_kernels
+    assert check(base_yaml, "policy.generation.matched_kernels=true").policy.generation.matched_kernels is True
+    packed = check(base_yaml, "policy.generation.matched_kernels=true", "policy.sequence_packing.enabled=true")
+    assert packed.policy.sequence_packing.enabled and packed.policy.train_cuda_graphs == "auto"
     message = error_of(base_yaml, "policy.generation.matched_kernels=true", "policy.generation.backend=vllm")
     assert "policy.generation.matched_kernels: true is the native engine's path" in message
 
@@ -356,6 +359,28 @@ def test_sequence_parallel_runs_without_it_and_says_so(base_yaml):
         "policy.dtensor_cfg.sequence_parallel: true: TP activations stay replicated here (sequence parallelism "
         "shards them: memory only, same numbers)",
     )
+
+
+@pytest.mark.parametrize(
+    "blocker",
+    [
+        "policy.generation.deterministic=true",
+        "policy.generation.backend=vllm",
+        "policy.train_causal_attention=true",
+        "policy.fused_train_kernels=false",
+        "policy.fp8_cfg.fp8_recipe=rowwise",
+        "cluster.backend=ray",
+    ],
+)
+def test_auto_switches_refuse_nothing_a_true_would_be_refused_for(base_yaml, blocker):
+    """`auto` resolves to off at start-up where `true` is refused (policy/auto_switches.py): validation passes."""
+    auto = ("policy.generation.matched_kernels=auto", "policy.train_cuda_graphs=auto")
+    cfg = check(base_yaml, *auto, blocker)
+    assert cfg.policy.generation.matched_kernels == "auto" and cfg.policy.train_cuda_graphs == "auto"
+    assert check(base_yaml).policy.train_cuda_graphs == "auto"  # the default
+    assert check(base_yaml).policy.generation.matched_kernels is False  # opt-in: one line in the recipe
+    message = error_of(base_yaml, "policy.train_cuda_graphs=sometimes")
+    assert message.startswith("policy.train_cuda_graphs:") and "auto" in message
 
 
 def test_train_cuda_graphs_refuse_the_exact_mode_and_take_sequence_packing(base_yaml):

@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.distributed import weight_sync
-from nemo_jetrl.distributed.fsdp import shard_policy
-from nemo_jetrl.distributed.weight_sync import Fp8Refit
 from nemo_jetrl.distributed.worker import PolicyWorker
+from nemo_jetrl.policy.parallel import weight_sync
+from nemo_jetrl.policy.parallel.fsdp import shard_policy
+from nemo_jetrl.policy.parallel.weight_sync import Fp8Refit
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, weight_quant
 from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear, build_rollout_replica
 

@@ -24,7 +24,7 @@ names = [
     "nemo_jetrl.algorithms.loss",
     "nemo_jetrl.distributed",
     "nemo_jetrl.distributed.cluster",
-    "nemo_jetrl.distributed.sharding",
+    "nemo_jetrl.policy.parallel.sharding",
     "nemo_jetrl.distributed.launch",
     "nemo_jetrl.distributed.worker",
     "nemo_jetrl.policy.native",

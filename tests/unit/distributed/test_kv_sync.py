@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_jetrl.distributed.kv_sync import gather_qkv_records, scales_from_records
+from nemo_jetrl.policy.parallel.kv_sync import gather_qkv_records, scales_from_records
 from nemo_jetrl.precision.kv import QKVCalibrator
 from nemo_jetrl.precision.recipe import KVCalibration
 

@@ -12,13 +12,13 @@ bitwise; not on an AMD EPYC one, where a last-bit difference can move one e4m3 a
 hold on both; `K_SPLIT_EXACT` (a probe of this host) tightens them to bitwise where the host is exact:
 - the TP rollout on the reference's own weights: greedy tokens equal, logprobs of the reference's tokens within
   1e-5 (measured 1.4e-6 on the AMD host);
-- the training step: loss 1e-6 relative; logprobs 2e-3 absolute (AMD: 5e-4); grad norm 1e-4 relative (AMD:
-  1.7e-5; norms are summed per device mesh in another order); FP8 bits after the AdamW step: at most 0.1% differ
+- the training step: loss 1e-6 relative; logprobs 2e-3 absolute (AMD: 5e-4); grad norm 2.5e-4 relative (AMD:
+  1.7e-5 and 1.08e-4; norms are summed per device mesh in another order); FP8 bits after the AdamW step: at most 0.1% differ
   (AMD: 0.04%; Adam's first step is ~lr * sign(g), and a gradient within rounding of 0 may flip), scales 1e-6
   relative;
 - the rollout after the update: greedy tokens equal where the host is exact (elsewhere the weights are a sign
   flip apart in places, and greedy decoding amplifies that);
-- the FP8 KV scales of a calibrating pass (`kv_rank_check.py`, `DataParallelPolicy` vs `NativePolicy`): bitwise
+- the FP8 KV scales of a calibrating pass (`kv_rank_check.py`, the sharded `NativePolicy` vs one process): bitwise
   under DP=2; under TP=2 bitwise in layer 0 and where the host is exact (elsewhere 1e-5 relative; measured 5e-7).
 """
 
@@ -30,8 +30,8 @@ import pytest
 import torch
 from jetrl_testkit.forkrun import run_launches
 
-from nemo_jetrl.distributed.tensor_parallel import build_tp_rollout_replica, check_tp_layout
 from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.parallel.tensor_parallel import build_tp_rollout_replica, check_tp_layout
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 
 HERE = Path(__file__).resolve().parent
@@ -92,7 +92,8 @@ def _check_step(ranks: list[dict], dp: int, tp: int) -> None:
     for r in ranks:
         ref, got = r["ref"], r["tp"]
         assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6 if exact else 2e-3)  # measured 1.3e-3 (AMD EPYC)
-        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6 if exact else 1e-4)
+        # measured 1.7e-5 and 1.08e-4 (two AMD EPYC hosts, the second 2026-11-28: 18.895260 vs 18.893230)
+        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6 if exact else 2.5e-4)
         if exact:
             torch.testing.assert_close(got["logp"], ref["logp"], rtol=0, atol=1e-6)
         else:  # the row-parallel partial sums round apart (measured: 1 of 96 logprobs 0.019 apart, AMD EPYC)

@@ -13,17 +13,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from nemo_jetrl.distributed.fsdp import clip_grads, shard_policy, total_grad_norm
-from nemo_jetrl.distributed.tensor_parallel import (
+from nemo_jetrl.generation.native.engine import NativeGenerationEngine
+from nemo_jetrl.models.scoring import sequence_logprobs
+from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.parallel.fsdp import clip_grads, shard_policy, total_grad_norm
+from nemo_jetrl.policy.parallel.tensor_parallel import (
     COLWISE,
     build_tp_rollout_replica,
     parallelize_decoder,
     reduce_head_local_grads,
 )
-from nemo_jetrl.distributed.weight_sync import Fp8Refit
-from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.models.scoring import sequence_logprobs
-from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.parallel.weight_sync import Fp8Refit
 from nemo_jetrl.precision import (
     Fp8Linear,
     Fp8RolloutLinear,

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from nemo_jetrl.models.batch_invariant import logsumexp_ref, logsumexp_rows
-from nemo_jetrl.models.batch_invariant_attention import attention, causal_attention, paged_attention
+from nemo_jetrl.models.batch_invariant_attention import attention, paged_attention
+from nemo_jetrl.models.batch_invariant_train import _forward, _Layout, causal_attention, packed_attention
+from nemo_jetrl.models.packed import PackedRows
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 
 
@@ -71,6 +73,55 @@ def test_causal_attention_gradient_is_sdpas():
         assert rel(got, t.grad) < 1e-5
 
 
+def _packed(t: torch.Tensor, packing: PackedRows) -> torch.Tensor:
+    """[B, H, S, D] -> the packed row [1, H, T, D] of `packing` (zeros on its rounding slots)."""
+    bsz, heads, seq, dim = t.shape
+    rows = torch.cat([t.transpose(1, 2).reshape(bsz * seq, heads, dim), t.new_zeros(1, heads, dim)])
+    return rows[packing.index].transpose(0, 1)[None].contiguous()
+
+
+def test_trainer_forward_writes_the_log_sum_exp_and_packed_rows_equal_padded_rows_bitwise():
+    q, k, v, valid = _case(40)
+    valid[1, 30:] = False  # a right-padded row too
+    out, lse = _forward(q, k, v, _Layout(key_valid=valid), 0.2)  # [B, H, S, D], [H, B * S]
+    scores = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * 0.2  # [B, H, S, S]
+    allowed = (torch.arange(40)[None, :] <= torch.arange(40)[:, None]) & valid[:, None, :]  # [B, S, S]
+    expected = torch.logsumexp(scores.masked_fill(~allowed[:, None], float("-inf")), -1)  # [B, H, S]
+    expected = expected.transpose(0, 1).reshape(4, -1)
+    real = valid.flatten()
+    assert float((lse[:, real].double() - expected[:, real]).abs().max()) < 1e-6  # natural log, fp32
+    assert bool(torch.isinf(lse[:, ~real]).all())  # pad queries: +inf (no gradient)
+    packing = PackedRows.from_mask(valid.long(), 8)  # 3 rows + a rounding segment
+    p_out, p_lse = _forward(*(_packed(t, packing) for t in (q, k, v)), _Layout(cu_seqlens=packing.cu_seqlens), 0.2)
+    slots = packing.real()[0]
+    assert torch.equal(p_out[:, :, slots], _packed(out, packing)[:, :, slots])  # bitwise: same sums per query
+    assert torch.equal(p_lse[:, slots], torch.cat([lse, lse[:, :1]], 1)[:, packing.index][:, slots])
+
+
+def test_packed_trainer_attention_gradient_is_per_sequence_sdpas():
+    """The twin backward (flash attention's formulas over the forward's output and log-sum-exp) against SDPA run
+    on each sequence alone, every query scored (the rounding segment's too)."""
+    q, k, v, valid = _case(40)
+    packing = PackedRows.from_mask(valid.long(), 8)
+    q, k, v = (_packed(t, packing).float().requires_grad_() for t in (q, k, v))
+    weight = torch.linspace(0.5, 1.5, q.shape[2])[None, None, :, None]
+    ours = packed_attention(q, k, v, packing, 0.2)
+    (ours * weight).square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    bounds = packing.cu_seqlens.tolist()
+    out = torch.cat([
+        F.scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, lo:hi].repeat_interleave(2, 1),
+                                       v[:, :, lo:hi].repeat_interleave(2, 1), is_causal=True, scale=0.2)
+        for lo, hi in zip(bounds[:-1], bounds[1:])
+    ], dim=2)  # fmt: skip
+    assert rel(ours, out) < 1e-6  # float64 twin rounded once vs float32 SDPA
+    (out * weight).square().sum().backward()
+    for got, t in zip(grads, (q, k, v)):
+        assert rel(got, t.grad) < 1e-5  # measured ~3e-7
+
+
 def test_logsumexp_twin_is_batch_invariant_close_and_differentiable():
     torch.manual_seed(1)
     x = (torch.randn(6, 9000) * 4).requires_grad_()
@@ -122,6 +173,24 @@ CHILD = textwrap.dedent(
             rows = valid[:, t]
             per_row = K.attention(q[:, :, t : t + 1], k_buf, v_buf, key_valid, torch.full((B,), t), 0.125, *sc)
             r["decode"].append(torch.equal(out[rows, :, 0], train[rows, :, t]) and torch.equal(per_row, out))
+    # the trainer's forward: padded rows with their log-sum-exp, and the same rows packed (VARLEN), a fixed layout
+    # with empty segments too (a captured micro-batch's)
+    from nemo_jetrl.models.batch_invariant_train import varlen_attention_ref
+    from nemo_jetrl.models.packed import PackedRows
+    lse_pad = torch.empty(H, B * S)
+    train = K.attention(q, k, v, valid, zero, 0.125, lse=lse_pad)
+    r["packed"], r["packed_rel"] = [], []
+    for packing in (PackedRows.from_mask(valid.long(), 64),
+                    PackedRows.from_mask(valid.long(), 64, width=512, segments=8, longest=S)):
+        def pk(t):
+            rows = torch.cat([t.transpose(1, 2).reshape(B * S, t.shape[1], D), t.new_zeros(1, t.shape[1], D)])
+            return rows[packing.index].transpose(0, 1)[None].contiguous()
+        out, lse = K.varlen_attention(pk(q), pk(k), pk(v), packing.cu_seqlens, packing.max_seqlen, 0.125)
+        slots = packing.real()[0]
+        flat = torch.cat([lse_pad, lse_pad[:, :1]], 1)[:, packing.index]
+        r["packed"].append(torch.equal(out[:, :, slots], pk(train)[:, :, slots]) and torch.equal(lse[:, slots], flat[:, slots]))
+        ref, ref_lse = varlen_attention_ref(pk(q), pk(k), pk(v), packing.cu_seqlens, 0.125)
+        r["packed_rel"] += [rel(out, ref), float((lse - ref_lse).abs().max())]
     x = torch.randn(5, 10000) * 3
     lse = K.row_logsumexp(x)
     r["lse_rel"] = rel(lse, logsumexp_ref(x))
@@ -142,8 +211,10 @@ def test_triton_attention_and_logsumexp_in_the_interpreter(run_interpreted):
     assert len(r["decode"]) == 10 and max(r["rel"]) < 1e-6 and r["lse_rel"] < 1e-6 and r["lse_row"]
     # prefill / decode rows equal to the full pass bitwise need a BLAS whose tile products do not depend on the
     # tile shape (tests/gpu/test_batch_invariant_gpu.py checks the compiled kernels bitwise everywhere)
+    assert len(r["packed_rel"]) == 4 and max(r["packed_rel"]) < 1e-5  # outputs and log-sum-exp vs the twin
     if r["blas_tile_invariant"]:
         assert all(r["prefill"]) and all(r["decode"])
+        assert r["packed"] == [True, True]  # a packed token: the padded training forward's bits (so the decode's)
 
 
 def _paged_case(dtype, page: int, lengths: list[int], seed: int = 0):

@@ -14,6 +14,8 @@ from nemo_jetrl.models.batch_invariant import (
     exact_parts,
     is_batch_invariant,
     match_kernels,
+    matched_parts,
+    unmatch_kernels,
 )
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
@@ -75,6 +77,12 @@ def test_matched_kernels_switch_the_cheap_parts_and_the_policy_applies_them():
     other = random_tiny_qwen3(0)
     match_kernels(other, torch.device("cpu"))  # no FP8 linears: attention and log-sum-exp only
     assert exact_parts(other) == MATCHED_PARTS
+    # CUDA: the fast path's per-row logprob kernel serves both sides; only the attention switches
+    assert matched_parts(torch.device("cuda")) == ExactParts.only("attention")
+    unmatch_kernels(other)
+    assert exact_parts(other) == ExactParts.none() and not is_batch_invariant(other)
+    with pytest.raises(ValueError, match="not the matched kernels"):
+        unmatch_kernels(other)
 
 
 def test_cublas_fprop_is_refused_off_sm90_and_the_exact_gemm_wins():

@@ -39,7 +39,7 @@ def test_batch_key_follows_shapes_dtypes_missing_fields_and_flags():
 def test_train_cuda_graphs_on_a_cpu_trainer_is_refused():
     cfg = validate_config(load_config(CONFIG, ["policy.train_cuda_graphs=true"])).model_dump()
     model, tok = load_model_and_tokenizer("tiny-arith", device=torch.device("cpu"), dtype=torch.float32)
-    with pytest.raises(ValueError, match="policy.train_cuda_graphs: true needs one CUDA device"):
+    with pytest.raises(ValueError, match="policy.train_cuda_graphs: true needs a CUDA device"):
         NativePolicy(cfg["policy"], PrecisionRecipe.from_config(cfg["policy"]), torch.device("cpu"),
                      model=copy.deepcopy(model), tokenizer=tok)  # fmt: skip
 

@@ -125,3 +125,23 @@ def test_split_timing_names_never_double_counts():
     assert stacked == ["generation", "train", "sync/a"]
     assert nested == ["train/optimizer", "train/optimizer/step"]
     assert totals == ["total_step_time"]
+
+
+def test_mismatch_by_position_at_16k_positions_is_averaged_and_plotted(tmp_path):
+    """grpo.mismatch_position_bin=1024 over 16K-token responses: 16 bins per step, their mean over the steps after
+    the first, one line per run on the position plot."""
+    from nemo_jetrl.utils.metrics_jsonl import position_curve
+    from nemo_jetrl.utils.plots import plot_mismatch_position
+
+    runs = {}
+    for label, slope in (("bf16", 1e-4), ("fp8_kv", 1e-3)):
+        lines = [json.dumps({"step": s, **{f"train/mismatch_pos/{b * 1024:05d}": 1.0 + slope * b * s
+                                           for b in range(16)}}) for s in range(1, 4)]  # fmt: skip
+        (tmp_path / f"{label}.jsonl").write_text("\n".join(lines) + "\n")
+        runs[label] = read_metrics_jsonl(tmp_path / f"{label}.jsonl")
+    curve = position_curve(runs["fp8_kv"], skip=1)  # steps 2 and 3
+    assert list(curve) == [b * 1024 for b in range(16)]
+    assert curve[15360] == pytest.approx(1.0 + 1e-3 * 15 * 2.5) and curve[0] == 1.0
+    path = plot_mismatch_position(runs, tmp_path / "mismatch_position.png", skip=1)
+    assert _png_size(path)[0] > 10_000
+    assert plot_mismatch_position({"none": {}}, tmp_path / "none.png") is None

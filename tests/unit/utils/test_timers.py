@@ -73,3 +73,11 @@ def test_cuda_device_without_cuda_is_refused():
     with pytest.raises(ValueError, match="CUDA is not available"):
         Timer(device="cuda")
     assert Timer(device="cpu").device == torch.device("cpu")
+
+
+def test_memory_peaks_are_recorded_on_cuda_only():
+    timer = Timer(memory_device="cpu")  # a CPU run: timings as ever, no memory metric
+    with timer.time("training"):
+        pass
+    assert timer.memory_device is None and timer.get_memory_metrics() == {}
+    assert list(timer.get_timing_metrics()) == ["timing/training"]

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from nemo_jetrl.distributed.data_split import split_evenly
+from nemo_jetrl.generation.seed_shards import split_evenly
 
 PlanKind = Literal["none", "fsdp", "fsdp_tp"]
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from nemo_jetrl.distributed.fsdp import tile_aligned_placement
+from nemo_jetrl.policy.parallel.fsdp import tile_aligned_placement
 from nemo_jetrl.precision.layer_map import decoder_layer_index
 from nemo_jetrl.precision.linear import Fp8Linear, QuantizedWeight
 from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear

@@ -18,12 +18,12 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from nemo_jetrl.distributed.fp8_gather import shard_fp8_linears
-from nemo_jetrl.distributed.fsdp import GatherCounter, shard_policy
-from nemo_jetrl.distributed.parallel_plan import ParallelPlan
-from nemo_jetrl.distributed.tensor_parallel import build_tp_rollout_replica, parallelize_decoder
-from nemo_jetrl.distributed.weight_sync import Fp8Refit
 from nemo_jetrl.models.scoring import PolicyLogprobs
+from nemo_jetrl.policy.parallel.fp8_gather import shard_fp8_linears
+from nemo_jetrl.policy.parallel.fsdp import GatherCounter, shard_policy
+from nemo_jetrl.policy.parallel.plan import ParallelPlan
+from nemo_jetrl.policy.parallel.tensor_parallel import build_tp_rollout_replica, parallelize_decoder
+from nemo_jetrl.policy.parallel.weight_sync import Fp8Refit
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.rollout_layers import build_rollout_replica
 from nemo_jetrl.utils.dtensor import full_tensor, local_tensor

@@ -1,11 +1,13 @@
 """NeMo-RL's config tree as an input: its keys are honoured with NeMo-RL's meaning (mapped onto ours), accepted
-without effect, or refused by value with one line naming key, value and what to use instead (nemo_rl_keys.py).
-A Megatron config is mapped onto our trainer first (nemo_rl_megatron.py). A key NeMo-RL defines (at the pinned
-commit, nemo_rl_facts.py) that the table does not name, or any key under a NeMo-RL-only subtree, is ignored with
-one warning line; an unknown key in one of our sections stays an error (the schema suggests the near key).
+without effect, or refused by value with one line naming key, value and what to use instead (the key table,
+config/nemo_rl_keys.py). A Megatron config is mapped onto our trainer first (nemo_rl_megatron.py, here). A key
+NeMo-RL defines (at the pinned commit, config/nemo_rl_facts.py) that the table does not name, or any key under a
+NeMo-RL-only subtree, is ignored with one warning line; an unknown key in one of our sections stays an error (the
+schema suggests the near key).
 
 Values NeMo-RL spells differently (the model dtype in `policy.precision`, optimizer classes, rollout backends) are
-respelled by nemo_rl_values.py.
+respelled by config/nemo_rl_values.py. This module reads the composed schema (which keys are ours), so it sits
+above the sections with it; the key table, the facts and the respellings are data and stay in config/.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from pydantic import BaseModel
 from nemo_jetrl.config.errors import ConfigError
 from nemo_jetrl.config.nemo_rl_facts import is_nemo_rl_mapping, nemo_rl_defines, nemo_rl_only_subtrees
 from nemo_jetrl.config.nemo_rl_keys import KEY_RULES
-from nemo_jetrl.config.nemo_rl_megatron import map_megatron
 from nemo_jetrl.config.nemo_rl_rules import IGNORED, NULL_SECTION, Rule, Translation, apply_rules, get_path, set_path
 from nemo_jetrl.config.nemo_rl_values import respell_values
+from nemo_jetrl.schema.master import MasterConfig
+from nemo_jetrl.schema.nemo_rl_megatron import map_megatron
 
 
 def rule_for(key: str) -> Rule | None:
@@ -52,8 +55,6 @@ def is_schema_section(key: str) -> bool:
 
 def _schema_node(key: str) -> Any:
     """The type at `key` in the master schema ("leaf" inside a non-section field), None where there is none."""
-    from nemo_jetrl.config.schema import MasterConfig
-
     model: Any = MasterConfig
     for part in key.split(".") if key else ():
         if not (isinstance(model, type) and issubclass(model, BaseModel)):

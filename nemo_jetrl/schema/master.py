@@ -2,22 +2,18 @@
 
 Every key has its default in its section type (a partial config is valid; grpo_base.yaml shows the same values),
 unknown keys are errors, enums are `Literal`s. To add a key: one field in its section type (and the line in
-grpo_base.yaml). NeMo-RL's spellings and keys that have no effect here are translated first (config/nemo_rl.py).
+grpo_base.yaml). NeMo-RL's spellings and keys that have no effect here are translated first (schema/nemo_rl.py,
+applied by `validate_config` in schema/validate.py).
 
 Cross-section rules are `model_validator`s raising `KeyedValueError`, whose message names the full dotted keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-from pydantic import PrivateAttr, ValidationError, model_validator
+from pydantic import PrivateAttr, model_validator
 
 from nemo_jetrl.algorithms.config import GrpoConfig, LossConfig
-from nemo_jetrl.config.errors import ConfigError, KeyedValueError, format_validation_error, omegaconf_message
+from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import Section
 from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.distributed.cluster import ClusterSpec
@@ -39,7 +35,7 @@ class MasterConfig(Section):
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointingConfig = CheckpointingConfig()
     cluster: ClusterConfig = ClusterConfig()
-    # what the NeMo-RL translation said (config/nemo_rl.py): mapping lines for stdout, ignored keys for stderr
+    # what the NeMo-RL translation said (schema/nemo_rl.py): mapping lines for stdout, ignored keys for stderr
     _notes: tuple[str, ...] = PrivateAttr(default=())
     _warnings: tuple[str, ...] = PrivateAttr(default=())
 
@@ -109,30 +105,3 @@ class MasterConfig(Section):
                 f"{self.cluster.num_nodes} * {count} = {workers})"
             )
         return self
-
-
-def validate_config(cfg: DictConfig | Mapping[str, Any]) -> MasterConfig:
-    """Validate a (resolved or resolvable) config against `MasterConfig`; one ConfigError naming every bad key.
-
-    NeMo-RL keys are honoured (mapped onto ours), accepted as no-op or refused first (config/nemo_rl.py)."""
-    from nemo_jetrl.config.nemo_rl import translate_nemo_rl
-
-    if isinstance(cfg, ListConfig):
-        raise ConfigError("config must be a mapping of sections, got a list")
-    if isinstance(cfg, DictConfig):
-        try:
-            data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-        except OmegaConfBaseException as exc:
-            message = omegaconf_message(exc)
-            raise ConfigError(f"{exc.full_key}: {message}" if exc.full_key else message) from None
-    elif isinstance(cfg, Mapping):
-        data = dict(cfg)
-    else:
-        raise ConfigError(f"config must be a mapping of sections, got {type(cfg).__name__}")
-    translation = translate_nemo_rl(data)
-    try:
-        cfg = MasterConfig.model_validate(translation.tree)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, MasterConfig)) from None
-    cfg._notes, cfg._warnings = tuple(translation.notes), tuple(translation.warnings)
-    return cfg

@@ -1,0 +1,115 @@
+"""The `auto` values of two trainer switches, resolved once at start-up, with one line where `auto` says no:
+
+- `policy.train_cuda_graphs: auto` (the default): the trainer's micro-batches captured in CUDA graphs
+  (`policy/train_graphs.py`) wherever they are correct: a CUDA device, the local backend, not the exact mode.
+- `policy.generation.matched_kernels: auto`: the batch-invariant attention and log-sum-exp on both sides with the
+  FP8 forward GEMMs on cuBLAS at every M (`models.batch_invariant.match_kernels`), kept only where the start-up
+  self-check (`models.matched_check`) finds every product row-invariant on this device at this model's shapes,
+  so that the rollout's logprobs equal the trainer's bit for bit; never where the config rules it out (the exact
+  mode already runs its kernels; another rollout precision; vLLM; Ray; the opt-in causal trainer attention; ...).
+
+`true` and `false` stay what they say (a `true` the config cannot honour is refused by config validation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from nemo_jetrl.models.batch_invariant import match_kernels, unmatch_kernels
+from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.precision.recipes.base import layouts_with, scale_layout
+
+AUTO = "auto"
+
+
+def announce(line: str | None) -> None:
+    """Print a start-up line (stdout, as the config's start-up notes)."""
+    if line:
+        print(line, flush=True)
+
+
+def resolve_train_cuda_graphs(policy_cfg: Mapping[str, Any], device: torch.device) -> tuple[bool, str | None]:
+    """The one-process trainer's captured micro-batches: (on, the line saying why `auto` is off, or None); `true`
+    off CUDA is refused."""
+    value = policy_cfg["train_cuda_graphs"]
+    if value != AUTO:
+        if value and device.type != "cuda":
+            raise ValueError(f"policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on {device}")
+        return bool(value), None
+    reason = None
+    if device.type != "cuda":
+        reason = f"the trainer runs on {device}"
+    elif policy_cfg["generation"]["deterministic"]:
+        reason = "policy.generation.deterministic: true (the exact mode's trainer runs eagerly)"
+    return reason is None, None if reason is None else f"policy.train_cuda_graphs: auto -> off: {reason}"
+
+
+def matched_kernels_blocker(policy_cfg: Mapping[str, Any], backend: str = "local") -> str | None:
+    """Why the config rules `matched_kernels: auto` out (None: the self-check decides)."""
+    gen, fp8 = policy_cfg["generation"], policy_cfg["fp8_cfg"]
+    rollout_precision = gen["precision"] or policy_cfg["precision"]
+    fp8_anywhere = "fp8" in (policy_cfg["precision"], rollout_precision)
+    reasons = (
+        (gen["deterministic"], "policy.generation.deterministic: true already runs its kernels"),
+        (gen["backend"] != "native", f"policy.generation.backend: {gen['backend']} (the native engine's path)"),
+        (backend != "local", f"cluster.backend: {backend} (set true to run it on the workers)"),
+        (rollout_precision != policy_cfg["precision"], "the trainer and the rollout run different precisions"),
+        (gen["kv_cache_dtype"] == "fp8" and not fp8["train_kv_fake_quant"],
+         "an FP8 KV cache without policy.fp8_cfg.train_kv_fake_quant"),
+        (policy_cfg["train_causal_attention"], "policy.train_causal_attention: true"),
+        (not policy_cfg["fused_train_kernels"], "policy.fused_train_kernels: false"),
+        (fp8_anywhere and not scale_layout(fp8["fp8_recipe"]).features.exact_gemm,
+         f"policy.fp8_cfg.fp8_recipe: {fp8['fp8_recipe']} (matched kernels need {layouts_with('exact_gemm')})"),
+    )  # fmt: skip
+    return next((reason for blocked, reason in reasons if blocked), None)
+
+
+def apply_matched_kernels(
+    model: nn.Module,
+    policy_cfg: Mapping[str, Any],
+    recipe: PrecisionRecipe,
+    device: torch.device,
+    compute_dtype: torch.dtype | None,
+) -> tuple[bool, str | None]:
+    """Switch `model` to the matched kernels as `policy.generation.matched_kernels` says (auto: the config allows
+    it and the self-check passes); returns (on, the start-up line of an `auto` or None)."""
+    value = policy_cfg["generation"]["matched_kernels"]
+    if value != AUTO:
+        if value:
+            match_kernels(model, device)
+        return bool(value), None
+    key = "policy.generation.matched_kernels: auto"
+    blocker = matched_kernels_blocker(policy_cfg)
+    if blocker is not None:
+        return False, f"{key} -> off: {blocker}"
+    from nemo_jetrl.models.matched_check import matched_kernels_problem
+
+    match_kernels(model, device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    problem = matched_kernels_problem(model, compute_dtype, kv_fp8=recipe.kv_fp8)
+    if problem is not None:
+        unmatch_kernels(model)
+        return False, f"{key} -> off: not row-invariant on {where}: {problem} (true forces it)"
+    return True, f"{key} -> on: every product row-invariant on {where} (rollout logprobs == trainer's, bitwise)"
+
+
+def worker_switch_lines(policy_cfg: Mapping[str, Any], backend: str) -> list[str]:
+    """The two switches on a multi-worker backend (Ray): `auto` is off there (one line each); `true` train graphs,
+    and matched kernels with tensor-parallel shards (whose row invariance the check does not cover), are refused."""
+    if policy_cfg["train_cuda_graphs"] is True:
+        raise ValueError(f"policy.train_cuda_graphs needs the local backend (cluster.backend: local, not {backend})")
+    gen, tp = policy_cfg["generation"], policy_cfg["dtensor_cfg"]["tensor_parallel_size"]
+    if gen["matched_kernels"] is True and tp > 1:
+        raise ValueError(
+            f"policy.generation.matched_kernels: true with policy.dtensor_cfg.tensor_parallel_size {tp}: the row "
+            "invariance it rests on is not checked for tensor-parallel shards; set tensor_parallel_size: 1"
+        )
+    lines = [f"policy.train_cuda_graphs: auto -> off: cluster.backend: {backend} (its workers' trainers run eagerly)"]
+    lines = lines if policy_cfg["train_cuda_graphs"] == AUTO else []
+    if gen["matched_kernels"] == AUTO:
+        lines.append(f"policy.generation.matched_kernels: auto -> off: {matched_kernels_blocker(policy_cfg, backend)}")
+    return lines

@@ -1,0 +1,218 @@
+"""The device memory a GRPO step takes, from the model shape and the `policy` section (no tensor is made).
+
+Each phase's peak is the resident state plus what the phase adds:
+
+- resident: master weights, their gradients (the eager trainers free them at each refit, so only training holds
+  them), AdamW's two moments (all in `master_dtype`), the FP8 weight caches (1 byte per FP8 weight, 2 with
+  `cache_dgrad_weight`), a reference copy (KL penalty), the BF16 weight copies autocast makes of an FP32 master
+  (kept for the backward); the captured micro-batches' pool (`train_cuda_graphs`) is the preflight's to add;
+- training: per micro-batch token, what the forward keeps for the backward (below), the backward's working set, the
+  logits (all of them, or one chunk under activation checkpointing), and vocabulary-sized gradient transients;
+- logprobs (no grad): one layer's activations per token and a logits chunk;
+- rollout: the KV cache (the whole batch at its caps, or the `gpu_memory_utilization` pool) and sampling buffers.
+
+What one decoder layer keeps per token for its backward (`layer_bytes`), on the trainer's CUDA path (fused glue
+kernels, grouped FP8 GEMMs): the two norms' residual inputs (FP32 with an FP32 master under autocast), each linear's
+input (BF16: the activation, one autocast copy per linear when it is FP32; FP8: its 1-byte WGrad copy X^T and
+scales), q / k before their norm (FP8: the whole q/k/v output buffer they are views of), attention's q, k, v (repeated
+to the query heads where the kernel takes no grouped K/V), output and log-sum-exp, gate / up, and the padded path's
+additive mask (2 bytes per key per layer). With activation checkpointing a layer keeps its two inputs (x, delta) and
+one layer's activations live at a time, during its recomputation. docs/long_responses.md compares the estimate with
+measured peaks.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1024**3
+LOGPROB_CHUNK_ELEMENTS = 1 << 26  # models/scoring.py's chunk bound (logits elements)
+SAMPLING_ROWS_BYTES = 3 * 8  # per row and vocabulary entry: the rollout's sampling buffers [B, V] (scheduler.py)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama / Qwen2 / Qwen3 decoder's sizes (HF config names in `from_config`)."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | Any) -> ModelShape:
+        """From a HF config.json dict or a `PretrainedConfig`."""
+        get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
+        heads = int(get("num_attention_heads"))
+        hidden = int(get("hidden_size"))
+        return cls(
+            vocab=int(get("vocab_size")), hidden=hidden, layers=int(get("num_hidden_layers")),
+            intermediate=int(get("intermediate_size")), heads=heads, kv_heads=int(get("num_key_value_heads") or heads),
+            head_dim=int(get("head_dim") or hidden // heads), tied=bool(get("tie_word_embeddings", False)),
+        )  # fmt: skip
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def layer_linear_params(self) -> int:
+        """q, k, v, o, gate, up, down of one decoder layer."""
+        h, f = self.hidden, self.intermediate
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * f
+
+    def params(self) -> int:
+        """Every parameter (norm weights included)."""
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        norms = self.layers * (2 * self.hidden + 2 * self.head_dim) + self.hidden
+        return embeddings + self.layers * self.layer_linear_params() + norms
+
+
+@dataclass(frozen=True)
+class TrainerMemorySettings:
+    """What of the `policy` section sizes the memory (`from_policy`)."""
+
+    master_bytes: int  # 4 (float32) | 2 (bfloat16)
+    fp8_train: bool
+    fp8_weights: bool  # FP8 weight caches exist (trainer or rollout FP8)
+    bf16_layers: tuple[int, int]  # num_first_layers_in_bf16, num_last_layers_in_bf16
+    dgrad_cache: bool
+    kv_bytes: int  # per cached K/V element: 1 (fp8) | 2
+    checkpointing: bool
+    packed: bool
+    width: int  # policy.max_total_sequence_length
+    reference: bool  # a frozen reference copy (KL penalty)
+    graphs: bool  # train_cuda_graphs: gradients kept between steps, one micro-batch's activations reserved
+
+    @classmethod
+    def from_policy(cls, policy: Mapping[str, Any], reference: bool = False) -> TrainerMemorySettings:
+        fp8, gen = policy["fp8_cfg"], policy["generation"]
+        return cls(
+            master_bytes=4 if policy["master_dtype"] == "float32" else 2, fp8_train=policy["precision"] == "fp8",
+            fp8_weights=policy["precision"] == "fp8" or gen["precision"] == "fp8",
+            bf16_layers=(int(fp8["num_first_layers_in_bf16"]), int(fp8["num_last_layers_in_bf16"])),
+            dgrad_cache=bool(fp8["cache_dgrad_weight"]), kv_bytes=1 if gen["kv_cache_dtype"] == "fp8" else 2,
+            checkpointing=bool(policy["dtensor_cfg"].get("activation_checkpointing")),
+            packed=bool(policy["sequence_packing"]["enabled"]), width=int(policy["max_total_sequence_length"]),
+            reference=reference, graphs=bool(policy.get("train_cuda_graphs")),
+        )  # fmt: skip
+
+    def fp8_layer(self, shape: ModelShape, layer: int) -> bool:
+        """Whether decoder layer `layer`'s linears hold FP8 weights (the one layer map's BF16 first / last)."""
+        first, last = self.bf16_layers
+        return self.fp8_weights and first <= layer < shape.layers - last
+
+
+def varlen_takes_grouped_kv() -> bool:
+    """Whether torch's flash varlen kernel reads grouped K/V in place (`enable_gqa`); else they are repeated."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # pragma: no cover - no varlen API: the twin repeats K/V
+        return False
+    return "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
+def layer_bytes(shape: ModelShape, s: TrainerMemorySettings, fp8: bool, grouped_kv: bool = False) -> float:
+    """Bytes per token one decoder layer keeps for its backward (module docstring); `fp8`: its linears train in
+    FP8; `grouped_kv`: the packed path's flash kernel reads grouped K/V in place."""
+    h, f, q, kv = shape.hidden, shape.intermediate, shape.q_dim, shape.kv_dim
+    res = 4 if s.master_bytes == 4 else 2  # the residual stream (FP32 under autocast with an FP32 master)
+    kept = 2 * res * h  # the two norms' residual inputs
+    attn_kv = 2 * kv if grouped_kv and s.packed else 2 * q  # K, V as attention keeps them
+    kept += 2 * q + 2 * attn_kv + 2 * q + 4 * shape.heads  # q, k, v, out (= o_proj's BF16 input), lse
+    if not s.packed:
+        kept += 2 * s.width  # the padded path's additive mask [B, 1, S, S] in bf16, made per layer
+    if fp8:
+        kept += (1 + 1 / 32) * (2 * h + q + f)  # e4m3 X^T + fp32 scales per 128 tokens: q/k/v, gate/up, o, down
+        kept += 2 * (q + 2 * kv)  # the q/k/v output buffer that q and k (before their norm) are views of
+    else:
+        copies = 5 if s.master_bytes == 4 else 2  # FP32 normed inputs: one BF16 copy per linear (q, k, v, gate, up)
+        kept += 2 * h * copies + 2 * (q + kv) + 2 * f  # those inputs, q / k before their norm, down's input
+    return kept + 4 * f  # gate and up (SiLU*up's inputs)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes by part and per micro-batch token; each phase's peak at a micro-batch's tokens."""
+
+    resident: dict[str, int]  # held through the step (gradients: through training only, unless captured)
+    train_per_token: float  # what the forward keeps + the backward's working set, per micro-batch token
+    train_fixed: int  # per training micro-batch besides its tokens (logits chunk, vocabulary-sized gradients)
+    logprob_per_token: float
+    logprob_fixed: int
+    rollout_kv: int  # the KV cache and sampling buffers
+    layer_bytes: int  # one decoder layer's activations per token (the largest)
+    grads_kept: bool  # gradients stay allocated between steps (captured micro-batches)
+
+    def resident_total(self, phase: str = "train") -> int:
+        total = sum(self.resident.values())
+        return total if phase == "train" or self.grads_kept else total - self.resident["gradients"]
+
+    def peak(self, phase: str, tokens: int = 0) -> int:
+        """Peak bytes of phase "train" | "logprob" (a micro-batch of `tokens`) | "rollout"."""
+        if phase == "rollout":
+            return self.resident_total(phase) + self.rollout_kv
+        per, fixed = (self.train_per_token, self.train_fixed) if phase == "train" else (
+            self.logprob_per_token, self.logprob_fixed)  # fmt: skip
+        return self.resident_total(phase) + fixed + int(per * tokens)
+
+    def tokens_within(self, limit: int, phase: str) -> int:
+        """The most micro-batch tokens of a "train" | "logprob" pass whose peak stays within `limit` bytes."""
+        per = self.train_per_token if phase == "train" else self.logprob_per_token
+        return max(0, int((limit - self.peak(phase)) // per))
+
+
+def estimate(shape: ModelShape, s: TrainerMemorySettings, rollout_kv_bytes: int, rollout_rows: int) -> MemoryEstimate:
+    """The step's memory at this shape and these settings; `rollout_kv_bytes`: the rollout's KV cache (the batch
+    at its caps, or the pool a KV budget sizes, `kv_cache_bytes`), `rollout_rows`: sequences decoded at once."""
+    p, m, v, h = shape.params(), s.master_bytes, shape.vocab, shape.hidden
+    fp8_layers = [s.fp8_layer(shape, i) for i in range(shape.layers)]
+    fp8_params = sum(fp8_layers) * shape.layer_linear_params()
+    resident = {"weights": p * m, "gradients": p * m, "adam": 2 * p * m}
+    if fp8_params:
+        resident["fp8_weights"] = int(fp8_params * (1 + 4 / 128**2) * (2 if s.dgrad_cache else 1))
+    if s.reference:
+        resident["reference"] = p * m
+    if m == 4:  # autocast's BF16 copies of FP32 weights, alive to the end of each forward: BF16 linears, lm_head
+        bf16_linears = shape.layers * shape.layer_linear_params() - (fp8_params if s.fp8_train else 0)
+        resident["bf16_weight_copies"] = 2 * (bf16_linears + v * h)
+    grouped_kv = varlen_takes_grouped_kv()
+    kept = [layer_bytes(shape, s, s.fp8_train and fp8, grouped_kv) for fp8 in fp8_layers]
+    res, one_layer, chunk = (4 if m == 4 else 2), max(kept), _chunk_tokens(shape, s)
+    if s.checkpointing:  # each layer's (x, delta); one layer's activations at a time; one logits chunk at a time
+        per_token = shape.layers * (res + 2) * h + one_layer
+        logits = 2 * 2 * chunk * v  # the recomputed chunk and its gradient
+    else:
+        per_token = sum(kept) + 2 * v  # + every logit
+        logits = 2 * chunk * v  # one chunk's gradient
+    per_token += (res + 2) * h + one_layer  # the final norm's input and output; the backward's working set
+    vocab_grads = (2 + 4) * v * h  # lm_head's BF16 weight gradient and its FP32 accumulation
+    return MemoryEstimate(
+        resident=resident, train_per_token=per_token, train_fixed=logits + vocab_grads,
+        logprob_per_token=one_layer + 2 * res * h, logprob_fixed=2 * chunk * v,
+        rollout_kv=rollout_kv_bytes + rollout_rows * v * SAMPLING_ROWS_BYTES, layer_bytes=int(one_layer),
+        grads_kept=s.graphs,
+    )  # fmt: skip
+
+
+def kv_cache_bytes(shape: ModelShape, s: TrainerMemorySettings, tokens: int) -> int:
+    """KV cache bytes of `tokens` cached tokens (K and V, every layer)."""
+    return tokens * 2 * shape.layers * shape.kv_dim * s.kv_bytes
+
+
+def _chunk_tokens(shape: ModelShape, s: TrainerMemorySettings) -> int:
+    """Tokens of one logits chunk (models/scoring.py): packed rows by tokens, padded ones by whole rows."""
+    if s.packed:
+        return max(1, LOGPROB_CHUNK_ELEMENTS // shape.vocab)
+    rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (s.width - 1) * shape.vocab))
+    return rows * s.width

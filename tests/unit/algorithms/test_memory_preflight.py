@@ -1,0 +1,137 @@
+"""The start-up memory preflight (algorithms/memory_preflight.py, policy/memory_estimate.py): the estimate's parts at
+the Qwen3 shapes, token budgets derived so that the step fits, one-line refusals that name the keys to change, a
+CPU run that only reports, and the CLI's refusal (exit 2, one line, nothing run)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_jetrl.algorithms.memory_preflight import MemoryPreflightError, memory_preflight
+from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.models.random_checkpoint import SHAPES
+from nemo_jetrl.policy.memory_estimate import GIB, ModelShape, TrainerMemorySettings, layer_bytes
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIGS = ROOT / "examples" / "configs"
+H200 = int(139.8 * GIB)
+SHAPE_1P7B, SHAPE_8B = ModelShape.from_config(SHAPES["qwen3-1.7b"]), ModelShape.from_config(SHAPES["qwen3-8b"])
+LONG_8K = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8",
+           "policy.max_total_sequence_length=8704", "policy.generation.max_new_tokens=8192"]  # fmt: skip
+LONG_16K = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", "cluster.gpus_per_node=1",
+            "policy.max_total_sequence_length=16896", "policy.generation.max_new_tokens=16384"]  # fmt: skip
+
+
+def _cfg(name: str, overrides: list[str]) -> dict:
+    return validate_config(load_config(CONFIGS / name, overrides)).model_dump()
+
+
+def test_shapes_and_per_layer_bytes():
+    assert SHAPE_1P7B.params() == 1_720_574_976 and SHAPE_8B.params() == 8_190_735_360  # the published counts
+    policy = _cfg("grpo_math_8B_bf16.yaml", ["policy.master_dtype=bfloat16"])["policy"]
+    s = TrainerMemorySettings.from_policy(policy)
+    # 8B, BF16 master, packed, K/V repeated to the query heads: residuals 16,384 + attention 32,896 + BF16 inputs
+    # and q/k 51,200 (FP8: X^T 25,344 + the q/k/v buffer 12,288) + gate/up 49,152 bytes per token
+    assert layer_bytes(SHAPE_8B, s, fp8=False) == 149_632
+    assert layer_bytes(SHAPE_8B, s, fp8=True) == 136_064
+    assert layer_bytes(SHAPE_8B, s, fp8=False, grouped_kv=True) == 149_632 - 2 * 2 * (4096 - 1024)
+
+
+def test_a_null_packing_budget_is_derived_to_fit_and_written_into_the_config():
+    cfg = _cfg("grpo_math_random_1p7B_bf16.yaml", LONG_8K)  # FP32 master, no activation checkpointing
+    result = memory_preflight(cfg, shape=SHAPE_1P7B, capacity=H200)
+    budget = cfg["policy"]["sequence_packing"]["train_mb_tokens"]
+    assert result.derived == {"policy.sequence_packing.train_mb_tokens": budget}
+    assert 8704 <= budget < 4 * 8704 and budget % 64 == 0  # below the shipped 4 x 8,704 tokens, one sequence fits
+    usable = int(0.9 * H200)
+    assert result.estimate.peak("train", budget) <= usable < result.estimate.peak("train", budget + 2 * 64)
+    assert result.peaks["train"] == result.estimate.peak("train", budget)
+    assert cfg["policy"]["sequence_packing"]["logprob_mb_tokens"] is None  # 8 x 8,704 no-grad tokens fit as is
+    assert "derived policy.sequence_packing.train_mb_tokens=" in result.line and "of 139.8 GiB" in result.line
+
+
+def test_activation_checkpointing_keeps_the_shipped_budget_and_cuts_the_peak():
+    plain = memory_preflight(_cfg("grpo_math_random_1p7B_fp8_kv.yaml", LONG_8K), shape=SHAPE_1P7B, capacity=H200)
+    ckpt_cfg = _cfg("grpo_math_random_1p7B_fp8_kv.yaml", [*LONG_8K, "policy.dtensor_cfg.activation_checkpointing=true"])
+    ckpt = memory_preflight(ckpt_cfg, shape=SHAPE_1P7B, capacity=H200)
+    assert ckpt.derived == {} and ckpt.peaks["train"] < 0.5 * plain.peaks["train"]
+    assert ckpt.estimate.train_per_token < 0.25 * plain.estimate.train_per_token
+    assert ckpt.peaks["rollout"] == plain.peaks["rollout"] and "activation_checkpointing on" in ckpt.line
+
+
+@pytest.mark.parametrize(
+    "name,overrides,needles",
+    [
+        ("grpo_math_8B_fp8_kv.yaml", [*LONG_16K, "policy.master_dtype=bfloat16"],
+         ["the train phase", "policy.dtensor_cfg.activation_checkpointing=true", "policy.max_total_sequence_length"]),
+        ("grpo_math_8B_fp8_kv.yaml", LONG_16K, ["weights, gradients and optimizer state", "policy.master_dtype=bfloat16"]),
+        ("grpo_math_random_1p7B_bf16.yaml", [*LONG_8K, "policy.sequence_packing.train_mb_tokens=60000"],
+         ["policy.sequence_packing.train_mb_tokens (at most 3", "activation_checkpointing=true"]),
+        ("grpo_math_random_1p7B_bf16.yaml", [*LONG_8K, "policy.sequence_packing.enabled=false"],
+         ["policy.train_micro_batch_size (at most 3 rows of 8704 tokens fit)"]),
+        ("grpo_math_random_1p7B_bf16.yaml", [*LONG_8K, "grpo.num_prompts_per_step=16",
+                                             "policy.generation.gpu_memory_utilization=null"],
+         ["the rollout phase", "policy.generation.gpu_memory_utilization"]),
+    ],
+    ids=["8B-16K-no-checkpointing", "8B-fp32-master", "budget-over", "fixed-rows-over", "rollout-kv-over"],
+)  # fmt: skip
+def test_a_config_that_cannot_fit_is_refused_with_the_keys_to_change(name, overrides, needles):
+    shape = SHAPE_8B if "8B" in name else SHAPE_1P7B
+    with pytest.raises(MemoryPreflightError) as err:
+        memory_preflight(_cfg(name, overrides), shape=shape, capacity=H200)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("memory preflight: ")
+    for needle in needles:
+        assert needle in message
+
+
+def test_the_8B_shape_at_16K_fits_with_checkpointing_and_bf16_master():
+    overrides = [*LONG_16K, "policy.master_dtype=bfloat16", "policy.dtensor_cfg.activation_checkpointing=true"]
+    fp8 = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", overrides), shape=SHAPE_8B, capacity=H200)
+    bf16 = memory_preflight(_cfg("grpo_math_8B_bf16.yaml", overrides), shape=SHAPE_8B, capacity=H200)
+    assert fp8.derived == bf16.derived == {}  # the shipped 4 x 16,896-token micro-batches fit
+    assert max(fp8.peaks.values()) <= 0.9 * H200 and max(bf16.peaks.values()) <= 0.9 * H200
+    assert fp8.peaks["rollout"] < bf16.peaks["rollout"]  # FP8 KV: half the cache
+
+
+def test_a_cpu_run_reports_without_refusing_and_ray_is_not_estimated():
+    cfg = _cfg("grpo_tiny.yaml", ["policy.max_total_sequence_length=4096", "policy.generation.max_new_tokens=4000"])
+    result = memory_preflight(cfg)  # tiny-arith's config.json; no CUDA here and no capacity given
+    assert "no capacity known (report only)" in result.line and result.derived == {}
+    assert result.peaks["train"] > result.estimate.resident_total() > 0
+    ray = memory_preflight(_cfg("grpo_tiny.yaml", ["cluster.backend=ray"]))
+    assert ray.line.startswith("memory preflight: not estimated") and ray.estimate is None
+    off = memory_preflight(_cfg("grpo_tiny.yaml", ["policy.memory_preflight.enabled=false"]))
+    assert off.line.startswith("memory preflight: off")
+
+
+def test_several_torchrun_ranks_are_not_estimated_and_one_rank_is(monkeypatch):
+    """Ranks of a sharded trainer each hold a shard and a rollout replica, which the one-process estimate does not
+    model: no refusal, no derived budget on several ranks; torchrun with one rank is the one process."""
+    overrides = [*LONG_8K, "policy.sequence_packing.train_mb_tokens=60000"]  # refused in one process (above)
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(key, value)
+    ranks = ["cluster.backend=torchrun", "cluster.gpus_per_node=0"]  # the ranks from torchrun's environment
+    two = memory_preflight(_cfg("grpo_math_random_1p7B_bf16.yaml", [*overrides, *ranks]), shape=SHAPE_1P7B, capacity=H200)
+    assert two.line == "memory preflight: not estimated for cluster.backend: torchrun with 2 ranks (sharded trainer)"
+    assert two.derived == {} and two.estimate is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(MemoryPreflightError, match="^memory preflight: the "):
+        memory_preflight(_cfg("grpo_math_random_1p7B_bf16.yaml", [*overrides, *ranks]), shape=SHAPE_1P7B, capacity=H200)
+
+
+def test_the_cli_refuses_before_any_work(tmp_path):
+    log_dir = tmp_path / "logs"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "run_grpo.py"), "--config", str(CONFIGS / "grpo_tiny.yaml"),
+         "policy.memory_preflight.capacity_gib=0.001", f"logger.log_dir={log_dir}", "cluster.device=cpu"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: memory preflight: ") and "Traceback" not in proc.stderr
+    assert "policy.master_dtype=bfloat16" in lines[0]
+    assert not log_dir.exists()  # nothing ran: no log directory, no model loaded, no rollout

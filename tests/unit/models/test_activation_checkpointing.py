@@ -1,0 +1,131 @@
+"""Activation checkpointing (`policy.dtensor_cfg.activation_checkpointing`, models/recompute.py) changes memory, not
+numbers: with the FP8 recipe (+ FP8 KV fake-quant and the fused KV-scale calibration), padded and packed, the loss,
+every gradient, the FP8 weight bits and the calibrator's records are bitwise those of the step without it, the FP8
+weights are quantized as often (once per step), and the layers really are recomputed. (The memory it saves is
+measured on CUDA: tests/gpu/test_activation_checkpointing_gpu.py.)"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from jetrl_testkit.reference_step import make_batch
+
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
+from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.models.scoring import sequence_logprobs
+from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, fp8_layers
+from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook
+
+CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"  # unified FP8 + FP8 KV
+PROMPT_LENS, RESP_LENS, SEQ = [3, 5, 2, 4, 6, 3], [5, 2, 4, 1, 3, 5], 12
+
+
+def _batch():
+    return make_batch(32, 1, PROMPT_LENS, RESP_LENS, SEQ)
+
+
+def _fp8_model():
+    model = random_tiny_qwen3(0, num_layers=2).train()
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl_kv"))
+    return model
+
+
+def _step(model, checkpointing: bool, pack_round: int | None, calls: list[str]) -> dict:
+    """One forward + backward of a weighted logprob sum with the FP8 KV fake-quant and a calibrator on."""
+    batch = _batch()
+    calibrator = QKVCalibrator(2)
+    scales = QKVCalibrator(2)
+    with torch.no_grad():
+        sequence_logprobs(model, batch.input_ids, batch.attention_mask, attn_hook=scales, compute_dtype=torch.bfloat16)
+    hook = make_attn_hook(calibrator, scales.scales())
+    logp = sequence_logprobs(
+        model, batch.input_ids, batch.attention_mask, attn_hook=hook, compute_dtype=torch.bfloat16,
+        pack_round=pack_round, activation_checkpointing=checkpointing,
+    )  # fmt: skip
+    loss = (logp * batch.response_mask * batch.advantages[:, None]).sum()
+    down = model.model.layers[0].mlp.down_proj
+    forward = down.forward
+    down.forward = lambda x: calls.append("down_proj") or forward(x)  # counts the backward's forwards
+    loss.backward()
+    del down.forward
+    return {
+        "loss": loss.detach(),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "bits": {n: (m.quantized_weight().data.view(torch.uint8).clone(), m.quantized_weight().scale.clone())
+                 for n, m in fp8_layers(model)},  # fmt: skip
+        "records": [r.clone() for r in calibrator._records],
+    }
+
+
+@pytest.mark.parametrize("pack_round", [None, 8], ids=["padded", "packed"])
+def test_checkpointed_fp8_step_is_bitwise_the_plain_one(pack_round, monkeypatch):
+    quantized = []
+    original = Fp8Linear.quantize_weight
+    monkeypatch.setattr(Fp8Linear, "quantize_weight", lambda self: quantized.append(1) or original(self))
+    base = _fp8_model()
+    runs = {}
+    for flag in (False, True):
+        quantized.clear()
+        calls = []
+        runs[flag] = _step(copy.deepcopy(base), flag, pack_round, calls)
+        runs[flag]["quantizations"], runs[flag]["backward_forwards"] = len(quantized), len(calls)
+    plain, ckpt = runs[False], runs[True]
+    assert torch.equal(ckpt["loss"], plain["loss"]) and plain["loss"].abs() > 0
+    assert ckpt["grads"].keys() == plain["grads"].keys() and len(plain["grads"]) == 24
+    for name, grad in plain["grads"].items():
+        assert torch.equal(ckpt["grads"][name], grad), name
+    assert float(sum(g.abs().sum() for g in plain["grads"].values())) > 0
+    assert len(plain["bits"]) == 14  # 2 layers x 7 FP8 linears
+    for name, (data, scale) in plain["bits"].items():
+        assert torch.equal(ckpt["bits"][name][0], data) and torch.equal(ckpt["bits"][name][1], scale), name
+    # one quantization per FP8 weight in both (the recomputed forward reads the cache), one calibration record
+    assert ckpt["quantizations"] == plain["quantizations"] == 14
+    assert len(ckpt["records"]) == len(plain["records"]) == 1
+    assert torch.equal(ckpt["records"][0], plain["records"][0]) and bool((plain["records"][0] > 0).all())
+    assert (plain["backward_forwards"], ckpt["backward_forwards"]) == (0, 1)  # recomputed in the backward
+
+
+def _policy(checkpointing: bool, packed: bool) -> NativePolicy:
+    overrides = [
+        f"policy.dtensor_cfg.activation_checkpointing={str(checkpointing).lower()}",
+        f"policy.sequence_packing.enabled={str(packed).lower()}",
+        "policy.train_micro_batch_size=3",
+        "policy.sequence_packing.train_mb_tokens=32",
+        "policy.logprob_batch_size=3",
+        "policy.optimizer.lr=1e-3",
+        "grpo.num_prompts_per_step=6",
+        "grpo.num_generations_per_prompt=1",
+    ]
+    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
+    torch.manual_seed(0)
+    policy = NativePolicy(
+        cfg["policy"], PrecisionRecipe.from_config(cfg["policy"]), torch.device("cpu"),
+        model=random_tiny_qwen3(0, num_layers=2).train(), tokenizer=None,
+    )  # fmt: skip
+    policy.calibrate_kv_scales(_batch())
+    return policy
+
+
+def test_the_trainer_honours_the_key_with_the_same_step():
+    """The NeMo-RL key reaches the trainer (packed, train_forward prev_logprobs, fused KV calibration, 2
+    micro-batches): prev_logprobs, metrics, updated weights and the next KV scales equal the plain trainer's."""
+    loss_fn = ClippedPGLossFn(validate_config(load_config(CONFIG)).model_dump()["loss_fn"])
+    policies = {flag: _policy(flag, packed=True) for flag in (False, True)}
+    assert [p.kernels["activation_checkpointing"] for p in policies.values()] == [False, True]
+    out = {}
+    for flag, policy in policies.items():
+        batch = _batch()
+        metrics = policy.train([batch], loss_fn)
+        policy.prepare_refit()
+        out[flag] = (batch.prev_logprobs, metrics, policy.model.state_dict(), policy.kv_scales)
+    (lp0, m0, sd0, kv0), (lp1, m1, sd1, kv1) = out[False], out[True]
+    assert torch.equal(lp0, lp1) and m0 == m1 and m0["grad_norm"] > 0 and m0["num_micro_batches"] == 2
+    for name, value in sd0.items():
+        assert torch.equal(sd1[name], value), name
+    for part in ("q", "k", "v"):
+        assert torch.equal(getattr(kv0, part), getattr(kv1, part)), part
