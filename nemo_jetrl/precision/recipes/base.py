@@ -59,6 +59,18 @@ class ScaleLayout:
         """The FProp cast of the master w [N, K]: (e4m3 [N, K], fp32 scale, int32 0-dim count of NaN / inf)."""
         raise NotImplementedError
 
+    def expert_weight_quant(
+        self, w3: torch.Tensor, recipe: PrecisionRecipe
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The FProp casts of E expert weights w3 [E, N, K], each expert on its own (the bits `weight_quant` gives
+        w3[e]): (e4m3 [E, N, K], fp32 scale [E, *scale shape], int32 0-dim count of NaN / inf values)."""
+        casts = [self.weight_quant(w, recipe) for w in w3.unbind(0)]
+        return (
+            torch.stack([c[0] for c in casts]),
+            torch.stack([c[1] for c in casts]),
+            torch.stack([c[2] for c in casts]).sum().to(torch.int32),
+        )
+
     def weight_scale_shape(self, n: int, k: int, block: int) -> tuple[int, int]:
         """The shape of the FP8 weight's scale for a [N, K] weight (what a rollout-only layer allocates)."""
         raise NotImplementedError
@@ -129,6 +141,13 @@ class ScaleLayout:
               recipe: PrecisionRecipe) -> torch.Tensor:  # fmt: skip
         """dW [N, K] = Q(dY^T) [N, M'] @ Q(X^T) [K, M']^T, contraction over the (padded) tokens."""
         return self.emulated_mm(dyt, dyt_scale, xt, xt_scale, out_dtype)
+
+    def grouped_fprop(self, x2: torch.Tensor, qweight: QuantizedWeight, offsets: torch.Tensor, recipe: PrecisionRecipe,
+                      out_dtype, backend: str = "auto") -> torch.Tensor | None:  # fmt: skip
+        """The experts' FProp in one grouped GEMM without a host sync: x2 [M, K] rows sorted by expert, qweight
+        [E, N, K], offsets int32 [E] (end row of each expert) -> [M, N]; None where the layout has none on this
+        device (the caller then runs `fprop` expert by expert)."""
+        return None
 
     def emulated_mm(self, a, a_scale, b, b_scale, out_dtype, bias=None, b_dequant=None) -> torch.Tensor:
         """dequant(a [M, K]) @ dequant(b [N, K])^T (+ bias) in FP32, then `out_dtype`."""
