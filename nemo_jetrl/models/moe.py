@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from nemo_jetrl.precision.expert_linear import ExpertLinear, ExpertSplit, RouterLinear
+from nemo_jetrl.precision.expert_linear import ExpertLinear, ExpertSplit, Fp8ExpertLinear, RouterLinear
 from nemo_jetrl.precision.layer_map import decoder_layer_index
 
 # observer(moe_index, logits [T, E] fp32, experts [T, k] long, lead_shape (B, S)) -> None
@@ -173,3 +173,9 @@ def split_expert_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
                 gate, up = w.chunk(2, dim=0)
                 out[f"{base}.{e}.gate_proj.weight"], out[f"{base}.{e}.up_proj.weight"] = gate, up
     return out
+
+
+def decode_syncs_host(model: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether an MoE model's rollout forward in `dtype` on CUDA reads expert counts on the host: its decode step
+    cannot be captured in a CUDA graph (the engine runs it eagerly)."""
+    return any(m.syncs_on_host(dtype) for m in model.modules() if isinstance(m, ExpertLinear | Fp8ExpertLinear))

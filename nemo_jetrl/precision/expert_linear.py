@@ -78,17 +78,26 @@ class ExpertLinear(nn.Module):
         self.batch_invariant = False
 
     def forward(self, x2: torch.Tensor, split: ExpertSplit) -> torch.Tensor:
-        return expert_linear_loop(x2, local_tensor(self.weight), split, self.batch_invariant)
+        return expert_linear(x2, local_tensor(self.weight), split, self.batch_invariant)
+
+    def syncs_on_host(self, dtype: torch.dtype) -> bool:
+        """Whether a no-grad CUDA forward in `dtype` reads the expert counts on the host (no CUDA-graph capture)."""
+        return self.batch_invariant or dtype != torch.bfloat16 or not hasattr(F, "grouped_mm")
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}"
 
 
-def expert_linear_loop(x2: torch.Tensor, w3: torch.Tensor, split: ExpertSplit, exact: bool) -> torch.Tensor:
-    """x2 [M, K] -> [M, N]: per expert `F.linear` (or the batch-invariant linear), in x2's (autocast) dtype."""
+def expert_linear(x2: torch.Tensor, w3: torch.Tensor, split: ExpertSplit, exact: bool) -> torch.Tensor:
+    """x2 [M, K] -> [M, N] in x2's (autocast) dtype: per expert `F.linear` (or the batch-invariant linear); a BF16
+    no-grad forward on CUDA in one `F.grouped_mm` (no host sync)."""
+    dtype = output_dtype(x2)
+    grouped_mm = x2.is_cuda and dtype == torch.bfloat16 and hasattr(F, "grouped_mm")
+    if grouped_mm and not exact and not torch.is_grad_enabled():
+        return F.grouped_mm(x2.to(dtype), w3.to(dtype).transpose(-2, -1), offs=split.offsets())
     linear = batch_invariant.linear if exact else F.linear
     pieces = [linear(x2[lo:hi], w3[e]) for e, lo, hi in split.segments()]  # [M_e, N] each
-    return _cat_rows(pieces, x2, w3.shape[1], output_dtype(x2))
+    return _cat_rows(pieces, x2, w3.shape[1], dtype)
 
 
 def quantized_experts(qweight: QuantizedWeight) -> tuple[QuantizedWeight, ...]:
@@ -132,12 +141,18 @@ class Fp8ExpertLinear(Fp8Linear):
         use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8
         weight = local_tensor(self.weight)
         if not use_fp8:
-            return expert_linear_loop(x2, weight, split, self.batch_invariant)
+            return expert_linear(x2, weight, split, self.batch_invariant)
         qweight, gemm, out_dtype = self.quantized_weight(), linear_gemm(self), output_dtype(x2)
         if self.mode == "rollout":
             with torch.no_grad():
                 return expert_fprop(x2, qweight, split, self.recipe, out_dtype, gemm)
         return Fp8ExpertsFunction.apply(x2, weight, qweight, split, self.recipe, out_dtype, gemm)
+
+    def syncs_on_host(self, dtype: torch.dtype) -> bool:
+        """Whether a no-grad rollout forward on CUDA reads the expert counts on the host (no CUDA-graph capture)."""
+        if not self.rollout_fp8:
+            return ExpertLinear.syncs_on_host(self, dtype)
+        return not self.recipe.layout.features.grouped_experts
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, " + super().extra_repr().replace(", bias=False", "")
@@ -155,7 +170,7 @@ def expert_fprop(
     device and GEMM choice (no host sync), else expert by expert (`Fp8LinearFunction`'s casts and FProp)."""
     layout = recipe.layout
     with no_autocast(x2.device.type):
-        grouped = layout.grouped_fprop(x2, qweight, split.offsets(), recipe, out_dtype, gemm.fprop)
+        grouped = layout.grouped_fprop(x2, qweight, split.counts, recipe, out_dtype, gemm.fprop)
         if grouped is not None:
             return grouped
         experts = quantized_experts(qweight)
@@ -179,7 +194,7 @@ class Fp8ExpertsFunction(torch.autograd.Function):
             return expert_fprop(x2, qweight, split, recipe, out_dtype, gemm)
         layout, experts = recipe.layout, quantized_experts(qweight)
         with no_autocast(x2.device.type):
-            y = layout.grouped_fprop(x2, qweight, split.offsets(), recipe, out_dtype, gemm.fprop)  # [M, N] | None
+            y = layout.grouped_fprop(x2, qweight, split.counts, recipe, out_dtype, gemm.fprop)  # [M, N] | None
             pieces, saved = [], []
             for e, lo, hi in split.segments():
                 # X_e: [M_e, K] (FProp) + X_e^T along its own tokens (WGrad), one read

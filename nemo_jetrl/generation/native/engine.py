@@ -34,6 +34,7 @@ from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of
 from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import AttnHook, decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.moe import decode_syncs_host
 from nemo_jetrl.models.moe_routing import RoutingRecord, observing
 from nemo_jetrl.models.scoring import compute_logits
 from nemo_jetrl.precision import rollout_mode
@@ -124,7 +125,8 @@ class NativeGenerationEngine(GenerationInterface):
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, compute_dtype or param.dtype)
         self.attn_hook_factory = attn_hook_factory
         on_cuda = self.device.type == "cuda"
-        self.cuda_graphs = bool(cuda_graphs) and on_cuda
+        # an MoE whose experts read their row counts on the host cannot be captured: its decode steps run eagerly
+        self.cuda_graphs = bool(cuda_graphs) and on_cuda and not decode_syncs_host(model, compute_dtype or param.dtype)
         self.static_decode = bool(static_decode) or self.cuda_graphs
         if fused_decode and not (on_cuda and triton_decode_available()):
             raise ValueError("fused_decode=True needs a CUDA model and triton")

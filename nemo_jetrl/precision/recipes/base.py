@@ -42,6 +42,7 @@ class LayoutFeatures:
     deep_gemm: bool = False  # DeepGEMM runs its FProp / DGrad (`use_deep_gemm`)
     fused_input_cast: bool = False  # the fused norm / SiLU*up kernels write its activation cast
     grouped_training: bool = False  # the CUDA trainer runs sibling linears as one GEMM per pass
+    grouped_experts: bool = False  # `grouped_fprop`: MoE experts' FProp in one launch on CUDA (no host sync)
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,11 @@ class ScaleLayout:
         """dW [N, K] = Q(dY^T) [N, M'] @ Q(X^T) [K, M']^T, contraction over the (padded) tokens."""
         return self.emulated_mm(dyt, dyt_scale, xt, xt_scale, out_dtype)
 
-    def grouped_fprop(self, x2: torch.Tensor, qweight: QuantizedWeight, offsets: torch.Tensor, recipe: PrecisionRecipe,
+    def grouped_fprop(self, x2: torch.Tensor, qweight: QuantizedWeight, counts: torch.Tensor, recipe: PrecisionRecipe,
                       out_dtype, backend: str = "auto") -> torch.Tensor | None:  # fmt: skip
         """The experts' FProp in one grouped GEMM without a host sync: x2 [M, K] rows sorted by expert, qweight
-        [E, N, K], offsets int32 [E] (end row of each expert) -> [M, N]; None where the layout has none on this
-        device (the caller then runs `fprop` expert by expert)."""
+        [E, N, K], counts [E] (rows per expert) -> [M, N]; None where the layout has none on this device (the caller
+        then runs `fprop` expert by expert, reading the counts on the host)."""
         return None
 
     def emulated_mm(self, a, a_scale, b, b_scale, out_dtype, bias=None, b_dequant=None) -> torch.Tensor:

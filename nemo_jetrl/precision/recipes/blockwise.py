@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm
-from nemo_jetrl.precision.quant import act_quant, act_quant_dual, weight_dequant, weight_quant_checked
+from nemo_jetrl.precision.quant import (
+    act_quant,
+    act_quant_dual,
+    triton_available,
+    weight_dequant,
+    weight_quant_checked,
+)
 from nemo_jetrl.precision.recipes.base import DGradWeight, LayoutFeatures, ScaleLayout
 
 _EVERY_FEATURE = LayoutFeatures(
@@ -28,6 +34,7 @@ _EVERY_FEATURE = LayoutFeatures(
     deep_gemm=True,
     fused_input_cast=True,
     grouped_training=True,
+    grouped_experts=True,
 )
 
 
@@ -89,6 +96,16 @@ class BlockwiseLayout(ScaleLayout):
         return fp8_blockwise_mm(
             dyt, dyt_scale, xt, xt_scale, out_dtype, w_blocks=recipe.wgrad_x_blocks, block=recipe.block_size
         )
+
+    def grouped_fprop(self, x2, qweight, counts, recipe, out_dtype, backend="auto"):
+        # CUDA: one grouped Triton launch (kernels/triton_grouped_gemm.py), batch-invariant whatever `backend` asks
+        # for (the exact mode's and the matched kernels' forward alike); elsewhere the per-expert twin
+        if not x2.is_cuda or not triton_available():
+            return None
+        from nemo_jetrl.precision.kernels.triton_grouped_gemm import grouped_fp8_gemm
+
+        x_fp8, x_scale = self.input_quant(x2, recipe)  # [M, K], [M, K/128]: per token, as each expert's own cast
+        return grouped_fp8_gemm(x_fp8, x_scale, qweight.data, qweight.scale, counts, out_dtype)
 
     def fused_input_cast(self, recipe):
         return recipe.block_size, recipe.pow2_activation_scales
