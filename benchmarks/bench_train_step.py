@@ -3,6 +3,7 @@
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --out train_step.json      # GPU: Qwen3-8B shape
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --quick                     # CPU smoke test
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --fp8-recipe rowwise        # other FP8 recipes
+    PYTHONPATH=. python3 benchmarks/bench_train_step.py --shape qwen3-30b-a3b --layers 4  # the MoE, 4 of 48 layers
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --memory --layers 16        # each variant's own peak
     PYTHONPATH=. python3 benchmarks/bench_train_step.py --layers 36 --rounds 3 --steps 2  # one resident at a time
 
@@ -197,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape, shape_name = SHAPES[args.shape], args.shape
-    if args.quick:
-        shape, shape_name, args.batch, args.seq_len, args.warmup, args.steps = TINY, "tiny", 2, 128, 1, 2
+    if args.quick:  # the tiny dense shape, or tiny-moe for an MoE shape
+        moe = "num_experts" in shape
+        shape, shape_name = (SHAPES["tiny-moe"], "tiny-moe") if moe else (TINY, "tiny")
+        args.batch, args.seq_len, args.warmup, args.steps = 2, 128, 1, 2
     info = device_info(device)
     batch = make_batch(args.batch, args.seq_len, shape["vocab_size"])
     if args.cuda_graphs != "off" and device.type != "cuda":

@@ -48,6 +48,7 @@ from nemo_jetrl.generation.interfaces import (
     max_prompt_length,
     rollout_phase,
 )
+from nemo_jetrl.models.loading import is_moe_checkpoint
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
@@ -98,6 +99,11 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
         )
     if gen["deterministic"] and (spec.backend != "local" or spec.num_seed_shards > 1):
         raise ValueError("policy.generation.deterministic needs the local backend with one rollout batch")
+    if spec.backend != "local" and is_moe_checkpoint(cfg["policy"]["model_name"]):
+        raise ValueError(
+            "cluster.backend: ray does not train MoE models yet (the FSDP2 workers shard and refit dense weights "
+            "only; expert parallelism is not built): use cluster.backend: local on one device (docs/moe.md)"
+        )
     if cfg["policy"]["train_cuda_graphs"] and spec.backend != "local":
         raise ValueError("policy.train_cuda_graphs needs the local backend (cluster.backend: local)")
     if gen["matched_kernels"] and spec.backend != "local":

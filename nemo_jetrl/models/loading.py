@@ -75,6 +75,16 @@ def check_model_dir(path: Path) -> dict:
     return config
 
 
+def is_moe_checkpoint(model_name: str) -> bool:
+    """Whether `policy.model_name` names a local Qwen3-MoE checkpoint (from its config.json; False for anything that
+    is not a readable local directory: the loader reports those)."""
+    try:
+        config = json.loads((resolve_model_dir(model_name) / "config.json").read_text())
+    except (ValueError, OSError):
+        return False
+    return config.get("model_type") == "qwen3_moe"
+
+
 def check_fp8_blockable(path: Path, config: dict, block: int, first_fp8_layer: int = 0) -> None:
     """ValueError naming the first decoder linear whose dims are not multiples of `block`, from config.json alone.
 

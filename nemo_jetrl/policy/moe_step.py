@@ -95,7 +95,8 @@ class MicroBatchMoe:
         return observing(model, self.logits, self.record)
 
     def outputs(self) -> dict[str, torch.Tensor]:
-        """`moe/aux_loss` (coefficient x weight x loss, with its graph), `moe/load_balancing_loss` (detached), and
+        """`moe/aux_loss` (coefficient x weight x loss, with its graph), `moe/load_balancing_loss` (detached: NeMo-RL's
+        metric name, logged as train/moe/load_balancing_loss), and
         `moe/routing_match` / `moe/routing_total` (0-dim counts), for the observers that ran."""
         out: dict[str, torch.Tensor] = {}
         s = self.settings

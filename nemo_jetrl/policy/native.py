@@ -319,7 +319,7 @@ class NativePolicy(PolicyInterface):
             loss, metrics = loss_fn(logp.float(), mb, norm)
             if aux is not None:  # the MoE load-balancing loss (policy/moe_step.py)
                 loss = loss + aux
-                metrics = {**metrics, "load_balancing_loss": extras.pop("moe/load_balancing_loss")}
+                metrics = {**metrics, "moe/load_balancing_loss": extras.pop("moe/load_balancing_loss")}
             loss.backward()
             return prev, {**metrics, **check, **extras, "check/loss": loss.detach()}
 

@@ -44,7 +44,7 @@ def test_tiny_moe_grpo_logs_routing_agreement_and_load_balancing(tiny_moe, tmp_p
     assert sorted(steps) == [1, 2, 3]
     for m in steps.values():
         assert 0.9 <= m["train/routing_agreement"] <= 1.0  # the fast path on CPU
-        assert 1.0 < m["train/load_balancing_loss"] < 8.0  # HF's loss over 2 layers: 2 at a perfect balance
+        assert 1.0 < m["train/moe/load_balancing_loss"] < 8.0  # HF's loss over 2 layers: 2 at a perfect balance
         assert m["train/token_mult_prob_error"] < 1.01
 
 
@@ -53,3 +53,17 @@ def test_exact_mode_routes_and_scores_like_the_trainer(tiny_moe, tmp_path):
     for m in steps.values():
         assert m["train/routing_agreement"] == 1.0
         assert m["train/token_mult_prob_error"] == 1.0 and m["train/gen_kl_error"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("policy.generation.backend=vllm", "error: policy.generation.backend: vllm does not run MoE models here"),
+        ("cluster.backend=ray", "error: cluster.backend: ray does not train MoE models yet"),
+    ],
+)
+def test_engines_and_backends_without_moe_are_refused_in_one_line(tiny_moe, tmp_path, override, message):
+    argv = ["--config", str(ROOT / "examples" / "configs" / "grpo_tiny_moe.yaml"), f"policy.model_name={tiny_moe}",
+            f"logger.log_dir={tmp_path}", override]  # fmt: skip
+    status, _, err = run_main(cli.main, argv)
+    assert status == 1 and message in err and "Traceback" not in err  # a run-time refusal: one line, exit 1

@@ -303,7 +303,7 @@ class NativeGenerationEngine(GenerationInterface):
         return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 
     def _decoder(
-        self, cache: KVCache, hook: AttnHook | None, mask: torch.Tensor, record: RoutingRecord | None
+        self, cache: KVCache, hook: AttnHook | None, mask: torch.Tensor, record: RoutingRecord | None = None
     ) -> Callable:
         """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed.
         An MoE model's `record` takes each step's routing at its column."""

@@ -42,8 +42,8 @@ def test_load_balancing_loss_is_added_with_its_coefficient():
     batch.advantages.zero_()  # no policy-gradient signal: the routers' gradient is the load-balancing loss's alone
     metrics = {c: p.train(batch, LOSS) for c, p in policies.items()}
     grads = {c: p.model.model.layers[0].mlp.gate.weight.grad for c, p in policies.items()}
-    assert "load_balancing_loss" not in metrics[0.0] and not grads[0.0].any()
-    assert metrics[0.25]["load_balancing_loss"] == metrics[0.5]["load_balancing_loss"] > 1.0  # the same forward
+    assert "moe/load_balancing_loss" not in metrics[0.0] and not grads[0.0].any()
+    assert metrics[0.25]["moe/load_balancing_loss"] == metrics[0.5]["moe/load_balancing_loss"] > 1.0  # the same forward
     assert metrics[0.5]["loss"] == metrics[0.0]["loss"]  # `loss` is the policy loss; the aux term is its own metric
     assert torch.allclose(grads[0.5], 2 * grads[0.25], rtol=1e-5, atol=1e-9) and grads[0.5].abs().max() > 1e-4
 
