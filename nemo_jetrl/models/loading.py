@@ -105,7 +105,8 @@ def check_fp8_blockable(path: Path, config: dict, block: int, first_fp8_layer: i
         "self_attn.v_proj": (kv_heads * head_dim, hidden),
         "self_attn.o_proj": (hidden, heads * head_dim),
     }
-    moe_inter = config.get("moe_intermediate_size") if config.get("num_experts") else None
+    experts = config.get("num_experts") or config.get("num_local_experts")  # transformers >= 5 writes the latter
+    moe_inter = config.get("moe_intermediate_size") if experts else None
     if isinstance(moe_inter, int):
         shapes.update(
             {"mlp.experts.gate_up_proj": (2 * moe_inter, hidden), "mlp.experts.down_proj": (hidden, moe_inter)}

@@ -170,7 +170,8 @@ def _classes(shape: dict[str, Any]) -> tuple[type, type[PreTrainedModel]]:
 def config_shape(config: dict[str, Any]) -> dict[str, Any]:
     """The `SHAPE_KEYS` (+ `MOE_KEYS` of an MoE) of a config.json dict (rope_theta read from `rope_parameters` in
     transformers >= 5)."""
-    out = {k: config.get(k) for k in SHAPE_KEYS + (MOE_KEYS if config.get("num_experts") else ())}
+    config = {"num_experts": config.get("num_local_experts"), **config}  # transformers >= 5 writes num_local_experts
+    out = {k: config.get(k) for k in SHAPE_KEYS + (MOE_KEYS if config["num_experts"] else ())}
     if out["rope_theta"] is None:
         out["rope_theta"] = (config.get("rope_parameters") or {}).get("rope_theta")
     return out

@@ -56,7 +56,7 @@ class ModelShape:
         get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
         heads = int(get("num_attention_heads"))
         hidden = int(get("hidden_size"))
-        experts = int(get("num_experts") or 0)
+        experts = int(get("num_experts") or get("num_local_experts") or 0)  # config.json of transformers >= 5: the latter
         return cls(
             vocab=int(get("vocab_size")), hidden=hidden, layers=int(get("num_hidden_layers")),
             intermediate=int(get("intermediate_size")), heads=heads, kv_heads=int(get("num_key_value_heads") or heads),
