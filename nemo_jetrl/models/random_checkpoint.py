@@ -65,7 +65,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         max_position_embeddings=40960,
     ),
     # Qwen/Qwen3-30B-A3B's config.json: 128 experts, 8 active, expert FFN 768 (intermediate_size: unused, no dense
-    # layer); tiny-moe: its CPU-test sibling (8 experts, 2 active, FP8-blockable expert dims)
+    # layer); tiny-moe (below): its CPU-test sibling, tiny-test's attention with 8 experts, 2 active
     "qwen3-30b-a3b": dict(
         hidden_size=2048,
         intermediate_size=6144,
@@ -82,22 +82,6 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_experts_per_tok=8,
         norm_topk_prob=True,
     ),
-    "tiny-moe": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        vocab_size=512,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
-        max_position_embeddings=4096,
-        moe_intermediate_size=128,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-    ),
     "tiny-test": dict(
         hidden_size=256,
         intermediate_size=512,
@@ -111,6 +95,9 @@ SHAPES: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096,
     ),
 }
+SHAPES["tiny-moe"] = dict(
+    SHAPES["tiny-test"], moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True
+)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
