@@ -12,8 +12,10 @@ activation casts are taken over its own rows: per token for blockwise / rowwise,
 tensorwise). The rollout runs the same forward on the same cached FP8 weight.
 
 Where the rows go (`ExpertSplit`): the per-expert products read `split.host()` (one device -> host copy of the
-counts per MoE layer, shared by its two linears); a layout with a grouped GEMM (`ScaleLayout.grouped_fprop`, CUDA)
-runs a no-grad FProp without it (the rollout: no host sync, a capturable decode step).
+counts per MoE layer, shared by its two linears); a layout with grouped GEMMs (`ScaleLayout.grouped_fprop` /
+`grouped_dgrad`, CUDA) runs the FProp and the DGrad of all experts in one launch each, without it (the rollout: no
+host sync, a capturable decode step); the WGrad (its operands grouped by 128 tokens within each expert) stays per
+expert.
 """
 
 from __future__ import annotations
@@ -216,17 +218,24 @@ class Fp8ExpertsFunction(torch.autograd.Function):
         if need_dw:
             grad_w = torch.zeros(ctx.master.shape, dtype=ctx.weight_dtype, device=grad_out.device)  # [E, N, K]
         with no_autocast(grad_out.device.type):
+            # grad_input (DGrad): one grouped launch where the layout has one (CUDA), else per expert below
+            grouped_dx = None
+            if need_dx:
+                grouped_dx = layout.grouped_dgrad(dy2, ctx.qweight, ctx.split.counts, recipe, ctx.x_dtype)  # [M, K]
+            per_expert_dx = need_dx and grouped_dx is None
             for i, (e, lo, hi) in enumerate(ctx.split.segments()):
-                dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2[lo:hi], recipe, need_dx, need_dw)
-                # grad_input (DGrad): dX_e [M_e, K] = Q(dY_e) @ Q(W_e^T)^T
-                if need_dx:
+                dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2[lo:hi], recipe, per_expert_dx, need_dw)
+                # DGrad: dX_e [M_e, K] = Q(dY_e) @ Q(W_e^T)^T
+                if per_expert_dx:
                     wt = layout.dgrad_weight(experts[e], ctx.master[e], recipe)  # W_e^T [K, N]
                     dx_pieces.append(layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, ctx.gemm.dgrad))
                 # grad_weight (WGrad): dW_e [N, K] = Q(dY_e^T) @ Q(X_e^T)^T, contraction over the expert's tokens
                 if need_dw:
                     xt_fp8, xt_scale = saved[2 * i], saved[2 * i + 1]
                     grad_w[e] = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, recipe)
-        grad_x = _cat_rows(dx_pieces, grad_out, ctx.k, ctx.x_dtype) if need_dx else None
+        if grouped_dx is not None:
+            return grouped_dx, grad_w, None, None, None, None, None
+        grad_x = _cat_rows(dx_pieces, grad_out, ctx.k, ctx.x_dtype) if per_expert_dx else None
         return grad_x, grad_w, None, None, None, None, None
 
 

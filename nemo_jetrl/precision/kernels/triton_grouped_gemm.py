@@ -25,6 +25,13 @@ from nemo_jetrl.precision.kernels.triton_quant import _on_device
 Config = tuple[int, int, int, int]
 
 
+def transposed_experts(w_fp8: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every expert's W^T for the grouped DGrad: e4m3 [E, N, K] -> [E, K, N] and its 128x128 tile scales [E, N/128,
+    K/128] -> [E, K/128, N/128] (the forward's tiles transposed, no re-cast)."""
+    wt = w_fp8.view(torch.uint8).transpose(1, 2).contiguous().view(w_fp8.dtype)
+    return wt, w_scale.transpose(1, 2).contiguous()
+
+
 def tile_map(counts: torch.Tensor, block_m: int, slots: int) -> torch.Tensor:
     """int32 [3, slots]: each tile slot's expert, first row and end row (end <= first: an unused slot), computed on
     the device from counts [E] (no host sync)."""

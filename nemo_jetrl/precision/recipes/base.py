@@ -150,6 +150,12 @@ class ScaleLayout:
         then runs `fprop` expert by expert, reading the counts on the host)."""
         return None
 
+    def grouped_dgrad(self, dy2: torch.Tensor, qweight: QuantizedWeight, counts: torch.Tensor, recipe: PrecisionRecipe,
+                      out_dtype) -> torch.Tensor | None:  # fmt: skip
+        """The experts' DGrad in one grouped GEMM: dy2 [M, N] rows sorted by expert -> dX [M, K]; None where the
+        layout has none on this device (the caller runs `dgrad` expert by expert)."""
+        return None
+
     def emulated_mm(self, a, a_scale, b, b_scale, out_dtype, bias=None, b_dequant=None) -> torch.Tensor:
         """dequant(a [M, K]) @ dequant(b [N, K])^T (+ bias) in FP32, then `out_dtype`."""
         with no_autocast(a.device.type):

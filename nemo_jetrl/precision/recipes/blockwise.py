@@ -107,6 +107,18 @@ class BlockwiseLayout(ScaleLayout):
         x_fp8, x_scale = self.input_quant(x2, recipe)  # [M, K], [M, K/128]: per token, as each expert's own cast
         return grouped_fp8_gemm(x_fp8, x_scale, qweight.data, qweight.scale, counts, out_dtype)
 
+    def grouped_dgrad(self, dy2, qweight, counts, recipe, out_dtype):
+        # CUDA: dX = Q(dY) (1x128 along N, the DGrad cast) @ each expert's W^T tiles [K, N], one grouped launch
+        if not dy2.is_cuda or not triton_available():
+            return None
+        from nemo_jetrl.precision.kernels.triton_grouped_gemm import grouped_fp8_gemm, transposed_experts
+
+        wt, wt_scale = qweight._cache.get("experts_t") or transposed_experts(qweight.data, qweight.scale)
+        if recipe.cache_dgrad_weight:  # kept until the weight changes, as a linear's W^T
+            qweight._cache["experts_t"] = wt, wt_scale
+        dy_fp8, dy_scale = act_quant(dy2, recipe.block_size, recipe.pow2_activation_scales)  # [M, N], [M, N/128]
+        return grouped_fp8_gemm(dy_fp8, dy_scale, wt, wt_scale, counts, out_dtype)
+
     def fused_input_cast(self, recipe):
         return recipe.block_size, recipe.pow2_activation_scales
 

@@ -1,6 +1,7 @@
 """The grouped FP8 expert GEMM (precision/kernels/triton_grouped_gemm.py): its device-side tile map, and in Triton's
 interpreter (a child process) each expert's rows bit for bit the batch-invariant FP8 kernel's for that expert alone,
-at every tile configuration, within FP32 rounding of the float64 twin (the GPU run: tests/gpu/test_moe_gpu.py)."""
+at every tile configuration, within FP32 rounding of the float64 twin, and the grouped DGrad over the transposed tiles
+the per-expert DGrad (the GPU run: tests/gpu/test_moe_gpu.py)."""
 
 import textwrap
 
@@ -49,6 +50,21 @@ CHILD = textwrap.dedent(
     r["configs_equal"] = torch.equal(outs[0], outs[1])
     one = grouped_fp8_gemm(xq[3:73], xs[3:73], wq, ws, torch.tensor([0, 0, 70, 0, 0]), torch.float32)
     r["expert_alone_equal"] = torch.equal(one, outs[0][3:73])
+    # DGrad: dY [M, N] (1x128 along N) @ each expert's transposed tiles = the per-expert emulated DGrad
+    from nemo_jetrl.precision.expert_linear import quantized_experts
+    from nemo_jetrl.precision.kernels.triton_grouped_gemm import transposed_experts
+    from nemo_jetrl.precision.quantized import QuantizedWeight
+    recipe = PrecisionRecipe.preset("jetrl")
+    dy = torch.randn(79, 256)
+    dyq, dys = act_quant(dy)
+    dx = grouped_fp8_gemm(dyq, dys, *transposed_experts(wq, ws), counts, torch.float32)
+    experts, lo, errs = quantized_experts(QuantizedWeight(wq, ws, 0)), 0, []
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            wt = BLOCKWISE.dgrad_weight(experts[e], w[e], recipe)
+            errs.append(rel(dx[lo : lo + c], BLOCKWISE.dgrad(dyq[lo : lo + c], dys[lo : lo + c], wt, torch.float32, recipe)))
+        lo += c
+    r["dgrad_rel"] = max(errs)
     print(json.dumps(r))
     """
 )
@@ -60,3 +76,4 @@ def test_grouped_kernel_in_the_interpreter(run_interpreted):
     assert r["per_expert_equal"] and r["expert_alone_equal"]  # the other experts' rows change no bit
     assert r["configs_equal"]
     assert r["rel_twin"] < 1e-6
+    assert r["dgrad_rel"] < 1e-6  # the grouped DGrad over the transposed tiles: the per-expert DGrad
