@@ -2,6 +2,7 @@
 state-dict names, the whole model through `decoder_forward`, and HF's load-balancing loss."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -110,3 +111,36 @@ def test_load_balancing_loss_is_hfs_aux_loss():
     ours = logits.load_balancing_loss(8, 2, mask.flatten())
     assert abs(float(ours) - float(want)) < 1e-5 * float(want) and float(want) > 1.0
     assert all(b.observers == () for b in hf.modules() if isinstance(b, MoeBlock))  # restored after the block
+
+
+def test_export_writes_hfs_per_expert_layout_and_the_trainers_fp8_bits(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from nemo_jetrl.models.export import export_hf
+    from nemo_jetrl.models.tiny import random_tiny_qwen3_moe
+    from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
+
+    model = random_tiny_qwen3_moe(8)
+    export_hf(model, None, tmp_path / "bf16", dtype=torch.float32)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").state_dict()
+    ours = model.state_dict()
+    assert sorted(back) == sorted(ours) and all(torch.equal(back[k], v) for k, v in ours.items())
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    export_hf(model, None, tmp_path / "fp8", fp8=True)
+    tensors = load_file(tmp_path / "fp8" / "model.safetensors")
+    cached = model.model.layers[1].mlp.experts.gate_up_proj.quantized_weight()  # [8, 256, 256], scales [8, 2, 2]
+    up, up_scale = (
+        tensors["model.layers.1.mlp.experts.5.up_proj.weight"],
+        tensors["model.layers.1.mlp.experts.5.up_proj.weight_scale_inv"],
+    )
+    assert up.dtype == torch.float8_e4m3fn and up.shape == (128, 256) and up_scale.shape == (1, 2)
+    assert torch.equal(up.view(torch.uint8), cached.data[5, 128:].view(torch.uint8))
+    assert torch.equal(up_scale, cached.scale[5, 1:])
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    assert config["quantization_config"]["modules_to_not_convert"] == [
+        "lm_head",
+        "model.layers.0.mlp.gate",
+        "model.layers.1.mlp.gate",
+    ]
+    assert "model.layers.0.mlp.experts.gate_up_proj" not in tensors  # no fused tensor beside the per-expert ones

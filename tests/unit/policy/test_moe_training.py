@@ -62,3 +62,14 @@ def test_frozen_routers_keep_their_weights_while_experts_train():
 def test_captured_training_micro_batches_are_refused():
     with pytest.raises(ValueError, match="cannot capture an MoE model's micro-batches"):
         _policy(train_cuda_graphs=True)
+
+
+def test_activation_checkpointing_recomputes_the_moe_layers_bit_for_bit():
+    grads = []
+    for checkpointing in (False, True):
+        policy = _policy(router_aux_loss_coef=0.5, max_grad_norm=None,
+                         dtensor_cfg={"tensor_parallel_size": 1, "activation_checkpointing": checkpointing})  # fmt: skip
+        metrics = policy.train(_batch(), LOSS)
+        grads.append((metrics["moe/load_balancing_loss"], [p.grad.clone() for p in policy.model.parameters()]))
+    (aux, plain), (aux_ckpt, recomputed) = grads
+    assert aux == aux_ckpt and all(torch.equal(a, b) for a, b in zip(plain, recomputed))
