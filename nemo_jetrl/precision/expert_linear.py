@@ -32,6 +32,9 @@ from nemo_jetrl.precision.linear import AUTO_GEMM, Fp8Linear, GemmChoice, linear
 from nemo_jetrl.precision.quantized import QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 
+# torch's grouped GEMM (BF16, sm80+): F.grouped_mm, or torch._grouped_mm where torch has no public name for it
+GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
 
 @dataclass
 class ExpertSplit:
@@ -84,7 +87,7 @@ class ExpertLinear(nn.Module):
 
     def syncs_on_host(self, dtype: torch.dtype) -> bool:
         """Whether a no-grad CUDA forward in `dtype` reads the expert counts on the host (no CUDA-graph capture)."""
-        return self.batch_invariant or dtype != torch.bfloat16 or not hasattr(F, "grouped_mm")
+        return self.batch_invariant or dtype != torch.bfloat16 or GROUPED_MM is None
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}"
@@ -94,9 +97,9 @@ def expert_linear(x2: torch.Tensor, w3: torch.Tensor, split: ExpertSplit, exact:
     """x2 [M, K] -> [M, N] in x2's (autocast) dtype: per expert `F.linear` (or the batch-invariant linear); a BF16
     no-grad forward on CUDA in one `F.grouped_mm` (no host sync)."""
     dtype = output_dtype(x2)
-    grouped_mm = x2.is_cuda and dtype == torch.bfloat16 and hasattr(F, "grouped_mm")
-    if grouped_mm and not exact and not torch.is_grad_enabled():
-        return F.grouped_mm(x2.to(dtype), w3.to(dtype).transpose(-2, -1), offs=split.offsets())
+    grouped = x2.is_cuda and dtype == torch.bfloat16 and GROUPED_MM is not None
+    if grouped and not exact and not torch.is_grad_enabled():
+        return GROUPED_MM(x2.to(dtype), w3.to(dtype).transpose(-2, -1), offs=split.offsets())
     linear = batch_invariant.linear if exact else F.linear
     pieces = [linear(x2[lo:hi], w3[e]) for e, lo, hi in split.segments()]  # [M_e, N] each
     return _cat_rows(pieces, x2, w3.shape[1], dtype)
