@@ -48,6 +48,7 @@ from nemo_jetrl.generation.interfaces import (
     max_prompt_length,
     rollout_phase,
 )
+from nemo_jetrl.models.loading import is_moe_checkpoint
 from nemo_jetrl.policy.auto_switches import announce, worker_switch_lines
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
 from nemo_jetrl.policy.native import NativePolicy
@@ -102,6 +103,11 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     if spec.backend != "local":  # the workers' trainers: no captured micro-batches, matched kernels where asked
         for line in worker_switch_lines(cfg["policy"], spec.backend):
             announce(line)
+    if spec.backend != "local" and is_moe_checkpoint(cfg["policy"]["model_name"]):
+        raise ValueError(
+            "cluster.backend: ray does not train MoE models yet (the FSDP2 workers shard and refit dense weights "
+            "only; expert parallelism is not built): use cluster.backend: local on one device (docs/moe.md)"
+        )
     loss_fn = ClippedPGLossFn(dict(cfg["loss_fn"]))
     init_reference = float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0
     policy: PolicyInterface
@@ -231,6 +237,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         response_mask=response_mask.cpu(),
         advantages=advantages.float(),
         generation_logprobs=out.generation_logprobs.float().cpu(),
+        generation_routing=None if out.routed_experts is None else out.routed_experts.cpu(),
     )
 
     progress.phase("logprobs")

@@ -6,6 +6,7 @@ so in unified FP8 the rollout uses the trainer's cached FP8 weight bits and scal
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ import torch
 
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant
 from nemo_jetrl.models.loading import load_model_and_tokenizer
+from nemo_jetrl.models.moe import convert_moe_blocks
 from nemo_jetrl.models.packed import PackedRows
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.policy.auto_switches import announce, apply_matched_kernels, resolve_train_cuda_graphs
@@ -27,6 +29,7 @@ from nemo_jetrl.policy.interfaces import (
 )
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.micro_batches import MicroBatch, plan_micro_batches, token_budget
+from nemo_jetrl.policy.moe_step import MoeTraining, RoutingAgreement
 from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are imported from here too
     NonFiniteError,
     NonFiniteStateError,
@@ -74,6 +77,9 @@ class NativePolicy(PolicyInterface):
                 config_overrides=policy_cfg.get("hf_config_overrides"),
             )
         self.tokenizer = tokenizer
+        convert_moe_blocks(model)  # a model handed in as HF built it (`load_model_and_tokenizer` converts its own)
+        self.moe = MoeTraining.of(model, policy_cfg)  # None for a dense model (policy/moe_step.py)
+        self.routing = RoutingAgreement()
         self.reference_model = None
         if init_reference_model:  # before the FP8 swap: the reference is the loaded model as is
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -104,7 +110,7 @@ class NativePolicy(PolicyInterface):
         self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
         self.train_graphs: MicroBatchGraphs | None = None  # policy.train_cuda_graphs (policy/train_graphs.py)
-        graphs, line = resolve_train_cuda_graphs(policy_cfg, device)  # auto: on CUDA where correct
+        graphs, line = resolve_train_cuda_graphs(policy_cfg, device, moe=self.moe is not None)  # auto: where correct
         announce(line)
         if graphs:
             self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
@@ -119,11 +125,18 @@ class NativePolicy(PolicyInterface):
     # ---------------------------------------------------------------- logprobs
     @torch.no_grad()
     def _logprobs(
-        self, model: torch.nn.Module, batch: TrainBatch, *, calibrate: bool = False, fake: KVScales | None = None
+        self,
+        model: torch.nn.Module,
+        batch: TrainBatch,
+        *,
+        calibrate: bool = False,
+        fake: KVScales | None = None,
+        compare_routing: bool = False,
     ) -> torch.Tensor:
         """Per-token logprobs [B, S] of `model` over `batch` (0 outside each micro-batch window); K/V fake-quantized
-        with `fake`; `calibrate` hands every micro-batch's Q/K/V amax to the calibrator. The trainer's own model
-        replays captured micro-batches under `policy.train_cuda_graphs`."""
+        with `fake`; `calibrate` hands every micro-batch's Q/K/V amax to the calibrator; `compare_routing`: an MoE
+        forward's routing against the rollout's (`self.routing`). The trainer's own model replays captured
+        micro-batches under `policy.train_cuda_graphs`."""
         graphs = self.train_graphs if model is self.model else None
         if graphs is not None:
             graphs.check_state()
@@ -133,8 +146,7 @@ class NativePolicy(PolicyInterface):
             host_mb, packing, own = self._micro_batch(batch, part, "logprob", graphs)
 
             def forward(mb: TrainBatch, _norm, packing: PackedRows | None, host_mask=host_mb.attention_mask):
-                logp, amax = self._forward(model, mb, host_mask, calibrate, fake, packing)
-                return logp, ({} if amax is None else {"kv/amax": amax})
+                return self._forward(model, mb, host_mask, calibrate, fake, packing, compare=compare_routing)
 
             if graphs is not None:
                 key = batch_key(host_mb, "logprob", calibrate, fake is not None, packing=packing)
@@ -143,6 +155,7 @@ class NativePolicy(PolicyInterface):
                 logp, outputs = forward(host_mb.to(self.device), None, None)
             if calibrate:
                 self.kv_calibrator.add_record(outputs["kv/amax"])
+            self.routing.add(outputs)
             logps.append((part, logp if own is None else logp[own]))
         for part, logp in logps:  # device -> host after every launch: no wait between micro-batches
             part.scatter(out, logp)
@@ -167,17 +180,27 @@ class NativePolicy(PolicyInterface):
         calibrate: bool,
         fake: KVScales | None,
         packing: PackedRows | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        *,
+        aux_weight: float | None = None,
+        compare: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One micro-batch's logprobs [b, w] through `model` (K/V fake-quantized with `fake`; packed as `packing`
-        where given), and with `calibrate` its Q/K/V amax [L, 3], observed by a calibrator of its own: a captured
-        forward returns the record as an output, and the trainer's calibrator takes it after the replay
-        (`QKVCalibrator.add_record`)."""
+        where given) and what it observed: with `calibrate` its Q/K/V amax [L, 3] (`kv/amax`), observed by a
+        calibrator of its own (a captured forward returns the record as an output, and the trainer's calibrator
+        takes it after the replay, `QKVCalibrator.add_record`); an MoE model's load-balancing loss (`aux_weight`:
+        the micro-batch's share of the step's tokens) and routing agreement (`compare`), policy/moe_step.py."""
         scratch = QKVCalibrator(self.kv_calibrator.num_layers, self.kv_calibrator.calibration) if calibrate else None
-        logp = sequence_logprobs(
-            model, mb.input_ids, mb.attention_mask, temperature=self.temperature, compute_dtype=self.compute_dtype,
-            attn_hook=make_attn_hook(scratch, fake), host_mask=host_mask, packing=packing, **self.kernels,
-        )  # fmt: skip
-        return logp, None if scratch is None else scratch.last_record()
+        moe = None
+        if self.moe is not None and model is self.model:
+            moe = self.moe.observe(model, mb, host_mask, self.kernels, packing, aux_weight=aux_weight, compare=compare)
+            packing = moe.packing
+        with moe.observing(model) if moe is not None else contextlib.nullcontext():
+            logp = sequence_logprobs(
+                model, mb.input_ids, mb.attention_mask, temperature=self.temperature, compute_dtype=self.compute_dtype,
+                attn_hook=make_attn_hook(scratch, fake), host_mask=host_mask, packing=packing, **self.kernels,
+            )  # fmt: skip
+        extras = {} if scratch is None else {"kv/amax": scratch.last_record()}
+        return logp, {**extras, **(moe.outputs() if moe is not None else {})}
 
     def _kv_fused(self) -> bool:
         """FP8 KV scales observed in the step's prev_logprobs forward (the logprob pass or the training forward)."""
@@ -187,7 +210,10 @@ class NativePolicy(PolicyInterface):
         fused = self._kv_fused()
         if fused:
             self.kv_calibrator.reset()
-        return self._logprobs(self.model, batch, calibrate=fused, fake=self._fake_quant_scales())
+        self.routing.counts.clear()  # this forward's routing agreement is the step's (`train()` reports it)
+        return self._logprobs(
+            self.model, batch, calibrate=fused, fake=self._fake_quant_scales(), compare_routing=self.moe is not None
+        )
 
     # ---------------------------------------------------------------- FP8 KV scales
     def _fake_quant_scales(self, *, required: bool = True) -> KVScales | None:
@@ -243,12 +269,13 @@ class NativePolicy(PolicyInterface):
                 raise ValueError(f"prev_logprobs from the training forward need one optimizer step, got {len(steps)}")
             if self._kv_fused():
                 self.kv_calibrator.reset()
+            self.routing.counts.clear()
         per_step = [self._optimizer_step(b, loss_fn) for b in steps]
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         if self.kv_calibration_pass == "post_step" and len(steps) > 1:  # calibrate on the whole GRPO batch
             self._last_train_batch = TrainBatch.cat(steps)
-        return combine_step_metrics(per_step)
+        return {**combine_step_metrics(per_step), **self.routing.pop_metrics()}
 
     def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
         """One optimizer step; the loss is normalised over the GLOBAL batch so micro-batches sum to its mean.
@@ -269,22 +296,29 @@ class NativePolicy(PolicyInterface):
         fp8_ok = fp8_weights_finite(self.model)  # 0-d bool (None without FP8 layers), read with the metrics
         calibrating = from_forward and self._kv_fused()  # this forward's Q/K/V amax go to the calibrator
         fake = self._fake_quant_scales()
+        step_tokens = max(1.0, float(batch.attention_mask.sum()))  # an MoE load-balancing loss's weights
 
         def micro_batch(mb: TrainBatch, norm: torch.Tensor | float, packing: PackedRows | None):
             """Forward, loss, backward of one micro-batch on the device -> (its logprobs when they are prev_logprobs,
             {metric: 0-d tensor, plus the non-finite checks as check/*, and the Q/K/V amax [L, 3] as kv/amax})."""
-            logp, amax = self._forward(self.model, mb, host_mb.attention_mask, calibrating, fake, packing)  # [b, w]
+            aux_weight = float(host_mb.attention_mask.sum()) / step_tokens
+            logp, extras = self._forward(
+                self.model, mb, host_mb.attention_mask, calibrating, fake, packing, aux_weight=aux_weight,
+                compare=from_forward,
+            )  # logp: [b, w]  # fmt: skip
             check, prev = {}, None
             if from_forward:
                 prev = logp.detach().float()
                 mb = dataclasses.replace(mb, prev_logprobs=prev)
                 valid = mb.response_mask.bool()  # [b, w]
                 check = {"check/bad_logps": (~torch.isfinite(prev) & valid).sum(), "check/valid": valid.sum()}
-            if amax is not None:
-                check["kv/amax"] = amax
+            aux = extras.pop("moe/aux_loss", None)
             loss, metrics = loss_fn(logp.float(), mb, norm)
+            if aux is not None:  # the MoE load-balancing loss (policy/moe_step.py)
+                loss = loss + aux
+                metrics = {**metrics, "moe/load_balancing_loss": extras.pop("moe/load_balancing_loss")}
             loss.backward()
-            return prev, {**metrics, **check, "check/loss": loss.detach()}
+            return prev, {**metrics, **check, **extras, "check/loss": loss.detach()}
 
         # On CUDA the normalizer is a device scalar (as a captured micro-batch needs it: same bits either way).
         eager_norm = torch.full((), normalizer, device=self.device) if self.device.type == "cuda" else normalizer
@@ -301,6 +335,7 @@ class NativePolicy(PolicyInterface):
                 forward_logps.append((part, prev if own is None else prev[own]))
             if calibrating:
                 self.kv_calibrator.add_record(outputs.pop("kv/amax"))
+            self.routing.add({k: outputs.pop(k) for k in ("moe/routing_match", "moe/routing_total") if k in outputs})
             per_mb.append({k: v for k, v in outputs.items() if not k.startswith("check/")})
             checks.append({k.removeprefix("check/"): v for k, v in outputs.items() if k.startswith("check/")})
         # = clip_grad_norm_, split so that a non-finite norm is caught with the gradients still as computed
