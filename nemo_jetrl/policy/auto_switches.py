@@ -39,13 +39,13 @@ def resolve_train_cuda_graphs(
     off CUDA or with an MoE model (its experts' row counts are read on the host) is refused."""
     value = policy_cfg["train_cuda_graphs"]
     if value != AUTO:
-        if value and device.type != "cuda":
-            raise ValueError(f"policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on {device}")
         if value and moe:
             raise ValueError(
                 "policy.train_cuda_graphs: true cannot capture an MoE model's micro-batches (its experts' row counts "
                 "are read on the host): set it false or auto"
             )
+        if value and device.type != "cuda":
+            raise ValueError(f"policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on {device}")
         return bool(value), None
     reason = None
     if moe:
