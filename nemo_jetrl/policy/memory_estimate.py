@@ -113,8 +113,13 @@ class TrainerMemorySettings:
     graphs: bool  # train_cuda_graphs: gradients kept between steps, one micro-batch's activations reserved
 
     @classmethod
-    def from_policy(cls, policy: Mapping[str, Any], reference: bool = False) -> TrainerMemorySettings:
+    def from_policy(cls, policy: Mapping[str, Any], reference: bool = False, cuda: bool = True) -> TrainerMemorySettings:
+        """`cuda`: the trainer runs on a CUDA device (where `train_cuda_graphs: auto` captures, outside the exact
+        mode: policy/auto_switches.py)."""
         fp8, gen = policy["fp8_cfg"], policy["generation"]
+        graphs = policy["train_cuda_graphs"]
+        if graphs == "auto":
+            graphs = cuda and not gen["deterministic"]
         return cls(
             master_bytes=4 if policy["master_dtype"] == "float32" else 2, fp8_train=policy["precision"] == "fp8",
             fp8_weights=policy["precision"] == "fp8" or gen["precision"] == "fp8",
@@ -122,7 +127,7 @@ class TrainerMemorySettings:
             dgrad_cache=bool(fp8["cache_dgrad_weight"]), kv_bytes=1 if gen["kv_cache_dtype"] == "fp8" else 2,
             checkpointing=bool(policy["dtensor_cfg"].get("activation_checkpointing")),
             packed=bool(policy["sequence_packing"]["enabled"]), width=int(policy["max_total_sequence_length"]),
-            reference=reference, graphs=bool(policy.get("train_cuda_graphs")),
+            reference=reference, graphs=bool(graphs),
         )  # fmt: skip
 
     def fp8_layer(self, shape: ModelShape, layer: int) -> bool:
