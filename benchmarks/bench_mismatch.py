@@ -2,12 +2,15 @@
 
     python3 -m benchmarks.bench_mismatch --out mismatch_8b.json --plot mismatch_8b.png   # GPU
     python3 -m benchmarks.bench_mismatch --quick                                         # CPU
+    python3 -m benchmarks.bench_mismatch --shape qwen3-30b-a3b --layers 8 --steps 1                   # the MoE
 
 Each variant runs `--steps` GRPO steps on the same random-weight model (Qwen3-8B shape, `--layers` deep): rollout
 (`NativeGenerationEngine.generate`, CUDA graphs) -> prev_logprobs from the trainer's own forward
 (`NativePolicy.get_logprobs`, the forward whose gradient is taken next) -> train (random advantages) -> refit.
 Mismatch is always rollout logprobs vs that trainer forward (never a replay of the rollout). Reported per variant:
-token_mult_prob_error, gen_kl_error, exact_token_fraction over all steps, and mean exp|d| per response-position bin.
+token_mult_prob_error, gen_kl_error, exact_token_fraction over all steps, and mean exp|d| per response-position bin;
+for an MoE shape also routing_agreement (the share of (scored token, MoE layer) pairs whose experts the rollout and
+the trainer's forward chose alike, `train/routing_agreement`).
 Modes: "fast" (the default kernels), "sdpa_decode" (SDPA instead of the fused decode attention), "matched" (the
 fast path with its two cheap mismatch sources matched: batch-invariant attention and log-sum-exp on both sides, FP8
 forward GEMMs on cuBLAS at every M on CUDA), "exact" (`policy.generation.deterministic: true`: batch-invariant
@@ -33,7 +36,6 @@ import torch
 
 from benchmarks.common import (
     LOSS,
-    QWEN3_8B,
     TINY,
     bootstrapped_engine,
     build_model,
@@ -44,6 +46,7 @@ from benchmarks.common import (
 )
 from nemo_jetrl.algorithms.mismatch import mismatch_metrics
 from nemo_jetrl.models.batch_invariant import MATCHED_PARTS, ExactParts, enable_batch_invariant
+from nemo_jetrl.models.random_checkpoint import SHAPES
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
@@ -109,15 +112,17 @@ def run_variant(label: str, preset: str, mode: str, model, prompts, args, device
         policy, recipe, prompts, args.gen_len, args.micro_batch, cuda_graphs=device.type == "cuda",
         fused_decode=False if mode == "sdpa_decode" else None,
     )  # fmt: skip
-    train_lp, gen_lp, masks = [], [], []
+    train_lp, gen_lp, masks, routing = [], [], [], []
     for seed in range(args.steps):
         out = engine.generate(prompts, generator=torch.Generator(device=device).manual_seed(seed))
         adv = torch.randn(len(out), generator=torch.Generator().manual_seed(seed))
         batch = TrainBatch(
             out.input_ids.cpu(), out.attention_mask.cpu(), out.response_mask.cpu(), adv,
             out.generation_logprobs.float().cpu(),
+            generation_routing=None if out.routed_experts is None else out.routed_experts.cpu(),
         )  # fmt: skip
         batch.prev_logprobs = policy.get_logprobs(batch)
+        routing.append(policy.routing.pop_metrics().get("routing_agreement"))  # None: a dense model
         start = out.prompt_length  # response columns [start, start + gen_len)
         train_lp.append(batch.prev_logprobs[:, start:])
         gen_lp.append(batch.generation_logprobs[:, start:])
@@ -131,6 +136,8 @@ def run_variant(label: str, preset: str, mode: str, model, prompts, args, device
     width = min(t.shape[1] for t in train_lp)
     train, gen, mask = (torch.cat([t[:, :width] for t in ts]) for ts in (train_lp, gen_lp, masks))  # [steps*B, R]
     result = {"variant": label, "preset": preset, "mode": mode, **mismatch_metrics(train, gen, mask)}
+    if routing[0] is not None:  # the mean over the steps (equal token counts per step: one rollout shape)
+        result["routing_agreement"] = sum(routing) / len(routing)
     if parts is not None:
         result["exact_parts"] = [n for n in ExactParts.names() if getattr(parts, n)]
     result["by_position"] = by_position(train, gen, mask, args.bins)
@@ -184,7 +191,8 @@ def plot(results: list[dict], title: str, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=16, help="decoder layers of the Qwen3-8B shape")
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="model shape (random weights)")
+    p.add_argument("--layers", type=int, default=16, help="decoder layers of the shape")
     p.add_argument("--prompts", type=int, default=64, help="sequences per step")
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=256)
@@ -199,11 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="PNG path: mismatch by response position")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    shape, shape_name = SHAPES[args.shape], args.shape
     if args.steps is None:
         args.steps = 1 if args.ablate else 3
     if args.quick:
-        shape, shape_name, args.layers, args.prompts, args.prompt_len, args.gen_len = TINY, "tiny", 2, 8, 8, 8
+        shape, shape_name = (SHAPES["tiny-moe"], "tiny-moe") if "num_experts" in shape else (TINY, "tiny")
+        args.layers, args.prompts, args.prompt_len, args.gen_len = 2, 8, 8, 8
         args.micro_batch, args.steps, args.bins = 4, min(args.steps, 2), 4
     info = device_info(device)
     gen = torch.Generator().manual_seed(0)
@@ -215,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown variants {sorted(unknown)}; known: {[v[0] for v in rows]}")
     headers = ["variant", "token_mult_prob_error", "gen_kl_error", "exact tokens", "tokens"]
     keys = ["variant", "token_mult_prob_error", "gen_kl_error", "exact_token_fraction", "num_valid_tokens"]
+    if "num_experts" in shape:
+        headers, keys = headers + ["routing agreement"], keys + ["routing_agreement"]
     title = (
         f"mismatch on {info['device']}: {shape_name} shape x {args.layers} layers, {args.prompts} sequences, "
         f"{args.prompt_len} -> {args.gen_len} tokens, {args.steps} steps, trainer micro-batch {args.micro_batch}"

@@ -1,6 +1,7 @@
 """Rollout throughput: BF16 vs FP8 linears vs FP8 linears + FP8 KV cache, side by side in one process.
 
     python3 -m benchmarks.bench_rollout --out rollout.json            # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_rollout --shape qwen3-30b-a3b          # GPU: the MoE, all 48 layers
     python3 -m benchmarks.bench_rollout --quick                        # CPU smoke test
 
 The native engine as GRPO runs it: prefill, then a CUDA-graph-captured static decode step with the decode
@@ -27,7 +28,6 @@ import sys
 import torch
 
 from benchmarks.common import (
-    QWEN3_8B,
     TINY,
     add_deep_gemm_flag,
     alternating_timings,
@@ -42,6 +42,7 @@ from benchmarks.gpu_clocks import ClockSampler, per_variant
 from benchmarks.rollout_engines import build_engines, wrap_variant
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.kv_cache import KVCache
+from nemo_jetrl.models.random_checkpoint import SHAPES
 from nemo_jetrl.precision import rollout_mode
 
 
@@ -110,7 +111,7 @@ def diagnostics(name: str, engine: NativeGenerationEngine, prompts, args, device
 
 # Kernel-name patterns of the decode-step profile (`--profile-steps`), first match wins.
 KERNEL_CATEGORIES = (
-    ("fp8 gemm (triton)", re.compile(r"_fp8_gemm_kernel|_split_k_reduce")),
+    ("fp8 gemm (triton)", re.compile(r"_fp8_gemm_kernel|_split_k_reduce|_grouped_fp8_kernel")),
     ("attention", re.compile(r"decode_kernel|merge_kernel|attention|fmha|flash")),
     ("fused glue", re.compile(r"_add_rms_norm|_qk_norm_rope|_silu_mul")),
     ("act quant", re.compile(r"quant")),
@@ -161,7 +162,8 @@ def kernel_profile(engine: NativeGenerationEngine, batch: int, context: int, ste
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: all 36 of Qwen3-8B)")
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="model shape (random weights)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: all of the shape's)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--gen-len", type=int, default=2048)
@@ -178,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON output path")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    shape, shape_name = SHAPES[args.shape], args.shape
     if args.quick:
-        shape_name = "tiny"
-        shape, args.batch, args.prompt_len, args.gen_len, args.layers = TINY, 4, 16, 8, args.layers or 2
+        moe = SHAPES["tiny-moe"] if "num_experts" in shape else TINY
+        shape_name = "tiny-moe" if "num_experts" in shape else "tiny"
+        shape, args.batch, args.prompt_len, args.gen_len, args.layers = moe, 4, 16, 8, args.layers or 2
         args.repeats = 2
     info = device_info(device)
     check_deep_gemm(p, args, device)

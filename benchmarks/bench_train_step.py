@@ -3,6 +3,7 @@
     python3 -m benchmarks.bench_train_step --out train_step.json      # GPU: Qwen3-8B shape
     python3 -m benchmarks.bench_train_step --quick                     # CPU smoke test
     python3 -m benchmarks.bench_train_step --fp8-recipe rowwise        # other FP8 recipes
+    python3 -m benchmarks.bench_train_step --shape qwen3-30b-a3b --layers 4  # the MoE, 4 of 48 layers
     python3 -m benchmarks.bench_train_step --memory --layers 16        # each variant's own peak
     python3 -m benchmarks.bench_train_step --layers 36 --rounds 3 --steps 2  # one resident at a time
 
@@ -193,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape, shape_name = SHAPES[args.shape], args.shape
-    if args.quick:
-        shape, shape_name, args.batch, args.seq_len, args.warmup, args.steps = TINY, "tiny", 2, 128, 1, 2
+    if args.quick:  # the tiny dense shape, or tiny-moe for an MoE shape
+        moe = "num_experts" in shape
+        shape, shape_name = (SHAPES["tiny-moe"], "tiny-moe") if moe else (TINY, "tiny")
+        args.batch, args.seq_len, args.warmup, args.steps = 2, 128, 1, 2
     info = device_info(device)
     batch = make_batch(args.batch, args.seq_len, shape["vocab_size"])
     if args.cuda_graphs != "off" and device.type != "cuda":

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
+from nemo_jetrl.models.moe import convert_moe_blocks
 from nemo_jetrl.models.random_checkpoint import SHAPES
 
 HBM_PEAK_TBS = {"H200": 4.8, "H100": 3.35}  # dense HBM peaks (DESIGN.md section 4)
@@ -115,6 +116,8 @@ def policy_config(**overrides) -> dict:
         "train_causal_attention": False,
         "train_cuda_graphs": False,
         "prev_logprobs_source": "logprob_forward",
+        "freeze_moe_router": False,
+        "router_aux_loss_coef": None,  # an MoE: the model config's coefficient
         "optimizer": optimizer,
         "scheduler": None,
         "dynamic_batching": {
@@ -243,27 +246,37 @@ def parse_gpu_bench(parser, argv: list[str] | None):
 
 
 def build_model(shape: dict, num_layers: int | None, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
-    """A random-weight Qwen3ForCausalLM of `shape` (optionally fewer layers), built directly on `device`."""
-    cfg = Qwen3Config(**{**shape, **({"num_hidden_layers": num_layers} if num_layers else {})})
+    """A random-weight Qwen3ForCausalLM of `shape` (a Qwen3MoeForCausalLM with its MoE blocks converted where the shape
+    has experts; optionally fewer layers), built directly on `device` in `dtype` (no FP32 copy of a 30B model)."""
+    fields = {**shape, **({"num_hidden_layers": num_layers} if num_layers else {})}
+    moe = bool(fields.get("num_experts"))
+    cfg = (Qwen3MoeConfig if moe else Qwen3Config)(**fields)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen3ForCausalLM(cfg)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    convert_moe_blocks(model)
     return model.to(dtype).eval()
 
 
 def linear_weight_bytes(model: torch.nn.Module, fp8: bool) -> int:
-    """Bytes one decode step reads for the decoder linears (e4m3 + fp32 128x128 scales, or bf16) and the lm_head."""
+    """Bytes one decode step reads for the decoder linears (e4m3 + fp32 128x128 scales, or bf16) and the lm_head;
+    an MoE's every expert (a decode batch of 128 x 8 choices reaches nearly all of them) and its routers (FP32)."""
     total = 0
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
-        if weight is None or weight.dim() != 2 or "embed_tokens" in name:
+        if weight is None or weight.dim() not in (2, 3) or "embed_tokens" in name or "norm" in name:
             continue
-        n, k = weight.shape
-        if fp8 and "lm_head" not in name:
-            total += n * k + 4 * -(-n // 128) * -(-k // 128)
+        experts, (n, k) = (weight.shape[0] if weight.dim() == 3 else 1), weight.shape[-2:]
+        if fp8 and "lm_head" not in name and not name.endswith(".gate"):
+            total += experts * (n * k + 4 * -(-n // 128) * -(-k // 128))
         else:
-            total += n * k * 2
+            total += experts * n * k * 2
     return total
 
 

@@ -34,10 +34,12 @@ def build_engines(
     bf16_model: torch.nn.Module, calib_prompts: torch.Tensor, *, deep_gemm: bool = False, torch_sampler: bool = False,
     **engine_kwargs,
 ) -> dict[str, NativeGenerationEngine]:  # fmt: skip
-    """bf16 / fp8 / fp8+kv engines: `bf16_model` as it is and a deep copy converted to FP8 (recipe `jetrl`), the
-    FP8 KV scales calibrated on `calib_prompts` [B, S]. With `deep_gemm` / `torch_sampler`, 'fp8+kv+deep_gemm' /
-    'fp8+kv torch sampler' name the fp8+kv engine again: wrap their rollouts in `on_deep_gemm` / `on_torch_sampler`."""
-    fp8_model = copy.deepcopy(bf16_model)
+    """bf16 / fp8 / fp8+kv engines: `bf16_model` as it is and a copy of its modules converted to FP8 (recipe
+    `jetrl`) over the very same Parameters (the FP8 copy adds only its FP8 weights: a 30B MoE's two variants fit one
+    GPU), the FP8 KV scales calibrated on `calib_prompts` [B, S]. With `deep_gemm` / `torch_sampler`,
+    'fp8+kv+deep_gemm' / 'fp8+kv torch sampler' name the fp8+kv engine again: wrap their rollouts in `on_deep_gemm`
+    / `on_torch_sampler`."""
+    fp8_model = copy.deepcopy(bf16_model, memo={id(p): p for p in bf16_model.parameters()})
     convert_to_fp8(fp8_model, PrecisionRecipe.preset("jetrl"))
     engines = {
         "bf16": NativeGenerationEngine(bf16_model, **engine_kwargs),

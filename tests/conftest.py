@@ -55,6 +55,8 @@ SLOW_MODULES_FIRST = [
     "unit/distributed/test_fsdp_checkpointing_gloo.py",  # 17 (issue 43, est.)
     "unit/algorithms/test_memory_preflight.py",  # 15 (issue 43, est.: a fresh CLI interpreter)
     "unit/models/test_activation_checkpointing.py",  # 12 (issue 43, est.)
+    "functional/test_grpo_tiny_moe.py",  # 14 (issue 47: two 3-step tiny MoE runs through run_grpo.py)
+    "unit/precision/test_grouped_gemm.py",  # 10 (issue 47: a Triton-interpreter child)
     "unit/benchmarks/test_bench_mismatch.py",  # 17
     "functional/test_hardening.py",  # 16
     "functional/test_nothing_lost.py",  # 14 (measured alone on the 2-core machine, 2026-11-28)

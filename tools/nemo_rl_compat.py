@@ -27,6 +27,15 @@ KEYS_BEGIN, KEYS_END = "<!-- key table: tools/nemo_rl_compat.py keys -->", "<!--
 TREE_BEGIN, TREE_END = "<!-- compatibility table: tools/nemo_rl_compat.py tree -->", "<!-- end of compatibility table -->"
 # MoE by model or file name: <total>B-A<active>B, and the MoE families of the tree
 MOE = re.compile(r"(?i)(\d+b-?a\d+b|deepseek-v3|dsv3|gpt-?oss|glm-?4\.?7-?flash|glm-?5|minimax|moonlight|qwen3-235b)")
+# the MoE family built here (Qwen3MoeForCausalLM): Qwen3-30B-A3B / Qwen3-235B-A22B by model or file name
+QWEN3_MOE = re.compile(r"(?i)(qwen3-(30b-?a3b|235b)|qwen3?-?30ba3b)")
+# expert-parallel sizes (refused until expert parallelism exists): set to 1 for the "with EP 1" outcome
+EP_KEYS = (
+    "policy.megatron_cfg.expert_model_parallel_size",
+    "policy.megatron_cfg.expert_tensor_parallel_size",
+    "policy.dtensor_cfg.expert_parallel_size",
+    "policy.generation.vllm_cfg.expert_parallel_size",
+)
 SECTIONS = {
     "honoured": "Honoured (mapped onto our key, NeMo-RL's meaning)",
     "megatron": "Megatron (`policy.megatron_cfg.enabled: true`, schema/nemo_rl_megatron.py)",
@@ -71,9 +80,10 @@ def render_key_table() -> str:
 
 class Outcome(NamedTuple):
     path: str
-    family: str  # dense | MoE | VLM
+    family: str  # dense | Qwen3-MoE | MoE | VLM
     ok: bool
     text: str  # the precision line (+ start-up line count) or the error
+    ep1: str | None = None  # Qwen3-MoE refused: the outcome with every expert-parallel size set to 1
 
 
 def family(path: Path, tree: dict) -> str:
@@ -81,6 +91,8 @@ def family(path: Path, tree: dict) -> str:
     model = str(policy.get("model_name") or "")
     if policy.get("is_vlm") or (policy.get("tokenizer") or {}).get("use_processor"):
         return "VLM"
+    if QWEN3_MOE.search(model) or QWEN3_MOE.search(path.name):
+        return "Qwen3-MoE"
     return "MoE" if MOE.search(model) or MOE.search(path.name) else "dense"
 
 
@@ -97,32 +109,49 @@ def validate_tree(snapshot: Path) -> list[Outcome]:
     here, out = Path.cwd(), []
     os.chdir(snapshot)
     try:
+        def outcome(rel: Path, overrides: list[str]) -> tuple[bool, str]:
+            try:
+                cfg = validate_config(load_config(rel, overrides))
+            except ConfigError as exc:
+                return False, str(exc)
+            lines = len(cfg.startup_notes)
+            return True, precision_line(cfg.policy) + (f" ({lines} start-up line{'s' * (lines > 1)})" if lines else "")
+
         for path in files:
             rel = path.relative_to(snapshot)
-            kind = family(path, load_yaml_with_defaults(rel))
-            try:
-                cfg = validate_config(load_config(rel))
-            except ConfigError as exc:
-                out.append(Outcome(str(rel), kind, False, str(exc)))
-                continue
-            lines = len(cfg.startup_notes)
-            text = precision_line(cfg.policy) + (f" ({lines} start-up line{'s' * (lines > 1)})" if lines else "")
-            out.append(Outcome(str(rel), kind, True, text))
+            tree = load_yaml_with_defaults(rel)
+            kind = family(path, tree)
+            ok, text = outcome(rel, [])
+            ep1 = None
+            if not ok and kind == "Qwen3-MoE":
+                ep = [f"{k}=1" for k in EP_KEYS if _get(tree, k) not in (None, 1)]
+                ep1 = ("validates: " if (r := outcome(rel, ep))[0] else "refused: ") + r[1] if ep else None
+            out.append(Outcome(str(rel), kind, ok, text, ep1))
     finally:
         os.chdir(here)
     return out
 
 
+def _get(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
 def render_tree_table(outcomes: list[Outcome], commit: str) -> str:
     dense = [o for o in outcomes if o.family == "dense"]
     ok_dense, ok_all = sum(o.ok for o in dense), sum(o.ok for o in outcomes)
+    qwen_moe = [o for o in outcomes if o.family == "Qwen3-MoE"]
+    ok_moe = sum(o.ok or (o.ep1 or "").startswith("validates") for o in qwen_moe)
     lines = [
         TREE_BEGIN,
         "",
         f"NVIDIA-NeMo/RL at {commit}: every `examples/configs/**/{{grpo,dapo}}*.yaml`, run as written from the",
         "snapshot's root with `run_grpo.py --config <file> --validate-only` (environment variables unset). Dense",
         f"(non-MoE, non-VLM) configs: **{ok_dense} of {len(dense)} validate ({100 * ok_dense / len(dense):.1f}%)**; "
-        f"all configs: {ok_all} of {len(outcomes)}. MoE models are refused until MoE training exists.",
+        f"all configs: {ok_all} of {len(outcomes)}. Qwen3-MoE configs (docs/moe.md): {ok_moe} of {len(qwen_moe)} "
+        "validate as written or with their expert-parallel sizes set to 1 (expert parallelism is not built yet: "
+        "refused with the reason); other MoE families are not built.",
         "",
         "| config | model | outcome |",
         "|---|---|---|",
@@ -130,6 +159,8 @@ def render_tree_table(outcomes: list[Outcome], commit: str) -> str:
     for o in outcomes:
         name = o.path.removeprefix("examples/configs/")
         text = o.text.removeprefix("precision: ") if o.ok else _short(o.text)
+        if o.ep1 is not None:
+            text += "; with expert parallelism 1: " + _short(o.ep1.replace("precision: ", ""), 120)
         lines.append(f"| `{name}` | {o.family} | {'validates: ' if o.ok else 'refused: '}{text.replace('|', '/')} |")
     return "\n".join(lines + ["", TREE_END])
 

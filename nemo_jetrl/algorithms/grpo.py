@@ -203,6 +203,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         response_mask=response_mask.cpu(),
         advantages=advantages.float(),
         generation_logprobs=out.generation_logprobs.float().cpu(),
+        generation_routing=None if out.routed_experts is None else out.routed_experts.cpu(),
     )
 
     progress.phase("logprobs")

@@ -17,6 +17,8 @@ hold a rollout replica each, which this estimate does not model (the line says t
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +39,7 @@ class MemoryPreflightError(ConfigError):
 @dataclass(frozen=True)
 class PreflightResult:
     line: str  # the report, one line
-    derived: dict[str, int]  # config key -> the token budget written in
+    derived: dict[str, Any]  # config key -> the value written in (token budgets; train_cuda_graphs: auto -> false)
     estimate: MemoryEstimate | None = None
     peaks: dict[str, int] | None = None  # phase -> estimated peak bytes
 
@@ -95,14 +97,37 @@ def memory_preflight(
             return PreflightResult(f"memory preflight: skipped ({exc})", {})
     capacity = capacity if capacity is not None else device_capacity(cfg)
     usable = None if capacity is None else int(capacity * float(policy["memory_preflight"]["usable_fraction"]))
-    settings = TrainerMemorySettings.from_policy(policy, float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0)
+    reference = float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0
+    settings = TrainerMemorySettings.from_policy(policy, reference, cuda=capacity is not None)
+    try:
+        planned = _plan(cfg, shape, settings, capacity, usable)
+    except MemoryPreflightError:
+        if not (settings.graphs and policy["train_cuda_graphs"] == "auto"):
+            raise
+        # `auto` captures only where the captured micro-batch's reserved activations leave room for the step
+        settings = dataclasses.replace(settings, graphs=False)
+        planned = _plan(cfg, shape, settings, capacity, usable)
+        planned[-1]["policy.train_cuda_graphs"] = False
+    est, tokens, peaks, derived = planned
+    for key, value in derived.items():  # written into the config the run uses
+        section, _, leaf = key.removeprefix("policy.").rpartition(".")
+        (policy[section] if section else policy)[leaf] = value
+    return PreflightResult(_line(est, peaks, tokens, capacity, usable, derived, settings), derived, est, peaks)
+
+
+def _plan(
+    cfg: dict[str, Any], shape: ModelShape, settings: TrainerMemorySettings, capacity: int | None, usable: int | None
+) -> tuple[MemoryEstimate, dict[str, int], dict[str, int], dict[str, Any]]:
+    """(estimate, tokens per pass, peaks per phase, derived keys) under `settings`, on a copy of `cfg`; raises
+    MemoryPreflightError where the step cannot fit."""
+    cfg = copy.deepcopy(cfg)
     est = _estimate(cfg, shape, settings, capacity)
-    derived: dict[str, int] = {}
+    derived: dict[str, Any] = {}
     tokens = {kind: _pass_tokens(cfg, kind, est, usable, derived) for kind in PASSES}
     peaks = _peaks(est, tokens, settings)
     if usable is not None:
         _refuse_if_over(cfg, est, peaks, usable, capacity, settings)
-    return PreflightResult(_line(est, peaks, tokens, capacity, usable, derived, settings), derived, est, peaks)
+    return est, tokens, peaks, derived
 
 
 def _estimate(cfg: dict[str, Any], shape: ModelShape, s: TrainerMemorySettings, capacity: int | None) -> MemoryEstimate:

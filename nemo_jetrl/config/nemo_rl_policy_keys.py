@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from nemo_jetrl.config.nemo_rl_rules import Rule, alias, announced, megatron, no_effect, only, same_as
 
-DENSE = "MoE options: dense models have no experts"
+DENSE = "Automodel's MoE sharding options: MoE experts are not sharded here (Qwen3-MoE runs every expert on each device)"
 MEMORY = "memory / speed tuning of an engine this implementation does not use"
 VLLM = "vLLM engine setting the adapter (generation/vllm_engine.py) sets itself or leaves at vLLM's default"
 DATA_PLANE = "NeMo-RL's data plane / transport; one process or Ray workers exchange tensors directly here"
 BOTH_SIDES = "one layer map: these layers stay BF16 on trainer AND rollout (NeMo-RL: rollout only)"
 KV_FRACTION = "the fraction of the GPU memory the colocated trainer leaves free (its state stays resident)"
 MULTIMODAL = "image / audio / video inputs: text-only prompts here"
-MOE = "MoE models are not trained here yet (dense models: 1)"
+MOE = "set 1 (not built yet: Qwen3-MoE runs all its experts on one device, cluster.backend: local)"
+ROUTER_FP32 = "the MoE routers' logits and softmax run in FP32 on trainer and rollout here (models/moe.py)"
 ONE_TRAINER = (
     "use cluster.num_nodes / gpus_per_node (data-parallel FSDP2 workers) and policy.dtensor_cfg.tensor_parallel_size"
 )
@@ -52,7 +53,10 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.pretrained_checkpoint*": only([None], "starting from a Megatron checkpoint", "use policy.model_name"),
     "policy.reward_model_cfg.enabled": only([False, None], "reward-model training", "set false"),
     "policy.reward_model_cfg.*": no_effect("read only with reward_model_cfg.enabled: true"),
-    "policy.router_replay.enabled": only([False, None], "MoE router replay", "set false"),
+    "policy.router_replay.enabled": only(
+        [False, None], "MoE router replay", "set false: the rollout and the trainer route alike here (the exact mode and "
+        "matched_kernels: the same experts bit for bit; train/routing_agreement measures it on every path)"
+    ),
     "policy.sequence_packing.microbatch_order": no_effect("the order packed micro-batches run in (memory reuse)"),
     "policy.sequence_packing.fuse_loss": no_effect("Megatron's fused packed-loss kernel (same loss)"),
     "policy.optimizer.kwargs.lr": alias("policy.optimizer.lr"),
@@ -134,6 +138,25 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.megatron_cfg.context_parallel_size": announced([1, None], CONTEXT_PARALLEL),
     "policy.megatron_cfg.expert_model_parallel_size": only([1], "expert parallelism (MoE)", MOE),
     "policy.megatron_cfg.expert_tensor_parallel_size": only([1, None], "expert parallelism (MoE)", MOE),
+    "policy.megatron_cfg.freeze_moe_router": megatron("-> `policy.freeze_moe_router` (MoE routers not trained)"),
+    "policy.megatron_cfg.moe_router_load_balancing_type": megatron(
+        "`none` -> `policy.router_aux_loss_coef: 0`; `aux_loss` -> HF's load-balancing loss (coefficient "
+        "`moe_aux_loss_coeff`, else the model config's router_aux_loss_coef); `seq_aux_loss` / `global_aux_loss` "
+        "refused"
+    ),
+    "policy.megatron_cfg.moe_router_dtype": announced([None, "fp32", "fp64"], ROUTER_FP32),
+    "policy.megatron_cfg.moe_router_bias_update_rate": no_effect(
+        "the aux-loss-free expert bias update: Qwen3-MoE's router has no expert bias"
+    ),
+    "policy.megatron_cfg.moe_router_enable_expert_bias": only(
+        [False, None], "a router expert bias (DeepSeek-V3's aux-loss-free balancing)", "set false (Qwen3-MoE has none)"
+    ),
+    "policy.megatron_cfg.moe_router_num_groups": only([None, 1], "group-limited routing", "set null (Qwen3-MoE)"),
+    "policy.megatron_cfg.moe_router_group_topk": only([None, 1], "group-limited routing", "set null (Qwen3-MoE)"),
+    "policy.megatron_cfg.moe_*": no_effect(
+        "Megatron's MoE dispatch / kernel tuning (token dispatcher, permute fusion, grouped GEMM, DeepEP, logging): "
+        "the same experts and numbers here (models/moe.py)"
+    ),
     "policy.megatron_cfg.peft.enabled": only([False], "LoRA", "set false (full fine-tuning)"),
     "policy.megatron_cfg.mtp_num_layers": only([0, None], "multi-token prediction layers", "set 0"),
     "policy.megatron_cfg.model_overrides": only(
@@ -184,6 +207,10 @@ POLICY_RULES: dict[str, Rule] = {
     ),  # fmt: skip
     "policy.generation.vllm_cfg.pipeline_parallel_size": announced([1, None], TRAINER_LAYOUT),
     "policy.generation.vllm_cfg.expert_parallel_size": only([1, None], "expert parallelism (MoE)", MOE),
+    "policy.generation.vllm_cfg.enable_expert_parallel": only([False, None], "expert parallelism (MoE)", MOE),
+    "policy.generation.vllm_cfg.enable_return_routed_experts": no_effect(
+        "the native rollout records each token's experts itself (GenerationOutput.routed_experts)"
+    ),
     "policy.generation.vllm_cfg.logprobs_mode": only(["processed_logprobs"], "raw logprobs", "set processed_logprobs"),
     "policy.generation.vllm_cfg.max_model_len": alias("policy.generation.max_model_len"),
     "policy.generation.vllm_cfg.gpu_memory_utilization": alias(

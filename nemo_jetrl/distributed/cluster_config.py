@@ -84,6 +84,15 @@ def multi_rank_problems(policy: Mapping[str, Any], spec: ClusterSpec) -> list[st
             "kernels make the trainer equal the rollout bitwise within one process): set cluster.backend: local and "
             "cluster.rollout_seed_shards: 1"
         )
+    if spec.backend == "ray" or ranks > 1:
+        from nemo_jetrl.models.loading import is_moe_checkpoint  # transformers: only where a run is placed
+
+        if is_moe_checkpoint(policy["model_name"]):
+            problems.append(
+                f"cluster.backend: {spec.backend} does not train MoE models yet ({ranks} rank(s): the sharded trainer "
+                "shards and refits dense weights only; expert parallelism is not built): use cluster.backend: local "
+                "on one device (docs/moe.md)"
+            )
     if ranks == 1:
         return problems
     where = f"cluster.backend: {spec.backend} with {ranks} ranks"

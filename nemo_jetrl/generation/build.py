@@ -10,6 +10,7 @@ from nemo_jetrl.generation.interfaces import GenerationInterface
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.scheduler import engine_budget_kwargs
 from nemo_jetrl.generation.seed_shards import ShardedGeneration
+from nemo_jetrl.models.moe import is_moe
 
 
 def stop_token_ids(gen: dict[str, Any], tokenizer: Any) -> list[int]:
@@ -43,6 +44,11 @@ def build_local_engine(cfg: dict[str, Any], policy: Any, spec: Any, device: torc
     gen, tok = cfg["policy"]["generation"], policy.tokenizer
     plan = policy.plan
     common = engine_kwargs(cfg["policy"], stop_token_ids(gen, tok), tok.pad_token_id, policy.compute_dtype)
+    if gen["backend"] == "vllm" and is_moe(policy.model):
+        raise ValueError(
+            "policy.generation.backend: vllm does not run MoE models here (its refit takes dense weights only); set "
+            "policy.generation.backend=native (the native engine records each token's experts: docs/moe.md)"
+        )
     if gen["backend"] == "vllm":
         if plan.distributed:  # refused first when the run is placed (cluster_config.multi_rank_problems)
             raise ValueError("policy.generation.backend: vllm runs in one process; several ranks roll out natively")

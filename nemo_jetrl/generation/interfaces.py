@@ -26,6 +26,9 @@ class GenerationOutput:
     prompt_length: int  # P, the padded prompt width: responses start at column P
     response_lengths: torch.Tensor  # [B] long: generated tokens per sequence (stop token included)
     finished: torch.Tensor  # [B] bool: True = stopped by a stop token, False = truncated at max_new_tokens
+    # [B, S, L, k] uint8 / int16: an MoE model's experts per token (as an input) and MoE layer, where the engine
+    # records them (models/moe_routing.py); None for dense models and engines that do not
+    routed_experts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

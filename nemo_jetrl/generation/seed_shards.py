@@ -80,7 +80,23 @@ def merge_generation_outputs(outputs: Sequence[GenerationOutput], pad_token_id: 
         prompt_length=prompt_len,
         response_lengths=torch.cat([o.response_lengths for o in outputs]),
         finished=torch.cat([o.finished for o in outputs]),
+        routed_experts=_merged_routing(outputs, prompt_len, width),
     )
+
+
+def _merged_routing(outputs: Sequence[GenerationOutput], prompt_len: int, width: int) -> torch.Tensor | None:
+    """The outputs' `routed_experts` [b, S_o, L, k] placed as `merge_generation_outputs` places their tokens (None
+    unless every output has them)."""
+    if any(o.routed_experts is None for o in outputs):
+        return None
+    placed = []
+    for o in outputs:
+        r = o.routed_experts
+        out = r.new_zeros((r.shape[0], width, *r.shape[2:]))
+        left = prompt_len - o.prompt_length
+        out[:, left : left + r.shape[1]] = r
+        placed.append(out)
+    return torch.cat(placed)
 
 
 def generate_seed_shards(

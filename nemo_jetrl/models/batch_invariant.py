@@ -8,7 +8,8 @@ switches every kernel on that path to one whose per-row result does not depend o
 | part | kernel in the exact mode | batch-invariant because |
 |---|---|---|
 | FP8 linears (FProp) | `precision.batch_invariant.fp8_mm` | fixed K order and chunking, no shape-dependent split-K |
-| other linears (lm_head, BF16 layers) | `precision.batch_invariant.linear` | fixed K order, no split-K |
+| other linears (lm_head, BF16 layers, BF16 MoE experts) | `precision.batch_invariant.linear` | fixed K order, no split-K |
+| MoE routers (any part on: matched kernels too) | `precision.batch_invariant.linear` in FP32 | same logits bits, same experts |
 | attention (decode, prefill, training) | `batch_invariant_attention` | one key-block order for every query |
 | log-softmax of the logprobs | `logsumexp_rows` | one program per row, fixed steps |
 | RMSNorm, q/k-norm + RoPE, SiLU*up (CUDA) | `fused_ops` / `fused_train_ops` as always | one program per row or token |
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from nemo_jetrl.precision import batch_invariant as bi_linear
+from nemo_jetrl.precision.expert_linear import ExpertLinear, RouterLinear
 from nemo_jetrl.precision.linear import Fp8Linear
 from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 
@@ -142,8 +144,9 @@ def enable_batch_invariant(model: nn.Module, parts: ExactParts = ExactParts()) -
     subsets for the mismatch ablation); returns the number of linears switched.
 
     Plain `nn.Linear`s become `BatchInvariantLinear`s (`parts.linear`); FP8 linears (`Fp8Linear`,
-    `Fp8RolloutLinear`) take the batch-invariant forward GEMM (`parts.fp8_gemm`); `decoder_forward` and the
-    samplers read `exact_parts(model)`."""
+    `Fp8RolloutLinear`) take the batch-invariant forward GEMM (`parts.fp8_gemm`), high-precision MoE experts the
+    batch-invariant linear (`parts.linear`), MoE routers their batch-invariant FP32 logits with any part (the
+    experts a token goes to then match on both sides); `decoder_forward` and the samplers read `exact_parts(model)`."""
     if not parts.any:
         raise ValueError("enable_batch_invariant: no exact-mode part selected")
     has_linear, switched = False, 0
@@ -152,6 +155,12 @@ def enable_batch_invariant(model: nn.Module, parts: ExactParts = ExactParts()) -
             has_linear = True
             module.batch_invariant = parts.fp8_gemm
             switched += parts.fp8_gemm
+        elif isinstance(module, RouterLinear):
+            module.batch_invariant = True
+        elif isinstance(module, ExpertLinear):
+            has_linear = True
+            module.batch_invariant = parts.linear
+            switched += parts.linear
         elif type(module) is nn.Linear:
             has_linear = True
             if parts.linear:

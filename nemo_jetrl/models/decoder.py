@@ -1,10 +1,10 @@
 """The one decoder forward shared by the trainer (scoring, training) and the rollout engine (prefill, decode).
 
-`decoder_forward` runs a HF Llama / Qwen2 / Qwen3 causal LM through its OWN submodules (embeddings, norms, q/k/v/o
-projections, q/k-norm, MLP, rotary embedding), so whatever the precision package swapped into the model
-(`Fp8Linear`) is used transparently and the rollout works on the trainer's weights by reference. Only the attention
-is ours: `F.scaled_dot_product_attention` with an explicit boolean mask (causal AND key-not-padding), which lets the
-same code serve full sequences and KV-cached chunks.
+`decoder_forward` runs a HF Llama / Qwen2 / Qwen3 / Qwen3-MoE causal LM through its OWN submodules (embeddings,
+norms, q/k/v/o projections, q/k-norm, MLP or MoE block (`models/moe.py`), rotary embedding), so whatever the
+precision package swapped into the model (`Fp8Linear`) is used transparently and the rollout works on the trainer's
+weights by reference. Only the attention is ours: `F.scaled_dot_product_attention` with an explicit boolean mask
+(causal AND key-not-padding), which lets the same code serve full sequences and KV-cached chunks.
 
 Rollout fast path (`fused=True`, the engine's fused decode on CUDA): the residual-add + RMSNorm, q/k-norm + RoPE and
 SiLU * up glue run as single Triton kernels (`fused_ops.py`, same per-op roundings as the HF modules), and the
@@ -49,6 +49,7 @@ from torch import nn
 
 from nemo_jetrl.models import batch_invariant_attention, batch_invariant_train
 from nemo_jetrl.models.batch_invariant import exact_parts
+from nemo_jetrl.models.moe import is_hf_sparse_block
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.models.recompute import checkpoint_layer, recomputes
 from nemo_jetrl.models.sdpa import sdpa
@@ -90,6 +91,8 @@ def _backbone(model: nn.Module) -> nn.Module:
     layer_types = getattr(model.config, "layer_types", None) or ()
     if any(t != "full_attention" for t in layer_types):
         raise ValueError(f"decoder_forward supports full attention only; config.layer_types has {set(layer_types)}")
+    if any(is_hf_sparse_block(layer.mlp) for layer in backbone.layers):  # the MoE block runs where the MLP does
+        raise ValueError("decoder_forward: convert the HF MoE blocks first (models.moe.convert_moe_blocks)")
     return backbone
 
 

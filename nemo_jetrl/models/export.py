@@ -24,7 +24,9 @@ from huggingface_hub import save_torch_state_dict
 from torch import nn
 
 from nemo_jetrl.models.export_dir import check_shard_size, earlier_export_files, write_export
+from nemo_jetrl.models.moe import split_expert_tensors
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, build_layer_map, weight_quant
+from nemo_jetrl.precision.expert_linear import ExpertLinear, Fp8ExpertLinear
 
 FP8_QUANT_METHOD = "fp8"
 SCALE_SUFFIX = "weight_scale_inv"
@@ -43,14 +45,18 @@ def _tied_keys(model: nn.Module, state: Mapping[str, torch.Tensor]) -> set[str]:
 
 
 def hf_state_dict(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """The model's tensors under HF names, floating ones cast to `dtype`, tied output embedding dropped."""
+    """The model's tensors under HF names, floating ones cast to `dtype`, tied output embedding dropped; MoE experts
+    one tensor per expert and projection, as HF checkpoints hold them (`models.moe.split_expert_tensors`)."""
     state = model.state_dict()
     drop = _tied_keys(model, state)
-    return {
-        k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu().contiguous()
-        for k, v in state.items()
-        if k not in drop
-    }
+    state = split_expert_tensors({k: v for k, v in state.items() if k not in drop})
+    return {k: _own((v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu()) for k, v in state.items()}
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """`t` contiguous in storage of its own (an expert's slice of a 3D weight is a view: safetensors refuses it)."""
+    t = t.contiguous()
+    return t.clone() if t.untyped_storage().nbytes() != t.numel() * t.element_size() else t
 
 
 def _fp8_recipe(recipe: PrecisionRecipe) -> PrecisionRecipe:
@@ -75,12 +81,37 @@ def fp8_state_dict(
             data, scale = qweight.data, qweight.scale
         else:
             with torch.no_grad():
-                data, scale = weight_quant(module.weight.detach(), recipe.block_size, recipe.pow2_weight_scales)
+                weights = module.weight.detach()  # [N, K], or [E, N, K] (experts: each on its own)
+                casts = [
+                    weight_quant(w, recipe.block_size, recipe.pow2_weight_scales)
+                    for w in weights.view(-1, *weights.shape[-2:])
+                ]
+                data, scale = (torch.stack(c).view(*weights.shape[:-2], *c[0].shape) for c in zip(*casts))
+        if isinstance(module, Fp8ExpertLinear | ExpertLinear):  # [E, N, K]: one FP8 tensor per expert and projection
+            state.update(_expert_fp8_tensors(name, data, scale, recipe.block_size))
+            continue
         # own copies: a grouped layer's bits are views of its group's shared buffer (`precision.weight_group`)
         state[f"{name}.weight"] = data.to("cpu", copy=True)  # [N, K] e4m3
         state[f"{name}.{SCALE_SUFFIX}"] = scale.to("cpu", torch.float32, copy=True)  # [N/128, K/128] fp32
-    not_converted = sorted(name for name, kind in layer_map.items() if kind != "fp8")
+    not_converted = sorted({_vllm_module(name) for name, kind in layer_map.items() if kind != "fp8"})
     return state, not_converted
+
+
+def _expert_fp8_tensors(name: str, data: torch.Tensor, scale: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
+    """An expert weight's FP8 bits [E, N, K] and tile scales [E, N/128, K/128] under HF's per-expert names (gate/up
+    split at F: each half must be whole tiles)."""
+    if name.endswith("gate_up_proj") and (data.shape[1] // 2) % block:
+        raise ValueError(f"{name}: an expert FFN width of {data.shape[1] // 2} splits 128x128 tiles between gate and "
+                         "up; export it in BF16 (fp8=False)")  # fmt: skip
+    out = split_expert_tensors({name: data.cpu()})  # `.weight` e4m3 [N_i, K] each
+    scales = split_expert_tensors({name: scale.to("cpu", torch.float32)})
+    out.update({k.removesuffix("weight") + SCALE_SUFFIX: v for k, v in scales.items()})
+    return {k: v.clone() for k, v in out.items()}
+
+
+def _vllm_module(name: str) -> str:
+    """The module vLLM's `modules_to_not_convert` names for a layer-map entry (an expert weight: its experts)."""
+    return name.rpartition(".")[0] if name.endswith((".experts.gate_up_proj", ".experts.down_proj")) else name
 
 
 def fp8_quantization_config(recipe: PrecisionRecipe, not_converted: list[str]) -> dict[str, Any]:

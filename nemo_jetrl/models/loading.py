@@ -1,8 +1,9 @@
 """Resolve `policy.model_name` to a HF causal LM + tokenizer, from local files only (the hub is never touched).
 
 `tiny-arith` is the packaged warm-start checkpoint `nemo_jetrl/models/assets/tiny-arith/`; any other value must be a
-local HF directory of a supported architecture (Llama, Qwen2, Qwen3), checked from its config.json before any weight
-is read. Weights must be safetensors (`model.safetensors` or a sharded `model.safetensors.index.json`).
+local HF directory of a supported architecture (Llama, Qwen2, Qwen3, Qwen3-MoE), checked from its config.json before
+any weight is read. Weights must be safetensors (`model.safetensors` or a sharded `model.safetensors.index.json`).
+A Qwen3-MoE model comes back with its sparse blocks as `models.moe.MoeBlock`s (same Parameters and names).
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from nemo_jetrl.models.moe import convert_moe_blocks
 from nemo_jetrl.models.tiny import ATTN_IMPLEMENTATION, TINY_ARITH_DIR, TINY_ARITH_NAME
 
-SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # the exact command that (re)creates the packaged checkpoint; recorded in its README.md as well
@@ -68,11 +75,22 @@ def check_model_dir(path: Path) -> dict:
     return config
 
 
+def is_moe_checkpoint(model_name: str) -> bool:
+    """Whether `policy.model_name` names a local Qwen3-MoE checkpoint (from its config.json; False for anything that
+    is not a readable local directory: the loader reports those)."""
+    try:
+        config = json.loads((resolve_model_dir(model_name) / "config.json").read_text())
+    except (ValueError, OSError):
+        return False
+    return config.get("model_type") == "qwen3_moe"
+
+
 def check_fp8_blockable(path: Path, config: dict, block: int, first_fp8_layer: int = 0) -> None:
     """ValueError naming the first decoder linear whose dims are not multiples of `block`, from config.json alone.
 
     Llama / Qwen2 / Qwen3 decoder layers all have the same shapes, so layer `first_fp8_layer` stands for every
-    FP8-mapped one; the full check (`build_layer_map`) runs again on the built model.
+    FP8-mapped one (Qwen3-MoE: its experts, and its dense MLP where it has dense layers); the full check
+    (`build_layer_map`) runs again on the built model.
     """
     hidden, inter = config.get("hidden_size"), config.get("intermediate_size")
     heads = config.get("num_attention_heads")
@@ -86,10 +104,17 @@ def check_fp8_blockable(path: Path, config: dict, block: int, first_fp8_layer: i
         "self_attn.k_proj": (kv_heads * head_dim, hidden),
         "self_attn.v_proj": (kv_heads * head_dim, hidden),
         "self_attn.o_proj": (hidden, heads * head_dim),
-        "mlp.gate_proj": (inter, hidden),
-        "mlp.up_proj": (inter, hidden),
-        "mlp.down_proj": (hidden, inter),
     }
+    experts = config.get("num_experts") or config.get("num_local_experts")  # transformers >= 5 writes the latter
+    moe_inter = config.get("moe_intermediate_size") if experts else None
+    if isinstance(moe_inter, int):
+        shapes.update(
+            {"mlp.experts.gate_up_proj": (2 * moe_inter, hidden), "mlp.experts.down_proj": (hidden, moe_inter)}
+        )
+    if moe_inter is None or config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+        shapes.update(
+            {"mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
+        )
     for name, (n, k) in shapes.items():
         if n % block or k % block:
             raise ValueError(
@@ -134,4 +159,5 @@ def load_model_and_tokenizer(
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION, **(config_overrides or {})
     )
+    convert_moe_blocks(model)
     return model.to(device), tokenizer

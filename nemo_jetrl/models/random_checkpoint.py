@@ -1,4 +1,4 @@
-"""Random-init Qwen3 checkpoints of real shapes (Qwen3-1.7B, Qwen3-8B) for end-to-end speed runs with no download.
+"""Random-init Qwen3 checkpoints of real shapes (Qwen3-1.7B, Qwen3-8B, Qwen3-30B-A3B) for speed runs with no download.
 
 `build_random_checkpoint(out_dir, shape)` writes
 
@@ -6,7 +6,8 @@
     out_dir/data/    train.jsonl, val.jsonl (arithmetic word problems: `problem` / `answer`)
     out_dir/build_info.json   shape, seed, dtype, parameter count, paths
 
-Weights follow HF's Qwen3 init (normal(0, initializer_range)); the same seed on the same device gives the same bits.
+Weights follow HF's Qwen3 / Qwen3-MoE init (normal(0, initializer_range)); the same seed on the same device gives the
+same bits. A shape with `num_experts` is a Qwen3-MoE (`Qwen3MoeForCausalLM`: every layer sparse, no shared expert).
 Speed does not depend on the values, but rewards do: a random model scores 0 on every problem.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from nemo_jetrl.data.word_problems import write_word_problem_splits
 from nemo_jetrl.models.byte_tokenizer import BYTE_VOCAB_SIZE, build_byte_chat_tokenizer
@@ -35,6 +36,7 @@ SHAPE_KEYS = (
     "rope_theta",
     "max_position_embeddings",
 )
+MOE_KEYS = ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")
 # Qwen3-1.7B / Qwen3-8B as published (config.json of Qwen/Qwen3-1.7B, Qwen/Qwen3-8B); tiny-test: a 2-core CPU check
 # whose linear dims are multiples of 128 (FP8 blocks) and whose vocab exceeds the tokenizer's, as Qwen's does.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -62,6 +64,24 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_theta=1_000_000.0,
         max_position_embeddings=40960,
     ),
+    # Qwen/Qwen3-30B-A3B's config.json: 128 experts, 8 active, expert FFN 768 (intermediate_size: unused, no dense
+    # layer); tiny-moe (below): its CPU-test sibling, tiny-test's attention with 8 experts, 2 active
+    "qwen3-30b-a3b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+    ),
     "tiny-test": dict(
         hidden_size=256,
         intermediate_size=512,
@@ -75,6 +95,9 @@ SHAPES: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096,
     ),
 }
+SHAPES["tiny-moe"] = dict(
+    SHAPES["tiny-test"], moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True
+)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -90,23 +113,35 @@ def resolve_shape(shape: str, num_layers: int | None = None) -> dict[str, Any]:
     return fields
 
 
+def is_moe_shape(shape: dict[str, Any]) -> bool:
+    return bool(shape.get("num_experts"))
+
+
 def analytic_param_count(shape: dict[str, Any]) -> int:
-    """Parameters of a Qwen3ForCausalLM of `shape` (no biases; q/k RMSNorm over head_dim; tied lm_head counted once)."""
+    """Parameters of a Qwen3ForCausalLM / Qwen3MoeForCausalLM of `shape` (no biases; q/k RMSNorm over head_dim; tied
+    lm_head counted once)."""
     h, inter, hd = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
     q, kv = shape["num_attention_heads"] * hd, shape["num_key_value_heads"] * hd
     attention = h * q + 2 * h * kv + q * h + 2 * hd  # q, k, v, o projections + q_norm, k_norm
-    layer = attention + 3 * h * inter + 2 * h  # + gate/up/down + the two RMSNorms
+    if is_moe_shape(shape):  # E experts' gate/up/down + the router [E, H]
+        experts = shape["num_experts"]
+        ffn = experts * 3 * h * shape["moe_intermediate_size"] + experts * h
+    else:
+        ffn = 3 * h * inter  # gate/up/down
+    layer = attention + ffn + 2 * h  # + the two RMSNorms
     embeddings = shape["vocab_size"] * h * (1 if shape["tie_word_embeddings"] else 2)
     return embeddings + shape["num_hidden_layers"] * layer + h  # + the final norm
 
 
-def qwen3_config(shape: dict[str, Any], dtype: str) -> Qwen3Config:
-    """Qwen3 config of `shape`, with the byte tokenizer's special ids (pad <|endoftext|>, eos <|im_end|>)."""
+def qwen3_config(shape: dict[str, Any], dtype: str) -> Qwen3Config | Qwen3MoeConfig:
+    """Qwen3 (Qwen3-MoE) config of `shape`, with the byte tokenizer's special ids (pad <|endoftext|>, eos
+    <|im_end|>)."""
     if shape["vocab_size"] < BYTE_VOCAB_SIZE:
         raise ValueError(f"vocab_size {shape['vocab_size']} is smaller than the tokenizer's {BYTE_VOCAB_SIZE} tokens")
     tokenizer = build_byte_chat_tokenizer()
-    return Qwen3Config(
-        architectures=["Qwen3ForCausalLM"],
+    config_class, model_class = _classes(shape)
+    return config_class(
+        architectures=[model_class.__name__],
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
@@ -115,15 +150,21 @@ def qwen3_config(shape: dict[str, Any], dtype: str) -> Qwen3Config:
     )
 
 
+def _classes(shape: dict[str, Any]) -> tuple[type, type[PreTrainedModel]]:
+    return (Qwen3MoeConfig, Qwen3MoeForCausalLM) if is_moe_shape(shape) else (Qwen3Config, Qwen3ForCausalLM)
+
+
 def config_shape(config: dict[str, Any]) -> dict[str, Any]:
-    """The `SHAPE_KEYS` of a config.json dict (rope_theta read from `rope_parameters` in transformers >= 5)."""
-    out = {k: config.get(k) for k in SHAPE_KEYS}
+    """The `SHAPE_KEYS` (+ `MOE_KEYS` of an MoE) of a config.json dict (rope_theta read from `rope_parameters` in
+    transformers >= 5)."""
+    config = {"num_experts": config.get("num_local_experts"), **config}  # transformers >= 5 writes num_local_experts
+    out = {k: config.get(k) for k in SHAPE_KEYS + (MOE_KEYS if config["num_experts"] else ())}
     if out["rope_theta"] is None:
         out["rope_theta"] = (config.get("rope_parameters") or {}).get("rope_theta")
     return out
 
 
-def _init_model(config: Qwen3Config, dtype: torch.dtype, device: str, seed: int) -> Qwen3ForCausalLM:
+def _init_model(config: Qwen3Config | Qwen3MoeConfig, dtype: torch.dtype, device: str, seed: int) -> PreTrainedModel:
     """Random-init model built directly in `dtype` on `device` (no FP32 copy of an 8B model in host memory)."""
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     previous = torch.get_default_dtype()
@@ -132,7 +173,7 @@ def _init_model(config: Qwen3Config, dtype: torch.dtype, device: str, seed: int)
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                model = Qwen3ForCausalLM(config)
+                model = (Qwen3MoeForCausalLM if isinstance(config, Qwen3MoeConfig) else Qwen3ForCausalLM)(config)
         finally:
             torch.set_default_dtype(previous)
     return model.to(dtype).eval()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from nemo_jetrl.models.tokenizer import BOS_ID, EOS_ID, MODEL_MAX_LENGTH, PAD_ID, VOCAB_SIZE
 
@@ -70,4 +70,32 @@ def random_tiny_qwen3(
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(cfg)
+    return model.to(torch.float32).eval()
+
+
+def random_tiny_qwen3_moe(
+    seed: int = 0,
+    *,
+    num_layers: int = 2,
+    num_experts: int = 8,
+    top_k: int = 2,
+    moe_intermediate_size: int = 128,
+    initializer_range: float = 0.2,
+    **config,
+) -> Qwen3MoeForCausalLM:
+    """A random tiny Qwen3-MoE (the tiny-arith attention and vocabulary; every layer sparse: `num_experts` experts of
+    `moe_intermediate_size`, `top_k` per token, renormalized) in eval mode, FP32, its MoE blocks converted
+    (`models.moe.convert_moe_blocks`), for tests and smoke benchmarks."""
+    from nemo_jetrl.models.moe import convert_moe_blocks
+
+    fields = tiny_arith_config(num_hidden_layers=num_layers, initializer_range=initializer_range).to_dict()
+    fields.update(architectures=["Qwen3MoeForCausalLM"], num_experts=num_experts, num_experts_per_tok=top_k,
+                  moe_intermediate_size=moe_intermediate_size, norm_topk_prob=True, **config)  # fmt: skip
+    for key in ("model_type", "transformers_version"):
+        fields.pop(key, None)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**fields))
+    convert_moe_blocks(model)
     return model.to(torch.float32).eval()

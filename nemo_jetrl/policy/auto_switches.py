@@ -32,16 +32,25 @@ def announce(line: str | None) -> None:
         print(line, flush=True)
 
 
-def resolve_train_cuda_graphs(policy_cfg: Mapping[str, Any], device: torch.device) -> tuple[bool, str | None]:
+def resolve_train_cuda_graphs(
+    policy_cfg: Mapping[str, Any], device: torch.device, moe: bool = False
+) -> tuple[bool, str | None]:
     """The one-process trainer's captured micro-batches: (on, the line saying why `auto` is off, or None); `true`
-    off CUDA is refused."""
+    off CUDA or with an MoE model (its experts' row counts are read on the host) is refused."""
     value = policy_cfg["train_cuda_graphs"]
     if value != AUTO:
+        if value and moe:
+            raise ValueError(
+                "policy.train_cuda_graphs: true cannot capture an MoE model's micro-batches (its experts' row counts "
+                "are read on the host): set it false or auto"
+            )
         if value and device.type != "cuda":
             raise ValueError(f"policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on {device}")
         return bool(value), None
     reason = None
-    if device.type != "cuda":
+    if moe:
+        reason = "an MoE model (its experts' row counts are read on the host)"
+    elif device.type != "cuda":
         reason = f"the trainer runs on {device}"
     elif policy_cfg["generation"]["deterministic"]:
         reason = "policy.generation.deterministic: true (the exact mode's trainer runs eagerly)"

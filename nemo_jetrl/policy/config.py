@@ -130,6 +130,10 @@ class PolicyConfig(Section):
     # training forward itself (one forward less per step; needs one optimizer step per GRPO step, local backend);
     # auto: train_forward where both hold, else logprob_forward (resolved at validation)
     prev_logprobs_source: Literal["logprob_forward", "train_forward", "auto"] = "logprob_forward"
+    # MoE models (policy/moe_step.py): the routers' gate weights are not trained (Megatron's freeze_moe_router); the
+    # load-balancing loss coefficient, null = the model config's router_aux_loss_coef, 0 = off
+    freeze_moe_router: bool = False
+    router_aux_loss_coef: NonNegativeFloat | None = None
     optimizer: OptimizerConfig = OptimizerConfig()
     # NeMo-RL's LR schedule: [{name: torch.optim.lr_scheduler.X, kwargs: {...}}, ..., {milestones: [...]}] or one
     # {name, kwargs}; null = constant lr. Stepped once per GRPO step (policy/lr_scheduler.py).

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 class TrainBatch:
     """One GRPO batch in the shared sequence layout (docs/architecture.md).
 
-    All per-token tensors are [B, S] aligned with `input_ids`; `advantages` is [B] (one value per sequence).
+    All per-token tensors are [B, S] (routing [B, S, L, k]) aligned with `input_ids`; `advantages` is [B] (one value
+    per sequence).
     """
 
     input_ids: torch.Tensor  # [B, S] long
@@ -31,6 +32,7 @@ class TrainBatch:
     generation_logprobs: torch.Tensor  # [B, S] float32, from the rollout engine
     prev_logprobs: torch.Tensor | None = None  # [B, S] float32, trainer's logprobs before the update
     reference_logprobs: torch.Tensor | None = None  # [B, S] float32, frozen reference policy
+    generation_routing: torch.Tensor | None = None  # [B, S, L, k] an MoE rollout's experts per token and layer
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -41,10 +43,10 @@ class TrainBatch:
         return TrainBatch(**{k: (v[index] if v is not None else None) for k, v in values.items()})
 
     def window(self, rows: torch.Tensor, cols: slice) -> TrainBatch:
-        """Rows `rows` and, of the per-token [B, S] tensors, the columns `cols` (per-sequence [B] tensors whole)."""
+        """Rows `rows` and, of the per-token [B, S, ...] tensors, the columns `cols` (per-sequence [B] tensors whole)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return TrainBatch(
-            **{k: None if v is None else (v[rows][:, cols] if v.dim() == 2 else v[rows]) for k, v in values.items()}
+            **{k: None if v is None else (v[rows][:, cols] if v.dim() >= 2 else v[rows]) for k, v in values.items()}
         )
 
     @classmethod

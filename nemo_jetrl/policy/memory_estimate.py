@@ -35,7 +35,8 @@ SAMPLING_ROWS_BYTES = 3 * 8  # per row and vocabulary entry: the rollout's sampl
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A Llama / Qwen2 / Qwen3 decoder's sizes (HF config names in `from_config`)."""
+    """A Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder's sizes (HF config names in `from_config`); an MoE's every layer
+    holds `experts` experts of `moe_intermediate`, `experts_per_token` of them run per token."""
 
     vocab: int
     hidden: int
@@ -45,6 +46,9 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     tied: bool
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any) -> ModelShape:
@@ -52,11 +56,24 @@ class ModelShape:
         get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
         heads = int(get("num_attention_heads"))
         hidden = int(get("hidden_size"))
+        experts = int(get("num_experts") or get("num_local_experts") or 0)  # config.json of transformers >= 5: the latter
         return cls(
             vocab=int(get("vocab_size")), hidden=hidden, layers=int(get("num_hidden_layers")),
             intermediate=int(get("intermediate_size")), heads=heads, kv_heads=int(get("num_key_value_heads") or heads),
             head_dim=int(get("head_dim") or hidden // heads), tied=bool(get("tie_word_embeddings", False)),
+            experts=experts, experts_per_token=int(get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate=int(get("moe_intermediate_size") or 0) if experts else 0,
         )  # fmt: skip
+
+    @property
+    def ffn_rows(self) -> int:
+        """Rows the FFN runs per token: the k experts' copies of it (MoE), else 1."""
+        return self.experts_per_token if self.experts else 1
+
+    @property
+    def ffn_intermediate(self) -> int:
+        """The FFN's intermediate width per row (one expert's for an MoE)."""
+        return self.moe_intermediate if self.experts else self.intermediate
 
     @property
     def q_dim(self) -> int:
@@ -67,9 +84,10 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     def layer_linear_params(self) -> int:
-        """q, k, v, o, gate, up, down of one decoder layer."""
-        h, f = self.hidden, self.intermediate
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * f
+        """q, k, v, o, gate, up, down of one decoder layer (every expert's, and the router, of an MoE)."""
+        h, f = self.hidden, self.ffn_intermediate
+        ffn = self.experts * (3 * h * f + h) if self.experts else 3 * h * f
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + ffn
 
     def params(self) -> int:
         """Every parameter (norm weights included)."""
@@ -95,8 +113,13 @@ class TrainerMemorySettings:
     graphs: bool  # train_cuda_graphs: gradients kept between steps, one micro-batch's activations reserved
 
     @classmethod
-    def from_policy(cls, policy: Mapping[str, Any], reference: bool = False) -> TrainerMemorySettings:
+    def from_policy(cls, policy: Mapping[str, Any], reference: bool = False, cuda: bool = True) -> TrainerMemorySettings:
+        """`cuda`: the trainer runs on a CUDA device (where `train_cuda_graphs: auto` captures, outside the exact
+        mode: policy/auto_switches.py)."""
         fp8, gen = policy["fp8_cfg"], policy["generation"]
+        graphs = policy["train_cuda_graphs"]
+        if graphs == "auto":
+            graphs = cuda and not gen["deterministic"]
         return cls(
             master_bytes=4 if policy["master_dtype"] == "float32" else 2, fp8_train=policy["precision"] == "fp8",
             fp8_weights=policy["precision"] == "fp8" or gen["precision"] == "fp8",
@@ -104,7 +127,7 @@ class TrainerMemorySettings:
             dgrad_cache=bool(fp8["cache_dgrad_weight"]), kv_bytes=1 if gen["kv_cache_dtype"] == "fp8" else 2,
             checkpointing=bool(policy["dtensor_cfg"].get("activation_checkpointing")),
             packed=bool(policy["sequence_packing"]["enabled"]), width=int(policy["max_total_sequence_length"]),
-            reference=reference, graphs=bool(policy.get("train_cuda_graphs")),
+            reference=reference, graphs=bool(graphs),
         )  # fmt: skip
 
     def fp8_layer(self, shape: ModelShape, layer: int) -> bool:
@@ -124,8 +147,11 @@ def varlen_takes_grouped_kv() -> bool:
 
 def layer_bytes(shape: ModelShape, s: TrainerMemorySettings, fp8: bool, grouped_kv: bool = False) -> float:
     """Bytes per token one decoder layer keeps for its backward (module docstring); `fp8`: its linears train in
-    FP8; `grouped_kv`: the packed path's flash kernel reads grouped K/V in place."""
-    h, f, q, kv = shape.hidden, shape.intermediate, shape.q_dim, shape.kv_dim
+    FP8; `grouped_kv`: the packed path's flash kernel reads grouped K/V in place. An MoE's FFN keeps its k rows per
+    token: the experts' inputs (one more copy of the normed input per row) and intermediates."""
+    h, q, kv, rows = shape.hidden, shape.q_dim, shape.kv_dim, shape.ffn_rows
+    f = rows * shape.ffn_intermediate  # the FFN's intermediate values per token
+    moe_inputs = (rows if shape.experts else 0) * h  # the experts' gathered input rows
     res = 4 if s.master_bytes == 4 else 2  # the residual stream (FP32 under autocast with an FP32 master)
     kept = 2 * res * h  # the two norms' residual inputs
     attn_kv = 2 * kv if grouped_kv and s.packed else 2 * q  # K, V as attention keeps them
@@ -133,11 +159,12 @@ def layer_bytes(shape: ModelShape, s: TrainerMemorySettings, fp8: bool, grouped_
     if not s.packed:
         kept += 2 * s.width  # the padded path's additive mask [B, 1, S, S] in bf16, made per layer
     if fp8:
-        kept += (1 + 1 / 32) * (2 * h + q + f)  # e4m3 X^T + fp32 scales per 128 tokens: q/k/v, gate/up, o, down
-        kept += 2 * (q + 2 * kv)  # the q/k/v output buffer that q and k (before their norm) are views of
+        kept += (1 + 1 / 32) * (2 * h + q + f + moe_inputs)  # e4m3 X^T + fp32 scales per 128 tokens: q/k/v,
+        kept += 2 * (q + 2 * kv)  # gate/up, o, down; the q/k/v output buffer q and k (before their norm) view
     else:
         copies = 5 if s.master_bytes == 4 else 2  # FP32 normed inputs: one BF16 copy per linear (q, k, v, gate, up)
-        kept += 2 * h * copies + 2 * (q + kv) + 2 * f  # those inputs, q / k before their norm, down's input
+        kept += 2 * h * copies + 2 * (q + kv) + 2 * f + 2 * moe_inputs  # those inputs, q / k before their norm,
+        # down's input, the experts' gathered input
     return kept + 4 * f  # gate and up (SiLU*up's inputs)
 
 

@@ -17,10 +17,12 @@ import torch
 
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
 from nemo_jetrl.models.loading import load_model_and_tokenizer
+from nemo_jetrl.models.moe import convert_moe_blocks
 from nemo_jetrl.models.scoring import PolicyLogprobs
 from nemo_jetrl.policy.auto_switches import announce, apply_matched_kernels, resolve_train_cuda_graphs
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch, combine_step_metrics
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
+from nemo_jetrl.policy.moe_step import MoeTraining, RoutingAgreement
 from nemo_jetrl.policy.nonfinite import (  # noqa: F401 - the errors are imported from here too
     NonFiniteError,
     NonFiniteStateError,
@@ -72,6 +74,14 @@ class NativePolicy(TrainerCore, PolicyInterface):
                 config_overrides=cfg.get("hf_config_overrides"),
             )
         self.tokenizer = tokenizer
+        convert_moe_blocks(model)  # a model handed in as HF built it (`load_model_and_tokenizer` converts its own)
+        self.moe = MoeTraining.of(model, cfg)  # None for a dense model (policy/moe_step.py)
+        if self.moe is not None and self.plan.distributed:  # refused first: cluster_config.multi_rank_problems
+            raise ValueError(
+                f"an MoE model on {self.plan.world_size} ranks is not trained yet (the sharded trainer shards and "
+                "refits dense weights only; expert parallelism is not built): train it in one process (docs/moe.md)"
+            )
+        self.routing = RoutingAgreement()
         self._parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # unsharded
         self.reference_model = None
         if init_reference_model:  # before the FP8 swap: the reference is the loaded model as is
@@ -102,7 +112,9 @@ class NativePolicy(TrainerCore, PolicyInterface):
         self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
         self.train_graphs: MicroBatchGraphs | None = None  # policy.train_cuda_graphs (policy/train_graphs.py)
-        graphs, line = (False, None) if self._graphs_off_on_ranks() else resolve_train_cuda_graphs(cfg, device)
+        graphs, line = (
+            (False, None) if self._graphs_off_on_ranks() else resolve_train_cuda_graphs(cfg, device, moe=self.moe is not None)
+        )
         announce(line)  # auto: on one CUDA device where correct
         if graphs:
             self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
@@ -158,7 +170,10 @@ class NativePolicy(TrainerCore, PolicyInterface):
         fused = self._kv_fused()
         if fused:
             self.kv_calibrator.reset()
-        return self._logprobs(self.scorer, batch, calibrate=fused, fake=self._fake_quant_scales())
+        self.routing.counts.clear()  # this forward's routing agreement is the step's (`train()` reports it)
+        return self._logprobs(
+            self.scorer, batch, calibrate=fused, fake=self._fake_quant_scales(), compare_routing=self.moe is not None
+        )
 
     def get_reference_policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         if self.reference_scorer is None:
@@ -227,12 +242,13 @@ class NativePolicy(TrainerCore, PolicyInterface):
                 raise ValueError(f"prev_logprobs from the training forward need one optimizer step, got {len(steps)}")
             if self._kv_fused():
                 self.kv_calibrator.reset()
+            self.routing.counts.clear()
         per_step = [self._optimizer_step(b, loss_fn) for b in steps]
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         if self.kv_calibration_pass == "post_step" and len(steps) > 1:  # calibrate on the whole GRPO batch
             self._last_train_batch = TrainBatch.cat(steps)
-        return combine_step_metrics(per_step)
+        return {**combine_step_metrics(per_step), **self.routing.pop_metrics()}
 
     # ---------------------------------------------------------------- refit
     def _fp8_gathered(self, count: bool = True) -> None:

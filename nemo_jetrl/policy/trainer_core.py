@@ -17,6 +17,7 @@ FSDP2 root when sharded) and so holds on every plan.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -38,7 +39,8 @@ from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 class TrainerCore:
     """The loops `NativePolicy` runs; see the module docstring. Attributes it reads (set by `NativePolicy`):
     `cfg` (the `policy` section as a dict), `plan`, `device`, `model` (the HF model, sharded in place), `scorer`
-    (its logprob root), `optimizer`, `train_graphs`, `kv_calibrator`, `step`, `kernels`, `_fp8_gathered`."""
+    (its logprob root), `optimizer`, `train_graphs`, `kv_calibrator`, `step`, `kernels`, `moe` / `routing` (an
+    MoE model's settings and routing agreement, policy/moe_step.py), `_fp8_gathered`."""
 
     # ---------------------------------------------------------------- one micro-batch
     def _micro_batch(
@@ -60,24 +62,44 @@ class TrainerCore:
         calibrate: bool,
         fake: KVScales | None,
         packing: PackedRows | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        *,
+        aux_weight: float | None = None,
+        compare: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One micro-batch's logprobs [b, w] through `scorer` (K/V fake-quantized with `fake`; packed as `packing`
-        where given), and with `calibrate` its Q/K/V amax [L, 3] (maxed over the TP group: every head's), observed
-        by a calibrator of its own: a captured forward returns the record as an output, and the trainer's
-        calibrator takes it after the replay (`QKVCalibrator.add_record`)."""
+        where given) and what it observed: with `calibrate` its Q/K/V amax [L, 3] (`kv/amax`, maxed over the TP
+        group: every head's), observed by a calibrator of its own (a captured forward returns the record as an
+        output, and the trainer's calibrator takes it after the replay, `QKVCalibrator.add_record`); an MoE
+        model's load-balancing loss (`aux_weight`: the micro-batch's share of the step's tokens) and routing
+        agreement (`compare`), policy/moe_step.py."""
         scratch = QKVCalibrator(self.kv_calibrator.num_layers, self.kv_calibrator.calibration) if calibrate else None
+        moe = None
+        if self.moe is not None and scorer is self.scorer:
+            moe = self.moe.observe(
+                self.model, mb, host_mask, self.kernels, packing, aux_weight=aux_weight, compare=compare
+            )
+            packing = moe.packing
         hook = make_attn_hook(scratch, fake)
-        logp = scorer(mb.input_ids, mb.attention_mask, attn_hook=hook, host_mask=host_mask, packing=packing)
-        return logp, None if scratch is None else self.plan.max_over_tp(scratch.last_record())
+        with moe.observing(self.model) if moe is not None else contextlib.nullcontext():
+            logp = scorer(mb.input_ids, mb.attention_mask, attn_hook=hook, host_mask=host_mask, packing=packing)
+        extras = {} if scratch is None else {"kv/amax": self.plan.max_over_tp(scratch.last_record())}
+        return logp, {**extras, **(moe.outputs() if moe is not None else {})}
 
     # ---------------------------------------------------------------- the logprob pass
     @torch.no_grad()
     def _logprobs(
-        self, scorer: torch.nn.Module, batch: TrainBatch, *, calibrate: bool = False, fake: KVScales | None = None
+        self,
+        scorer: torch.nn.Module,
+        batch: TrainBatch,
+        *,
+        calibrate: bool = False,
+        fake: KVScales | None = None,
+        compare_routing: bool = False,
     ) -> torch.Tensor:
         """Per-token logprobs [B, S] of `scorer` over `batch` (0 outside each micro-batch window); K/V fake-quantized
-        with `fake`; `calibrate` hands every micro-batch's Q/K/V amax to the calibrator. The trainer's own scorer
-        replays captured micro-batches under `policy.train_cuda_graphs`."""
+        with `fake`; `calibrate` hands every micro-batch's Q/K/V amax to the calibrator; `compare_routing`: an MoE
+        forward's routing against the rollout's (`self.routing`). The trainer's own scorer replays captured
+        micro-batches under `policy.train_cuda_graphs`."""
         graphs = self.train_graphs if scorer is self.scorer else None
         if graphs is not None:
             graphs.check_state()
@@ -89,8 +111,7 @@ class TrainerCore:
             host_mb, packing, own = self._micro_batch(batch, mine[i] if real else parts[0], "logprob", graphs)
 
             def forward(mb: TrainBatch, _norm, packing: PackedRows | None, host_mask=host_mb.attention_mask, real=real):
-                logp, amax = self._forward(scorer, mb, host_mask, calibrate and real, fake, packing)
-                return logp, ({} if amax is None else {"kv/amax": amax})
+                return self._forward(scorer, mb, host_mask, calibrate and real, fake, packing, compare=compare_routing)
 
             if graphs is not None:
                 key = batch_key(host_mb, "logprob", calibrate, fake is not None, packing=packing)
@@ -100,6 +121,7 @@ class TrainerCore:
             if real:
                 if calibrate:
                     self.kv_calibrator.add_record(outputs["kv/amax"])
+                self.routing.add(outputs)
                 logps.append(logp if own is None else logp[own])
         return self._scatter(parts, logps, torch.zeros(batch.input_ids.shape, dtype=torch.float32))  # [B, S]
 
@@ -132,7 +154,8 @@ class TrainerCore:
         fp8_ok = fp8_weights_finite(self.model)  # 0-d bool (None without FP8 layers), read with the metrics
         calibrating = from_forward and self._kv_fused()  # this forward's Q/K/V amax go to the calibrator
         fake = self._fake_quant_scales()
-        micro_batch = self._micro_batch_step(loss_fn, from_forward, calibrating, fake)
+        step_tokens = max(1.0, float(batch.attention_mask.sum()))  # an MoE load-balancing loss's weights
+        micro_batch = self._micro_batch_step(loss_fn, from_forward, calibrating, fake, step_tokens)
         # On CUDA the normalizer is a device scalar (as a captured micro-batch needs it: same bits either way).
         eager_norm = torch.full((), normalizer, device=self.device) if self.device.type == "cuda" else normalizer
         parts = plan_micro_batches(batch.attention_mask, self.cfg, "train")
@@ -153,6 +176,7 @@ class TrainerCore:
                 forward_logps.append(prev if own is None else prev[own])
             if calibrating:
                 self.kv_calibrator.add_record(outputs.pop("kv/amax"))
+            self.routing.add({k: outputs.pop(k) for k in ("moe/routing_match", "moe/routing_total") if k in outputs})
             per_mb.append({k: v for k, v in outputs.items() if not k.startswith("check/")})
             checks.append({k.removeprefix("check/"): v for k, v in outputs.items() if k.startswith("check/")})
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -180,26 +204,33 @@ class TrainerCore:
         return self._step_metrics(per_mb, step_checks, graphs, replays)
 
     def _micro_batch_step(
-        self, loss_fn: LossFunction, from_forward: bool, calibrating: bool, fake: KVScales | None
+        self, loss_fn: LossFunction, from_forward: bool, calibrating: bool, fake: KVScales | None, step_tokens: float
     ) -> Callable:
         """fn(mb, normalizer, packing[, host_mask, real]): forward, loss, backward of one micro-batch on the device
         -> (its logprobs when they are prev_logprobs, {metric: 0-d tensor, plus the non-finite checks as check/*,
-        and the Q/K/V amax [L, 3] as kv/amax}); a dummy (`real` false) backpropagates its loss times zero."""
+        the Q/K/V amax [L, 3] as kv/amax, an MoE model's routing counts}); a dummy (`real` false) backpropagates
+        its loss times zero. `step_tokens`: the step's real tokens (an MoE load-balancing loss's weights)."""
 
         def micro_batch(mb: TrainBatch, norm, packing: PackedRows | None, host_mask=None, real: bool = True):
             host_mask = mb.attention_mask if host_mask is None else host_mask
-            logp, amax = self._forward(self.scorer, mb, host_mask, calibrating and real, fake, packing)  # [b, w]
+            aux_weight = float(host_mask.sum()) / step_tokens if self.moe is not None else None  # MoE: no graphs
+            logp, extras = self._forward(
+                self.scorer, mb, host_mask, calibrating and real, fake, packing, aux_weight=aux_weight,
+                compare=from_forward,
+            )  # logp: [b, w]  # fmt: skip
             check, prev = {}, None
             if from_forward:
                 prev = logp.detach().float()
                 mb = dataclasses.replace(mb, prev_logprobs=prev)
                 valid = mb.response_mask.bool()  # [b, w]
                 check = {"check/bad_logps": (~torch.isfinite(prev) & valid).sum(), "check/valid": valid.sum()}
-            if amax is not None:
-                check["kv/amax"] = amax
+            aux = extras.pop("moe/aux_loss", None)
             loss, metrics = loss_fn(logp.float(), mb, norm)
+            if aux is not None:  # the MoE load-balancing loss (policy/moe_step.py)
+                loss = loss + aux
+                metrics = {**metrics, "moe/load_balancing_loss": extras.pop("moe/load_balancing_loss")}
             (loss if real else loss * 0.0).backward()
-            return prev, {**metrics, **check, "check/loss": loss.detach()}
+            return prev, {**metrics, **check, **extras, "check/loss": loss.detach()}
 
         return micro_batch
 

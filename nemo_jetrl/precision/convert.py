@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
+from nemo_jetrl.precision.expert_linear import ExpertLinear, Fp8ExpertLinear
 from nemo_jetrl.precision.gemm import gemm_backend
 from nemo_jetrl.precision.layer_map import LayerPrecision, build_layer_map
 from nemo_jetrl.precision.linear import Fp8Linear
@@ -19,8 +20,9 @@ def convert_to_fp8(
     """Convert the layers mapped "fp8" (train_fp8 = recipe.train == "fp8", rollout_fp8 = recipe.rollout == "fp8").
 
     The Parameter objects move into the new modules (no copy). Layers that already are `Fp8Linear` get the
-    recipe and flags updated. Sibling FP8 projections (q/k/v, gate/up) are then grouped to keep their FP8 weights
-    in one buffer (`weight_group.py`). Returns the map used.
+    recipe and flags updated; MoE expert weights (`ExpertLinear` [E, N, K]) become `Fp8ExpertLinear`s. Sibling FP8
+    projections (q/k/v, gate/up) are then grouped to keep their FP8 weights in one buffer (`weight_group.py`).
+    Returns the map used.
     """
     layer_map = dict(build_layer_map(model, recipe) if layer_map is None else layer_map)
     for name, kind in layer_map.items():
@@ -36,11 +38,15 @@ def convert_to_fp8(
             module.recipe, module.train_fp8, module.rollout_fp8 = recipe, recipe.train_fp8, recipe.rollout_fp8
             module.invalidate_quantized_weight()
             continue
-        if not isinstance(module, nn.Linear):
+        if isinstance(module, ExpertLinear):
+            fp8 = Fp8ExpertLinear.from_expert_linear(module, recipe)
+        elif isinstance(module, nn.Linear):
+            fp8 = Fp8Linear.from_linear(module, recipe)
+        else:
             raise ValueError(f"layer {name!r} is mapped to fp8 but is a {type(module).__name__}, not an nn.Linear")
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Fp8Linear.from_linear(module, recipe))
+        setattr(parent, child, fp8)
     group_sibling_linears(model)
     return layer_map
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from torch import nn
 
+from nemo_jetrl.precision.expert_linear import ExpertLinear, RouterLinear
 from nemo_jetrl.precision.linear import Fp8Linear
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 
@@ -23,14 +24,16 @@ def decoder_layer_index(name: str) -> int | None:
 
 
 def build_layer_map(model: nn.Module, recipe: PrecisionRecipe) -> dict[str, LayerPrecision]:
-    """Map every linear of an HF Llama / Qwen2 / Qwen3 causal LM to "fp8" or "bf16".
+    """Map every linear of an HF Llama / Qwen2 / Qwen3 / Qwen3-MoE causal LM to "fp8" or "bf16".
 
-    Linears inside decoder layers are "fp8" unless in the first `num_first_layers_in_bf16` or the last
-    `num_last_layers_in_bf16` layers; lm_head, embeddings and everything else stay "bf16". A recipe without FP8
+    Linears inside decoder layers (MoE experts included: each `ExpertLinear` [E, N, K] is one entry) are "fp8"
+    unless in the first `num_first_layers_in_bf16` or the last `num_last_layers_in_bf16` layers; MoE routers
+    (`RouterLinear`), lm_head, embeddings and everything else stay "bf16". A recipe without FP8
     linears gives an all-"bf16" map. Raises ValueError for an FP8 layer whose dims are not multiples of the block
     size, and for an FP8 recipe whose map converts nothing.
     """
-    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear | Fp8Linear)]
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear | Fp8Linear | ExpertLinear)]
+    routers = {n for n, m in model.named_modules() if isinstance(m, RouterLinear)}
     indices = [i for i in map(decoder_layer_index, linears) if i is not None]
     num_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if num_layers is None:
@@ -39,7 +42,7 @@ def build_layer_map(model: nn.Module, recipe: PrecisionRecipe) -> dict[str, Laye
 
     def precision(name: str) -> LayerPrecision:
         index = decoder_layer_index(name)
-        if not recipe.linear_fp8 or index is None:
+        if not recipe.linear_fp8 or index is None or name in routers:
             return "bf16"
         return "fp8" if first <= index < num_layers - last else "bf16"
 

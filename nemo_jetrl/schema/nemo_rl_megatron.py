@@ -4,7 +4,8 @@ What has a meaning here is mapped before the key table runs (the keys below are 
 lines document them): tensor parallel -> DTensor TP (`policy.dtensor_cfg.tensor_parallel_size`), pipeline parallel
 -> more FSDP sharding (its ranks join the data-parallel ones), activation recompute -> activation checkpointing,
 `megatron_cfg.optimizer` -> `policy.optimizer` (+ `policy.max_grad_norm` from `clip_grad`), `megatron_cfg.scheduler`
--> megatron-core's OptimizerParamScheduler in GRPO steps (`policy.scheduler`, policy/megatron_schedule.py). As in
+-> megatron-core's OptimizerParamScheduler in GRPO steps (`policy.scheduler`, policy/megatron_schedule.py), the MoE
+router switches -> `policy.freeze_moe_router` / `policy.router_aux_loss_coef` (no effect on dense models). As in
 NeMo-RL, the DTensor keys (`policy.dtensor_cfg`, `policy.optimizer`, `policy.scheduler`) are not read then.
 With `enabled: false` NeMo-RL reads nothing of megatron_cfg; we keep only `fp8_cfg` (FP8 training, the table).
 
@@ -27,7 +28,7 @@ CONSUMED = {
     "": (
         "enabled", "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
         "activation_checkpointing", "recompute_granularity", "recompute_modules", "recompute_method",
-        "recompute_num_layers",
+        "recompute_num_layers", "freeze_moe_router", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
     ),
     "optimizer": ("optimizer", "lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad"),
     "scheduler": (
@@ -58,10 +59,32 @@ def map_megatron(tree: dict) -> tuple[dict, list[str], list[str]]:
         dtensor["activation_checkpointing"] = True
     mapped = {k: v for k, v in policy.items() if k not in ("dtensor_cfg", "optimizer", "scheduler", "max_grad_norm")}
     mapped.update(dtensor_cfg=dtensor, optimizer=optimizer, scheduler=scheduler, max_grad_norm=clip)
+    mapped.update(_moe_router(mcfg, policy, errors))
     mapped["megatron_cfg"] = _unconsumed(mcfg)
     notes = [_layout_line(tp, pp, mcfg.get("sequence_parallel") is True, recompute, mcfg)]
     notes += _value_lines(optimizer, clip, scheduler)
     return {**tree, "policy": mapped}, notes, errors
+
+
+def _moe_router(mcfg: dict, policy: dict, errors: list[str]) -> dict:
+    """`freeze_moe_router` -> `policy.freeze_moe_router`; `moe_router_load_balancing_type` `none` -> no load-balancing
+    loss, `aux_loss` -> HF's (policy/moe_step.py) with `moe_aux_loss_coeff` or the model config's coefficient."""
+    out: dict[str, Any] = {}
+    if mcfg.get("freeze_moe_router") is not None and "freeze_moe_router" not in policy:
+        out["freeze_moe_router"] = bool(mcfg["freeze_moe_router"])
+    balancing = mcfg.get("moe_router_load_balancing_type")
+    if balancing is None or "router_aux_loss_coef" in policy:
+        return out
+    if balancing in ("none", ["none"]):
+        out["router_aux_loss_coef"] = 0.0
+    elif balancing in ("aux_loss", ["aux_loss"]):
+        out["router_aux_loss_coef"] = mcfg.get("moe_aux_loss_coeff")
+    else:
+        errors.append(
+            f"policy.megatron_cfg.moe_router_load_balancing_type: {format_value(balancing)} is not supported here "
+            "(Megatron's per-sequence / global-batch balancing losses); set aux_loss (HF's load-balancing loss) or none"
+        )
+    return out
 
 
 def _unconsumed(mcfg: dict) -> dict:
@@ -133,6 +156,12 @@ def _layout_line(tp: Any, pp: Any, sp: bool, recompute: bool, mcfg: dict) -> str
         granularity = mcfg.get("recompute_granularity", "full")
         parts.append(f"recompute ({granularity}) -> activation checkpointing")
     parts.append("optimizer/scheduler from megatron_cfg")
+    moe = [
+        *(["routers frozen"] if mcfg.get("freeze_moe_router") else []),
+        *(["no load-balancing loss"] if mcfg.get("moe_router_load_balancing_type") in ("none", ["none"]) else []),
+    ]
+    if moe:
+        parts.append(f"MoE: {', '.join(moe)}")
     return "megatron_cfg: trained by nemo-jetrl's FSDP2 trainer: " + ", ".join(parts)
 
 

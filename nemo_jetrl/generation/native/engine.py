@@ -34,6 +34,8 @@ from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of
 from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
 from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import AttnHook, decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.moe import decode_syncs_host
+from nemo_jetrl.models.moe_routing import RoutingRecord, observing
 from nemo_jetrl.models.scoring import compute_logits
 from nemo_jetrl.precision import rollout_mode
 
@@ -123,7 +125,8 @@ class NativeGenerationEngine(GenerationInterface):
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, compute_dtype or param.dtype)
         self.attn_hook_factory = attn_hook_factory
         on_cuda = self.device.type == "cuda"
-        self.cuda_graphs = bool(cuda_graphs) and on_cuda
+        # an MoE whose experts read their row counts on the host cannot be captured: its decode steps run eagerly
+        self.cuda_graphs = bool(cuda_graphs) and on_cuda and not decode_syncs_host(model, compute_dtype or param.dtype)
         self.static_decode = bool(static_decode) or self.cuda_graphs
         if fused_decode and not (on_cuda and triton_decode_available()):
             raise ValueError("fused_decode=True needs a CUDA model and triton")
@@ -310,15 +313,24 @@ class NativeGenerationEngine(GenerationInterface):
         )  # [B, 1, H]
         return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 
-    def _decoder(self, cache: KVCache, hook: AttnHook | None, mask: torch.Tensor) -> Callable:
-        """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed."""
+    def _decoder(
+        self, cache: KVCache, hook: AttnHook | None, mask: torch.Tensor, record: RoutingRecord | None = None
+    ) -> Callable:
+        """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed.
+        An MoE model's `record` takes each step's routing at its column."""
         if not self.static_decode:
-            return lambda tokens, positions, col: self._decode_step(
-                cache, hook, tokens[:, None], positions[:, None], mask[:, : col + 1], col
-            )
+
+            def run_prefix(tokens, positions, col):
+                if record is not None:
+                    record.start = col
+                return self._decode_step(cache, hook, tokens[:, None], positions[:, None], mask[:, : col + 1], col)
+
+            return run_prefix
         cache_pos = torch.zeros((), dtype=torch.long, device=self.device)
 
         def static_step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [B, 1] each
+            if record is not None:
+                record.start = cache_pos  # read on the device: a captured step writes where the column is
             return self._decode_step(cache, hook, tokens, positions, mask, cache_pos)
 
         if self.cuda_graphs:
@@ -355,14 +367,28 @@ class NativeGenerationEngine(GenerationInterface):
         the tokens are taken from it instead of sampled (`score`), for exactly `num_steps` steps."""
         batch, max_len = ids.shape
         num_steps = max_len - prompt_len if num_steps is None else num_steps
-        logprobs = torch.zeros((batch, max_len), dtype=torch.float32, device=self.device)  # [B, S_max]
         cache = self._new_cache(batch, max_len)
         hook = self.attn_hook_factory() if self.attn_hook_factory is not None else None
+        record = RoutingRecord.for_model(self.model, batch, max_len, self.device)  # MoE: the experts each token took
+        with observing(self.model, record):
+            out = self._loop(ids, mask, prompt_len, num_steps, cache, hook, record, greedy, generator, forced, limits)
+        if record is not None:
+            out.routed_experts = record.choices[:, : out.input_ids.shape[1]].contiguous()  # [B, S, L, k]
+        return out
+
+    def _loop(
+        self, ids, mask, prompt_len, num_steps, cache, hook, record, greedy, generator, forced, limits
+    ) -> GenerationOutput:
+        """`_run`'s prefill and decode steps (its docstring), routing recorded into `record` (an MoE model)."""
+        batch = ids.shape[0]
+        logprobs = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # [B, S_max]
         stop_ids = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
         pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device)
-        decode = self._decoder(cache, hook, mask)
+        decode = self._decoder(cache, hook, mask, record)
         keys = sequence_keys(seed_of(generator), torch.arange(batch, device=self.device))  # [B] sampling streams
 
+        if record is not None:
+            record.start = 0  # the prompt's tokens at columns 0 .. P-1
         logits = self._prefill(cache, hook, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
         lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)  # [B]

@@ -62,6 +62,12 @@ class RowwiseLayout(AxisLayout):
     def weight_scale_shape(self, n, k, block):
         return n, 1
 
+    def expert_weight_quant(self, w3, recipe):
+        # one scale per row: [E, N, K] as [E * N, K] in one pass gives every expert's own rows' scales
+        e, n, k = w3.shape
+        data, scale, nonfinite = self.weight_quant(w3.reshape(e * n, k), recipe)
+        return data.view(e, n, k), scale.view(e, n, 1), nonfinite
+
     def make_dgrad_weight(self, qweight, master, recipe):
         return col_quant_t(master.detach(), recipe.pow2_weight_scales)  # [K, N], [K, 1]
 

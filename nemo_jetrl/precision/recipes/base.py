@@ -42,6 +42,7 @@ class LayoutFeatures:
     deep_gemm: bool = False  # DeepGEMM runs its FProp / DGrad (`use_deep_gemm`)
     fused_input_cast: bool = False  # the fused norm / SiLU*up kernels write its activation cast
     grouped_training: bool = False  # the CUDA trainer runs sibling linears as one GEMM per pass
+    grouped_experts: bool = False  # `grouped_fprop`: MoE experts' FProp in one launch on CUDA (no host sync)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ class ScaleLayout:
     def weight_quant(self, w: torch.Tensor, recipe: PrecisionRecipe) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The FProp cast of the master w [N, K]: (e4m3 [N, K], fp32 scale, int32 0-dim count of NaN / inf)."""
         raise NotImplementedError
+
+    def expert_weight_quant(
+        self, w3: torch.Tensor, recipe: PrecisionRecipe
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The FProp casts of E expert weights w3 [E, N, K], each expert on its own (the bits `weight_quant` gives
+        w3[e]): (e4m3 [E, N, K], fp32 scale [E, *scale shape], int32 0-dim count of NaN / inf values)."""
+        casts = [self.weight_quant(w, recipe) for w in w3.unbind(0)]
+        return (
+            torch.stack([c[0] for c in casts]),
+            torch.stack([c[1] for c in casts]),
+            torch.stack([c[2] for c in casts]).sum().to(torch.int32),
+        )
 
     def weight_scale_shape(self, n: int, k: int, block: int) -> tuple[int, int]:
         """The shape of the FP8 weight's scale for a [N, K] weight (what a rollout-only layer allocates)."""
@@ -129,6 +142,19 @@ class ScaleLayout:
               recipe: PrecisionRecipe) -> torch.Tensor:  # fmt: skip
         """dW [N, K] = Q(dY^T) [N, M'] @ Q(X^T) [K, M']^T, contraction over the (padded) tokens."""
         return self.emulated_mm(dyt, dyt_scale, xt, xt_scale, out_dtype)
+
+    def grouped_fprop(self, x2: torch.Tensor, qweight: QuantizedWeight, counts: torch.Tensor, recipe: PrecisionRecipe,
+                      out_dtype, backend: str = "auto") -> torch.Tensor | None:  # fmt: skip
+        """The experts' FProp in one grouped GEMM without a host sync: x2 [M, K] rows sorted by expert, qweight
+        [E, N, K], counts [E] (rows per expert) -> [M, N]; None where the layout has none on this device (the caller
+        then runs `fprop` expert by expert, reading the counts on the host)."""
+        return None
+
+    def grouped_dgrad(self, dy2: torch.Tensor, qweight: QuantizedWeight, counts: torch.Tensor, recipe: PrecisionRecipe,
+                      out_dtype) -> torch.Tensor | None:  # fmt: skip
+        """The experts' DGrad in one grouped GEMM: dy2 [M, N] rows sorted by expert -> dX [M, K]; None where the
+        layout has none on this device (the caller runs `dgrad` expert by expert)."""
+        return None
 
     def emulated_mm(self, a, a_scale, b, b_scale, out_dtype, bias=None, b_dequant=None) -> torch.Tensor:
         """dequant(a [M, K]) @ dequant(b [N, K])^T (+ bias) in FP32, then `out_dtype`."""

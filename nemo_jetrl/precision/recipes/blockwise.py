@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from nemo_jetrl.precision.gemm import fp8_blockwise_mm
-from nemo_jetrl.precision.quant import act_quant, act_quant_dual, weight_dequant, weight_quant_checked
+from nemo_jetrl.precision.quant import (
+    act_quant,
+    act_quant_dual,
+    triton_available,
+    weight_dequant,
+    weight_quant_checked,
+)
 from nemo_jetrl.precision.recipes.base import DGradWeight, LayoutFeatures, ScaleLayout
 
 _EVERY_FEATURE = LayoutFeatures(
@@ -28,6 +34,7 @@ _EVERY_FEATURE = LayoutFeatures(
     deep_gemm=True,
     fused_input_cast=True,
     grouped_training=True,
+    grouped_experts=True,
 )
 
 
@@ -41,6 +48,14 @@ class BlockwiseLayout(ScaleLayout):
 
     def weight_scale_shape(self, n, k, block):
         return -(-n // block), -(-k // block)
+
+    def expert_weight_quant(self, w3, recipe):
+        # [E, N, K] as [E * N, K] in one pass: with N a multiple of the block no tile straddles two experts
+        e, n, k = w3.shape
+        if n % recipe.block_size:
+            return super().expert_weight_quant(w3, recipe)
+        data, scale, nonfinite = self.weight_quant(w3.reshape(e * n, k), recipe)
+        return data.view(e, n, k), scale.view(e, n // recipe.block_size, -1), nonfinite
 
     def weight_dequant(self, q, scale, block):
         return weight_dequant(q, scale, block)
@@ -81,6 +96,28 @@ class BlockwiseLayout(ScaleLayout):
         return fp8_blockwise_mm(
             dyt, dyt_scale, xt, xt_scale, out_dtype, w_blocks=recipe.wgrad_x_blocks, block=recipe.block_size
         )
+
+    def grouped_fprop(self, x2, qweight, counts, recipe, out_dtype, backend="auto"):
+        # CUDA: one grouped Triton launch (kernels/triton_grouped_gemm.py), batch-invariant whatever `backend` asks
+        # for (the exact mode's and the matched kernels' forward alike); elsewhere the per-expert twin
+        if not x2.is_cuda or not triton_available():
+            return None
+        from nemo_jetrl.precision.kernels.triton_grouped_gemm import grouped_fp8_gemm
+
+        x_fp8, x_scale = self.input_quant(x2, recipe)  # [M, K], [M, K/128]: per token, as each expert's own cast
+        return grouped_fp8_gemm(x_fp8, x_scale, qweight.data, qweight.scale, counts, out_dtype)
+
+    def grouped_dgrad(self, dy2, qweight, counts, recipe, out_dtype):
+        # CUDA: dX = Q(dY) (1x128 along N, the DGrad cast) @ each expert's W^T tiles [K, N], one grouped launch
+        if not dy2.is_cuda or not triton_available():
+            return None
+        from nemo_jetrl.precision.kernels.triton_grouped_gemm import grouped_fp8_gemm, transposed_experts
+
+        wt, wt_scale = qweight._cache.get("experts_t") or transposed_experts(qweight.data, qweight.scale)
+        if recipe.cache_dgrad_weight:  # kept until the weight changes, as a linear's W^T
+            qweight._cache["experts_t"] = wt, wt_scale
+        dy_fp8, dy_scale = act_quant(dy2, recipe.block_size, recipe.pow2_activation_scales)  # [M, N], [M, N/128]
+        return grouped_fp8_gemm(dy_fp8, dy_scale, wt, wt_scale, counts, out_dtype)
 
     def fused_input_cast(self, recipe):
         return recipe.block_size, recipe.pow2_activation_scales

@@ -44,7 +44,9 @@ def test_a_null_packing_budget_is_derived_to_fit_and_written_into_the_config():
     cfg = _cfg("grpo_math_random_1p7B_bf16.yaml", LONG_8K)  # FP32 master, no activation checkpointing
     result = memory_preflight(cfg, shape=SHAPE_1P7B, capacity=H200)
     budget = cfg["policy"]["sequence_packing"]["train_mb_tokens"]
-    assert result.derived == {"policy.sequence_packing.train_mb_tokens": budget}
+    # train_cuda_graphs: auto captures only where a captured micro-batch's reserved activations leave room: not here
+    assert result.derived == {"policy.sequence_packing.train_mb_tokens": budget, "policy.train_cuda_graphs": False}
+    assert cfg["policy"]["train_cuda_graphs"] is False
     assert 8704 <= budget < 4 * 8704 and budget % 64 == 0  # below the shipped 4 x 8,704 tokens, one sequence fits
     usable = int(0.9 * H200)
     assert result.estimate.peak("train", budget) <= usable < result.estimate.peak("train", budget + 2 * 64)
@@ -57,9 +59,19 @@ def test_activation_checkpointing_keeps_the_shipped_budget_and_cuts_the_peak():
     plain = memory_preflight(_cfg("grpo_math_random_1p7B_fp8_kv.yaml", LONG_8K), shape=SHAPE_1P7B, capacity=H200)
     ckpt_cfg = _cfg("grpo_math_random_1p7B_fp8_kv.yaml", [*LONG_8K, "policy.dtensor_cfg.activation_checkpointing=true"])
     ckpt = memory_preflight(ckpt_cfg, shape=SHAPE_1P7B, capacity=H200)
-    assert ckpt.derived == {} and ckpt.peaks["train"] < 0.5 * plain.peaks["train"]
+    assert plain.derived == {}  # FP8+KV at 8K: captured (the estimate leaves room for the reserved micro-batch)
+    assert ckpt.derived == {} and ckpt.peaks["train"] < 0.5 * plain.peaks["train"]  # captured, shipped budget
     assert ckpt.estimate.train_per_token < 0.25 * plain.estimate.train_per_token
-    assert ckpt.peaks["rollout"] == plain.peaks["rollout"] and "activation_checkpointing on" in ckpt.line
+    assert ckpt.estimate.peak("rollout") == plain.estimate.peak("rollout") and "activation_checkpointing on" in ckpt.line
+    pool = int(ckpt.estimate.train_per_token * 4 * 8704)  # the captured micro-batch's activations stay reserved
+    assert ckpt.peaks["rollout"] == ckpt.estimate.peak("rollout") + pool
+
+
+def test_auto_cuda_graphs_stay_on_at_the_shipped_lengths_and_off_on_a_cpu():
+    cuda = memory_preflight(_cfg("grpo_math_random_1p7B_fp8_kv.yaml", []), shape=SHAPE_1P7B, capacity=H200)
+    assert cuda.derived == {} and cuda.peaks["rollout"] > cuda.estimate.peak("rollout")  # pool counted
+    cpu = memory_preflight(_cfg("grpo_math_random_1p7B_fp8_kv.yaml", []), shape=SHAPE_1P7B)
+    assert cpu.derived == {} and cpu.peaks["rollout"] == cpu.estimate.peak("rollout")  # auto: eager on a CPU
 
 
 @pytest.mark.parametrize(
@@ -92,7 +104,8 @@ def test_the_8B_shape_at_16K_fits_with_checkpointing_and_bf16_master():
     overrides = [*LONG_16K, "policy.master_dtype=bfloat16", "policy.dtensor_cfg.activation_checkpointing=true"]
     fp8 = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", overrides), shape=SHAPE_8B, capacity=H200)
     bf16 = memory_preflight(_cfg("grpo_math_8B_bf16.yaml", overrides), shape=SHAPE_8B, capacity=H200)
-    assert fp8.derived == bf16.derived == {}  # the shipped 4 x 16,896-token micro-batches fit
+    # the shipped 4 x 16,896-token micro-batches fit, eager (a captured one's reserved activations would not)
+    assert fp8.derived == bf16.derived == {"policy.train_cuda_graphs": False}
     assert max(fp8.peaks.values()) <= 0.9 * H200 and max(bf16.peaks.values()) <= 0.9 * H200
     assert fp8.peaks["rollout"] < bf16.peaks["rollout"]  # FP8 KV: half the cache
 
@@ -119,7 +132,7 @@ def test_several_torchrun_ranks_are_not_estimated_and_one_rank_is(monkeypatch):
     assert two.line == "memory preflight: not estimated for cluster.backend: torchrun with 2 ranks (sharded trainer)"
     assert two.derived == {} and two.estimate is None
     monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(MemoryPreflightError, match="^memory preflight: the "):
+    with pytest.raises(MemoryPreflightError, match="policy.sequence_packing.train_mb_tokens"):
         memory_preflight(_cfg("grpo_math_random_1p7B_bf16.yaml", [*overrides, *ranks]), shape=SHAPE_1P7B, capacity=H200)
 
 

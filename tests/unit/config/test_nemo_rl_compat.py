@@ -169,7 +169,7 @@ def test_both_spellings_must_agree(overrides, expected):
 REFUSED = {
     "expert": (
         "++policy.dtensor_cfg.expert_parallel_size=2",
-        "policy.dtensor_cfg.expert_parallel_size: 2 is not supported here (expert parallelism (MoE)); MoE models",
+        "policy.dtensor_cfg.expert_parallel_size: 2 is not supported here (expert parallelism (MoE)); set 1 (not built",
     ),
     "lora": ("policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.enabled: true is not supported"),
     "cispo": ("loss_fn.use_cispo=true", "loss_fn.use_cispo: true is not supported here (CISPO)"),

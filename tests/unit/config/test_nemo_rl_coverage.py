@@ -137,12 +137,24 @@ def test_compat_tool_tables_a_small_tree(tmp_path):
     )
     (configs / "grpo_moe.yaml").write_text("policy: {model_name: Qwen/Qwen3-30B-A3B, dtensor_cfg: {lora_cfg: "
                                            "{enabled: true}}}\n")  # fmt: skip
+    (configs / "grpo_moe_ep.yaml").write_text("policy: {model_name: Qwen/Qwen3-30B-A3B, megatron_cfg: {enabled: true, "
+                                              "expert_model_parallel_size: 4}}\n")  # fmt: skip
+    (configs / "grpo_other_moe.yaml").write_text("policy: {model_name: moonshotai/Moonlight-16B-A3B}\n")
     tool = load_script(ROOT / "tools" / "nemo_rl_compat.py", "nemo_rl_compat_tree")
     outcomes = tool.validate_tree(tmp_path)
     assert [(o.path, o.family, o.ok) for o in outcomes] == [
         ("examples/configs/grpo_dense.yaml", "dense", True),
-        ("examples/configs/grpo_moe.yaml", "MoE", False),
+        ("examples/configs/grpo_moe.yaml", "Qwen3-MoE", False),
+        ("examples/configs/grpo_moe_ep.yaml", "Qwen3-MoE", False),
+        ("examples/configs/grpo_other_moe.yaml", "MoE", True),
     ]
+    assert outcomes[1].ep1 is None and outcomes[2].ep1.startswith("validates: precision: train=fp8")
     table = tool.render_tree_table(outcomes, PINNED)
-    assert "**1 of 1 validate (100.0%)**; all configs: 1 of 2" in table
-    assert "| `grpo_moe.yaml` | MoE | refused: policy.dtensor_cfg.lora_cfg.enabled: true is not supported" in table
+    assert "**1 of 1 validate (100.0%)**; all configs: 2 of 4. Qwen3-MoE configs (docs/moe.md): 1 of 2 validate" in table
+    row = next(line for line in table.splitlines() if line.startswith("| `grpo_moe_ep.yaml`"))
+    assert row.startswith(
+        "| `grpo_moe_ep.yaml` | Qwen3-MoE | refused: policy.megatron_cfg.expert_model_parallel_size: 4 is not supported "
+        "here (expert parallelism (MoE)); set 1 (not built yet"
+    )
+    assert "; with expert parallelism 1: validates: train=fp8 rollout=fp8" in row
+    assert "| `grpo_moe.yaml` | Qwen3-MoE | refused: policy.dtensor_cfg.lora_cfg.enabled: true is not supported" in table

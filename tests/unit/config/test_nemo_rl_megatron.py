@@ -87,11 +87,17 @@ def test_megatron_disabled_reads_only_fp8_cfg():
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("policy.megatron_cfg.optimizer.optimizer=sgd", "policy.megatron_cfg.optimizer.optimizer: 'sgd' is not supported"),
+        (
+            "policy.megatron_cfg.optimizer.optimizer=sgd",
+            "policy.megatron_cfg.optimizer.optimizer: 'sgd' is not supported",
+        ),
         ("policy.megatron_cfg.scheduler.lr_decay_style=WSD", "lr_decay_style: 'WSD' is not supported here (one of"),
         ("policy.megatron_cfg.scheduler.lr_warmup_iters=3", "lr_warmup_steps (3) < lr_decay_steps (3)"),
         ("policy.megatron_cfg.expert_model_parallel_size=8", "expert_model_parallel_size: 8 is not supported"),
-        ("policy.megatron_cfg.peft.enabled=true", "policy.megatron_cfg.peft.enabled: true is not supported here (LoRA)"),
+        (
+            "policy.megatron_cfg.peft.enabled=true",
+            "policy.megatron_cfg.peft.enabled: true is not supported here (LoRA)",
+        ),
     ],
 )
 def test_what_the_megatron_mapping_cannot_honour_is_refused_in_one_line(override, expected):
@@ -106,3 +112,21 @@ def test_validate_only_prints_the_start_up_lines_once():
     lines = out.splitlines()
     assert lines.count(LAYOUT) == 1 and all(lines.count(v) == 1 for v in VALUES)
     assert lines[-1].startswith("precision: train=fp8 rollout=fp8")
+
+
+def test_megatron_moe_router_switches_map_onto_the_policy():
+    cfg = resolved(
+        "++policy.megatron_cfg.freeze_moe_router=true", "++policy.megatron_cfg.moe_router_load_balancing_type=none"
+    )
+    assert cfg.policy.freeze_moe_router is True and cfg.policy.router_aux_loss_coef == 0.0
+    assert cfg.startup_notes[0].endswith(
+        "optimizer/scheduler from megatron_cfg, MoE: routers frozen, no load-balancing loss"
+    )
+    aux = resolved(
+        "++policy.megatron_cfg.moe_router_load_balancing_type=aux_loss", "++policy.megatron_cfg.moe_aux_loss_coeff=0.01"
+    )
+    assert aux.policy.router_aux_loss_coef == 0.01 and aux.policy.freeze_moe_router is False
+    model_coef = resolved("++policy.megatron_cfg.moe_router_load_balancing_type=aux_loss")
+    assert model_coef.policy.router_aux_loss_coef is None  # the model config's router_aux_loss_coef
+    with pytest.raises(ConfigError, match="moe_router_load_balancing_type: 'seq_aux_loss' is not supported here"):
+        resolved("++policy.megatron_cfg.moe_router_load_balancing_type=seq_aux_loss")

@@ -77,6 +77,22 @@ def test_what_several_ranks_refuse_and_one_rank_runs():
     assert len(multi_rank_problems(exact, sharded_rollout)) == 1  # one process, but two rollout batches
 
 
+def test_an_moe_model_is_refused_on_several_ranks_and_runs_in_one(tmp_path, monkeypatch):
+    policy = validate_config(load_config(BASE)).model_dump()["policy"]
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    (moe / "config.json").write_text('{"model_type": "qwen3_moe"}')  # all the check reads
+    policy["model_name"] = str(moe)
+    one = ClusterSpec.from_config(ClusterConfig())
+    assert multi_rank_problems(policy, one) == []
+    for key, value in RANK1_OF_2.items():
+        monkeypatch.setenv(key, value)
+    two = ClusterSpec.from_config(ClusterConfig(backend="torchrun"))
+    (line,) = multi_rank_problems(policy, two)
+    assert line.startswith("cluster.backend: torchrun does not train MoE models yet (2 rank(s)")
+    assert multi_rank_problems({**policy, "model_name": "tiny-arith"}, two) == []  # a dense model on the same ranks
+
+
 def test_a_plan_cuts_a_pass_as_one_process_does():
     single = ParallelPlan.single()
     assert single.share(list("abcde")) == (list("abcde"), 5) and single.gather([1, 2]) == [1, 2]

@@ -162,7 +162,7 @@ def test_the_gemm_choice_is_one_function_of_the_recipe_and_the_linears_switches(
 def test_config_literal_names_exactly_the_registered_layouts():
     # adding a layout: a module in precision/recipes/, its registration, and this one Literal
     assert typing.get_args(Fp8Config.model_fields["fp8_recipe"].annotation) == layout_names()
-    assert scale_layout("blockwise") is BLOCKWISE and BLOCKWISE.features == LayoutFeatures(*[True] * 6)
+    assert scale_layout("blockwise") is BLOCKWISE and BLOCKWISE.features == LayoutFeatures(*[True] * 7)
     for name in layout_names():
         assert PrecisionRecipe.preset("jetrl", granularity=name).layout.name == name
     with pytest.raises(ValueError, match="unknown FP8 scale layout 'mxfp8'; registered: blockwise, rowwise"):
