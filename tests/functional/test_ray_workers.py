@@ -2,9 +2,10 @@
 
 Each worker holds the trainer of its rank (`NativePolicy` on the "fsdp" plan) as a torchrun rank does
 (tests/functional/test_torchrun_matrix.py runs the same features on torchrun ranks). Tolerance of the equality test:
-the rollout (tokens, rewards, lengths) and the FP8 KV scales are bitwise equal; training metrics agree to 1e-5
+the rollout (tokens, rewards, lengths) and the largest FP8 KV scale are bitwise equal; training metrics agree to 1e-5
 relative (bitwise with one micro-batch per worker, `fixed`; with several, the gradient is reduce-scattered after
-each micro-batch, so it sums them in another order). The single-process run uses `cluster.rollout_seed_shards=2`,
+each micro-batch, so it sums them in another order, and Adam turns a small gradient's last bits into a move of up to
+lr: the step-2 weights and the KV scales calibrated from them agree to the bounds stated at the asserts). The single-process run uses `cluster.rollout_seed_shards=2`,
 the Ray run's shard count. The tiny config runs the `jetrl_kv` recipe: FP8 KV cache with per-step QKV calibration;
 `fixed` also takes prev_logprobs from the training forward and runs matched kernels, `dynamic` calibrates the KV
 scales after the update (post_step), `packed` runs matched kernels over packed rows (the batch-invariant varlen
@@ -107,8 +108,9 @@ def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, bat
             name = key.removeprefix("train/")
             if name in EXACT or batching is FIXED:  # one micro-batch per worker: every metric bitwise
                 assert dist[step][key] == value, (step, key)
-            else:
-                assert dist[step][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (step, key)
+            else:  # step 2's KV scales are maxima over a forward of weights apart by the Adam moves below
+                rel = 5e-3 if step == 2 and name.startswith("refit/kv_") else 1e-5  # 1.1e-3 measured (dynamic)
+                assert dist[step][key] == pytest.approx(value, rel=rel, abs=1e-7), (step, key)
         assert dist[step]["train/refit/fp8_vs_bf16_bytes"] == pytest.approx(0.5 + 1 / 8192)
         assert dist[step]["train/refit/num_fp8_weights"] == 28
         assert dist[step]["train/refit/kv_k_scale_max"] == local[step]["train/refit/kv_k_scale_max"]  # FP8 KV
@@ -119,10 +121,11 @@ def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, bat
     b = CheckpointManager(tmp_path / "ray" / "ckpt").load_latest()
     assert a["step"] == b["step"] == 2
     assert a["policy"]["model"].keys() == b["policy"]["model"].keys()
-    # packed with matched kernels: measured 3.8e-6 (3.7e-7 without): Adam's first steps move an element by up to lr
-    # (5e-5) for a near-zero gradient too, whose last bits differ between the one process's packed bins and each
-    # worker's
-    atol = 1e-5 if batching is PACKED else 1e-6
+    # One micro-batch per worker: bitwise. Otherwise the one process sums other micro-batches than each worker, and
+    # Adam's first steps move an element by about lr whatever its gradient's size, so where a small gradient's last
+    # bits differ the two runs may move it apart: at most 2 steps x 2 x lr (3e-4 measured with packing, lr 2e-4)
+    lr = local[1]["train/lr"]
+    atol = 0.0 if batching is FIXED else 2 * 2 * lr
     for name, value in a["policy"]["model"].items():
         torch.testing.assert_close(b["policy"]["model"][name], value, rtol=0, atol=atol, msg=name)
 
