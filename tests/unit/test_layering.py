@@ -50,18 +50,10 @@ UPWARD_ALLOWED = {
 
 # Import circles among modules (runtime and type-only imports), each with the change that removes it.
 CIRCLES_ALLOWED = {
-    frozenset({"nemo_jetrl.algorithms.grpo", "nemo_jetrl.algorithms.rollout_io"}): (
-        "type only: rollout_io annotates with grpo.GrpoSetup; grpo.py is being edited: move GrpoSetup (a dataclass) "
-        "to its own module, e.g. algorithms/grpo_setup.py, imported by both"
-    ),
     frozenset({"nemo_jetrl.models.packed_logprobs", "nemo_jetrl.models.scoring"}): (
         "scoring.sequence_logprobs imports packed_logprobs in its body, which imports scoring's helpers; both are "
         "being edited: move LOGPROB_CHUNK_ELEMENTS, scored_tokens_only, target_logprobs and vocab_size into "
         "models/logprobs.py (below both), or let the caller pick packed_sequence_logprobs"
-    ),
-    frozenset({"nemo_jetrl.policy.lr_scheduler", "nemo_jetrl.policy.megatron_schedule"}): (
-        "megatron_schedule imports the name MEGATRON from lr_scheduler, which builds a MegatronParamScheduler in its "
-        "body; policy/ is being edited: define the name in megatron_schedule.py (lr_scheduler imports it from there)"
     ),
     frozenset(
         {
