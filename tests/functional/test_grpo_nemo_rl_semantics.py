@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.environments import make_task
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_tiny_dapo.yaml"
 NEMO_RL_TRAIN = [

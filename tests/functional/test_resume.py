@@ -17,11 +17,12 @@ import torch
 
 from nemo_jetrl.algorithms.grpo import grpo_step, run_grpo, setup
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 

@@ -11,8 +11,9 @@ import torch
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.algorithms.grpo_setup import GrpoSetup
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.generation.vllm_engine import cpu_fp8_kv_missing_reason, vllm_missing_reason
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
