@@ -42,7 +42,9 @@ from nemo_jetrl.algorithms.rollout_io import (
     needs_kv_bootstrap,
     step_generator,
 )
+from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments import make_task
+from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.generation.interfaces import max_prompt_length, rollout_phase
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
@@ -67,7 +69,8 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     tok = policy.tokenizer
     max_prompt_tokens = max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"])
     if task is None:
-        task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+        data, env = DataConfig.model_validate(cfg["data"]), EnvConfig.model_validate(cfg["env"])  # typed sections
+        task = make_task(data, env, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
     logger = Logger(cfg["logger"]) if placed.is_main else NullLogger()
     ckpt = cfg["checkpointing"]
     checkpoints = checkpoint_manager(ckpt) if ckpt["enabled"] else None

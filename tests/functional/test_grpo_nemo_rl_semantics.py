@@ -72,7 +72,7 @@ def _expected_dynamic_sampling(batches: list[torch.Tensor], groups: int, group_s
 def test_nemo_rl_spelled_dapo_config_runs_four_steps(tmp_path):
     resolved = load_config(CONFIG, [f"logger.log_dir={tmp_path}", "cluster.num_cpu_threads=2"])
     cfg = validate_config(resolved)
-    task = RecordingTask(make_task(cfg.data.to_dict(), cfg.env.to_dict()))
+    task = RecordingTask(make_task(cfg.data, cfg.env))
     grpo.run_grpo(cfg, resolved, task=task)
     rows: dict[int, dict] = {}
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
