@@ -18,6 +18,7 @@ import torch
 
 from benchmarks.common import device_info, print_table, write_json
 from nemo_jetrl.algorithms import grpo
+from nemo_jetrl.algorithms.grpo_setup import GrpoSetup
 from nemo_jetrl.config import load_config
 from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
@@ -28,7 +29,7 @@ BACKENDS = ("native", "vllm")
 MISMATCH = ("token_mult_prob_error", "gen_kl_error", "exact_token_fraction")
 
 
-def build(config: Path, backend: str, log_dir: Path, overrides: list[str]) -> grpo.GrpoSetup:
+def build(config: Path, backend: str, log_dir: Path, overrides: list[str]) -> GrpoSetup:
     resolved = load_config(
         config, [f"policy.generation.backend={backend}", f"logger.log_dir={log_dir}", "grpo.val_period=0", *overrides]
     )

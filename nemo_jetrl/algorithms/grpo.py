@@ -7,7 +7,6 @@ metrics) -> group advantages -> train (FP8 FProp/DGrad/WGrad) -> quantize weight
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from nemo_jetrl.algorithms.grpo_checkpoint import (
     load_resume_state,
     restore,
 )
+from nemo_jetrl.algorithms.grpo_setup import GrpoSetup
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.algorithms.memory_preflight import memory_preflight
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
@@ -42,40 +42,20 @@ from nemo_jetrl.algorithms.rollout_io import (
     needs_kv_bootstrap,
     step_generator,
 )
+from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments import make_task
-from nemo_jetrl.generation.interfaces import (
-    GenerationInterface,
-    max_prompt_length,
-    rollout_phase,
-)
-from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch, split_global_batches
+from nemo_jetrl.environments.config import EnvConfig
+from nemo_jetrl.generation.interfaces import max_prompt_length, rollout_phase
+from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
 from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.precision.recipes.gemm_choice import deep_gemm_status
-from nemo_jetrl.utils.checkpoint import CheckpointManager
 from nemo_jetrl.utils.logger import Logger, NullLogger
 from nemo_jetrl.utils.progress import RunProgress, run_summary
 from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
 from nemo_jetrl.utils.timers import Timer
 
 console = Console(stderr=True)
-
-
-@dataclass
-class GrpoSetup:
-    """Everything one GRPO run holds."""
-
-    cfg: dict[str, Any]
-    policy: PolicyInterface
-    engine: GenerationInterface
-    loss_fn: ClippedPGLossFn
-    task: Any
-    logger: Logger
-    checkpoints: CheckpointManager | None
-    device: torch.device
-    is_main: bool = True  # logs, prints and writes checkpoints (torchrun: rank 0; the others run silently)
-    startup: str | None = None  # how the run is spread over ranks (torchrun), printed at start
-    next_batch: int = 0  # the next training data batch (dynamic sampling draws several per step)
 
 
 def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
@@ -89,7 +69,8 @@ def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
     tok = policy.tokenizer
     max_prompt_tokens = max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"])
     if task is None:
-        task = make_task(cfg["data"], cfg["env"], tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+        data, env = DataConfig.model_validate(cfg["data"]), EnvConfig.model_validate(cfg["env"])  # typed sections
+        task = make_task(data, env, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
     logger = Logger(cfg["logger"]) if placed.is_main else NullLogger()
     ckpt = cfg["checkpointing"]
     checkpoints = checkpoint_manager(ckpt) if ckpt["enabled"] else None

@@ -13,7 +13,7 @@ from nemo_jetrl.generation.native.prompts import left_pad
 from nemo_jetrl.policy.interfaces import TrainBatch
 
 if TYPE_CHECKING:
-    from nemo_jetrl.algorithms.grpo import GrpoSetup
+    from nemo_jetrl.algorithms.grpo_setup import GrpoSetup
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:

@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ import torch
 from nemo_jetrl.data.problem import Problem
 from nemo_jetrl.data.prompts import PromptFormatter
 from nemo_jetrl.data.readers import DataSource, RowReport, read_rows
+
+if TYPE_CHECKING:
+    from nemo_jetrl.data.config import DataConfig
 
 _HOLDOUT_STREAM, _SHUFFLE_STREAM = 0, 1
 _TOKENIZE_CHUNK = 4096  # prompts per tokenizer call when measuring lengths (bounded memory on large datasets)
@@ -120,40 +123,37 @@ def _render(rows, formatter: PromptFormatter, tokenizer, max_prompt_tokens: int 
 
 
 def build_dataset_task(
-    data_cfg: Mapping[str, Any],
+    data: DataConfig,
     scorer: Any,
     *,
     tokenizer: Any | None = None,
     max_prompt_tokens: int | None = None,
 ) -> DatasetTask:
-    """Read, render, split and report a dataset from the `data` config section; see the module docstring.
+    """Read, render, split and report a dataset from the validated `data` section; see the module docstring.
 
     `max_prompt_tokens`: the prompt-length limit (the GRPO loop passes `generation.interfaces.max_prompt_length`,
     which folds in `data.max_input_seq_length`); None = `data.max_input_seq_length`.
     """
-    keys = {"input_key": data_cfg["input_key"], "output_key": data_cfg["output_key"]}
-    config_name = data_cfg["dataset_config"]
-    train_source = DataSource(data_cfg["dataset_name"], split=data_cfg["train_split"], config_name=config_name, **keys)
+    keys = {"input_key": data.input_key, "output_key": data.output_key}
+    train_source = DataSource(data.dataset_name, split=data.train_split, config_name=data.dataset_config, **keys)
     rows, train_report = read_rows(train_source)
     formatter = PromptFormatter(
         tokenizer,
-        template=data_cfg["prompt_template"],
-        system_prompt=data_cfg["system_prompt"],
-        use_chat_template=data_cfg["use_chat_template"],
-        chat_template_kwargs=data_cfg.get("chat_template_kwargs"),
+        template=data.prompt_template,
+        system_prompt=data.system_prompt,
+        use_chat_template=data.use_chat_template,
+        chat_template_kwargs=data.chat_template_kwargs,
     )
-    limit = max_prompt_tokens if max_prompt_tokens is not None else data_cfg["max_input_seq_length"]
+    limit = max_prompt_tokens if max_prompt_tokens is not None else data.max_input_seq_length
     problems = _render(rows, formatter, tokenizer, limit, train_report)
     if not problems:
         raise ValueError(f"data source {train_source.name}: no usable row left ({train_report.summary()})")
     reports = [train_report]
-    seed = int(data_cfg["seed"])
-    val_size = int(data_cfg["val_size"])
-    if data_cfg["val_dataset_name"]:
+    if data.val_dataset_name:
         val_source = DataSource(
-            data_cfg["val_dataset_name"],
-            split=data_cfg["val_split"],
-            config_name=config_name,
+            data.val_dataset_name,
+            split=data.val_split,
+            config_name=data.dataset_config,
             config_key="data.val_dataset_name",
             **keys,
         )
@@ -162,16 +162,16 @@ def build_dataset_task(
         reports.append(val_report)
         train = problems
     else:
-        if val_size >= len(problems):
+        if data.val_size >= len(problems):
             raise ValueError(
-                f"data.val_size ({val_size}) must be smaller than the {len(problems)} usable rows of "
+                f"data.val_size ({data.val_size}) must be smaller than the {len(problems)} usable rows of "
                 f"{train_source.name} (or set data.val_dataset_name)"
             )
-        order = np.random.default_rng([seed, _HOLDOUT_STREAM]).permutation(len(problems))
-        held_out = set(order[:val_size].tolist())
-        validation = [problems[i] for i in order[:val_size]]
+        order = np.random.default_rng([data.seed, _HOLDOUT_STREAM]).permutation(len(problems))
+        held_out = set(order[: data.val_size].tolist())
+        validation = [problems[i] for i in order[: data.val_size]]
         train = [p for i, p in enumerate(problems) if i not in held_out]
     bad = [r for r in reports if r.skipped]
     if bad:
         warnings.warn("; ".join(r.summary() for r in bad), BadRowsWarning, stacklevel=2)
-    return DatasetTask(train, validation, scorer, seed=seed, shuffle=data_cfg["shuffle"])
+    return DatasetTask(train, validation, scorer, seed=data.seed, shuffle=data.shuffle)

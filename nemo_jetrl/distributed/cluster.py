@@ -71,7 +71,7 @@ class ClusterSpec:
 
     @property
     def num_seed_shards(self) -> int:
-        """Rollout seed shards per step (see data_split): `rollout_seed_shards`, else one per data-parallel group."""
+        """Rollout seed shards per step (seed_shards.py): `rollout_seed_shards`, else one per data-parallel group."""
         return self.rollout_seed_shards if self.rollout_seed_shards is not None else self.num_dp_groups
 
     def worker_resources(self) -> dict[str, float]:

@@ -19,16 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# The rollout's seed shards (and the one-process engine that runs them) live in generation/seed_shards.py; their
-# names stay importable from here until the branches in flight that import them from this module have merged.
-from nemo_jetrl.generation.seed_shards import (  # noqa: F401
-    ShardedGeneration,
-    generate_seed_shards,
-    merge_generation_outputs,
-    seed_shards,
-    shard_seed,
-    split_evenly,
-)
+from nemo_jetrl.generation.seed_shards import split_evenly
 
 
 def assign_contiguous(items: Sequence, num_workers: int) -> list[list]:

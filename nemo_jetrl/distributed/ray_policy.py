@@ -98,7 +98,7 @@ class RayPolicy(PolicyInterface):
 
 
 class RayGeneration(GenerationInterface):
-    """The workers' rollout engines: every worker runs its group's block of the step's seed shards (data_split),
+    """The workers' rollout engines: every worker runs its group's block of the step's seed shards (seed_shards.py),
     the shards are gathered and rank 0 returns them merged in order."""
 
     def __init__(self, group: RayWorkerGroup, engine_changes: Mapping | None = None) -> None:

@@ -23,7 +23,15 @@ if TYPE_CHECKING:  # torch is imported where schedulers are built: the config sc
 
 PREFIX = "torch.optim.lr_scheduler."
 KEY = "policy.scheduler"
-MEGATRON = "megatron.core.optimizer_param_scheduler.OptimizerParamScheduler"
+
+
+def _is_megatron(cfg: Any) -> bool:
+    """A bare mapping naming megatron-core's scheduler (its module imports torch: only a mapping pays for it)."""
+    if not isinstance(cfg, Mapping):
+        return False
+    from nemo_jetrl.policy.megatron_schedule import MEGATRON
+
+    return cfg.get("name") == MEGATRON
 
 
 def _entries(cfg: Any) -> list[Mapping[str, Any]]:
@@ -38,8 +46,8 @@ def check_scheduler_config(cfg: Any) -> None:
     """Structure checks without building anything; ValueError naming `policy.scheduler[i]`."""
     if cfg is None:
         return
-    if isinstance(cfg, Mapping) and cfg.get("name") == MEGATRON:
-        from nemo_jetrl.policy.megatron_schedule import check_megatron_schedule
+    if _is_megatron(cfg):
+        from nemo_jetrl.policy.megatron_schedule import MEGATRON, check_megatron_schedule
 
         if set(cfg) - {"name", "kwargs"}:
             raise ValueError(f"{KEY} ({MEGATRON}) holds name and kwargs only, got keys {sorted(cfg)}")
@@ -81,7 +89,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: Any) -> torch.opti
     check_scheduler_config(cfg)
     if cfg is None:
         return None
-    if isinstance(cfg, Mapping) and cfg.get("name") == MEGATRON:
+    if _is_megatron(cfg):
         from nemo_jetrl.policy.megatron_schedule import MegatronParamScheduler
 
         return MegatronParamScheduler(optimizer, **cfg["kwargs"])

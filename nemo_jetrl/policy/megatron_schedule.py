@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from nemo_jetrl.policy.lr_scheduler import MEGATRON as NAME
-
+MEGATRON = "megatron.core.optimizer_param_scheduler.OptimizerParamScheduler"  # the `policy.scheduler` name
 KWARGS = (
     "init_lr", "max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style", "start_wd", "end_wd",
     "wd_incr_steps", "wd_incr_style",
@@ -40,7 +39,7 @@ def check_megatron_schedule(kwargs: Mapping[str, Any]) -> None:
     where = "policy.scheduler.kwargs"
     if not isinstance(kwargs, Mapping) or set(kwargs) != set(KWARGS):
         got = sorted(kwargs) if isinstance(kwargs, Mapping) else kwargs
-        raise ValueError(f"{where} of {NAME} needs exactly {', '.join(KWARGS)}; got {got}")
+        raise ValueError(f"{where} of {MEGATRON} needs exactly {', '.join(KWARGS)}; got {got}")
     k = dict(kwargs)
     if k["lr_decay_style"] not in DECAY_STYLES:
         raise ValueError(f"{where}.lr_decay_style: {k['lr_decay_style']!r} is not one of {', '.join(DECAY_STYLES)}")
@@ -66,7 +65,7 @@ def check_megatron_schedule(kwargs: Mapping[str, Any]) -> None:
     if k["wd_incr_style"] != "constant" and k["wd_incr_steps"] == 0:
         problems.append("wd_incr_steps > 0 for a weight-decay ramp")
     if problems:
-        raise ValueError(f"{where} of {NAME} needs " + "; ".join(problems))
+        raise ValueError(f"{where} of {MEGATRON} needs " + "; ".join(problems))
 
 
 def megatron_lr(k: Mapping[str, Any], n: int) -> float:

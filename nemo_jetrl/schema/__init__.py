@@ -2,8 +2,7 @@
 (each section type lives beside its component: `policy/config.py`, `algorithms/config.py`, ...), with the rules
 that span sections; `validate_config` translates NeMo-RL's keys onto it first (`nemo_rl.py`).
 
-Nothing below this package imports it. `nemo_jetrl.config` (loader, section base types, errors: the ground floor)
-still hands out `MasterConfig` / `validate_config` on attribute access, for existing callers.
+Nothing below this package imports it; `nemo_jetrl.config` (loader, section base types, errors) is the ground floor.
 """
 
 from nemo_jetrl._lazy import lazy_exports

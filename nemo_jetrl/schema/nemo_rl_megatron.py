@@ -21,8 +21,7 @@ from typing import Any
 
 from nemo_jetrl.config.errors import format_value
 from nemo_jetrl.config.nemo_rl_rules import get_path
-from nemo_jetrl.policy.lr_scheduler import MEGATRON as MEGATRON_SCHEDULER
-from nemo_jetrl.policy.megatron_schedule import DECAY_STYLES, WD_STYLES
+from nemo_jetrl.policy.megatron_schedule import DECAY_STYLES, MEGATRON, WD_STYLES
 
 CONSUMED = {
     "": (
@@ -143,7 +142,7 @@ def _scheduler(sched: dict, optimizer: dict, opt: dict, max_steps: Any, errors: 
             f"{key}.weight_decay_incr_style: {format_value(kwargs['wd_incr_style'])} is not supported here (one of "
             f"{', '.join(WD_STYLES)})"
         )
-    return {"name": MEGATRON_SCHEDULER, "kwargs": kwargs}
+    return {"name": MEGATRON, "kwargs": kwargs}
 
 
 def _layout_line(tp: Any, pp: Any, sp: bool, recompute: bool, mcfg: dict) -> str:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.environments import LongAdditionTask
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "examples" / "configs"

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.environments import make_task
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_tiny_dapo.yaml"
 NEMO_RL_TRAIN = [
@@ -71,7 +72,7 @@ def _expected_dynamic_sampling(batches: list[torch.Tensor], groups: int, group_s
 def test_nemo_rl_spelled_dapo_config_runs_four_steps(tmp_path):
     resolved = load_config(CONFIG, [f"logger.log_dir={tmp_path}", "cluster.num_cpu_threads=2"])
     cfg = validate_config(resolved)
-    task = RecordingTask(make_task(cfg.data.to_dict(), cfg.env.to_dict()))
+    task = RecordingTask(make_task(cfg.data, cfg.env))
     grpo.run_grpo(cfg, resolved, task=task)
     rows: dict[int, dict] = {}
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.precision import Fp8Linear
 from nemo_jetrl.precision import linear as fp8_linear
+from nemo_jetrl.schema import validate_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 SMALL = [

@@ -117,7 +117,7 @@ class ConstantRewards:
 
 def test_guard_runs_when_no_group_is_kept(tmp_path, monkeypatch):
     cfg = _tiny_cfg(tmp_path)
-    run = setup(cfg.to_dict(), ConstantRewards(make_task(cfg.data.to_dict(), cfg.env.to_dict())))
+    run = setup(cfg.to_dict(), ConstantRewards(make_task(cfg.data, cfg.env)))
     weight = run.policy.model.get_submodule("model.layers.2.self_attn.o_proj").weight
     get_logprobs = run.policy.get_logprobs
 
@@ -198,7 +198,7 @@ def test_fresh_run_moves_an_old_metrics_file_aside(tmp_path):
 # ---------------------------------------------------------------------------------------------- 6: start-up checks
 def test_empty_validation_set_fails_before_any_step(tmp_path):
     cfg = _tiny_cfg(tmp_path, "grpo.max_num_steps=2", "grpo.val_period=1", "grpo.val_at_start=false")
-    task = make_task(cfg.data.to_dict(), cfg.env.to_dict())
+    task = make_task(cfg.data, cfg.env)
     task.validation = lambda max_n=None: []
     with pytest.raises(ValueError, match="the validation set is empty"):
         run_grpo(cfg, task=task)

@@ -10,10 +10,11 @@ from jetrl_testkit.grpo_harness import SMALL_TINY_RUN
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.batch_invariant import MATCHED_PARTS, ExactParts, exact_parts
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 

@@ -30,8 +30,9 @@ ray = pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sy
 from jetrl_testkit.grpo_harness import record_train  # noqa: E402
 
 from nemo_jetrl.algorithms import grpo  # noqa: E402
-from nemo_jetrl.config import load_config, validate_config  # noqa: E402
+from nemo_jetrl.config import load_config  # noqa: E402
 from nemo_jetrl.models.loading import load_model_and_tokenizer  # noqa: E402
+from nemo_jetrl.schema import validate_config  # noqa: E402
 from nemo_jetrl.utils.checkpoint import CheckpointManager  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -37,8 +37,9 @@ from jetrl_testkit.grpo_harness import record_train  # noqa: E402
 from jetrl_testkit.tp_model import write_tiny_arith_kv2  # noqa: E402
 
 from nemo_jetrl.algorithms import grpo  # noqa: E402
-from nemo_jetrl.config import load_config, validate_config  # noqa: E402
+from nemo_jetrl.config import load_config  # noqa: E402
 from nemo_jetrl.distributed import WorkerGroupError  # noqa: E402
+from nemo_jetrl.schema import validate_config  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_tiny.yaml"

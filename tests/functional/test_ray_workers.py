@@ -27,12 +27,13 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # before Ray is imp
 ray = pytest.importorskip("ray", reason="the `ray` extra is not installed (uv sync --extra ray)")
 
 from nemo_jetrl.algorithms.grpo import grpo_step, run_grpo, setup  # noqa: E402
-from nemo_jetrl.config import load_config, validate_config  # noqa: E402
+from nemo_jetrl.config import load_config  # noqa: E402
 from nemo_jetrl.distributed import ClusterSpec, WorkerGroupError  # noqa: E402
 from nemo_jetrl.distributed.cluster_config import ClusterConfig  # noqa: E402
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NonFiniteError  # noqa: E402
+from nemo_jetrl.schema import validate_config  # noqa: E402
 from nemo_jetrl.utils.checkpoint import CheckpointManager  # noqa: E402
 from nemo_jetrl.utils.progress import RunProgress  # noqa: E402
 from nemo_jetrl.utils.timers import Timer  # noqa: E402

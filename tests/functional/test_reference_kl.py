@@ -15,9 +15,10 @@ from jetrl_testkit.grpo_harness import record_train
 from jetrl_testkit.reference_step import hf_logprobs
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.precision import Fp8Linear
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 

@@ -17,11 +17,12 @@ import torch
 
 from nemo_jetrl.algorithms.grpo import grpo_step, run_grpo, setup
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy, NonFiniteError
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
@@ -266,7 +267,7 @@ def test_step_with_a_nonfinite_training_loss_skips_or_stops(tmp_path, mode):
 
 def test_loop_skips_a_nonfinite_batch_and_goes_on(tmp_path, capsys):
     cfg = _tiny_cfg(tmp_path, "grpo.max_num_steps=3", "grpo.on_nonfinite=skip")
-    task = NanRewardsAtStep(make_task(cfg.data.to_dict(), cfg.env.to_dict()), bad_step=1)
+    task = NanRewardsAtStep(make_task(cfg.data, cfg.env), bad_step=1)
     history = run_grpo(cfg, task=task)["history"]
     assert [m["nonfinite_skipped"] for m in history] == [0.0, 1.0, 0.0]
     assert "non-finite rewards (16 of 16, from the environment)" in capsys.readouterr().err
@@ -277,7 +278,7 @@ def test_loop_skips_a_nonfinite_batch_and_goes_on(tmp_path, capsys):
 
 def test_loop_stops_on_a_nonfinite_batch_and_keeps_the_last_checkpoint(tmp_path):
     cfg = _tiny_cfg(tmp_path, "grpo.max_num_steps=3", "grpo.on_nonfinite=stop")
-    task = NanRewardsAtStep(make_task(cfg.data.to_dict(), cfg.env.to_dict()), bad_step=1)
+    task = NanRewardsAtStep(make_task(cfg.data, cfg.env), bad_step=1)
     with pytest.raises(NonFiniteError, match="non-finite rewards"):
         run_grpo(cfg, task=task)
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_1"]

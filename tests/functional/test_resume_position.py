@@ -19,8 +19,9 @@ import torch
 from jetrl_testkit.grpo_harness import ScriptedTask
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.environments.interfaces import Problem
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_tiny_bf16.yaml"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_tiny_bf16.yaml"
 

@@ -11,8 +11,9 @@ import torch
 from jetrl_testkit.cli import load_script, run_main, run_script
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.evals.eval import pass_at_k
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,8 @@ from jetrl_testkit.runs import TINY_TWO_STEPS
 from jetrl_testkit.runs import metrics as _metrics
 
 from nemo_jetrl.algorithms.grpo import run_grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
+from nemo_jetrl.schema import validate_config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

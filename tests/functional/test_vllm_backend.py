@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.algorithms.grpo_setup import GrpoSetup
+from nemo_jetrl.config import load_config
 from nemo_jetrl.generation.vllm_engine import cpu_fp8_kv_missing_reason, vllm_missing_reason
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 
@@ -24,7 +26,7 @@ pytestmark = [
 MISMATCH = ("token_mult_prob_error", "gen_kl_error", "exact_token_fraction")
 
 
-def _setup(tmp_path, *overrides: str) -> grpo.GrpoSetup:
+def _setup(tmp_path, *overrides: str) -> GrpoSetup:
     resolved = load_config(
         CONFIGS / "grpo_tiny.yaml",
         [*SMALL, f"logger.log_dir={tmp_path}", "policy.generation.backend=vllm", "grpo.val_period=0", *overrides],
@@ -32,7 +34,7 @@ def _setup(tmp_path, *overrides: str) -> grpo.GrpoSetup:
     return grpo.setup(validate_config(resolved).model_dump())
 
 
-def _steps(run: grpo.GrpoSetup, n: int) -> list[dict[str, float]]:
+def _steps(run: GrpoSetup, n: int) -> list[dict[str, float]]:
     return [grpo.grpo_step(run, step, Timer(), RunProgress(n, enabled=False)) for step in range(n)]
 
 

@@ -208,7 +208,8 @@ def test_grpo_step_through_the_driver(tmp_path):
     from pathlib import Path
 
     from nemo_jetrl.algorithms import grpo
-    from nemo_jetrl.config import load_config, validate_config
+    from nemo_jetrl.config import load_config
+    from nemo_jetrl.schema import validate_config
     from nemo_jetrl.utils.progress import RunProgress
     from nemo_jetrl.utils.timers import Timer
 

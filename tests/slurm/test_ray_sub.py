@@ -65,7 +65,8 @@ def test_tiny_grpo_through_ray_sub_matches_single_process(tmp_path):
         assert ray_run[step]["train/num_micro_batches"] >= 1
 
     from nemo_jetrl.algorithms.grpo import run_grpo
-    from nemo_jetrl.config import load_config, validate_config
+    from nemo_jetrl.config import load_config
+    from nemo_jetrl.schema import validate_config
 
     cfg = load_config(
         ROOT / "examples" / "configs" / "grpo_tiny.yaml", [*OVERRIDES, f"logger.log_dir={tmp_path / 'local'}"]

@@ -78,7 +78,8 @@ def test_tiny_grpo_through_torchrun_sub_matches_single_process(tmp_path):
     detail = f"{proc.stderr[-2000:]}\n{job_out.read_text()[-4000:] if job_out else 'no job output'}"
     assert proc.returncode == 0, detail
     from nemo_jetrl.algorithms.grpo import run_grpo
-    from nemo_jetrl.config import load_config, validate_config
+    from nemo_jetrl.config import load_config
+    from nemo_jetrl.schema import validate_config
 
     local = [*OVERRIDES, "cluster.rollout_seed_shards=2", f"logger.log_dir={tmp_path / 'local'}"]
     run_grpo(validate_config(load_config(config, local)))

@@ -3,8 +3,8 @@ Triton kernels import no dispatcher, and no modules import each other in a circl
 graph from the syntax trees; docs/architecture.md shows the floors).
 
 The allow-lists name each exception with the change that removes it. Most wait for branches in flight that edit
-those files (decoder.py, scoring.py, packed*.py, policy/*.py, algorithms/grpo.py); a test below fails once an entry
-is no longer needed, so the lists only shrink.
+those files (decoder.py, scoring.py, packed*.py); a test below fails once an entry is no longer needed, so the lists
+only shrink.
 """
 
 from __future__ import annotations
@@ -37,11 +37,6 @@ FLOORS = (
 
 # (importing module, imported module) -> why it still runs up, and the change that removes it.
 UPWARD_ALLOWED = {
-    ("nemo_jetrl.config", "nemo_jetrl.schema"): (
-        "nemo_jetrl.config.MasterConfig / validate_config resolve lazily to the schema for existing callers; remove "
-        "after the merges: point the remaining `from nemo_jetrl.config import ... validate_config` (tests/, about 45 "
-        "files) at nemo_jetrl.schema and drop the two names from config/__init__.py"
-    ),
     ("nemo_jetrl.models.decoder", "nemo_jetrl.generation.native.kv_cache"): (
         "type only (`KVCache` under TYPE_CHECKING); decoder.py is being edited (forward plan): move the cache the "
         "forward writes (kv_cache.py's KVCache, or a Protocol of what decoder_forward calls on it) into models/"
@@ -50,18 +45,10 @@ UPWARD_ALLOWED = {
 
 # Import circles among modules (runtime and type-only imports), each with the change that removes it.
 CIRCLES_ALLOWED = {
-    frozenset({"nemo_jetrl.algorithms.grpo", "nemo_jetrl.algorithms.rollout_io"}): (
-        "type only: rollout_io annotates with grpo.GrpoSetup; grpo.py is being edited: move GrpoSetup (a dataclass) "
-        "to its own module, e.g. algorithms/grpo_setup.py, imported by both"
-    ),
     frozenset({"nemo_jetrl.models.packed_logprobs", "nemo_jetrl.models.scoring"}): (
         "scoring.sequence_logprobs imports packed_logprobs in its body, which imports scoring's helpers; both are "
         "being edited: move LOGPROB_CHUNK_ELEMENTS, scored_tokens_only, target_logprobs and vocab_size into "
         "models/logprobs.py (below both), or let the caller pick packed_sequence_logprobs"
-    ),
-    frozenset({"nemo_jetrl.policy.lr_scheduler", "nemo_jetrl.policy.megatron_schedule"}): (
-        "megatron_schedule imports the name MEGATRON from lr_scheduler, which builds a MegatronParamScheduler in its "
-        "body; policy/ is being edited: define the name in megatron_schedule.py (lr_scheduler imports it from there)"
     ),
     frozenset(
         {

@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from nemo_jetrl.precision.kernels.device import on_device
 from nemo_jetrl.precision.kernels.triton_batch_invariant import CHUNK_BLOCKS, FP8_BLOCK, FP8_CONFIGS, _fp8_chunk
 from nemo_jetrl.precision.kernels.triton_batch_invariant import pick_config as _pick_config
-from nemo_jetrl.precision.kernels.triton_quant import _on_device
 
 Config = tuple[int, int, int, int]
 
@@ -102,7 +102,7 @@ def grouped_fp8_gemm(
     block_m, block_n, warps, stages = config or _pick_config(FP8_CONFIGS, max(1, m // experts))
     slots = triton.cdiv(m, block_m) + experts  # every expert's partial last tile at most adds one
     tiles = tile_map(counts, block_m, slots)
-    with _on_device(x_fp8):
+    with on_device(x_fp8):
         _grouped_fp8_kernel[(n // block_n, slots)](
             x_fp8, x_scale, w_fp8, w_scale, y, tiles, k, slots,
             x_fp8.stride(0), x_scale.stride(0), x_scale.stride(1), w_fp8.stride(0), w_fp8.stride(1),

@@ -17,8 +17,6 @@ import triton.language as tl
 from nemo_jetrl.precision.e4m3 import FLT_MAX, INV_E4M3_MAX, SCALE_EPS
 from nemo_jetrl.precision.kernels.device import on_device
 
-_on_device = on_device  # the former name: kept until the branches that import it from here have merged
-
 _EPS = tl.constexpr(SCALE_EPS)
 _INV_MAX = tl.constexpr(INV_E4M3_MAX)
 _FLT_MAX = tl.constexpr(FLT_MAX)

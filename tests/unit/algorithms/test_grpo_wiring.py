@@ -23,8 +23,9 @@ from jetrl_testkit.grpo_harness import (
 )
 
 from nemo_jetrl.algorithms import grpo
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.environments.interfaces import Problem
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 

@@ -12,9 +12,10 @@ from jetrl_testkit.grpo_harness import SMALL_TINY_RUN
 
 from nemo_jetrl.algorithms import grpo
 from nemo_jetrl.algorithms.rollout_io import bootstrap_kv_scales, encode_prompts, step_generator
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.generation.interfaces import rollout_phase
 from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.progress import RunProgress
 from nemo_jetrl.utils.timers import Timer
 

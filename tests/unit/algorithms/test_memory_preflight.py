@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from nemo_jetrl.algorithms.memory_preflight import MemoryPreflightError, memory_preflight
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.random_checkpoint import SHAPES
 from nemo_jetrl.policy.memory_estimate import GIB, ModelShape, TrainerMemorySettings, layer_bytes
+from nemo_jetrl.schema import validate_config
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "examples" / "configs"

@@ -48,7 +48,7 @@ def write_rows(path, n=20, extra=()):
 def data_cfg(path, **kw):
     cfg = {"dataset_name": str(path), "val_size": 4, "seed": 7, "use_chat_template": False, "shuffle": True}
     cfg.update(kw)
-    return DataConfig(**cfg).to_dict()
+    return DataConfig(**cfg)
 
 
 def test_template_and_chat_rendering():
@@ -133,7 +133,10 @@ def test_separate_validation_file_and_too_long_prompts(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         task = build_dataset_task(
-            {**cfg, "max_input_seq_length": 200}, MathEnvironment(), tokenizer=tok, max_prompt_tokens=None
+            data_cfg(train, val_dataset_name=str(val), use_chat_template=True, max_input_seq_length=200),
+            MathEnvironment(),
+            tokenizer=tok,
+            max_prompt_tokens=None,
         )
     assert len(task.train_problems) == 7
 
@@ -175,7 +178,7 @@ def test_make_task_builds_a_math_task_for_files_and_keeps_arithmetic(tmp_path):
             "verify_timeout_s": 5.0,
         }
     }
-    task = make_task(data_cfg(path, input_key="problem", output_key="answer"), env, tokenizer=None)
+    task = make_task(data_cfg(path, input_key="problem", output_key="answer"), EnvConfig(**env), tokenizer=None)
     assert isinstance(task, DatasetTask)
     assert task.score(["\\boxed{3}", "x"], ["3", "3"]).tolist() == [2.0, -1.0]
-    assert type(make_task(DataConfig().to_dict(), EnvConfig().to_dict())).__name__ == "ArithmeticTask"
+    assert type(make_task(DataConfig(), EnvConfig())).__name__ == "ArithmeticTask"

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.data.prompts import check_template
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 # recipe -> (train, rollout, kv_cache_dtype, IS correction type)

@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from nemo_jetrl.data import DataSource, read_rows
+from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.data.dataset_task import BadRowsWarning, build_dataset_task
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -82,7 +83,7 @@ def test_the_dataset_task_warns_naming_file_and_line(tmp_path):
     }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        task = build_dataset_task(cfg, scorer=None)
+        task = build_dataset_task(DataConfig(**cfg), scorer=None)
     assert len(task.train_problems) == 4 and len(task.val_problems) == 2
     (message,) = [str(w.message) for w in caught if issubclass(w.category, BadRowsWarning)]
     assert message == f"1 of 7 rows of {path} skipped: 1 JSON nested too deeply (row 7)"

@@ -15,13 +15,14 @@ import torch
 import torch.distributed as dist
 from tp_rank_check import SHAPE, batch
 
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.policy.parallel.plan import ParallelPlan
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"
 

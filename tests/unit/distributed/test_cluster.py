@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.distributed.cluster import ClusterSpec, ray_init_kwargs
 from nemo_jetrl.policy.parallel.fsdp import tile_aligned_placement
+from nemo_jetrl.schema import validate_config
 
 BASE = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_base.yaml"
 

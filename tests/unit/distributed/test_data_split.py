@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_jetrl.distributed.data_split import (
+from nemo_jetrl.distributed.data_split import assign_contiguous
+from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.generation.seed_shards import (
     ShardedGeneration,
-    assign_contiguous,
     merge_generation_outputs,
     seed_shards,
     shard_seed,
     split_evenly,
 )
-from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.policy.micro_batches import fixed_micro_batches
 
 

@@ -17,9 +17,10 @@ import torch
 from jetrl_testkit.forkrun import run_ranks
 
 from nemo_jetrl.algorithms.grpo import setup
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.precision import Fp8Linear, weight_quant
+from nemo_jetrl.schema import validate_config
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parents[2] / "examples" / "configs" / "grpo_tiny.yaml"

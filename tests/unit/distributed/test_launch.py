@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_jetrl.config import ConfigError, load_config, validate_config
+from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.cluster_config import ClusterConfig, multi_rank_problems
 from nemo_jetrl.distributed.launch import MULTICAST_OFF, startup_line, torchrun_env
 from nemo_jetrl.policy.parallel.plan import ParallelPlan
+from nemo_jetrl.schema import validate_config
 
 BASE = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"
 RANK1_OF_2 = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}

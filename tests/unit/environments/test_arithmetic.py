@@ -114,13 +114,25 @@ def test_make_task_from_master_config_sections():
             "env": {"arithmetic": {"correct_reward": 1.0, "wrong_reward": -1.0}},
         }
     )
-    task = make_task(DataConfig(**cfg.data).to_dict(), EnvConfig(**cfg.env).to_dict())
+    task = make_task(DataConfig(**cfg.data), EnvConfig(**cfg.env))
     assert isinstance(task, VerifiableTask) and isinstance(task, ArithmeticTask)
     assert task.validation() == ArithmeticTask(val_size=64, seed=5).validation()
     assert task.score(["1", "2"], ["1", "3"]).tolist() == [1.0, -1.0]
-    assert make_task(DataConfig().to_dict(), EnvConfig().to_dict()).reward("7", "7") == 1.0
+    assert make_task(DataConfig(), EnvConfig()).reward("7", "7") == 1.0
 
 
 def test_make_task_unknown_dataset_names_the_key():
     with pytest.raises(ValueError, match=r"data\.dataset_name='gsm8k'.*arithmetic"):
-        make_task(DataConfig(dataset_name="gsm8k").to_dict(), EnvConfig().to_dict())
+        make_task(DataConfig(dataset_name="gsm8k"), EnvConfig())
+
+
+def test_make_task_takes_the_typed_sections_and_refuses_their_dicts():
+    env = EnvConfig(arithmetic={"correct_reward": 2.5, "wrong_reward": -0.5})
+    task = make_task(DataConfig(num_digits=3, val_size=4, seed=2), env)
+    assert task.num_digits == 3 and len(task.validation()) == 4
+    assert task.score(["1", "2"], ["1", "3"]).tolist() == [2.5, -0.5]
+    assert make_task(DataConfig()).score(["1", "2"], ["1", "3"]).tolist() == [1.0, 0.0]  # env: the defaults
+    with pytest.raises(TypeError, match=r"^make_task: `data` must be the validated DataConfig, got dict$"):
+        make_task(DataConfig().to_dict(), env)
+    with pytest.raises(TypeError, match=r"^make_task: `env` must be the validated EnvConfig, got dict$"):
+        make_task(DataConfig(), env.to_dict())

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments import LongAdditionTask, make_task
+from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.environments.long_addition import (
     ALPHABET,
     VOCAB_SIZE,
@@ -54,8 +56,8 @@ def test_verifier_accepts_every_worked_solution_and_rejects_corruptions():
 
 def test_rewards_follow_the_env_section():
     task = make_task(
-        {"dataset_name": "long_addition", "num_digits": 5, "val_size": 8, "seed": 1},
-        {"arithmetic": {"correct_reward": 2.0, "wrong_reward": -1.0}},
+        DataConfig(dataset_name="long_addition", num_digits=5, val_size=8, seed=1),
+        EnvConfig(arithmetic={"correct_reward": 2.0, "wrong_reward": -1.0}),
     )
     assert isinstance(task, LongAdditionTask) and task.num_digits == 5
     p = task.validation(1)[0]

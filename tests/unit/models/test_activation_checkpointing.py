@@ -14,12 +14,13 @@ import torch
 from jetrl_testkit.reference_step import make_batch
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, fp8_layers
 from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"  # unified FP8 + FP8 KV
 PROMPT_LENS, RESP_LENS, SEQ = [3, 5, 2, 4, 6, 3], [5, 2, 4, 1, 3, 5], 12

@@ -13,10 +13,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.export import export_hf
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, weight_dequant
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.checkpoint import CheckpointManager
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.export import export_hf
 from nemo_jetrl.models.export_dir import EXPORT_MARKER
 from nemo_jetrl.models.loading import TINY_ARITH_DIR, load_model_and_tokenizer
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.checkpoint import CheckpointManager
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn, clipped_pg_loss
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.distributed.ray_policy import RayPolicy
 from nemo_jetrl.generation.interfaces import GenerationInterface
 from nemo_jetrl.policy.interfaces import PolicyInterface, TrainBatch
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny.yaml"

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml")).model_dump()["loss_fn"])

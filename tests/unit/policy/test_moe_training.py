@@ -8,11 +8,12 @@ import torch
 
 from benchmarks.common import policy_config
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.tiny import random_tiny_qwen3_moe
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 LOSS = ClippedPGLossFn(validate_config(load_config(CONFIGS / "grpo_tiny.yaml")).to_dict()["loss_fn"])

@@ -13,11 +13,12 @@ import torch
 from jetrl_testkit.reference_step import make_batch
 
 from nemo_jetrl.algorithms.loss import clipped_pg_loss
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.policy.train_graphs import batch_key
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"
 

@@ -28,10 +28,11 @@ import torch
 from jetrl_testkit.reference_step import hf_logprobs, make_batch, reference_steps
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny_bf16.yaml"
 LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIG)).model_dump()["loss_fn"])

@@ -108,7 +108,8 @@ def test_rollout_mode_and_the_exact_mode_choices(fake_deep_gemm):
 def test_the_recipe_and_the_nemo_rl_key_carry_the_switch():
     from pathlib import Path
 
-    from nemo_jetrl.config import load_config, validate_config
+    from nemo_jetrl.config import load_config
+    from nemo_jetrl.schema import validate_config
 
     configs = Path(__file__).resolve().parents[3] / "examples" / "configs"
     assert PrecisionRecipe().use_deep_gemm is False

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
 from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.precision import KVCalibration, PrecisionRecipe
+from nemo_jetrl.schema import validate_config
 
 BASE_YAML = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_base.yaml"
 

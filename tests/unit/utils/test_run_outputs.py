@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from nemo_jetrl.algorithms.grpo_checkpoint import load_resume_state
-from nemo_jetrl.config import load_config, validate_config
+from nemo_jetrl.config import load_config
+from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.checkpoint import STATE_FILE, CheckpointManager
 from nemo_jetrl.utils.logger import Logger
 
