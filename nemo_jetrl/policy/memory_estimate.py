@@ -16,7 +16,7 @@ gradients and AdamW's moments are 1/D each; the rank adds a rollout replica (FP8
 linears, the rest in the master dtype), the FSDP2 root unit (embeddings, lm_head, norms) unsharded through the forward
 and backward with its unsharded gradients, and a few decoder linears in flight (all-gathered weight, its gradient
 and the reduce-scatter's copy). A micro-batch keeps what it keeps in one process: the same token budget costs a rank
-the same activations.
+the same activations (test_a_rank_holds_no_more_per_micro_batch_than_the_one_process, test_fsdp_gloo.py).
 
 What one decoder layer keeps per token for its backward (`layer_bytes`), on the trainer's CUDA path (fused glue
 kernels, grouped FP8 GEMMs): the two norms' residual inputs (FP32 with an FP32 master under autocast), each linear's
