@@ -11,8 +11,10 @@ the config (policy/memory_estimate.py) and compares the largest with the device'
   or a single sequence) raises `MemoryPreflightError`: one line naming the keys to change (exit 2, before any
   rollout), instead of a CUDA out-of-memory error after one;
 - one line reports the estimate (`line`). On a CPU with no capacity given it only reports.
-One process only (local, or torchrun with one rank): Ray workers and several torchrun ranks shard the trainer and
-hold a rollout replica each, which this estimate does not model (the line says the run is not estimated).
+Several torchrun ranks (plan "fsdp"): every rank estimates one rank's peak (its 1/D of the master state, the FSDP2
+root unsharded, its rollout replica and its 1/D of the rollout's sequences; `memory_estimate.estimate(ranks=D)`) on
+the smallest device of the run, so every rank derives the same budget and the ranks cut every pass alike. Not
+estimated (one line says so): Ray workers (the driver sees no device) and tensor parallelism (activations split).
 """
 
 from __future__ import annotations
@@ -86,42 +88,58 @@ def memory_preflight(
     if backend == "ray":
         return PreflightResult("memory preflight: not estimated for cluster.backend: ray (sharded trainer)", {})
     ranks = torchrun_ranks() if backend == "torchrun" else 1
-    if ranks > 1:
+    tp = int(policy["dtensor_cfg"]["tensor_parallel_size"])
+    if ranks > 1 and tp > 1:
         return PreflightResult(
-            f"memory preflight: not estimated for cluster.backend: torchrun with {ranks} ranks (sharded trainer)", {}
-        )
+            f"memory preflight: not estimated for {ranks} torchrun ranks with policy.dtensor_cfg.tensor_parallel_size "
+            f"{tp} (tensor-parallel activations)", {}
+        )  # fmt: skip
     if shape is None:
         try:
             shape = model_shape(policy)
         except ValueError as exc:  # the model directory's own error comes when the run loads it
             return PreflightResult(f"memory preflight: skipped ({exc})", {})
-    capacity = capacity if capacity is not None else device_capacity(cfg)
+    capacity = capacity if capacity is not None else _smallest_over_ranks(device_capacity(cfg))
     usable = None if capacity is None else int(capacity * float(policy["memory_preflight"]["usable_fraction"]))
     reference = float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0
-    settings = TrainerMemorySettings.from_policy(policy, reference, cuda=capacity is not None)
+    settings = TrainerMemorySettings.from_policy(policy, reference, cuda=capacity is not None and ranks == 1)
     try:
-        planned = _plan(cfg, shape, settings, capacity, usable)
+        planned = _plan(cfg, shape, settings, capacity, usable, ranks)
     except MemoryPreflightError:
         if not (settings.graphs and policy["train_cuda_graphs"] == "auto"):
             raise
         # `auto` captures only where the captured micro-batch's reserved activations leave room for the step
         settings = dataclasses.replace(settings, graphs=False)
-        planned = _plan(cfg, shape, settings, capacity, usable)
+        planned = _plan(cfg, shape, settings, capacity, usable, ranks)
         planned[-1]["policy.train_cuda_graphs"] = False
     est, tokens, peaks, derived = planned
     for key, value in derived.items():  # written into the config the run uses
         section, _, leaf = key.removeprefix("policy.").rpartition(".")
         (policy[section] if section else policy)[leaf] = value
-    return PreflightResult(_line(est, peaks, tokens, capacity, usable, derived, settings), derived, est, peaks)
+    return PreflightResult(_line(est, peaks, tokens, capacity, usable, derived, settings, ranks), derived, est, peaks)
+
+
+def _smallest_over_ranks(capacity: int | None) -> int | None:
+    """The smallest of every torchrun rank's `capacity` (collective where a process group runs), so that every
+    rank derives the same token budgets; `capacity` itself in one process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return capacity
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, capacity)
+    known = [c for c in everyone if c is not None]
+    return min(known) if known else None
 
 
 def _plan(
-    cfg: dict[str, Any], shape: ModelShape, settings: TrainerMemorySettings, capacity: int | None, usable: int | None
-) -> tuple[MemoryEstimate, dict[str, int], dict[str, int], dict[str, Any]]:
-    """(estimate, tokens per pass, peaks per phase, derived keys) under `settings`, on a copy of `cfg`; raises
-    MemoryPreflightError where the step cannot fit."""
+    cfg: dict[str, Any], shape: ModelShape, settings: TrainerMemorySettings, capacity: int | None, usable: int | None,
+    ranks: int = 1,
+) -> tuple[MemoryEstimate, dict[str, int], dict[str, int], dict[str, Any]]:  # fmt: skip
+    """(estimate, tokens per pass, peaks per phase, derived keys) under `settings` for one of `ranks` FSDP2 ranks,
+    on a copy of `cfg`; raises MemoryPreflightError where the step cannot fit."""
     cfg = copy.deepcopy(cfg)
-    est = _estimate(cfg, shape, settings, capacity)
+    est = _estimate(cfg, shape, settings, capacity, ranks)
     derived: dict[str, Any] = {}
     tokens = {kind: _pass_tokens(cfg, kind, est, usable, derived) for kind in PASSES}
     peaks = _peaks(est, tokens, settings)
@@ -130,16 +148,20 @@ def _plan(
     return est, tokens, peaks, derived
 
 
-def _estimate(cfg: dict[str, Any], shape: ModelShape, s: TrainerMemorySettings, capacity: int | None) -> MemoryEstimate:
+def _estimate(
+    cfg: dict[str, Any], shape: ModelShape, s: TrainerMemorySettings, capacity: int | None, ranks: int = 1
+) -> MemoryEstimate:
     """The estimate with the rollout's KV cache as the engine sizes it (generation/native/scheduler.py): the
     `kv_cache_memory_bytes` pool, the `gpu_memory_utilization` share of what the trainer leaves free, `max_num_seqs`
-    sequences at their caps, or the whole batch at its caps; never more than the whole batch needs."""
+    sequences at their caps, or the whole batch at its caps; never more than the whole batch needs. On one of
+    `ranks` ranks: its engine decodes its share of the rows (each rank's engine its block of the seed shards)."""
     from nemo_jetrl.generation.interfaces import max_prompt_length
 
     policy, g, gen = cfg["policy"], cfg["grpo"], cfg["policy"]["generation"]
     rows = int(g["num_prompts_per_step"]) * int(g["num_generations_per_prompt"])
     if g["use_dynamic_sampling"]:
         rows = int(rows * float(g["batch_multiplier"]))
+    rows = -(-rows // ranks)
     prompt = max_prompt_length(policy, cfg["data"]["max_input_seq_length"])
     per_row = min(int(policy["max_total_sequence_length"]), prompt + int(gen["max_new_tokens"]))
     if gen["max_model_len"] is not None:
@@ -149,11 +171,11 @@ def _estimate(cfg: dict[str, Any], shape: ModelShape, s: TrainerMemorySettings, 
     if gen["kv_cache_memory_bytes"] is not None:
         kv = min(whole, int(gen["kv_cache_memory_bytes"]))
     elif gen["gpu_memory_utilization"] is not None and capacity is not None:
-        free = capacity - estimate(shape, s, 0, live).peak("rollout")
+        free = capacity - estimate(shape, s, 0, live, ranks).peak("rollout")
         kv = min(whole, max(0, int(float(gen["gpu_memory_utilization"]) * free)))
     else:
         kv = kv_bytes_of(shape, s, live * per_row)
-    return estimate(shape, s, kv, live)
+    return estimate(shape, s, kv, live, ranks)
 
 
 def _pass_tokens(cfg: dict[str, Any], kind: str, est: MemoryEstimate, usable: int | None, derived: dict) -> int:
@@ -235,13 +257,15 @@ def _refuse_if_over(
 
 def _line(
     est: MemoryEstimate, peaks: dict[str, int], tokens: dict[str, int], capacity: int | None, usable: int | None,
-    derived: dict[str, int], s: TrainerMemorySettings,
+    derived: dict[str, int], s: TrainerMemorySettings, ranks: int = 1,
 ) -> str:  # fmt: skip
-    """The report: `memory preflight: peak ~X GiB of C GiB (usable U) | train ... | logprob ... | rollout ...`."""
+    """The report: `memory preflight: peak ~X GiB of C GiB (usable U) | train ... | logprob ... | rollout ...`;
+    on several ranks, each rank's (`per rank of D`)."""
     gib = lambda b: f"{b / GIB:.1f}"  # noqa: E731
     device = "no capacity known (report only)" if capacity is None else f"of {gib(capacity)} GiB (usable {gib(usable)})"
+    per_rank = f" per rank of {ranks} (FSDP2 shard + rollout replica)" if ranks > 1 else ""
     parts = [
-        f"memory preflight: step peak ~{gib(max(peaks.values()))} GiB {device}",
+        f"memory preflight: step peak ~{gib(max(peaks.values()))} GiB{per_rank} {device}",
         f"resident {gib(est.resident_total())}",
         f"train {gib(peaks['train'])} at {tokens['train']} tokens/micro-batch",
         f"logprob {gib(peaks['logprob'])} at {tokens['logprob']}",

@@ -11,6 +11,13 @@ Each phase's peak is the resident state plus what the phase adds:
 - logprobs (no grad): one layer's activations per token and a logits chunk;
 - rollout: the KV cache (the whole batch at its caps, or the `gpu_memory_utilization` pool) and sampling buffers.
 
+One rank of D data-parallel ranks (FSDP2, `policy/parallel/sharding.py` plan "fsdp"): the master weights, their
+gradients and AdamW's moments are 1/D each; the rank adds a rollout replica (FP8 bits + scales of the FP8-rollout
+linears, the rest in the master dtype), the FSDP2 root unit (embeddings, lm_head, norms) unsharded through the forward
+and backward with its unsharded gradients, and a few decoder linears in flight (all-gathered weight, its gradient
+and the reduce-scatter's copy). A micro-batch keeps what it keeps in one process: the same token budget costs a rank
+the same activations (test_a_rank_holds_no_more_per_micro_batch_than_the_one_process, test_fsdp_gloo.py).
+
 What one decoder layer keeps per token for its backward (`layer_bytes`), on the trainer's CUDA path (fused glue
 kernels, grouped FP8 GEMMs): the two norms' residual inputs (FP32 with an FP32 master under autocast), each linear's
 input (BF16: the activation, one autocast copy per linear when it is FP32; FP8: its 1-byte WGrad copy X^T and
@@ -199,15 +206,22 @@ class MemoryEstimate:
         return max(0, int((limit - self.peak(phase)) // per))
 
 
-def estimate(shape: ModelShape, s: TrainerMemorySettings, rollout_kv_bytes: int, rollout_rows: int) -> MemoryEstimate:
+def estimate(
+    shape: ModelShape, s: TrainerMemorySettings, rollout_kv_bytes: int, rollout_rows: int, ranks: int = 1
+) -> MemoryEstimate:
     """The step's memory at this shape and these settings; `rollout_kv_bytes`: the rollout's KV cache (the batch
-    at its caps, or the pool a KV budget sizes, `kv_cache_bytes`), `rollout_rows`: sequences decoded at once."""
+    at its caps, or the pool a KV budget sizes, `kv_cache_bytes`), `rollout_rows`: sequences decoded at once;
+    `ranks`: the data-parallel ranks of an FSDP2 trainer, the estimate then one rank's (module docstring)."""
     p, m, v, h = shape.params(), s.master_bytes, shape.vocab, shape.hidden
     fp8_layers = [s.fp8_layer(shape, i) for i in range(shape.layers)]
     fp8_params = sum(fp8_layers) * shape.layer_linear_params()
-    resident = {"weights": p * m, "gradients": p * m, "adam": 2 * p * m}
-    if fp8_params:
-        resident["fp8_weights"] = int(fp8_params * (1 + 4 / 128**2) * (2 if s.dgrad_cache else 1))
+    fp8_bytes = int(fp8_params * (1 + 4 / 128**2))  # e4m3 bits + an fp32 scale per 128x128 tile
+    if ranks > 1:
+        resident = _rank_resident(shape, s, ranks, fp8_params, fp8_bytes)
+    else:
+        resident = {"weights": p * m, "gradients": p * m, "adam": 2 * p * m}
+        if fp8_params:
+            resident["fp8_weights"] = fp8_bytes * (2 if s.dgrad_cache else 1)
     if s.reference:
         resident["reference"] = p * m
     if m == 4:  # autocast's BF16 copies of FP32 weights, alive to the end of each forward: BF16 linears, lm_head
@@ -230,6 +244,25 @@ def estimate(shape: ModelShape, s: TrainerMemorySettings, rollout_kv_bytes: int,
         rollout_kv=rollout_kv_bytes + rollout_rows * v * SAMPLING_ROWS_BYTES, layer_bytes=int(one_layer),
         grads_kept=s.graphs,
     )  # fmt: skip
+
+
+def _rank_resident(shape: ModelShape, s: TrainerMemorySettings, ranks: int, fp8_params: int, fp8_bytes: int) -> dict:
+    """What one of `ranks` FSDP2 ranks holds through the step (module docstring); "gradients" (training only)
+    takes the root unit's unsharded gradients and the linears' in flight too."""
+    p, m = shape.params(), s.master_bytes
+    shard = -(-p * m // ranks)  # FSDP2 pads each parameter to D equal chunks: at most a row more per parameter
+    root = p - shape.layers * shape.layer_linear_params()  # embeddings, lm_head, norms: the FSDP2 root unit
+    h, f = shape.hidden, shape.ffn_intermediate
+    largest_linear = max(h * f, h * shape.q_dim)  # gate / up / down (one expert's), or q / o
+    in_flight = 2 * largest_linear * m  # the unit all-gathered now and the one prefetched
+    resident = {
+        "weights": shard, "gradients": shard + root * m + 2 * in_flight, "adam": 2 * shard,
+        "fsdp_unsharded": root * m + in_flight,
+        "rollout_replica": fp8_bytes + (p - fp8_params) * m,  # FP8 bits + scales; the rest in the master dtype
+    }  # fmt: skip
+    if fp8_params and s.dgrad_cache:  # the DGrad layout's second FP8 copy (the forward bits are the replica's)
+        resident["fp8_weights"] = fp8_bytes
+    return resident
 
 
 def kv_cache_bytes(shape: ModelShape, s: TrainerMemorySettings, tokens: int) -> int:

@@ -122,19 +122,55 @@ def test_a_cpu_run_reports_without_refusing_and_ray_is_not_estimated():
     assert off.line.startswith("memory preflight: off")
 
 
-def test_several_torchrun_ranks_are_not_estimated_and_one_rank_is(monkeypatch):
-    """Ranks of a sharded trainer each hold a shard and a rollout replica, which the one-process estimate does not
-    model: no refusal, no derived budget on several ranks; torchrun with one rank is the one process."""
-    overrides = [*LONG_8K, "policy.sequence_packing.train_mb_tokens=60000"]  # refused in one process (above)
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+BRIEF_8B = ["policy.master_dtype=bfloat16", "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=8",
+            "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8"]  # fmt: skip
+
+
+def _torchrun(monkeypatch, world: int) -> list[str]:
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", str(world))):
         monkeypatch.setenv(key, value)
-    ranks = ["cluster.backend=torchrun", "cluster.gpus_per_node=0"]  # the ranks from torchrun's environment
-    two = memory_preflight(_cfg("grpo_math_random_1p7B_bf16.yaml", [*overrides, *ranks]), shape=SHAPE_1P7B, capacity=H200)
-    assert two.line == "memory preflight: not estimated for cluster.backend: torchrun with 2 ranks (sharded trainer)"
-    assert two.derived == {} and two.estimate is None
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    return ["cluster.backend=torchrun", f"cluster.gpus_per_node={world}"]  # the ranks from torchrun's environment
+
+
+def test_a_torchrun_rank_is_estimated_with_its_shard_and_replica(monkeypatch):
+    """The 8B recipes on 2 H200s (the measured DP=2 step-2 OOM): without a per-rank estimate each rank ran the
+    shipped 4 x 4,608-token micro-batches where one process derives 12,096 tokens (its bins of ~4.6K-token rows
+    held 4 rows instead of 2: about twice the activations). Each rank now derives its own budget: it holds half
+    the master state but a whole rollout replica, so its budget lies between the one process's and the default."""
+    one = memory_preflight(_cfg("grpo_math_8B_bf16.yaml", [*BRIEF_8B, *_torchrun(monkeypatch, 1)]), shape=SHAPE_8B,
+                           capacity=H200)  # fmt: skip
+    two = memory_preflight(_cfg("grpo_math_8B_bf16.yaml", [*BRIEF_8B, *_torchrun(monkeypatch, 2)]), shape=SHAPE_8B,
+                           capacity=H200)  # fmt: skip
+    fp8 = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", [*BRIEF_8B, *_torchrun(monkeypatch, 2)]), shape=SHAPE_8B,
+                           capacity=H200)  # fmt: skip
+    p, key = SHAPE_8B.params(), "policy.sequence_packing.train_mb_tokens"
+    assert one.derived == {key: 12096, "policy.train_cuda_graphs": False}
+    assert two.derived == {key: 14080} and fp8.derived == {key: 16960}  # eager on ranks: no graphs key
+    assert "per rank of 2 (FSDP2 shard + rollout replica)" in two.line
+    res = two.estimate.resident
+    assert res["weights"] == p and res["adam"] == 2 * p and res["rollout_replica"] == 2 * p  # BF16: p x 2 / 2 ranks
+    root = p - SHAPE_8B.layers * SHAPE_8B.layer_linear_params()  # embeddings, lm_head, norms
+    assert res["fsdp_unsharded"] == 2 * root + 2 * 2 * 4096 * 12288  # the root + 2 gate-sized units in flight
+    assert res["gradients"] == p + 2 * root + 4 * 2 * 4096 * 12288
+    fp8_replica = fp8.estimate.resident["rollout_replica"]
+    assert 0.55 < fp8_replica / res["rollout_replica"] < 0.6  # FP8 bits + scales for the linears, BF16 the rest
+    assert two.estimate.train_per_token == one.estimate.train_per_token  # a micro-batch keeps what it keeps
+    usable = int(0.9 * H200)
+    assert two.estimate.peak("train", 14080) <= usable < two.estimate.peak("train", 14080 + 2 * 64)
+    assert two.estimate.peak("train", 4 * 4608) > H200  # the default budget: over the whole device (the OOM)
+
+
+def test_ranks_refuse_what_does_not_fit_and_tensor_parallel_is_not_estimated(monkeypatch):
+    overrides = [*LONG_8K, "policy.sequence_packing.train_mb_tokens=60000", *_torchrun(monkeypatch, 2)]
     with pytest.raises(MemoryPreflightError, match="policy.sequence_packing.train_mb_tokens"):
-        memory_preflight(_cfg("grpo_math_random_1p7B_bf16.yaml", [*overrides, *ranks]), shape=SHAPE_1P7B, capacity=H200)
+        memory_preflight(_cfg("grpo_math_random_1p7B_bf16.yaml", overrides), shape=SHAPE_1P7B, capacity=H200)
+    tp = memory_preflight(_cfg("grpo_math_random_1p7B_bf16.yaml", [*overrides, "policy.dtensor_cfg.tensor_parallel_size=2"]),
+                          shape=SHAPE_1P7B, capacity=H200)  # fmt: skip
+    assert tp.line == (
+        "memory preflight: not estimated for 2 torchrun ranks with policy.dtensor_cfg.tensor_parallel_size 2 "
+        "(tensor-parallel activations)"
+    )
+    assert tp.derived == {} and tp.estimate is None
 
 
 def test_the_cli_refuses_before_any_work(tmp_path):

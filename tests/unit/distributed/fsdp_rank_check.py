@@ -15,7 +15,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from nemo_jetrl.algorithms.loss import ClippedPGLossFn
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # jetrl_testkit
+from jetrl_testkit.live_bytes import StepBytes  # noqa: E402
+
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn  # noqa: E402
 from nemo_jetrl.distributed.worker import PolicyWorker
 from nemo_jetrl.policy.parallel import weight_sync
 from nemo_jetrl.policy.parallel.fsdp import shard_policy
@@ -88,7 +91,9 @@ def main(reference_path: str, out_dir: str) -> None:
     result["worker_call"] = (status, logp0, mirror)
     batch.prev_logprobs = ref["logprobs"]
     loss_fn = ClippedPGLossFn(ref["cfg"]["loss_fn"])
-    result["train"] = policy.train(batch, loss_fn)  # 3 micro-batches: rank 0 runs two, rank 1 one + a dummy
+    with StepBytes(policy.model) as probe:  # what the micro-batches hold at each logits chunk
+        result["train"] = policy.train(batch, loss_fn)  # 3 micro-batches: rank 0 runs two, rank 1 one + a dummy
+    result["step_bytes"] = probe.samples
     result["refit"] = policy.prepare_refit()
     result["bits_step1"] = fp8_bits(policy.rollout_model)
     result["state"] = policy.state_dict()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from jetrl_testkit.forkrun import run_ranks
+from jetrl_testkit.live_bytes import StepBytes
 
 from nemo_jetrl.algorithms.grpo import setup
 from nemo_jetrl.config import load_config
@@ -54,7 +55,9 @@ def observed(tmp_path_factory):
     batch.prev_logprobs = ref["logprobs"]
     mask = batch.response_mask.float()
     ref["normalizer"] = float(mask.sum())
-    metrics = policy.train(batch, run.loss_fn)
+    with StepBytes(policy.model) as probe:  # what the micro-batches hold at each logits chunk
+        metrics = policy.train(batch, run.loss_fn)
+    ref["step_bytes"] = probe.samples
     policy.prepare_refit()
     bits1 = {n: policy.model.get_submodule(n).quantized_weight() for n in _fp8_names(policy.model)}
     ref["state_step1"] = policy.state_dict()
@@ -170,3 +173,17 @@ def test_a_step_gathers_the_fp8_bits_once(observed):
             stats["allgather_bytes"] == stats["fsdp_allgather_bytes"] + stats["fp8_weight_bytes"] + stats["other_bytes"]
         )
         assert 0 < stats["fsdp_allgather_bytes"] <= 4 * stats["other_bytes"]  # the root only, a few times
+
+
+def test_a_rank_holds_no_more_per_micro_batch_than_the_one_process(observed):
+    """At every logits chunk of the training forward (a micro-batch's activations all alive), what the step made and
+    still holds besides the parameters and their gradients (activations, FSDP2's gathered units, the FP8 linears' whole-weight
+    gradients before their reduce-scatter, and the like): a rank of 2 running the one process's 16-row micro-batches
+    holds at most what the one process holds (+5%, allocator-free byte counts), so nothing per micro-batch piles
+    up on a rank (the measured 2-GPU excess was the token budget: test_memory_preflight.py)."""
+    one = max(observed["ref"]["step_bytes"])
+    assert len(observed["ref"]["step_bytes"]) == 3 and one > 0  # one chunk per micro-batch (16, 16, 8 rows)
+    for rank in observed["ranks"]:
+        samples = rank["step_bytes"]
+        assert len(samples) == 2  # two forwards on each rank (rank 1: one and a dummy)
+        assert max(samples) <= 1.05 * one, (samples, one)
