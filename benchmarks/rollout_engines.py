@@ -27,7 +27,13 @@ def calibrate(model, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     calib = QKVCalibrator(model.config.num_hidden_layers)
     mask = torch.ones_like(prompts)
     with rollout_mode(model):
-        decoder_forward(model, prompts, position_ids_from_mask(mask), mask, ForwardPlan(attn_hook=calib))
+        decoder_forward(
+            model,
+            prompts,
+            position_ids_from_mask(mask),
+            mask,
+            ForwardPlan.rollout(model, None, fused=False).with_hook(calib),
+        )
     return calib.scales().kv
 
 

@@ -266,7 +266,12 @@ def decoder_forward(
     bsz, seq = _check_shapes(input_ids, position_ids, attention_mask, inputs)
     kv_cache, cache_start, packed = inputs.kv_cache, inputs.cache_start, inputs.packed
     backbone = _backbone(model)
-    parts = exact_parts(model)  # the exact mode: all; the mismatch ablation / matched kernels: some
+    parts = plan.exact  # the exact mode: all; the mismatch ablation / matched kernels: some
+    if parts != exact_parts(model):
+        raise ValueError(
+            f"decoder_forward: the plan runs {parts}, the model {exact_parts(model)}: build the plan for the model "
+            "(ForwardPlan.rollout / ForwardPlan.trainer)"
+        )
     if parts.attention and plan.causal_attention:
         raise ValueError("decoder_forward: causal attention rounds unlike the rollout; exact mode refuses it")
     if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):

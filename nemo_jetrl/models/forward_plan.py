@@ -1,11 +1,13 @@
 """What `decoder_forward` runs (`ForwardPlan`, chosen once per side) and what one call brings (`ForwardInputs`).
 
-A side (the rollout engine, the trainer's scoring) builds its plan once from its settings: the compute dtype, the
-glue kernels (the rollout's fused ones or the trainer's differentiable ones), the attention (masked, or causal
-without a mask) and activation checkpointing, plus the attention hook of the rollout / step. The exact mode's
-parts (batch-invariant attention, GEMMs and log-sum-exp, `models.batch_invariant`) are not in the plan: they are
-read off the model, so both sides run them whichever plan they hold. `ForwardInputs` holds what changes from one
-call to the next: the KV cache and where the new tokens go in it, or the packed rows.
+A side (the rollout engine, the trainer's scoring) builds its plan once from its settings and its model: the
+compute dtype, the glue kernels (the rollout's fused ones or the trainer's differentiable ones), the attention
+(masked, or causal without a mask), activation checkpointing, the exact mode's parts (batch-invariant attention
+and log-sum-exp, `models.batch_invariant.ExactParts`, read off the model once, where `enable_batch_invariant` /
+`match_kernels` put them, so both sides run the same ones), plus the attention hook of the rollout / step. The
+FP8 linears' GEMM backend is still chosen on the linear modules themselves (`precision/recipes/gemm_choice.py`).
+`ForwardInputs` holds what changes from one call to the next: the KV cache and where the new tokens go in it, or
+the packed rows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch import nn
 
+from nemo_jetrl.models.batch_invariant import NO_EXACT_PARTS, ExactParts, exact_parts
 from nemo_jetrl.models.packed import PackedRows
 
 # attn_hook(layer_idx, q, k, v) -> (q, k, v); q: [B, H, S, D], k/v: [B, H_kv, S, D] of the new tokens only, after
@@ -45,34 +49,37 @@ class ForwardPlan:
     """One side's forward: compute_dtype (autocast; None = the parameters' dtype); fused: the rollout fast path
     (fused glue kernels, grouped FP8 GEMMs); fused_train: the trainer's differentiable glue kernels;
     causal_attention: causal SDPA without a mask where there is no cache and no row has a pad before a real token;
-    activation_checkpointing: under autograd each layer recomputes its activations in the backward; attn_hook: see
-    `AttnHook`."""
+    activation_checkpointing: under autograd each layer recomputes its activations in the backward; exact: the exact
+    mode's parts (attention, log-sum-exp) the model runs (`decoder_forward` refuses a plan whose parts are not the
+    model's); attn_hook: see `AttnHook`."""
 
     compute_dtype: torch.dtype | None = None
     fused: bool = False
     fused_train: bool = False
     causal_attention: bool = False
     activation_checkpointing: bool = False
+    exact: ExactParts = NO_EXACT_PARTS
     attn_hook: AttnHook | None = None
 
     @classmethod
-    def rollout(cls, compute_dtype: torch.dtype | None, *, fused: bool) -> ForwardPlan:
-        """The rollout engine's (prefill and decode): masked attention over the KV cache."""
-        return cls(compute_dtype=compute_dtype, fused=fused)
+    def rollout(cls, model: nn.Module, compute_dtype: torch.dtype | None, *, fused: bool) -> ForwardPlan:
+        """The rollout engine's for `model` (prefill and decode): masked attention over the KV cache."""
+        return cls(compute_dtype=compute_dtype, fused=fused, exact=exact_parts(model))
 
     @classmethod
     def trainer(
         cls,
+        model: nn.Module,
         compute_dtype: torch.dtype | None,
         *,
         fused_train: bool,
         causal_attention: bool = False,
         activation_checkpointing: bool = False,
     ) -> ForwardPlan:
-        """The trainer's scoring and training forward."""
+        """The trainer's scoring and training forward of `model`."""
         return cls(
             compute_dtype=compute_dtype, fused_train=fused_train, causal_attention=causal_attention,
-            activation_checkpointing=activation_checkpointing,
+            activation_checkpointing=activation_checkpointing, exact=exact_parts(model),
         )  # fmt: skip
 
     def with_hook(self, attn_hook: AttnHook | None) -> ForwardPlan:

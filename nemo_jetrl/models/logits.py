@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import compute_context
 from nemo_jetrl.models.forward_plan import ForwardPlan
 from nemo_jetrl.models.logprobs import token_logprobs
@@ -46,16 +45,17 @@ def chunk_logprobs(model: nn.Module, temperature: float, plan: ForwardPlan):
     backward)."""
 
     def run(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return target_logprobs(model, hidden, targets, temperature, plan.compute_dtype)
+        return target_logprobs(model, hidden, targets, temperature, plan)
 
     return functools.partial(checkpoint_call, run) if recomputes(plan.activation_checkpointing) else run
 
 
 def target_logprobs(
-    model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, compute_dtype
+    model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, plan: ForwardPlan
 ) -> torch.Tensor:
-    """log_softmax(lm_head(hidden) / temperature)[targets]: hidden [..., H], targets [...] -> float32 [...].
+    """log_softmax(lm_head(hidden) / temperature)[targets]: hidden [..., H], targets [...] -> float32 [...], with
+    the plan's compute dtype and log-sum-exp.
 
     The logits stay in lm_head's dtype: on CUDA the fused `token_logprobs` reads them in place (no float32 copy)."""
-    logits = compute_logits(model, hidden, compute_dtype=compute_dtype)  # [..., V]
-    return token_logprobs(logits, targets, temperature, batch_invariant=exact_parts(model).logsumexp)
+    logits = compute_logits(model, hidden, compute_dtype=plan.compute_dtype)  # [..., V]
+    return token_logprobs(logits, targets, temperature, batch_invariant=plan.exact.logsumexp)

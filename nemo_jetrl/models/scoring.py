@@ -61,7 +61,7 @@ def sequence_logprobs(
     if fused_train is None:
         fused_train = input_ids.is_cuda
     plan = ForwardPlan.trainer(
-        compute_dtype, fused_train=fused_train, causal_attention=causal_attention,
+        model, compute_dtype, fused_train=fused_train, causal_attention=causal_attention,
         activation_checkpointing=activation_checkpointing,
     ).with_hook(attn_hook)  # fmt: skip
     if pack_round is not None or packing is not None:  # varlen attention: causal_attention changes nothing

@@ -32,7 +32,6 @@ from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
 from nemo_jetrl.generation.native.prompts import check_prompts, left_pad, length_caps
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
 from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
-from nemo_jetrl.models.batch_invariant import exact_parts
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
 from nemo_jetrl.models.forward_plan import AttnHook, ForwardInputs, ForwardPlan
 from nemo_jetrl.models.logits import compute_logits
@@ -132,9 +131,9 @@ class NativeGenerationEngine(GenerationInterface):
         if fused_decode and not (on_cuda and triton_decode_available()):
             raise ValueError("fused_decode=True needs a CUDA model and triton")
         self.fused_decode = (on_cuda and triton_decode_available()) if fused_decode is None else bool(fused_decode)
-        self.exact_parts = exact_parts(model)  # the exact mode (all parts): the trainer's kernels, row by row
+        self.forward_plan = ForwardPlan.rollout(model, compute_dtype, fused=self.fused_decode)  # + a rollout's hook
+        self.exact_parts = self.forward_plan.exact  # the exact mode (all parts): the trainer's kernels, row by row
         self.batch_invariant = self.exact_parts.logsumexp  # the samplers' log-sum-exp
-        self.forward_plan = ForwardPlan.rollout(compute_dtype, fused=self.fused_decode)  # + each rollout's hook
         if self.exact_parts.any and on_cuda and not self.fused_decode:
             raise ValueError(
                 "fused_decode=False with a model in the exact mode: its rollout runs the fused glue kernels the "

@@ -22,7 +22,7 @@ def test_decoder_forward_takes_at_most_six_parameters():
 
 
 def test_the_plan_and_the_inputs_are_frozen():
-    plan = ForwardPlan.trainer(torch.bfloat16, fused_train=True, activation_checkpointing=True)
+    plan = ForwardPlan.trainer(random_tiny_qwen3(), torch.bfloat16, fused_train=True, activation_checkpointing=True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.fused = True
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -32,13 +32,13 @@ def test_the_plan_and_the_inputs_are_frozen():
     assert (hooked.attn_hook, plan.attn_hook) == (hook, None)  # a new plan; the side's own stays as built
     assert dataclasses.replace(hooked, attn_hook=None) == plan
     assert (plan.compute_dtype, plan.fused, plan.fused_train, plan.causal_attention) == (torch.bfloat16, 0, 1, 0)
-    assert ForwardPlan.rollout(None, fused=True) == ForwardPlan(fused=True)
+    assert ForwardPlan.rollout(random_tiny_qwen3(), None, fused=True) == ForwardPlan(fused=True)
 
 
 def test_the_rollout_engine_builds_its_plan_once():
     model = random_tiny_qwen3()
     engine = NativeGenerationEngine(model, max_new_tokens=2, stop_token_ids=[], pad_token_id=0)
-    assert engine.forward_plan == ForwardPlan.rollout(None, fused=False)  # CPU: eager glue, masked attention
+    assert engine.forward_plan == ForwardPlan.rollout(model, None, fused=False)  # CPU: eager glue, masked attention
 
 
 def test_the_plan_reaches_the_forward():
