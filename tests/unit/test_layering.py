@@ -3,8 +3,8 @@ Triton kernels import no dispatcher, and no modules import each other in a circl
 graph from the syntax trees; docs/architecture.md shows the floors).
 
 The allow-lists name each exception with the change that removes it. Most wait for branches in flight that edit
-those files (policy/*.py, algorithms/grpo.py); a test below fails once an entry
-is no longer needed, so the lists only shrink.
+those files (policy/*.py, algorithms/grpo.py); a test below fails once an entry is no longer needed, so the lists
+only shrink.
 """
 
 from __future__ import annotations
