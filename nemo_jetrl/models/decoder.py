@@ -18,13 +18,14 @@ without a KV cache and when no row has a pad before a real token, causal SDPA wi
 at 4K tokens; `scoring.sequence_logprobs` left-aligns the rows first). It rounds differently from the rollout's masked
 prefill / decode attention, so it gives up bit-exact trainer == rollout logprobs (docs/mismatch.md).
 
-Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model, so trainer and rollout agree):
-every query of every path (decode, prefill, training) goes through `batch_invariant_attention`, the linears run
-batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels on both sides (the rollout's `fused`,
-the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's RMSNorm
-then writes its plain output, as the trainer's does, and the FP8 linear quantizes it (with any exact part on): with
-FP32 activations the fused norm + FP8 kernel's sum of squares rounds unlike the plain norm kernel's (an exact-mode
-FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused one, H100).
+Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model into each side's `ForwardPlan.exact`, so
+trainer and rollout agree): every query of every path (decode, prefill, training) goes through
+`batch_invariant_attention`, the linears run batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels
+on both sides (the rollout's `fused`, the trainer's `fused_train`); the logprobs' log-sum-exp is
+`batch_invariant.logsumexp_rows`. The rollout's RMSNorm then writes its plain output, as the trainer's does, and the FP8
+linear quantizes it (with any exact part on): with FP32 activations the fused norm + FP8 kernel's sum of squares rounds
+unlike the plain norm kernel's (an exact-mode FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused
+one, H100).
 
 Activation checkpointing (`ForwardPlan.activation_checkpointing`, `policy.dtensor_cfg.activation_checkpointing`): under
 autograd each layer runs through `models/recompute.py`, keeping only its inputs (x, delta) and recomputing its
