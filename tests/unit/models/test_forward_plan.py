@@ -1,5 +1,5 @@
 """The forward plan: `decoder_forward` takes the plan and the call's inputs (at most 6 parameters), both frozen,
-built per side; the caches offer what the Protocol names."""
+built per side, the exact parts read off the model; the caches offer what the Protocol names."""
 
 import dataclasses
 import inspect
@@ -10,6 +10,7 @@ import torch
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.generation.native.kv_cache import KVCache
 from nemo_jetrl.generation.native.paged_kv_cache import PagedKVCache
+from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
 from nemo_jetrl.models.forward_plan import DecoderCache, ForwardInputs, ForwardPlan
 from nemo_jetrl.models.tiny import random_tiny_qwen3
@@ -65,3 +66,17 @@ def test_the_caches_offer_what_decoder_forward_calls():
     for cache in (KVCache.for_model(model, 1, 8, dtype=torch.float32), PagedKVCache.for_model(model, 4, 4, 1, 2)):
         assert isinstance(cache.max_seq_len, int)
         assert all(callable(getattr(cache, name, None)) for name in calls if name != "update" or not cache.is_paged)
+
+
+def test_a_side_reads_the_models_exact_parts_once_and_the_forward_refuses_a_plan_that_differs():
+    model = random_tiny_qwen3()
+    before = ForwardPlan.trainer(model, None, fused_train=False)
+    enable_batch_invariant(model, ExactParts.only("attention", "logsumexp"))
+    after = ForwardPlan.trainer(model, None, fused_train=False)
+    assert before.exact == ExactParts.none() and after.exact == ExactParts.only("attention", "logsumexp")
+    ids = torch.tensor([[0, 5, 6, 7], [3, 4, 5, 6]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    with torch.no_grad(), pytest.raises(ValueError, match="build the plan for the model"):
+        decoder_forward(model, ids, position_ids_from_mask(mask), mask, before)
+    with torch.no_grad():
+        assert torch.isfinite(decoder_forward(model, ids, position_ids_from_mask(mask), mask, after)).all()
