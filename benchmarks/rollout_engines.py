@@ -14,6 +14,7 @@ import torch
 
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.forward_plan import ForwardPlan
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, rollout_mode
 from nemo_jetrl.precision.kv import QKVCalibrator
 
@@ -26,7 +27,13 @@ def calibrate(model, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     calib = QKVCalibrator(model.config.num_hidden_layers)
     mask = torch.ones_like(prompts)
     with rollout_mode(model):
-        decoder_forward(model, prompts, position_ids_from_mask(mask), mask, attn_hook=calib)
+        decoder_forward(
+            model,
+            prompts,
+            position_ids_from_mask(mask),
+            mask,
+            ForwardPlan.rollout(model, None, fused=False).with_hook(calib),
+        )
     return calib.scales().kv
 
 

@@ -146,7 +146,8 @@ def enable_batch_invariant(model: nn.Module, parts: ExactParts = ExactParts()) -
     Plain `nn.Linear`s become `BatchInvariantLinear`s (`parts.linear`); FP8 linears (`Fp8Linear`,
     `Fp8RolloutLinear`) take the batch-invariant forward GEMM (`parts.fp8_gemm`), high-precision MoE experts the
     batch-invariant linear (`parts.linear`), MoE routers their batch-invariant FP32 logits with any part (the
-    experts a token goes to then match on both sides); `decoder_forward` and the samplers read `exact_parts(model)`."""
+    experts a token goes to then match on both sides); each side's `ForwardPlan` (models/forward_plan.py: the
+    attention, the logprobs' log-sum-exp) and the samplers read `exact_parts(model)`."""
     if not parts.any:
         raise ValueError("enable_batch_invariant: no exact-mode part selected")
     has_linear, switched = False, 0

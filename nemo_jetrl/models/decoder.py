@@ -6,30 +6,31 @@ precision package swapped into the model (`Fp8Linear`) is used transparently and
 weights by reference. Only the attention is ours: `F.scaled_dot_product_attention` with an explicit boolean mask
 (causal AND key-not-padding), which lets the same code serve full sequences and KV-cached chunks.
 
-Rollout fast path (`fused=True`, the engine's fused decode on CUDA): the residual-add + RMSNorm, q/k-norm + RoPE and
-SiLU * up glue run as single Triton kernels (`fused_ops.py`, same per-op roundings as the HF modules), and the
-FP8 linears that share an input (q/k/v, gate/up) run as one GEMM over their shared FP8 weight buffer
-(`precision.weight_group`). On every path those linears quantize their common input once (bitwise the same); on
-the fast path the norm / SiLU*up kernel that produces an FP8 linear's input writes it quantized (same bits).
+Rollout fast path (`ForwardPlan.fused`, the engine's fused decode on CUDA): the residual-add + RMSNorm, q/k-norm + RoPE
+and SiLU * up glue run as single Triton kernels (`fused_ops.py`, same per-op roundings as the HF modules), and the FP8
+linears that share an input (q/k/v, gate/up) run as one GEMM over their shared FP8 weight buffer
+(`precision.weight_group`). On every path those linears quantize their common input once (bitwise the same); on the fast
+path the norm / SiLU*up kernel that produces an FP8 linear's input writes it quantized (same bits).
 
-Trainer fast path (`fused_train=True`, `scoring.sequence_logprobs`' default on CUDA): the same glue kernels with their
-backward (`fused_train_ops.py`); the CPU path keeps the eager twins. Opt-in (`causal_attention=True`): without a
-KV cache and when no row has a pad before a real token, causal SDPA with no mask (3x faster fwd+bwd on an H200
+Trainer fast path (`ForwardPlan.fused_train`, `scoring.sequence_logprobs`' default on CUDA): the same glue kernels with
+their backward (`fused_train_ops.py`); the CPU path keeps the eager twins. Opt-in (`ForwardPlan.causal_attention`):
+without a KV cache and when no row has a pad before a real token, causal SDPA with no mask (3x faster fwd+bwd on an H200
 at 4K tokens; `scoring.sequence_logprobs` left-aligns the rows first). It rounds differently from the rollout's masked
 prefill / decode attention, so it gives up bit-exact trainer == rollout logprobs (docs/mismatch.md).
 
-Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model, so trainer and rollout agree):
-every query of every path (decode, prefill, training) goes through `batch_invariant_attention`, the linears run
-batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels on both sides (the rollout's `fused`,
-the trainer's `fused_train`); the logprobs' log-sum-exp is `batch_invariant.logsumexp_rows`. The rollout's RMSNorm
-then writes its plain output, as the trainer's does, and the FP8 linear quantizes it (with any exact part on): with
-FP32 activations the fused norm + FP8 kernel's sum of squares rounds unlike the plain norm kernel's (an exact-mode
-FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused one, H100).
+Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model into each side's `ForwardPlan.exact`, so
+trainer and rollout agree): every query of every path (decode, prefill, training) goes through
+`batch_invariant_attention`, the linears run batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels
+on both sides (the rollout's `fused`, the trainer's `fused_train`); the logprobs' log-sum-exp is
+`batch_invariant.logsumexp_rows`. The rollout's RMSNorm then writes its plain output, as the trainer's does, and the FP8
+linear quantizes it (with any exact part on): with FP32 activations the fused norm + FP8 kernel's sum of squares rounds
+unlike the plain norm kernel's (an exact-mode FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused
+one, H100).
 
-Activation checkpointing (`activation_checkpointing=True`, `policy.dtensor_cfg.activation_checkpointing`): under
+Activation checkpointing (`ForwardPlan.activation_checkpointing`, `policy.dtensor_cfg.activation_checkpointing`): under
 autograd each layer runs through `models/recompute.py`, keeping only its inputs (x, delta) and recomputing its
-activations in the backward, bit for bit (the FP8 weights come from their caches; a hook's `replay` runs instead of
-the hook itself).
+activations in the backward, bit for bit (the FP8 weights come from their caches; a hook's `replay` runs instead of the
+hook itself).
 
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real
 tokens, `position_ids = cumsum(attention_mask) - 1` clamped at 0.
@@ -42,13 +43,13 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from nemo_jetrl.models import batch_invariant_attention, batch_invariant_train
 from nemo_jetrl.models.batch_invariant import exact_parts
+from nemo_jetrl.models.forward_plan import EAGER, NO_CACHE, AttnHook, DecoderCache, ForwardInputs, ForwardPlan
 from nemo_jetrl.models.moe import is_hf_sparse_block
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.models.recompute import checkpoint_layer, recomputes
@@ -57,19 +58,10 @@ from nemo_jetrl.precision.linear import QuantizedInput, output_dtype
 from nemo_jetrl.precision.shared_input import shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
-if TYPE_CHECKING:
-    from nemo_jetrl.generation.native.kv_cache import KVCache
-
 try:  # the fused kernels need triton (absent on some CPU-only installs: then `fused` / `fused_train` are ignored)
     from nemo_jetrl.models import fused_ops, fused_train_ops
 except ImportError:  # pragma: no cover
     fused_ops = fused_train_ops = None
-
-# attn_hook(layer_idx, q, k, v) -> (q, k, v); q: [B, H, S, D], k/v: [B, H_kv, S, D] of the new tokens only, after
-# RoPE and q/k-norm, cast to the attention dtype, before the KV cache write. A hook with side effects (a calibrator
-# observing Q/K/V) carries `replay`: the same transform without them, which a recomputed forward calls instead
-# (models/recompute.py).
-AttnHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -154,7 +146,7 @@ def _self_attention(
     x: torch.Tensor | QuantizedInput,
     cos_sin: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor | PackedRows | None,
-    kv_cache: KVCache | None,
+    kv_cache: DecoderCache | None,
     cache_start: int | torch.Tensor,
     attn_hook: AttnHook | None,
     compute_dtype: torch.dtype | None,
@@ -256,40 +248,77 @@ def decoder_forward(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    kv_cache: KVCache | None = None,
-    cache_start: int | torch.Tensor = 0,
-    attn_hook: AttnHook | None = None,
-    compute_dtype: torch.dtype | None = None,
-    fused: bool = False,
-    fused_train: bool = False,
-    causal_attention: bool = False,
-    packed: PackedRows | None = None,
-    right_padded: bool | None = None,
-    activation_checkpointing: bool = False,
+    plan: ForwardPlan = EAGER,
+    inputs: ForwardInputs = NO_CACHE,
 ) -> torch.Tensor:
-    """Hidden states after the final norm, [B, S, H].
-
-    fused: the rollout fast path (module docstring); needs tensors Triton can run. fused_train: the trainer's
-    differentiable glue kernels. causal_attention: causal SDPA without a mask when there is no cache and no row
-    has a pad before a real token (else the explicit mask, as always); `right_padded` says so where the caller
-    knows (None: checked on the device, a host sync a captured step cannot make). packed: one packed row (B = 1,
-    no cache, position_ids = packed.position_ids) attending per sequence (models/packed.py).
-    activation_checkpointing: under autograd and without a cache, each layer keeps only its inputs and recomputes
-    its activations in the backward (models/recompute.py; same numbers, bit for bit).
+    """Hidden states after the final norm, [B, S, H], by `plan` (models/forward_plan.py: dtype, glue kernels,
+    attention, activation checkpointing, attention hook) over `inputs` (the KV cache and where the new tokens go,
+    or the packed rows).
 
     input_ids / position_ids: [B, S]; attention_mask: [B, S_total] (1 real, 0 pad) over every key the queries may
-    see. Without a cache S_total == S. With `kv_cache`, the S new tokens are written at cache positions
-    `cache_start .. cache_start+S-1`; an int `cache_start` attends over the cache prefix (S_total == cache_start+S),
-    a 0-dim LongTensor attends over the whole buffer (S_total == kv_cache.max_seq_len; static shapes for a captured
-    decode step), and so does a [B] LongTensor of per-row columns (one token per row: continuous batching, whose
-    `PagedKVCache` serves every decode step itself).
+    see. Without a cache S_total == S. With a cache, an int `cache_start` attends over the cache prefix
+    (S_total == cache_start+S), a 0-dim or [B] LongTensor over the whole buffer (S_total == kv_cache.max_seq_len;
+    a [B] one: one token per row, continuous batching, whose `PagedKVCache` serves every decode step itself).
+    Packed rows: B = 1, no cache, position_ids = packed.position_ids. plan.causal_attention applies where there is
+    no cache and no row has a pad before a real token (else the explicit mask, as always); the device check
+    `inputs.right_padded` spares is a host sync a captured step cannot make. Activation checkpointing applies under
+    autograd and without a cache (models/recompute.py; same numbers, bit for bit).
     """
+    bsz, seq = _check_shapes(input_ids, position_ids, attention_mask, inputs)
+    kv_cache, cache_start, packed = inputs.kv_cache, inputs.cache_start, inputs.packed
+    backbone = _backbone(model)
+    parts = plan.exact  # the exact mode: all; the mismatch ablation / matched kernels: some
+    if parts != exact_parts(model):
+        raise ValueError(
+            f"decoder_forward: the plan runs {parts}, the model {exact_parts(model)}: build the plan for the model "
+            "(ForwardPlan.rollout / ForwardPlan.trainer)"
+        )
+    if parts.attention and plan.causal_attention:
+        raise ValueError("decoder_forward: causal attention rounds unlike the rollout; exact mode refuses it")
+    if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):
+        raise ValueError(f"decoder_forward: packed rows need one row of {packed.width} tokens and no kv_cache")
+    with compute_context(model, input_ids.device, plan.compute_dtype):
+        x = backbone.embed_tokens(input_ids)  # [B, S, H]
+        cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
+        causal = plan.causal_attention and kv_cache is None
+        right_padded = inputs.right_padded
+        causal = causal and (_right_padded(attention_mask) if right_padded is None else right_padded)
+        key_valid = attention_mask.bool() if parts.attention else None  # [B, S_total]
+        mask = None if causal or parts.attention else _attention_mask(attention_mask, seq, cache_start)  # [B,1,S,S_k]
+        mask = packed if packed is not None else mask
+        triton_ok = fused_ops is not None and fused_ops.fused_ops_supported(x)
+        if parts.any and x.is_cuda and triton_ok and not (plan.fused or plan.fused_train):
+            raise ValueError(
+                "decoder_forward: the exact mode on CUDA runs the per-row fused glue kernels on both sides "
+                "(fused=True for the rollout, fused_train=True for the trainer)"
+            )
+        grouped = plan.fused and triton_ok
+        # the norm kernel writes the next FP8 linears' input quantized, except where trainer and rollout must agree
+        # bitwise (exact / matched kernels): with FP32 activations its sum of squares rounds unlike the trainer's norm
+        norm_quant = grouped and not parts.any
+        glue = (fused_ops if plan.fused else fused_train_ops if plan.fused_train else None) if triton_ok else None
+        shared = _LayerInputs(
+            cos_sin, mask, kv_cache, cache_start, plan.compute_dtype, glue, grouped, key_valid, norm_quant
+        )  # fmt: skip
+        recompute = recomputes(plan.activation_checkpointing, kv_cache)
+        delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
+        for layer_idx, layer in enumerate(backbone.layers):
+            run = functools.partial(_decoder_layer, shared, layer_idx, layer)
+            x, delta = checkpoint_layer(run, x, delta, plan.attn_hook) if recompute else run(x, delta, plan.attn_hook)
+        return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
+
+
+def _check_shapes(
+    input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, inputs: ForwardInputs
+) -> tuple[int, int]:
+    """(B, S) of input_ids [B, S], checked against position_ids [B, S] and attention_mask [B, S_total]."""
     if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
         raise ValueError(
             f"input_ids and position_ids must both be [B, S]; got {tuple(input_ids.shape)} and "
             f"{tuple(position_ids.shape)}"
         )
     bsz, seq = input_ids.shape
+    kv_cache, cache_start = inputs.kv_cache, inputs.cache_start
     if kv_cache is None:
         if not (isinstance(cache_start, int) and cache_start == 0):
             raise ValueError("cache_start must be 0 without a kv_cache")
@@ -300,38 +329,7 @@ def decoder_forward(
         expected = cache_start + seq
     if attention_mask.shape != (bsz, expected):
         raise ValueError(f"attention_mask must be [B={bsz}, S_total={expected}], got {tuple(attention_mask.shape)}")
-    backbone = _backbone(model)
-    parts = exact_parts(model)  # the exact mode: all; the mismatch ablation / matched kernels: some
-    if parts.attention and causal_attention:
-        raise ValueError("decoder_forward: causal attention rounds unlike the rollout; exact mode refuses it")
-    if packed is not None and (kv_cache is not None or bsz != 1 or seq != packed.width):
-        raise ValueError(f"decoder_forward: packed rows need one row of {packed.width} tokens and no kv_cache")
-    with compute_context(model, input_ids.device, compute_dtype):
-        x = backbone.embed_tokens(input_ids)  # [B, S, H]
-        cos_sin = backbone.rotary_emb(x, position_ids)  # 2 x [B, S, D]
-        causal = causal_attention and kv_cache is None
-        causal = causal and (_right_padded(attention_mask) if right_padded is None else right_padded)
-        key_valid = attention_mask.bool() if parts.attention else None  # [B, S_total]
-        mask = None if causal or parts.attention else _attention_mask(attention_mask, seq, cache_start)  # [B,1,S,S_k]
-        mask = packed if packed is not None else mask
-        triton_ok = fused_ops is not None and fused_ops.fused_ops_supported(x)
-        if parts.any and x.is_cuda and triton_ok and not (fused or fused_train):
-            raise ValueError(
-                "decoder_forward: the exact mode on CUDA runs the per-row fused glue kernels on both sides "
-                "(fused=True for the rollout, fused_train=True for the trainer)"
-            )
-        grouped = fused and triton_ok
-        # the norm kernel writes the next FP8 linears' input quantized, except where trainer and rollout must agree
-        # bitwise (exact / matched kernels): with FP32 activations its sum of squares rounds unlike the trainer's norm
-        norm_quant = grouped and not parts.any
-        glue = (fused_ops if fused else fused_train_ops if fused_train else None) if triton_ok else None
-        shared = _LayerInputs(cos_sin, mask, kv_cache, cache_start, compute_dtype, glue, grouped, key_valid, norm_quant)
-        recompute = recomputes(activation_checkpointing, kv_cache)
-        delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
-        for layer_idx, layer in enumerate(backbone.layers):
-            run = functools.partial(_decoder_layer, shared, layer_idx, layer)
-            x, delta = checkpoint_layer(run, x, delta, attn_hook) if recompute else run(x, delta, attn_hook)
-        return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
+    return bsz, seq
 
 
 @dataclass(frozen=True)
@@ -340,7 +338,7 @@ class _LayerInputs:
 
     cos_sin: tuple[torch.Tensor, torch.Tensor]  # 2 x [B, S, D]
     mask: torch.Tensor | PackedRows | None
-    kv_cache: KVCache | None
+    kv_cache: DecoderCache | None
     cache_start: int | torch.Tensor
     compute_dtype: torch.dtype | None
     glue: object  # fused_ops | fused_train_ops | None

@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.models.decoder import AttnHook, compute_context, decoder_forward
+from nemo_jetrl.models.decoder import compute_context, decoder_forward
+from nemo_jetrl.models.forward_plan import ForwardInputs, ForwardPlan
+from nemo_jetrl.models.logits import LOGPROB_CHUNK_ELEMENTS, chunk_logprobs, scored_tokens_only, vocab_size
 from nemo_jetrl.models.packed import PackedRows
-from nemo_jetrl.models.scoring import LOGPROB_CHUNK_ELEMENTS, chunk_logprobs, scored_tokens_only, vocab_size
 
 
 def packed_sequence_logprobs(
@@ -17,13 +18,10 @@ def packed_sequence_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     temperature: float,
-    compute_dtype: torch.dtype | None,
-    attn_hook: AttnHook | None,
-    fused_train: bool,
+    plan: ForwardPlan,
     pack_round: int,
     host_mask: torch.Tensor | None = None,
     packing: PackedRows | None = None,
-    activation_checkpointing: bool = False,
 ) -> torch.Tensor:
     """`sequence_logprobs` with the rows' real tokens packed into one row; logits in token chunks of at most
     LOGPROB_CHUNK_ELEMENTS floats. The rounding slots hold the batch's first pad id (0 without pads).
@@ -32,19 +30,17 @@ def packed_sequence_logprobs(
     fixed layout), instead of one planned here."""
     real = attention_mask.bool()  # [B, S]
     if packing is None:
-        plan = host_mask.bool() if host_mask is not None else real
-        packing = PackedRows.from_mask(plan, pack_round).to(input_ids.device)
+        rows = host_mask.bool() if host_mask is not None else real
+        packing = PackedRows.from_mask(rows, pack_round).to(input_ids.device)
     pads = ~real.flatten()  # [B * S]
     first_pad = input_ids.flatten().index_select(0, pads.long().argmax()[None])[0]  # 0-d (a tensor index syncs)
     fill = torch.where(pads.any(), first_pad, 0)  # the first pad's id, 0 without pads
     ids = torch.where(packing.real(), packing.pack(input_ids), fill)  # [1, T]
-    hidden = decoder_forward(
-        model, ids, packing.position_ids, packing.real().long(), attn_hook=attn_hook, compute_dtype=compute_dtype,
-        fused_train=fused_train, packed=packing, activation_checkpointing=activation_checkpointing,
-    )[0, :-1]  # [T-1, H]: slot t predicts slot t+1  # fmt: skip
-    step = max(1, LOGPROB_CHUNK_ELEMENTS // vocab_size(model))
-    chunk = chunk_logprobs(model, temperature, compute_dtype, activation_checkpointing)
-    with compute_context(model, hidden.device, compute_dtype):  # one autocast copy of lm_head for all chunks
+    inputs = ForwardInputs(packed=packing)
+    hidden = decoder_forward(model, ids, packing.position_ids, packing.real().long(), plan, inputs)[0, :-1]  # [T-1, H]
+    step = max(1, LOGPROB_CHUNK_ELEMENTS // vocab_size(model))  # slot t of `hidden` predicts slot t+1
+    chunk = chunk_logprobs(model, temperature, plan)
+    with compute_context(model, hidden.device, plan.compute_dtype):  # one autocast copy of lm_head for all chunks
         pieces = [chunk(hidden[lo : lo + step], ids[0, lo + 1 : lo + 1 + step]) for lo in range(0, len(hidden), step)]
     flat = torch.cat(pieces) if pieces else torch.zeros(0, device=hidden.device)  # [T-1]
     logp = packing.unpack(F.pad(flat, (1, 0))[None])  # [B, S]: each token's logp from its predecessor

@@ -1,34 +1,22 @@
 """The trainer's scoring: per-token logprobs of whole sequences through `decoder_forward` and the lm_head.
 
 `sequence_logprobs` is what the trainer differentiates (training, the logprob pass) and what the mismatch metrics
-compare the rollout's own logprobs against; `compute_logits` is the lm_head both sides share. Packed rows
+compare the rollout's own logprobs against; `models/logits.py` holds the lm_head both sides share. Packed rows
 (`policy.sequence_packing`) go through `packed_logprobs.py`, in the same [B, S] layout.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from nemo_jetrl.models.batch_invariant import exact_parts
-from nemo_jetrl.models.decoder import AttnHook, compute_context, decoder_forward, position_ids_from_mask
-from nemo_jetrl.models.logprobs import token_logprobs
+from nemo_jetrl.models.decoder import compute_context, decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.forward_plan import AttnHook, ForwardInputs, ForwardPlan
+from nemo_jetrl.models.logits import LOGPROB_CHUNK_ELEMENTS, chunk_logprobs, scored_tokens_only, vocab_size
 from nemo_jetrl.models.packed import PackedRows
-from nemo_jetrl.models.recompute import checkpoint_call, recomputes
-
-# Upper bound on the elements of one float32 logits chunk in `sequence_logprobs` (64M floats = 256 MiB).
-LOGPROB_CHUNK_ELEMENTS = 1 << 26
-
-
-def compute_logits(model: nn.Module, hidden: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """lm_head over hidden [B, S, H] -> logits [B, S, V] in lm_head's output dtype (lm_head runs in `compute_dtype`
-    when given): trainer and rollout hand them as they are to `token_logprobs` (the fused kernel reads bf16 in place,
-    and a row's bits there follow the dtype it is given)."""
-    with compute_context(model, hidden.device, compute_dtype):
-        return model.lm_head(hidden)
+from nemo_jetrl.models.packed_logprobs import packed_sequence_logprobs
 
 
 def sequence_logprobs(
@@ -72,24 +60,20 @@ def sequence_logprobs(
         )
     if fused_train is None:
         fused_train = input_ids.is_cuda
-    if pack_round is not None or packing is not None:
-        from nemo_jetrl.models.packed_logprobs import packed_sequence_logprobs  # imports this module
-
+    plan = ForwardPlan.trainer(
+        model, compute_dtype, fused_train=fused_train, causal_attention=causal_attention,
+        activation_checkpointing=activation_checkpointing,
+    ).with_hook(attn_hook)  # fmt: skip
+    if pack_round is not None or packing is not None:  # varlen attention: causal_attention changes nothing
+        plan = dataclasses.replace(plan, causal_attention=False)
         return packed_sequence_logprobs(
-            model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train, pack_round or 1,
-            host_mask, packing, activation_checkpointing,
+            model, input_ids, attention_mask, temperature, plan, pack_round or 1, host_mask, packing
         )  # fmt: skip
     if causal_attention:
         index = left_align_index(attention_mask)  # [B, S]
-        logp = _sequence_logprobs(
-            model, input_ids.gather(1, index), attention_mask.gather(1, index), temperature, compute_dtype, attn_hook,
-            fused_train, causal_attention=True, activation_checkpointing=activation_checkpointing,
-        )  # fmt: skip
+        logp = _sequence_logprobs(model, input_ids.gather(1, index), attention_mask.gather(1, index), temperature, plan)
         return torch.zeros_like(logp).scatter(1, index, logp)  # [B, S]
-    return _sequence_logprobs(
-        model, input_ids, attention_mask, temperature, compute_dtype, attn_hook, fused_train,
-        activation_checkpointing=activation_checkpointing,
-    )  # fmt: skip
+    return _sequence_logprobs(model, input_ids, attention_mask, temperature, plan)
 
 
 def left_align_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -101,64 +85,20 @@ def left_align_index(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _sequence_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    compute_dtype: torch.dtype | None,
-    attn_hook: AttnHook | None,
-    fused_train: bool,
-    causal_attention: bool = False,
-    activation_checkpointing: bool = False,
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float, plan: ForwardPlan
 ) -> torch.Tensor:
     bsz, seq = input_ids.shape
     position_ids = position_ids_from_mask(attention_mask)
-    hidden = decoder_forward(
-        model, input_ids, position_ids, attention_mask, attn_hook=attn_hook, compute_dtype=compute_dtype,
-        fused_train=fused_train, causal_attention=causal_attention, right_padded=True if causal_attention else None,
-        activation_checkpointing=activation_checkpointing,
-    )  # [B, S, H]  # fmt: skip
+    inputs = ForwardInputs(right_padded=True if plan.causal_attention else None)  # causal: rows left-aligned
+    hidden = decoder_forward(model, input_ids, position_ids, attention_mask, plan, inputs)  # [B, S, H]
     hidden = hidden[:, :-1]  # [B, S-1, H] predicts tokens 1..S-1
     targets = input_ids[:, 1:]  # [B, S-1]
     rows = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (seq - 1) * vocab_size(model)))
-    chunk = chunk_logprobs(model, temperature, compute_dtype, activation_checkpointing)
-    with compute_context(model, hidden.device, compute_dtype):  # one autocast copy of lm_head for all chunks
+    chunk = chunk_logprobs(model, temperature, plan)
+    with compute_context(model, hidden.device, plan.compute_dtype):  # one autocast copy of lm_head for all chunks
         pieces = [chunk(hidden[lo : lo + rows], targets[lo : lo + rows]) for lo in range(0, bsz, rows)]  # [b, S-1]
     logp = torch.cat(pieces) if pieces else hidden.new_zeros(0, seq - 1, dtype=torch.float32)  # [B, S-1]
     return scored_tokens_only(logp, attention_mask)
-
-
-def scored_tokens_only(logp: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """logp [B, S-1] of tokens 1..S-1 -> [B, S] in the shared layout: 0 at t = 0, on pads and on a row's first real
-    token (no real context before it)."""
-    valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # [B, S-1]
-    return F.pad(torch.where(valid, logp, torch.zeros_like(logp)), (1, 0))  # [B, S]
-
-
-def vocab_size(model: nn.Module) -> int:
-    return model.lm_head.out_features if hasattr(model.lm_head, "out_features") else model.config.vocab_size
-
-
-def chunk_logprobs(model: nn.Module, temperature: float, compute_dtype, activation_checkpointing: bool):
-    """`fn(hidden [..., H], targets [...]) -> logprobs [...]` of one logits chunk (`target_logprobs`); with
-    activation checkpointing under autograd its logits are recomputed in the backward instead of kept. Callers run
-    every chunk inside one `compute_context`: autocast then casts an FP32 lm_head to BF16 once for all of them (a
-    context per chunk would keep one BF16 copy of the lm_head weight per chunk for the backward)."""
-
-    def run(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return target_logprobs(model, hidden, targets, temperature, compute_dtype)
-
-    return functools.partial(checkpoint_call, run) if recomputes(activation_checkpointing) else run
-
-
-def target_logprobs(
-    model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, compute_dtype
-) -> torch.Tensor:
-    """log_softmax(lm_head(hidden) / temperature)[targets]: hidden [..., H], targets [...] -> float32 [...].
-
-    The logits stay in lm_head's dtype: on CUDA the fused `token_logprobs` reads them in place (no float32 copy)."""
-    logits = compute_logits(model, hidden, compute_dtype=compute_dtype)  # [..., V]
-    return token_logprobs(logits, targets, temperature, batch_invariant=exact_parts(model).logsumexp)
 
 
 class PolicyLogprobs(nn.Module):

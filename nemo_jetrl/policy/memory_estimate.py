@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 GIB = 1024**3
-LOGPROB_CHUNK_ELEMENTS = 1 << 26  # models/scoring.py's chunk bound (logits elements)
+LOGPROB_CHUNK_ELEMENTS = 1 << 26  # models/logits.py's chunk bound (logits elements)
 SAMPLING_ROWS_BYTES = 3 * 8  # per row and vocabulary entry: the rollout's sampling buffers [B, V] (scheduler.py)
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.forward_plan import ForwardPlan
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, rollout_mode
 from nemo_jetrl.precision.axis_gemm import fp8_axis_mm
@@ -99,6 +100,6 @@ def test_fused_rollout_path_equals_the_trainer_fprop(recipe):
         trainer = decoder_forward(model, ids, pos, mask)
         with rollout_mode(model):
             eager = decoder_forward(model, ids, pos, mask)
-            fused = decoder_forward(model, ids, pos, mask, fused=True)  # grouped GEMMs, fused glue
+            fused = decoder_forward(model, ids, pos, mask, ForwardPlan(fused=True))  # grouped GEMMs, fused glue
     assert torch.equal(trainer, eager)  # the trainer's FProp bits and scales, by reference
     assert rel_err(fused, eager) < 5e-2  # rsqrt/exp last bits of the glue kernels, amplified by FP8 rounding

@@ -2,9 +2,8 @@
 Triton kernels import no dispatcher, and no modules import each other in a circle (tools/import_graph.py reads the
 graph from the syntax trees; docs/architecture.md shows the floors).
 
-The allow-lists name each exception with the change that removes it. Most wait for branches in flight that edit
-those files (decoder.py, scoring.py, packed*.py); a test below fails once an entry is no longer needed, so the lists
-only shrink.
+The allow-lists name each exception with the reason it stays or the change that removes it; a test below fails once
+an entry is no longer needed, so the lists only shrink.
 """
 
 from __future__ import annotations
@@ -36,20 +35,10 @@ FLOORS = (
 )
 
 # (importing module, imported module) -> why it still runs up, and the change that removes it.
-UPWARD_ALLOWED = {
-    ("nemo_jetrl.models.decoder", "nemo_jetrl.generation.native.kv_cache"): (
-        "type only (`KVCache` under TYPE_CHECKING); decoder.py is being edited (forward plan): move the cache the "
-        "forward writes (kv_cache.py's KVCache, or a Protocol of what decoder_forward calls on it) into models/"
-    ),
-}
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {}
 
 # Import circles among modules (runtime and type-only imports), each with the change that removes it.
 CIRCLES_ALLOWED = {
-    frozenset({"nemo_jetrl.models.packed_logprobs", "nemo_jetrl.models.scoring"}): (
-        "scoring.sequence_logprobs imports packed_logprobs in its body, which imports scoring's helpers; both are "
-        "being edited: move LOGPROB_CHUNK_ELEMENTS, scored_tokens_only, target_logprobs and vocab_size into "
-        "models/logprobs.py (below both), or let the caller pick packed_sequence_logprobs"
-    ),
     frozenset(
         {
             "nemo_jetrl.precision.quantized",

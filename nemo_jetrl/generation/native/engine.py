@@ -32,11 +32,11 @@ from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
 from nemo_jetrl.generation.native.prompts import check_prompts, left_pad, length_caps
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
 from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
-from nemo_jetrl.models.batch_invariant import exact_parts
-from nemo_jetrl.models.decoder import AttnHook, decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.forward_plan import AttnHook, ForwardInputs, ForwardPlan
+from nemo_jetrl.models.logits import compute_logits
 from nemo_jetrl.models.moe import decode_syncs_host
 from nemo_jetrl.models.moe_routing import RoutingRecord, observing
-from nemo_jetrl.models.scoring import compute_logits
 from nemo_jetrl.precision import rollout_mode
 
 
@@ -131,7 +131,8 @@ class NativeGenerationEngine(GenerationInterface):
         if fused_decode and not (on_cuda and triton_decode_available()):
             raise ValueError("fused_decode=True needs a CUDA model and triton")
         self.fused_decode = (on_cuda and triton_decode_available()) if fused_decode is None else bool(fused_decode)
-        self.exact_parts = exact_parts(model)  # the exact mode (all parts): the trainer's kernels, row by row
+        self.forward_plan = ForwardPlan.rollout(model, compute_dtype, fused=self.fused_decode)  # + a rollout's hook
+        self.exact_parts = self.forward_plan.exact  # the exact mode (all parts): the trainer's kernels, row by row
         self.batch_invariant = self.exact_parts.logsumexp  # the samplers' log-sum-exp
         if self.exact_parts.any and on_cuda and not self.fused_decode:
             raise ValueError(
@@ -273,17 +274,8 @@ class NativeGenerationEngine(GenerationInterface):
 
     def _prefill(self, cache: KVCache, hook: AttnHook | None, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Prompts ids/mask [B, P] into the cache; logits [B, V] for the first generated token."""
-        hidden = decoder_forward(
-            self.model,
-            ids,
-            position_ids_from_mask(mask),
-            mask,
-            kv_cache=cache,
-            cache_start=0,
-            attn_hook=hook,
-            compute_dtype=self.compute_dtype,
-            fused=self.fused_decode,
-        )  # [B, P, H]
+        plan, inputs = self.forward_plan.with_hook(hook), ForwardInputs.cached(cache, 0)
+        hidden = decoder_forward(self.model, ids, position_ids_from_mask(mask), mask, plan, inputs)  # [B, P, H]
         # logits in lm_head's dtype, as the trainer hands them to `token_logprobs` (same kernel, same bits)
         return compute_logits(self.model, hidden[:, -1:], compute_dtype=self.compute_dtype)[:, 0]
 
@@ -300,17 +292,8 @@ class NativeGenerationEngine(GenerationInterface):
 
         Static form (capturable): `cache_start` a 0-dim long tensor and mask [B, S_max]; prefix form: an int
         `cache_start` and mask [B, cache_start + 1]."""
-        hidden = decoder_forward(
-            self.model,
-            tokens,
-            positions,
-            mask,
-            kv_cache=cache,
-            cache_start=cache_start,
-            attn_hook=hook,
-            compute_dtype=self.compute_dtype,
-            fused=self.fused_decode,
-        )  # [B, 1, H]
+        plan, inputs = self.forward_plan.with_hook(hook), ForwardInputs.cached(cache, cache_start)
+        hidden = decoder_forward(self.model, tokens, positions, mask, plan, inputs)  # [B, 1, H]
         return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 
     def _decoder(

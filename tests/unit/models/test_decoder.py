@@ -14,7 +14,9 @@ from transformers import (
 from nemo_jetrl.generation.native.kv_cache import KVCache
 from nemo_jetrl.models import scoring
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
-from nemo_jetrl.models.scoring import compute_logits, sequence_logprobs
+from nemo_jetrl.models.forward_plan import EAGER, ForwardInputs, ForwardPlan
+from nemo_jetrl.models.logits import compute_logits
+from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 
 VOCAB = 32
@@ -101,7 +103,9 @@ def test_forward_bf16_autocast_matches_hf_autocast():
     model = tiny_qwen3()
     ids, mask = left_padded_batch()
     with torch.no_grad():
-        hidden = decoder_forward(model, ids, position_ids_from_mask(mask), mask, compute_dtype=torch.bfloat16)
+        hidden = decoder_forward(
+            model, ids, position_ids_from_mask(mask), mask, ForwardPlan(compute_dtype=torch.bfloat16)
+        )
         ours = compute_logits(model, hidden, compute_dtype=torch.bfloat16).float()  # bf16 logits, exactly upcast
         with torch.autocast("cpu", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.MATH):  # our CPU attention kernel
             ref = hf_logits(model, ids, mask).float()
@@ -124,8 +128,8 @@ def test_attn_hook_sees_bhsd_and_changes_output():
 
     with torch.no_grad():
         base = decoder_forward(model, ids, pos, mask)
-        observed = decoder_forward(model, ids, pos, mask, attn_hook=observe)
-        scaled = decoder_forward(model, ids, pos, mask, attn_hook=lambda i, q, k, v: (q, k, v * 0.5))
+        observed = decoder_forward(model, ids, pos, mask, ForwardPlan(attn_hook=observe))
+        scaled = decoder_forward(model, ids, pos, mask, ForwardPlan(attn_hook=lambda i, q, k, v: (q, k, v * 0.5)))
     assert seen == [
         (0, (3, 2, 9, 128), (3, 1, 9, 128), (3, 1, 9, 128)),
         (1, (3, 2, 9, 128), (3, 1, 9, 128), (3, 1, 9, 128)),
@@ -145,7 +149,10 @@ def test_kv_cache_prefill_decode_matches_full_forward(static):
         pos = position_ids_from_mask(mask)
         steps = [
             compute_logits(
-                model, decoder_forward(model, ids[:, :prefill], pos[:, :prefill], mask[:, :prefill], kv_cache=cache)
+                model,
+                decoder_forward(
+                    model, ids[:, :prefill], pos[:, :prefill], mask[:, :prefill], EAGER, ForwardInputs.cached(cache, 0)
+                ),
             )
         ]
         for t in range(prefill, 9):
@@ -154,7 +161,7 @@ def test_kv_cache_prefill_decode_matches_full_forward(static):
             else:
                 start, key_mask = t, mask[:, : t + 1]
             hidden = decoder_forward(
-                model, ids[:, t : t + 1], pos[:, t : t + 1], key_mask, kv_cache=cache, cache_start=start
+                model, ids[:, t : t + 1], pos[:, t : t + 1], key_mask, EAGER, ForwardInputs.cached(cache, start)
             )
             steps.append(compute_logits(model, hidden))
     cached = torch.cat(steps, dim=1)  # [3, 9, V]
@@ -201,7 +208,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="position_ids"):
         decoder_forward(model, ids, pos[:, :-1], mask)
     with pytest.raises(ValueError, match="cache_start"):
-        decoder_forward(model, ids, pos, mask, cache_start=2)
+        decoder_forward(model, ids, pos, mask, EAGER, ForwardInputs(cache_start=2))
     with pytest.raises(ValueError, match="temperature"):
         sequence_logprobs(model, ids, mask, temperature=0.0)
     with pytest.raises(ValueError, match="Llama/Qwen2/Qwen3"):

@@ -18,6 +18,7 @@ CHILD = textwrap.dedent(
     import json, torch
     from nemo_jetrl.models import fused_ops as F
     from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+    from nemo_jetrl.models.forward_plan import ForwardPlan
     from nemo_jetrl.models.tiny import random_tiny_qwen3
     from nemo_jetrl.precision import PrecisionRecipe, act_quant, convert_to_fp8, fp8_blockwise_mm, rollout_mode, weight_quant
     from nemo_jetrl.precision.kernels.triton_gemm import fp8_gemm_small_m
@@ -74,7 +75,7 @@ CHILD = textwrap.dedent(
         mask[0, :2] = 0
         pos = position_ids_from_mask(mask)
         with torch.no_grad():
-            eager, fused = decoder_forward(model, ids, pos, mask), decoder_forward(model, ids, pos, mask, fused=True)
+            eager, fused = decoder_forward(model, ids, pos, mask), decoder_forward(model, ids, pos, mask, ForwardPlan(fused=True))
         r[name + "_decoder_rel"] = rel(fused, eager)
     # norm / SiLU*up kernels writing the next linear's FP8 input: bitwise the Triton quantizer of their output
     fp8_out = []
@@ -105,7 +106,7 @@ CHILD = textwrap.dedent(
     with torch.no_grad(), rollout_mode(model):
         eager = decoder_forward(model, ids, pos, mask)
         r["eager_act_quants"] = len(quantized)
-        fused = decoder_forward(model, ids, pos, mask, fused=True)
+        fused = decoder_forward(model, ids, pos, mask, ForwardPlan(fused=True))
         r["fused_act_quants"] = len(quantized) - r["eager_act_quants"]
     r["fp8_decoder_rel"], r["fp8_q_proj_calls"], r["act_calls"] = rel(fused, eager), len(calls), len(act_calls)
     print(json.dumps(r))

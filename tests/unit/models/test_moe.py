@@ -9,9 +9,9 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.logits import compute_logits
 from nemo_jetrl.models.moe import MoeBlock, convert_moe_blocks, is_moe, moe_shape, split_expert_tensors
 from nemo_jetrl.models.moe_routing import RouterLogits, observing
-from nemo_jetrl.models.scoring import compute_logits
 
 HF_SHAPE = dict(
     hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,

@@ -8,6 +8,7 @@ import torch
 from benchmarks.common import policy_config
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.decoder import decoder_forward, position_ids_from_mask
+from nemo_jetrl.models.forward_plan import ForwardPlan
 from nemo_jetrl.models.moe_routing import RoutingRecord, observing, routing_agreement_counts, scored_positions
 from nemo_jetrl.models.tiny import random_tiny_qwen3_moe
 from nemo_jetrl.policy.interfaces import TrainBatch
@@ -55,7 +56,8 @@ def test_exact_mode_routing_and_logprobs_are_the_trainers_bit_for_bit():
     record = RoutingRecord.for_model(policy.model, *out.input_ids.shape, "cpu")
     mask = out.attention_mask
     with torch.no_grad(), observing(policy.model, record):
-        decoder_forward(policy.model, out.input_ids, position_ids_from_mask(mask), mask)
+        plan = ForwardPlan.trainer(policy.model, None, fused_train=False)  # the exact parts the model runs
+        decoder_forward(policy.model, out.input_ids, position_ids_from_mask(mask), mask, plan)
     ran = mask.bool().clone()
     ran[:, -1] = False  # the last column's tokens were sampled, never run
     assert torch.equal(record.choices[ran], out.routed_experts[ran])

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant
 from nemo_jetrl.models.decoder import decoder_forward
+from nemo_jetrl.models.forward_plan import EAGER, ForwardInputs, ForwardPlan
 from nemo_jetrl.models.packed import PackedRows, block_causal_mask, varlen_causal_attention
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
@@ -130,9 +131,14 @@ def test_decoder_forward_refuses_packing_it_cannot_honour():
     packed_ids = packing.pack(ids)
     model = random_tiny_qwen3(0, num_layers=1)
     with pytest.raises(ValueError, match="packed rows need one row of 248 tokens"):
-        decoder_forward(model, ids, packing.position_ids.expand(8, -1)[:, :40], mask, packed=packing)
+        decoder_forward(
+            model, ids, packing.position_ids.expand(8, -1)[:, :40], mask, EAGER, ForwardInputs(packed=packing)
+        )
     enable_batch_invariant(model)
-    out = decoder_forward(model, packed_ids, packing.position_ids, packing.real().long(), packed=packing)
+    plan = ForwardPlan.trainer(model, None, fused_train=False)  # the exact parts the model now runs
+    out = decoder_forward(
+        model, packed_ids, packing.position_ids, packing.real().long(), plan, ForwardInputs(packed=packing)
+    )
     assert out.shape == (1, 248, model.config.hidden_size)  # the exact mode runs packed rows (its varlen kernel)
 
 
