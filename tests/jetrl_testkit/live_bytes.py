@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from nemo_jetrl.models import scoring
+from nemo_jetrl.models import logits
 from nemo_jetrl.utils.dtensor import local_tensor
 
 
@@ -32,7 +32,9 @@ class StepBytes(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 storage = local_tensor(t).untyped_storage()
-                self.made.setdefault(id(storage), weakref.ref(storage))
+                known = self.made.get(id(storage))
+                if known is None or known() is not storage:  # a dead storage's id may come back for a new one
+                    self.made[id(storage)] = weakref.ref(storage)
         return out
 
     def live_bytes(self) -> int:
@@ -55,15 +57,15 @@ class StepBytes(TorchDispatchMode):
         return total
 
     def __enter__(self):
-        self._real = scoring.target_logprobs
+        self._real = logits.target_logprobs
 
         def sampled(*args, **kwargs):
             self.samples.append(self.live_bytes())
             return self._real(*args, **kwargs)
 
-        scoring.target_logprobs = sampled
+        logits.target_logprobs = sampled
         return super().__enter__()
 
     def __exit__(self, *exc):
-        scoring.target_logprobs = self._real
+        logits.target_logprobs = self._real
         return super().__exit__(*exc)
