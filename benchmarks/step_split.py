@@ -112,7 +112,7 @@ def plot(record: Mapping, path: str | Path, device: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.common import stacked_bars
+    from benchmarks.plot_performance import stacked_bars
 
     variants = record["variants"]
     labels = [v.replace(":", "\n").replace("+", "\n+") for v in variants]
