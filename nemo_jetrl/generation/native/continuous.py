@@ -145,7 +145,8 @@ class ContinuousRollout:
         keys_all = sequence_keys(seed_of(generator), torch.arange(len(self.prompts), device=eng.device))  # [N]
         stop_ids = torch.tensor(eng.stop_token_ids, dtype=torch.long, device=eng.device)
         trash = len(self.prompts)
-        self.hook = eng.attn_hook_factory() if eng.attn_hook_factory is not None else None
+        hook = eng.attn_hook_factory() if eng.attn_hook_factory is not None else None
+        self.plan = eng.forward_plan.with_hook(hook)  # this rollout's forward, for every prefill and decode step
         live_steps = torch.zeros((), dtype=torch.long, device=eng.device)
         start = self.clock.mark()
         self._sync()
@@ -196,10 +197,10 @@ class ContinuousRollout:
         """One decode step of the n = bucket rows: tokens/positions [n, 1], cols [n]. Returns logits [n, V]."""
         eng, n = self.engine, self.n
         if not eng.cuda_graphs:
-            return eng._decode_step(self.cache, self.hook, tokens, positions, self.ones[:n], cols)
+            return eng._decode_step(self.cache, self.plan, tokens, positions, self.ones[:n], cols)
         if self._graphs is None:
             self._graphs = BucketedSteps(
-                lambda b: lambda t, p, c: eng._decode_step(self.cache, self.hook, t, p, self.ones[:b], c),
+                lambda b: lambda t, p, c: eng._decode_step(self.cache, self.plan, t, p, self.ones[:b], c),
                 self._static_inputs,
             )
         if n in self._graphs.steps:
@@ -308,7 +309,7 @@ class ContinuousRollout:
         width = max(len(t) for t in tokens)
         ids, mask = left_pad(tokens, width, eng.pad_token_id, eng.device)  # [F, P]
         scratch = eng._new_cache(len(tokens), width)
-        logits = eng._prefill(scratch, self.hook, ids, mask)  # [F, V]
+        logits = eng._prefill(scratch, self.plan, ids, mask)  # [F, V]
         for i, (seq, toks) in enumerate(zip(seqs, tokens)):
             start = width - len(toks)
             self.cache.write_blocks(

@@ -254,7 +254,7 @@ class NativeGenerationEngine(GenerationInterface):
     def decoder(self, cache: KVCache, mask: torch.Tensor, attn_hook: AttnHook | None = None) -> Callable:
         """The decode step `generate` runs over `cache` (prefix, static or CUDA-graph form, by the engine's settings):
         `decode(tokens [B], positions [B], col) -> logits [B, V]`, writing cache column `col`; mask: [B, S_max]."""
-        return self._decoder(cache, attn_hook, mask)
+        return self._decoder(cache, self.forward_plan.with_hook(attn_hook), mask)
 
     # ------------------------------------------------------------------ internals
     def _new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
@@ -272,9 +272,10 @@ class NativeGenerationEngine(GenerationInterface):
             cache.set_scales(*self._kv_scales)
         return cache
 
-    def _prefill(self, cache: KVCache, hook: AttnHook | None, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Prompts ids/mask [B, P] into the cache; logits [B, V] for the first generated token."""
-        plan, inputs = self.forward_plan.with_hook(hook), ForwardInputs.cached(cache, 0)
+    def _prefill(self, cache: KVCache, plan: ForwardPlan, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Prompts ids/mask [B, P] into the cache; logits [B, V] for the first generated token. plan: the engine's
+        with this rollout's attention hook (`forward_plan.with_hook`, once a rollout)."""
+        inputs = ForwardInputs.cached(cache, 0)
         hidden = decoder_forward(self.model, ids, position_ids_from_mask(mask), mask, plan, inputs)  # [B, P, H]
         # logits in lm_head's dtype, as the trainer hands them to `token_logprobs` (same kernel, same bits)
         return compute_logits(self.model, hidden[:, -1:], compute_dtype=self.compute_dtype)[:, 0]
@@ -282,7 +283,7 @@ class NativeGenerationEngine(GenerationInterface):
     def _decode_step(
         self,
         cache: KVCache,
-        hook: AttnHook | None,
+        plan: ForwardPlan,
         tokens: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
@@ -292,12 +293,12 @@ class NativeGenerationEngine(GenerationInterface):
 
         Static form (capturable): `cache_start` a 0-dim long tensor and mask [B, S_max]; prefix form: an int
         `cache_start` and mask [B, cache_start + 1]."""
-        plan, inputs = self.forward_plan.with_hook(hook), ForwardInputs.cached(cache, cache_start)
+        inputs = ForwardInputs.cached(cache, cache_start)
         hidden = decoder_forward(self.model, tokens, positions, mask, plan, inputs)  # [B, 1, H]
         return compute_logits(self.model, hidden, compute_dtype=self.compute_dtype)[:, 0]  # [B, V]
 
     def _decoder(
-        self, cache: KVCache, hook: AttnHook | None, mask: torch.Tensor, record: RoutingRecord | None = None
+        self, cache: KVCache, plan: ForwardPlan, mask: torch.Tensor, record: RoutingRecord | None = None
     ) -> Callable:
         """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed.
         An MoE model's `record` takes each step's routing at its column."""
@@ -306,7 +307,7 @@ class NativeGenerationEngine(GenerationInterface):
             def run_prefix(tokens, positions, col):
                 if record is not None:
                     record.start = col
-                return self._decode_step(cache, hook, tokens[:, None], positions[:, None], mask[:, : col + 1], col)
+                return self._decode_step(cache, plan, tokens[:, None], positions[:, None], mask[:, : col + 1], col)
 
             return run_prefix
         cache_pos = torch.zeros((), dtype=torch.long, device=self.device)
@@ -314,7 +315,7 @@ class NativeGenerationEngine(GenerationInterface):
         def static_step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [B, 1] each
             if record is not None:
                 record.start = cache_pos  # read on the device: a captured step writes where the column is
-            return self._decode_step(cache, hook, tokens, positions, mask, cache_pos)
+            return self._decode_step(cache, plan, tokens, positions, mask, cache_pos)
 
         if self.cuda_graphs:
             batch = mask.shape[0]
@@ -367,12 +368,13 @@ class NativeGenerationEngine(GenerationInterface):
         logprobs = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # [B, S_max]
         stop_ids = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
         pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device)
-        decode = self._decoder(cache, hook, mask, record)
+        plan = self.forward_plan.with_hook(hook)  # this rollout's, for the prefill and every decode step
+        decode = self._decoder(cache, plan, mask, record)
         keys = sequence_keys(seed_of(generator), torch.arange(batch, device=self.device))  # [B] sampling streams
 
         if record is not None:
             record.start = 0  # the prompt's tokens at columns 0 .. P-1
-        logits = self._prefill(cache, hook, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
+        logits = self._prefill(cache, plan, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
         lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)  # [B]
         steps = 0

@@ -206,7 +206,7 @@ def test_group_prompt_blocks_are_shared_and_their_kv_equals_an_unshared_prefill(
     eng = engine(tiny_model, max_num_seqs=len(queue), kv_block_size=3)
     caps = [MAX_NEW] * len(queue)
     rollout = ContinuousRollout(eng, queue, engine_kv_budget(eng, queue, caps), caps)
-    rollout.hook = None
+    rollout.plan = eng.forward_plan  # no attention hook
     with torch.no_grad():
         rollout._sync()
         group_len = len(queue[-1])  # 4 tokens: one full block of 3, one partial
@@ -215,7 +215,7 @@ def test_group_prompt_blocks_are_shared_and_their_kv_equals_an_unshared_prefill(
         assert rollout.stats.prefill_tokens_shared == 3 * group_len
         alone = eng._new_cache(1, group_len)
         ids, mask = left_pad([queue[-1]], group_len, eng.pad_token_id, eng.device)
-        logits = eng._prefill(alone, None, ids, mask)
+        logits = eng._prefill(alone, eng.forward_plan, ids, mask)
     seqs = rollout.scheduler.rows
     members = [r for r, s in enumerate(seqs) if s.request >= 6]
     assert len(members) == 4 and len({seqs[r].blocks[0] for r in members}) == 1  # one shared full block
