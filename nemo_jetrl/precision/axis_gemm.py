@@ -64,6 +64,13 @@ def _fits(a_fp8: torch.Tensor, b_fp8: torch.Tensor) -> bool:
     return k % 16 == 0 and n % 16 == 0 and a_fp8.shape[0] > 0 and a_fp8.stride(1) == 1 and b_fp8.stride(1) == 1
 
 
+def aligned_16(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy of it where its storage does not start on a 16-byte boundary: cuBLASLt refuses
+    (CUBLAS_STATUS_NOT_SUPPORTED) scale pointers that are not, e.g. expert e's tensorwise scale, a view at e x 4 bytes
+    into the [E, 1, 1] scales."""
+    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
 def _scaled_mm(a_fp8, a_scale, b_fp8, b_scale, out_dtype, bias) -> torch.Tensor:
     m = a_fp8.shape[0]
     rowwise = a_scale.shape[0] != 1 or b_scale.shape[0] != 1
@@ -73,7 +80,7 @@ def _scaled_mm(a_fp8, a_scale, b_fp8, b_scale, out_dtype, bias) -> torch.Tensor:
     if rowwise and a_scale.shape[0] == 1:  # mixed: broadcast the tensor scale to the rowwise layout
         a_scale = a_scale.expand(a_fp8.shape[0], 1).contiguous()
     scale_b = b_scale.reshape(1, -1).expand(1, b_fp8.shape[0]).contiguous() if rowwise else b_scale.reshape(())
-    scale_a = a_scale if rowwise else a_scale.reshape(())
+    scale_a, scale_b = aligned_16(a_scale if rowwise else a_scale.reshape(())), aligned_16(scale_b)
     # bf16 out as asked; any other dtype through an FP32 GEMM output where scaled_mm gives one
     fp32_ok = out_dtype != torch.bfloat16 and _fp32_out_ok(a_fp8.device, rowwise)
     gemm_dtype = torch.float32 if fp32_ok else torch.bfloat16

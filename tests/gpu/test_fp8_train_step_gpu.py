@@ -60,7 +60,7 @@ def test_train_step_syncs_with_the_host_once(preset, packing, graphs, monkeypatc
     """No host sync between micro-batches (the launch queue stays ahead of the device): CUDA's sync debug mode
     raises on any sync until the step reads its metrics, non-finite checks and grad norm together. With
     policy.train_cuda_graphs the checked step replays every micro-batch (warm-up steps ran it eagerly and captured it)."""
-    import nemo_jetrl.policy.native as native
+    import nemo_jetrl.policy.trainer_core as native
 
     model = build_model(TINY, None, DEV, torch.bfloat16).train()
     pack = {"enabled": True, "train_mb_tokens": 256, "logprob_mb_tokens": 256} if packing else {}

@@ -132,3 +132,15 @@ def test_exact_mode_refuses_non_blockwise():
     fp8.batch_invariant = True
     with pytest.raises(ValueError, match="exact mode's FP8 GEMM is blockwise"):
         fp8(torch.randn(4, 256))
+
+
+def test_scaled_mm_scales_are_moved_to_16_byte_boundaries():
+    """Expert e's tensorwise scale is a view e x 4 bytes into the [E, 1, 1] scales: cuBLASLt refuses such a pointer,
+    so `aligned_16` copies it (same value); an aligned scale is passed through as is."""
+    from nemo_jetrl.precision.axis_gemm import aligned_16
+
+    scales = torch.arange(1.0, 9.0).view(8, 1, 1)  # [E, 1, 1] fp32
+    moved = [aligned_16(scales[e].reshape(())) for e in range(8)]
+    assert [m.item() for m in moved] == [float(e + 1) for e in range(8)]
+    assert all(m.data_ptr() % 16 == 0 for m in moved)
+    assert moved[0].data_ptr() == scales.data_ptr() and moved[1].data_ptr() != scales[1].data_ptr()
