@@ -20,7 +20,8 @@ disagree. On CPU the twins run (float64, batch-invariant there too). Backward pa
 `ExactParts` names the parts one by one; the exact mode switches all of them, the mismatch ablation
 (`benchmarks/bench_mismatch.py --ablate`) subsets, passed explicitly to `enable_batch_invariant`;
 `policy.generation.matched_kernels` (`match_kernels`) the cheap ones (`matched_parts`: on CUDA the attention, whose
-logprob kernel is per-row already), with the FP8 GEMMs on cuBLAS at every M.
+logprob kernel is per-row already), with the FP8 GEMMs on cuBLAS at every M. Each switchable linear holds its
+forward GEMM choice in one `fprop_kernel` (`precision.recipes.gemm_choice.FpropKernel`), which these switches set.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import nn
 
 from nemo_jetrl.precision import batch_invariant as bi_linear
 from nemo_jetrl.precision.expert_linear import ExpertLinear, RouterLinear
-from nemo_jetrl.precision.linear import Fp8Linear
+from nemo_jetrl.precision.linear import Fp8Linear, FpropKernel
 from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 
 _PARTS_ATTR = "jetrl_exact_parts"  # the model attribute holding its ExactParts
@@ -120,8 +121,8 @@ def unmatch_kernels(model: nn.Module) -> None:
     if exact_parts(model) not in (MATCHED_PARTS, matched_parts(torch.device("cuda"))):
         raise ValueError(f"unmatch_kernels: the model runs {exact_parts(model)}, not the matched kernels")
     for module in model.modules():
-        if hasattr(module, "fprop_cublas"):
-            module.fprop_cublas = False
+        if isinstance(module, (Fp8Linear, Fp8RolloutLinear)):
+            module.fprop_kernel = module.fprop_kernel.with_cublas(False)
     delattr(model, _PARTS_ATTR)
 
 
@@ -146,21 +147,22 @@ def enable_batch_invariant(model: nn.Module, parts: ExactParts = ExactParts()) -
     Plain `nn.Linear`s become `BatchInvariantLinear`s (`parts.linear`); FP8 linears (`Fp8Linear`,
     `Fp8RolloutLinear`) take the batch-invariant forward GEMM (`parts.fp8_gemm`), high-precision MoE experts the
     batch-invariant linear (`parts.linear`), MoE routers their batch-invariant FP32 logits with any part (the
-    experts a token goes to then match on both sides); each side's `ForwardPlan` (models/forward_plan.py: the
-    attention, the logprobs' log-sum-exp) and the samplers read `exact_parts(model)`."""
+    experts a token goes to then match on both sides): each one's `fprop_kernel` (`FpropKernel.with_exact`: a
+    part off turns only an exact GEMM back to auto, cuBLAS stays); each side's `ForwardPlan`
+    (models/forward_plan.py: the attention, the logprobs' log-sum-exp) and the samplers read `exact_parts(model)`."""
     if not parts.any:
         raise ValueError("enable_batch_invariant: no exact-mode part selected")
     has_linear, switched = False, 0
     for name, module in list(model.named_modules()):
         if isinstance(module, (Fp8Linear, Fp8RolloutLinear)):
             has_linear = True
-            module.batch_invariant = parts.fp8_gemm
+            module.fprop_kernel = module.fprop_kernel.with_exact(parts.fp8_gemm)
             switched += parts.fp8_gemm
         elif isinstance(module, RouterLinear):
-            module.batch_invariant = True
+            module.fprop_kernel = FpropKernel.BATCH_INVARIANT
         elif isinstance(module, ExpertLinear):
             has_linear = True
-            module.batch_invariant = parts.linear
+            module.fprop_kernel = module.fprop_kernel.with_exact(parts.linear)
             switched += parts.linear
         elif type(module) is nn.Linear:
             has_linear = True

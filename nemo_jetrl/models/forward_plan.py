@@ -5,7 +5,8 @@ compute dtype, the glue kernels (the rollout's fused ones or the trainer's diffe
 (masked, or causal without a mask), activation checkpointing, the exact mode's parts (batch-invariant attention
 and log-sum-exp, `models.batch_invariant.ExactParts`, read off the model once, where `enable_batch_invariant` /
 `match_kernels` put them, so both sides run the same ones), plus the attention hook of the rollout / step. The
-FP8 linears' GEMM backend is still chosen on the linear modules themselves (`precision/recipes/gemm_choice.py`).
+linears' forward GEMM is each one's `fprop_kernel` (`precision.recipes.gemm_choice.FpropKernel`), held on the
+modules both sides share (docs/architecture.md, "the forward plan", says why).
 `ForwardInputs` holds what changes from one call to the next: the KV cache and where the new tokens go in it, or
 the packed rows.
 """

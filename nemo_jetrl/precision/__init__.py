@@ -27,6 +27,7 @@ _EXPORTS = {
     "weight_quant_checked": "quant",
     "KVCalibration": "recipe",
     "PrecisionRecipe": "recipe",
+    "FpropKernel": "recipes",
     "GemmChoice": "recipes",
     "LayoutFeatures": "recipes",
     "ScaleLayout": "recipes",

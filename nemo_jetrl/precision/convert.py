@@ -11,6 +11,7 @@ from nemo_jetrl.precision.gemm import gemm_backend
 from nemo_jetrl.precision.layer_map import LayerPrecision, build_layer_map
 from nemo_jetrl.precision.linear import Fp8Linear
 from nemo_jetrl.precision.recipe import PrecisionRecipe
+from nemo_jetrl.precision.rollout_layers import Fp8RolloutLinear
 from nemo_jetrl.precision.weight_group import group_sibling_linears
 
 
@@ -53,12 +54,13 @@ def convert_to_fp8(
 
 def use_cublas_fprop(model: nn.Module) -> int:
     """Run every FP8 linear's forward GEMM of `model` on cuBLAS (`scaled_mm`) at every M, decode batches included
-    (no split-K Triton kernel), trainer and rollout alike; returns the number of linears switched. sm90 only."""
-    modules = [m for m in model.modules() if hasattr(m, "fprop_cublas")]
+    (no split-K Triton kernel), trainer and rollout alike, except where the exact mode's GEMM runs (it wins:
+    `FpropKernel.with_cublas`); returns the number of FP8 linears. sm90 only."""
+    modules = [m for m in model.modules() if isinstance(m, (Fp8Linear, Fp8RolloutLinear))]
     if not modules or any(gemm_backend(m.quantized_weight().data.device) != "scaled_mm" for m in modules):
         raise ValueError("use_cublas_fprop: needs FP8 linears on a GPU where scaled_mm runs the blockwise recipe")
     for m in modules:
-        m.fprop_cublas = True
+        m.fprop_kernel = m.fprop_kernel.with_cublas(True)
     return len(modules)
 
 

@@ -28,12 +28,23 @@ from torch import nn
 
 from nemo_jetrl.precision import batch_invariant
 from nemo_jetrl.precision.gemm import no_autocast
-from nemo_jetrl.precision.linear import AUTO_GEMM, Fp8Linear, GemmChoice, linear_gemm, local_tensor, output_dtype
+from nemo_jetrl.precision.linear import (
+    AUTO_GEMM,
+    Fp8Linear,
+    FpropKernel,
+    FpropKernelSwitch,
+    GemmChoice,
+    linear_gemm,
+    local_tensor,
+    output_dtype,
+)
 from nemo_jetrl.precision.quantized import QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 
 # torch's grouped GEMM (BF16, sm80+): F.grouped_mm, or torch._grouped_mm where torch has no public name for it
 GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+# what a high-precision linear runs: its usual product or the exact mode's batch-invariant one (no cuBLAS pin)
+HIGH_PRECISION_KERNELS = (FpropKernel.AUTO, FpropKernel.BATCH_INVARIANT)
 
 
 @dataclass
@@ -68,11 +79,13 @@ def _cat_rows(pieces: list[torch.Tensor], like: torch.Tensor, n: int, dtype: tor
     return torch.cat(pieces) if pieces else like.new_zeros(0, n, dtype=dtype)
 
 
-class ExpertLinear(nn.Module):
+class ExpertLinear(FpropKernelSwitch, nn.Module):
     """E bias-free linears in high precision: weight [E, N, K] (an HF 3D expert tensor, the Parameter itself).
 
-    `batch_invariant` (the exact mode, `models.batch_invariant`): each expert's product is the batch-invariant
-    linear, so a row's output does not depend on the other rows of its expert."""
+    `fprop_kernel` BATCH_INVARIANT (the exact mode, `models.batch_invariant`): each expert's product is the
+    batch-invariant linear, so a row's output does not depend on the other rows of its expert."""
+
+    FPROP_KERNELS = HIGH_PRECISION_KERNELS
 
     def __init__(self, weight: nn.Parameter) -> None:
         super().__init__()
@@ -80,14 +93,13 @@ class ExpertLinear(nn.Module):
             raise ValueError(f"ExpertLinear: weight must be [E, N, K], got shape {tuple(weight.shape)}")
         self.num_experts, self.out_features, self.in_features = weight.shape
         self.weight = weight
-        self.batch_invariant = False
 
     def forward(self, x2: torch.Tensor, split: ExpertSplit) -> torch.Tensor:
-        return expert_linear(x2, local_tensor(self.weight), split, self.batch_invariant)
+        return expert_linear(x2, local_tensor(self.weight), split, self.exact_fprop)
 
     def syncs_on_host(self, dtype: torch.dtype) -> bool:
         """Whether a no-grad CUDA forward in `dtype` reads the expert counts on the host (no CUDA-graph capture)."""
-        return self.batch_invariant or dtype != torch.bfloat16 or GROUPED_MM is None
+        return self.exact_fprop or dtype != torch.bfloat16 or GROUPED_MM is None
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}"
@@ -146,7 +158,7 @@ class Fp8ExpertLinear(Fp8Linear):
         use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8
         weight = local_tensor(self.weight)
         if not use_fp8:
-            return expert_linear(x2, weight, split, self.batch_invariant)
+            return expert_linear(x2, weight, split, self.exact_fprop)
         qweight, gemm, out_dtype = self.quantized_weight(), linear_gemm(self), output_dtype(x2)
         if self.mode == "rollout":
             with torch.no_grad():
@@ -242,22 +254,24 @@ class Fp8ExpertsFunction(torch.autograd.Function):
         return grad_x, grad_w, None, None, None, None, None
 
 
-class RouterLinear(nn.Linear):
+class RouterLinear(FpropKernelSwitch, nn.Linear):
     """A mixture-of-experts router's gate [E, H]: logits in FP32 on trainer and rollout alike (the layer map keeps
-    it out of FP8, as it keeps BF16 first / last layers); `batch_invariant` (the exact mode and matched kernels):
-    the batch-invariant FP32 product, so both sides compute the same logits bits for the same hidden state."""
+    it out of FP8, as it keeps BF16 first / last layers); `fprop_kernel` BATCH_INVARIANT (the exact mode and matched
+    kernels): the batch-invariant FP32 product, so both sides compute the same logits bits for the same hidden
+    state."""
+
+    FPROP_KERNELS = HIGH_PRECISION_KERNELS
 
     @classmethod
     def from_weight(cls, weight: nn.Parameter) -> RouterLinear:
         """A router over an existing gate weight [E, H] (the Parameter itself, no copy)."""
         module = cls(weight.shape[1], weight.shape[0], bias=False, device="meta")
         module.weight = weight
-        module.batch_invariant = False
         return module
 
     def forward(self, h2: torch.Tensor) -> torch.Tensor:  # h2: [T, H] -> logits [T, E] fp32
         weight = local_tensor(self.weight)
         with no_autocast(h2.device.type):
-            if self.batch_invariant:
+            if self.exact_fprop:
                 return batch_invariant.linear(h2.float(), weight.float())
             return F.linear(h2.float(), weight.float())

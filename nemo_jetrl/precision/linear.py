@@ -2,8 +2,8 @@
 
 The trainer's forward and the rollout both run `fp8_linear_forward` on the same cached `QuantizedWeight` (one
 quantization per optimizer step), so for the same input the two sides compute the same bits. With
-`batch_invariant` set (the exact mode, `models.batch_invariant`) the forward GEMM is the batch-invariant one, so
-the bits also do not depend on how many rows share the product (decode, prefill, trainer micro-batch).
+`fprop_kernel` BATCH_INVARIANT (the exact mode, `models.batch_invariant`) the forward GEMM is the batch-invariant
+one, so the bits also do not depend on how many rows share the product (decode, prefill, trainer micro-batch).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from nemo_jetrl.precision.quantized import QuantizedInput, QuantizedWeight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 from nemo_jetrl.precision.recipes.gemm_choice import (  # noqa: F401  (fprop_backend, library_backend: public)
     FpropBackend,
+    FpropKernel,
+    FpropKernelSwitch,
     GemmChoice,
     fprop_backend,
     library_backend,
@@ -135,11 +137,12 @@ class Fp8LinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None
 
 
-class Fp8Linear(nn.Module):
+class Fp8Linear(FpropKernelSwitch, nn.Module):
     """Linear layer with a master `weight` [N, K] (+ bias) that runs its GEMMs in FP8 (the recipe's scale layout).
 
     mode "train": FP8 autograd if `train_fp8`; mode "rollout": FP8 forward without autograd if `rollout_fp8`;
     otherwise a plain `F.linear`. Output dtype: the autocast dtype when autocast is on, else x's dtype.
+    `fprop_kernel` (`FpropKernel`, precision/recipes/gemm_choice.py): how the forward GEMM is chosen.
     """
 
     def __init__(
@@ -173,8 +176,6 @@ class Fp8Linear(nn.Module):
         # Row-parallel (tensor parallel): the training GEMM returns its partial sums in this dtype (fp32) so that
         # the TP all-reduce adds them before the one rounding to the output dtype. None: the output dtype.
         self.partial_dtype: torch.dtype | None = None
-        self.batch_invariant = False  # the exact mode's forward GEMM (`models.batch_invariant.enable_batch_invariant`)
-        self.fprop_cublas = False  # the forward GEMM on cuBLAS at every M (`convert.use_cublas_fprop`)
         # Where the FP8 bits come from when this rank holds only a shard of the master (`WeightSource`, set by
         # `policy.parallel.fp8_gather`): None = quantized here from `weight`.
         self.weight_source: WeightSource | None = None
@@ -312,7 +313,7 @@ class Fp8Linear(nn.Module):
 
     def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)
-        if self.batch_invariant:
+        if self.exact_fprop:
             from nemo_jetrl.precision import batch_invariant
 
             return batch_invariant.linear(x, weight, bias)

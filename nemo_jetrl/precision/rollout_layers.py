@@ -15,6 +15,7 @@ from torch import nn
 
 from nemo_jetrl.precision.linear import (
     Fp8Linear,
+    FpropKernelSwitch,
     QuantizedInput,
     QuantizedWeight,
     fp8_linear_forward,
@@ -27,12 +28,12 @@ from nemo_jetrl.precision.recipe import PrecisionRecipe
 from nemo_jetrl.precision.weight_group import layout_problem, sibling_sets, stack_rows
 
 
-class Fp8RolloutLinear(nn.Module):
+class Fp8RolloutLinear(FpropKernelSwitch, nn.Module):
     """Rollout-only linear on received FP8 bits: `weight_fp8` e4m3 [N, K], `weight_scale` fp32 in the recipe's
     weight layout ([N/128, K/128] blockwise).
 
     Its forward is `fp8_linear_forward`, the same function `Fp8Linear` runs in rollout mode, so equal bits give
-    equal outputs. Holds no master weight and no autograd state.
+    equal outputs. Holds no master weight and no autograd state. `fprop_kernel`: the trainer's `Fp8Linear`'s.
     """
 
     def __init__(self, in_features: int, out_features: int, recipe: PrecisionRecipe, bias: torch.Tensor | None):
@@ -48,15 +49,13 @@ class Fp8RolloutLinear(nn.Module):
         self._qweight: QuantizedWeight | None = None
         self.weight_group: Fp8RolloutGroup | None = None
         self.partial_dtype: torch.dtype | None = None  # row-parallel: GEMM output dtype before the TP all-reduce
-        self.batch_invariant = False  # the exact mode's forward GEMM, as the trainer's Fp8Linear
-        self.fprop_cublas = False  # cuBLAS at every M, as the trainer's Fp8Linear
 
     @classmethod
     def from_fp8_linear(cls, module: Fp8Linear) -> Fp8RolloutLinear:
         """Same shapes and recipe; starts on `module`'s current quantized weight."""
         bias = module.bias.detach() if module.bias is not None else None
         new = cls(module.in_features, module.out_features, module.recipe, bias)
-        new.batch_invariant, new.fprop_cublas = module.batch_invariant, module.fprop_cublas
+        new.fprop_kernel = module.fprop_kernel
         qweight = module.quantized_weight()
         new.weight_fp8 = new.weight_fp8.to(qweight.data.device)
         new.weight_scale = new.weight_scale.to(qweight.data.device)

@@ -156,7 +156,7 @@ def test_small_qwen3_exact_mode_fp8_kv_is_exact_at_another_micro_batch():
     prompts = torch.randint(1, SMALL_QWEN3["vocab_size"], (32, 48), generator=torch.Generator().manual_seed(0))
     recipe = PrecisionRecipe.preset("jetrl_kv")
     policy, engine = parts(model, None, recipe, mbs=8, max_new_tokens=32, deterministic=True)
-    assert engine.batch_invariant and engine.fused_decode
+    assert engine.forward_plan.exact.logsumexp and engine.fused_decode
     bootstrap_kv(policy, engine, prompts.tolist())
     for seed in (0, 1):
         metrics, batch = step(policy, engine, prompts.tolist(), seed)

@@ -157,7 +157,7 @@ class ContinuousRollout:
             counts = self.counts[:n]
             tokens, logprobs = sample(
                 self.logits, eng.sampling, greedy=greedy, keys=keys_all[self.requests[:n]], counters=counts,
-                batch_invariant=eng.batch_invariant,
+                batch_invariant=self.plan.exact.logsumexp,
             )  # [n] each  # fmt: skip
             rows = torch.where(live, self.requests[:n], trash)  # rows not running write the trash row
             cols = torch.where(live, counts, 0)

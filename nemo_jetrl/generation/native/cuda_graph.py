@@ -15,6 +15,9 @@ Batch-size buckets (`BucketedSteps`): the continuous rollout's live rows change 
 is captured once per bucket size it meets (8, 16, 32, ... up to the row count), all graphs in one memory pool, and
 each window runs the smallest bucket that holds the live rows: the drain at the end of a queue replays small graphs.
 
+The decode step a rollout runs (`rollout_decoder`): its prefix form (attention over the written prefix, eager), its
+static form (the whole buffer, a 0-dim column tensor: fixed shapes) or that static form captured here.
+
 Autocast casts are not cached while capturing (a cached cast would be freed when the autocast context exits while
 the graph still reads it); each replay casts again from the live weights.
 
@@ -31,6 +34,9 @@ import gc
 from collections.abc import Callable, Iterator
 
 import torch
+
+# step(tokens [B, 1], positions [B, 1], mask [B, S], cache_start) -> logits [B, V]: one decode step over a KV cache
+DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "int | torch.Tensor"], torch.Tensor]
 
 
 @contextlib.contextmanager
@@ -84,6 +90,38 @@ class CapturedStep:
             with torch.cuda.graph(graph, pool=self.pool):
                 self.output = self.fn(*self.static_inputs)
         self.graph = graph
+
+
+def rollout_decoder(step: DecodeStep, mask: torch.Tensor, record=None, *, static: bool, graphed: bool) -> Callable:
+    """`decode(tokens [B], positions [B], col) -> logits [B, V]` over `step`, writing cache column `col`; mask:
+    [B, S_max]. Prefix form (not `static`): mask[:, :col + 1] and an int start; static form: the whole mask and a
+    0-dim start tensor filled with `col`, captured in a `CapturedStep` when `graphed`. `record` (an MoE model's
+    `RoutingRecord`) takes each step's column as its `start`."""
+    if not static:
+
+        def run_prefix(tokens, positions, col):
+            if record is not None:
+                record.start = col
+            return step(tokens[:, None], positions[:, None], mask[:, : col + 1], col)
+
+        return run_prefix
+    cache_pos = torch.zeros((), dtype=torch.long, device=mask.device)
+
+    def static_step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [B, 1] each
+        if record is not None:
+            record.start = cache_pos  # read on the device: a captured step writes where the column is
+        return step(tokens, positions, mask, cache_pos)
+
+    run_step = static_step
+    if graphed:
+        static_in = tuple(torch.zeros((mask.shape[0], 1), dtype=torch.long, device=mask.device) for _ in range(2))
+        run_step = CapturedStep(static_step, static_in)
+
+    def run(tokens, positions, col):
+        cache_pos.fill_(col)
+        return run_step(tokens[:, None], positions[:, None])
+
+    return run
 
 
 def bucket_sizes(max_rows: int, smallest: int = 8) -> list[int]:

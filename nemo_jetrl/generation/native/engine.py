@@ -19,6 +19,7 @@ itself; the GRPO loop never takes prev_logprobs from it (they come from the trai
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -26,7 +27,7 @@ from torch import nn
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
 from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutStats
-from nemo_jetrl.generation.native.cuda_graph import CapturedStep
+from nemo_jetrl.generation.native.cuda_graph import rollout_decoder
 from nemo_jetrl.generation.native.decode_attention import triton_decode_available
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
 from nemo_jetrl.generation.native.prompts import check_prompts, left_pad, length_caps
@@ -132,9 +133,7 @@ class NativeGenerationEngine(GenerationInterface):
             raise ValueError("fused_decode=True needs a CUDA model and triton")
         self.fused_decode = (on_cuda and triton_decode_available()) if fused_decode is None else bool(fused_decode)
         self.forward_plan = ForwardPlan.rollout(model, compute_dtype, fused=self.fused_decode)  # + a rollout's hook
-        self.exact_parts = self.forward_plan.exact  # the exact mode (all parts): the trainer's kernels, row by row
-        self.batch_invariant = self.exact_parts.logsumexp  # the samplers' log-sum-exp
-        if self.exact_parts.any and on_cuda and not self.fused_decode:
+        if self.forward_plan.exact.any and on_cuda and not self.fused_decode:  # the exact parts: the trainer's kernels
             raise ValueError(
                 "fused_decode=False with a model in the exact mode: its rollout runs the fused glue kernels the "
                 "trainer runs (leave fused_decode unset)"
@@ -300,39 +299,10 @@ class NativeGenerationEngine(GenerationInterface):
     def _decoder(
         self, cache: KVCache, plan: ForwardPlan, mask: torch.Tensor, record: RoutingRecord | None = None
     ) -> Callable:
-        """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed.
-        An MoE model's `record` takes each step's routing at its column."""
-        if not self.static_decode:
-
-            def run_prefix(tokens, positions, col):
-                if record is not None:
-                    record.start = col
-                return self._decode_step(cache, plan, tokens[:, None], positions[:, None], mask[:, : col + 1], col)
-
-            return run_prefix
-        cache_pos = torch.zeros((), dtype=torch.long, device=self.device)
-
-        def static_step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [B, 1] each
-            if record is not None:
-                record.start = cache_pos  # read on the device: a captured step writes where the column is
-            return self._decode_step(cache, plan, tokens, positions, mask, cache_pos)
-
-        if self.cuda_graphs:
-            batch = mask.shape[0]
-            static_in = tuple(torch.zeros((batch, 1), dtype=torch.long, device=self.device) for _ in range(2))
-            graphed = CapturedStep(static_step, static_in)
-
-            def run(tokens, positions, col):
-                cache_pos.fill_(col)
-                return graphed(tokens[:, None], positions[:, None])
-
-            return run
-
-        def run_static(tokens, positions, col):
-            cache_pos.fill_(col)
-            return static_step(tokens[:, None], positions[:, None])
-
-        return run_static
+        """`decode(tokens [B], positions [B], col) -> logits [B, V]` for this rollout: prefix, static or graphed
+        (`cuda_graph.rollout_decoder`). An MoE model's `record` takes each step's routing at its column."""
+        step = functools.partial(self._decode_step, cache, plan)
+        return rollout_decoder(step, mask, record, static=self.static_decode, graphed=self.cuda_graphs)
 
     def _run(
         self,
@@ -369,6 +339,7 @@ class NativeGenerationEngine(GenerationInterface):
         stop_ids = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
         pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device)
         plan = self.forward_plan.with_hook(hook)  # this rollout's, for the prefill and every decode step
+        exact_logsumexp = plan.exact.logsumexp  # the samplers' log-sum-exp: the exact mode's where the plan runs it
         decode = self._decoder(cache, plan, mask, record)
         keys = sequence_keys(seed_of(generator), torch.arange(batch, device=self.device))  # [B] sampling streams
 
@@ -382,13 +353,13 @@ class NativeGenerationEngine(GenerationInterface):
             col = prompt_len + step
             if forced is None:
                 tokens, token_logprobs_ = sample(
-                    logits, self.sampling, greedy=greedy, keys=keys, counters=step, batch_invariant=self.batch_invariant
+                    logits, self.sampling, greedy=greedy, keys=keys, counters=step, batch_invariant=exact_logsumexp
                 )  # [B] each
                 active = ~finished & (lengths < limits)  # rows at their cap stop (truncated, not finished)
             else:
                 tokens, active = forced[0][:, col], forced[1][:, col].bool()
                 token_logprobs_ = token_logprobs(
-                    logits, tokens, self.sampling.temperature, batch_invariant=self.batch_invariant
+                    logits, tokens, self.sampling.temperature, batch_invariant=exact_logsumexp
                 )
             tokens = torch.where(active, tokens, pad)
             ids[:, col] = tokens

@@ -19,13 +19,14 @@ from nemo_jetrl.precision.recipes.base import (
     unregister_layout,
 )
 from nemo_jetrl.precision.recipes.blockwise import BLOCKWISE
-from nemo_jetrl.precision.recipes.gemm_choice import GemmChoice, choose_gemm, linear_gemm
+from nemo_jetrl.precision.recipes.gemm_choice import FpropKernel, GemmChoice, choose_gemm, linear_gemm
 
 for _layout in (BLOCKWISE, ROWWISE, TENSORWISE):
     register_layout(_layout)
 
 __all__ = [
     "BLOCKWISE",
+    "FpropKernel",
     "GemmChoice",
     "LayoutFeatures",
     "ROWWISE",

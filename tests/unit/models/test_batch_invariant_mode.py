@@ -19,7 +19,7 @@ from nemo_jetrl.models.batch_invariant import (
 )
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision import Fp8Linear, FpropKernel, PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook
 
 BF16 = torch.bfloat16
@@ -32,7 +32,7 @@ def test_switch_covers_every_linear_and_keeps_the_parameters():
     fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
     assert not is_batch_invariant(model)
     assert enable_batch_invariant(model) == len(fp8) + 1  # the FP8 projections and the lm_head
-    assert is_batch_invariant(model) and all(m.batch_invariant for m in fp8)
+    assert is_batch_invariant(model) and all(m.fprop_kernel is FpropKernel.BATCH_INVARIANT for m in fp8)
     assert isinstance(model.lm_head, BatchInvariantLinear) and model.lm_head.weight is head
     assert not any(type(m) is nn.Linear for m in model.modules())
     with pytest.raises(ValueError, match="no linear layers"):
@@ -57,7 +57,7 @@ def test_partial_parts_switch_only_their_kernels():
     convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
     fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
     assert enable_batch_invariant(model, ExactParts.only("fp8_gemm")) == len(fp8)
-    assert all(m.batch_invariant for m in fp8) and type(model.lm_head) is nn.Linear
+    assert all(m.fprop_kernel is FpropKernel.BATCH_INVARIANT for m in fp8) and type(model.lm_head) is nn.Linear
     assert exact_parts(model) == ExactParts.only("fp8_gemm") and not is_batch_invariant(model)
 
 
@@ -70,10 +70,10 @@ def test_matched_kernels_switch_the_cheap_parts_and_the_policy_applies_them():
     policy = NativePolicy(cfg, PrecisionRecipe.preset("jetrl"), torch.device("cpu"), model=model)
     assert exact_parts(policy.model) == MATCHED_PARTS == ExactParts.only("attention", "logsumexp")
     fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-    assert fp8 and not any(m.batch_invariant or m.fprop_cublas for m in fp8)  # CPU: the emulated GEMM, no cuBLAS
+    assert fp8 and all(m.fprop_kernel is FpropKernel.AUTO for m in fp8)  # CPU: the emulated GEMM, no cuBLAS
     assert type(model.lm_head) is nn.Linear
     engine = NativeGenerationEngine(model, max_new_tokens=2, stop_token_ids=[], pad_token_id=0)
-    assert engine.batch_invariant and not is_batch_invariant(model)  # the samplers' per-row log-sum-exp
+    assert engine.forward_plan.exact.logsumexp and not is_batch_invariant(model)  # the samplers' per-row log-sum-exp
     other = random_tiny_qwen3(0)
     match_kernels(other, torch.device("cpu"))  # no FP8 linears: attention and log-sum-exp only
     assert exact_parts(other) == MATCHED_PARTS
@@ -95,10 +95,65 @@ def test_cublas_fprop_is_refused_off_sm90_and_the_exact_gemm_wins():
         use_cublas_fprop(model)
     linear = next(m for m in model.modules() if isinstance(m, Fp8Linear))
     assert fprop_backend(linear) == "auto"
-    linear.fprop_cublas = True
+    linear.fprop_kernel = FpropKernel.CUBLAS
     assert fprop_backend(linear) == "scaled_mm"
-    linear.batch_invariant = True  # the exact mode's GEMM takes precedence
+    linear.fprop_kernel = FpropKernel.CUBLAS.with_exact(True)  # the exact mode's GEMM takes precedence
     assert fprop_backend(linear) == "batch_invariant"
+
+
+def test_one_gemm_choice_per_linear_whatever_order_the_switches_run(monkeypatch):
+    from nemo_jetrl.precision import Fp8RolloutLinear, build_rollout_replica, convert, gemm
+    from nemo_jetrl.precision.expert_linear import ExpertLinear
+    from nemo_jetrl.precision.linear import fprop_backend
+
+    model = random_tiny_qwen3(0)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    assert not any(hasattr(m, "batch_invariant") or hasattr(m, "fprop_cublas") for m in fp8)  # one field each
+
+    def backends():
+        return {fprop_backend(m) for m in fp8}
+
+    enable_batch_invariant(model)
+    match_kernels(model, torch.device("cpu"))  # the matched kernels replace the exact mode; no cuBLAS on CPU
+    assert backends() == {"auto"} and exact_parts(model) == MATCHED_PARTS
+    unmatch_kernels(model)
+    # a GPU where cuBLAS runs the blockwise recipe: matched kernels pin cuBLAS, the exact mode's GEMM then wins
+    monkeypatch.setattr(gemm, "gemm_backend", lambda device: "scaled_mm")
+    monkeypatch.setattr(convert, "gemm_backend", lambda device: "scaled_mm")
+    match_kernels(model, torch.device("cpu"))
+    assert backends() == {"scaled_mm"}
+    enable_batch_invariant(model)
+    assert backends() == {"batch_invariant"}
+    assert convert.use_cublas_fprop(model) == len(fp8) and backends() == {"batch_invariant"}
+    replica = build_rollout_replica(model)  # the rollout copy runs the trainer's choice
+    assert {m.fprop_kernel for m in replica.modules() if isinstance(m, Fp8RolloutLinear)} == {
+        FpropKernel.BATCH_INVARIANT
+    }
+    enable_batch_invariant(model, ExactParts.only("attention"))  # the exact GEMM off: back to the library's
+    assert backends() == {"auto"}
+    # the value refuses what it cannot run: unknown names, old booleans, cuBLAS on a high-precision linear
+    with pytest.raises(ValueError, match=r"FpropKernel must be one of \['auto', 'cublas', 'batch_invariant'\]"):
+        fp8[0].fprop_kernel = True
+    with pytest.raises(ValueError, match="got 'cuBLAS'"):
+        FpropKernel("cuBLAS")
+    with pytest.raises(ValueError, match="ExpertLinear.fprop_kernel must be one of"):
+        ExpertLinear(nn.Parameter(torch.zeros(2, 4, 4))).fprop_kernel = FpropKernel.CUBLAS
+    fp8[0].fprop_kernel = "cublas"
+    assert fp8[0].fprop_kernel is FpropKernel.CUBLAS
+
+
+def test_the_switches_compose_into_one_value():
+    auto, cublas, exact = FpropKernel.AUTO, FpropKernel.CUBLAS, FpropKernel.BATCH_INVARIANT
+    # (from, exact on, exact off, cuBLAS on, cuBLAS off): the exact GEMM wins over cuBLAS in either order
+    table = [
+        (auto, exact, auto, cublas, auto),
+        (cublas, exact, cublas, cublas, auto),
+        (exact, exact, auto, exact, exact),
+    ]
+    for kernel, exact_on, exact_off, cublas_on, cublas_off in table:
+        assert kernel.with_exact(True) is exact_on and kernel.with_exact(False) is exact_off
+        assert kernel.with_cublas(True) is cublas_on and kernel.with_cublas(False) is cublas_off
 
 
 def _rollout_and_trainer(preset: str):

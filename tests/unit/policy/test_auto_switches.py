@@ -19,7 +19,7 @@ from nemo_jetrl.policy.auto_switches import (
     worker_switch_lines,
 )
 from nemo_jetrl.policy.native import NativePolicy
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8
+from nemo_jetrl.precision import Fp8Linear, FpropKernel, PrecisionRecipe, convert_to_fp8
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -84,7 +84,7 @@ def test_the_self_check_decides_auto_and_a_refusal_leaves_the_fast_path(monkeypa
     on, line = apply_matched_kernels(model, _cfg(), PrecisionRecipe.preset("jetrl"), CPU, torch.bfloat16)
     assert seen == [MATCHED_PARTS]  # the check ran on the switched model
     assert on == (problem is None) and exact_parts(model) == (MATCHED_PARTS if on else NO_EXACT_PARTS)
-    assert not any(m.fprop_cublas for m in model.modules() if isinstance(m, Fp8Linear))
+    assert all(m.fprop_kernel is FpropKernel.AUTO for m in model.modules() if isinstance(m, Fp8Linear))
     key = "policy.generation.matched_kernels: auto"
     expected = f"{key} -> off: not row-invariant on cpu: {problem} (true forces it)" if problem else (
         f"{key} -> on: every product row-invariant on cpu (rollout logprobs == trainer's, bitwise)"

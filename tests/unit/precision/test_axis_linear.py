@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, rollout_mode
+from nemo_jetrl.precision import Fp8Linear, FpropKernel, PrecisionRecipe, convert_to_fp8, rollout_mode
 from nemo_jetrl.precision.axis_gemm import fp8_axis_mm, pad_rows
 from nemo_jetrl.precision.axis_quant import axis_dequant, col_quant_t, row_quant, tensor_quant
 from nemo_jetrl.precision.shared_input import quantize_shared_input, shared_input_quant
@@ -129,7 +129,7 @@ def test_axis_mm_error_bound_vs_dequantized_reference(scales):
 
 def test_exact_mode_refuses_non_blockwise():
     _, fp8 = make_pair("rowwise")
-    fp8.batch_invariant = True
+    fp8.fprop_kernel = FpropKernel.BATCH_INVARIANT
     with pytest.raises(ValueError, match="exact mode's FP8 GEMM is blockwise"):
         fp8(torch.randn(4, 256))
 

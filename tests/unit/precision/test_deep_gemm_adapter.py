@@ -4,7 +4,7 @@ recipe, the NeMo-RL key and the trainer's layers carry it. The GPU twin: tests/g
 import pytest
 import torch
 
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, deep_gemm_adapter
+from nemo_jetrl.precision import Fp8Linear, FpropKernel, PrecisionRecipe, deep_gemm_adapter
 from nemo_jetrl.precision.gemm import _emulated_mm, fp8_blockwise_mm
 from nemo_jetrl.precision.linear import fprop_backend, library_backend
 from nemo_jetrl.precision.quant import act_quant, weight_quant
@@ -101,7 +101,7 @@ def test_rollout_mode_and_the_exact_mode_choices(fake_deep_gemm):
     layer.mode = "rollout"
     layer(torch.randn(3, 384, dtype=torch.bfloat16))
     assert fake_deep_gemm == [(3, 384, 256)]
-    layer.batch_invariant = True  # the exact mode keeps its batch-invariant GEMM
+    layer.fprop_kernel = FpropKernel.BATCH_INVARIANT  # the exact mode keeps its batch-invariant GEMM
     assert fprop_backend(layer) == "batch_invariant"
 
 

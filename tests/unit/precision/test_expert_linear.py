@@ -5,7 +5,7 @@ bit for bit, the error against FP32 stays within FP8's bounds, and the exact mod
 import pytest
 import torch
 
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe
+from nemo_jetrl.precision import Fp8Linear, FpropKernel, PrecisionRecipe
 from nemo_jetrl.precision.expert_linear import ExpertLinear, ExpertSplit, Fp8ExpertLinear, expert_linear
 from nemo_jetrl.precision.quant import act_dequant, act_quant, weight_dequant
 
@@ -100,9 +100,9 @@ def test_error_against_fp32_stays_within_fp8_bounds(preset):
 
 def test_bf16_experts_and_the_exact_mode_are_batch_invariant():
     fp8, x, split = make("jetrl", seed=3)
-    fp8.batch_invariant = True  # what enable_batch_invariant sets: the batch-invariant FP8 GEMM per expert
+    fp8.fprop_kernel = FpropKernel.BATCH_INVARIANT  # what enable_batch_invariant sets: the batch-invariant FP8 GEMM per expert
     plain = ExpertLinear(fp8.weight)
-    plain.batch_invariant = True
+    plain.fprop_kernel = FpropKernel.BATCH_INVARIANT
     with torch.no_grad():
         for module in (fp8, plain):
             whole = module(x, split)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_jetrl.precision import Fp8Linear, Fp8WeightGroup, PrecisionRecipe
+from nemo_jetrl.precision import Fp8Linear, Fp8WeightGroup, FpropKernel, PrecisionRecipe
 from nemo_jetrl.precision.grouped_linear import grouped_train_projections, trains_grouped
 from nemo_jetrl.utils.columns import join_columns
 
@@ -114,9 +114,9 @@ def test_which_linears_the_trainer_groups():
     group.train_grouped = False  # the per-linear ablation
     assert not trains_grouped(cuda_x, ms, group)
     group.train_grouped = True
-    ms[0].fprop_cublas = True  # matched kernels keep per-linear cuBLAS forwards
+    ms[0].fprop_kernel = FpropKernel.CUBLAS  # matched kernels keep per-linear cuBLAS forwards
     assert not trains_grouped(cuda_x, ms, group)
-    ms[0].fprop_cublas = False
+    ms[0].fprop_kernel = FpropKernel.AUTO
     for m in ms:
         m.mode = "rollout"
     assert not trains_grouped(cuda_x, ms, group)  # the rollout's grouped forward is its own path

@@ -19,6 +19,7 @@ from nemo_jetrl.precision.config import Fp8Config, recipe_problems
 from nemo_jetrl.precision.quant import act_dequant, act_quant, act_quant_t
 from nemo_jetrl.precision.recipes import (
     BLOCKWISE,
+    FpropKernel,
     GemmChoice,
     LayoutFeatures,
     ScaleLayout,
@@ -133,7 +134,7 @@ def test_a_fourth_layout_trains_a_converted_model_and_is_refused_where_it_has_no
     grads = [p.grad for n, p in fp8.named_parameters() if "proj" in n]
     assert len(grads) == 14 and all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
     layer = fp8.model.layers[0].self_attn.o_proj
-    layer.batch_invariant = True  # the exact mode: the toy has no batch-invariant GEMM
+    layer.fprop_kernel = FpropKernel.BATCH_INVARIANT  # the exact mode: the toy has no batch-invariant GEMM
     with pytest.raises(ValueError, match="exact mode's FP8 GEMM is blockwise; the groups1x64 recipe has none"):
         layer(torch.randn(3, layer.in_features))
     # the config's cross-section rules ask the layout's features, by the layout's name
@@ -155,8 +156,8 @@ def test_the_gemm_choice_is_one_function_of_the_recipe_and_the_linears_switches(
     assert choose_gemm(jetrl) == GemmChoice("auto", "auto", "auto")
     assert choose_gemm(dg) == GemmChoice("deep_gemm", "deep_gemm", "auto")  # WGrad stays on cuBLAS
     assert choose_gemm(rowwise_dg) == GemmChoice()  # DeepGEMM takes no rowwise product
-    assert choose_gemm(dg, cublas=True) == GemmChoice("scaled_mm", "deep_gemm")
-    assert choose_gemm(dg, exact=True, cublas=True) == GemmChoice("batch_invariant", "deep_gemm")
+    assert choose_gemm(dg, FpropKernel.CUBLAS) == GemmChoice("scaled_mm", "deep_gemm")
+    assert choose_gemm(dg, FpropKernel.BATCH_INVARIANT) == GemmChoice("batch_invariant", "deep_gemm")
 
 
 def test_config_literal_names_exactly_the_registered_layouts():
