@@ -133,7 +133,7 @@ def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, bat
 
 def test_a_worker_raising_inside_a_collective_is_one_error_and_the_checkpoint_survives(tmp_path, ray_cluster):
     kv_off = ("policy.generation.kv_cache_dtype=auto", "policy.fp8_cfg.train_kv_fake_quant=false")
-    cfg = _cfg(tmp_path, "cluster.backend=ray", "checkpointing.enabled=true", *kv_off).model_dump()
+    cfg = _cfg(tmp_path, "cluster.backend=ray", "checkpointing.enabled=true", *kv_off)
     run = setup(cfg)
     with RunProgress(2) as progress:
         grpo_step(run, 0, Timer(), progress)

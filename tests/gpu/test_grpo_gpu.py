@@ -216,7 +216,7 @@ def test_grpo_step_through_the_driver(tmp_path):
     config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_tiny.yaml"
     overrides = [f"logger.log_dir={tmp_path}", "logger.tensorboard_enabled=false", "grpo.num_prompts_per_step=16",
                  "policy.train_micro_batch_size=64", "policy.logprob_batch_size=64", "cluster.device=cuda"]  # fmt: skip
-    run = grpo.setup(validate_config(load_config(config, overrides)).model_dump())
+    run = grpo.setup(validate_config(load_config(config, overrides)))
     assert run.device.type == "cuda"
     for s in range(2):
         metrics = grpo.grpo_step(run, s, Timer(), RunProgress(1, enabled=False))

@@ -29,7 +29,7 @@ def _cfg(root: Path, *extra: str) -> dict:
         "logger.tensorboard_enabled=false",
         *extra,
     ]
-    return validate_config(load_config(TINY, overrides)).to_dict()
+    return validate_config(load_config(TINY, overrides))
 
 
 def _state(at: int, **fields) -> dict:
@@ -94,7 +94,7 @@ def test_a_fresh_start_moves_every_earlier_output_aside(tmp_path):
     (logs / "notes.txt").write_text("the user's")
     earlier = set(_tree(logs).values())
     assert load_resume_state(cfg) is None
-    with Logger(cfg["logger"]) as logger:
+    with Logger(cfg.logger) as logger:
         logger.log_config({"this": "run"})
         logger.log_metrics({"loss": 0.5}, step=1, prefix="train")
     assert earlier <= set(_tree(logs).values())  # every earlier file's bytes are still there
@@ -108,7 +108,7 @@ def test_a_resume_with_another_config_keeps_the_earlier_config_yaml(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "config.yaml").write_text("grpo: {max_num_steps: 4}\n")
-    with Logger(cfg["logger"]) as logger:
+    with Logger(cfg.logger) as logger:
         logger.log_config({"grpo": {"max_num_steps": 8}})
     yamls = {p.name: p.read_text() for p in logs.glob("config*.yaml")}
     assert "grpo: {max_num_steps: 4}\n" in yamls.values() and len(yamls) == 2
