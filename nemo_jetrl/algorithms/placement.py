@@ -55,7 +55,7 @@ def place(cfg: RunConfig, *, init_reference_model: bool) -> Placement:
         for line in switch_lines:
             announce(line)
         policy, engine = build_ray_policy_and_engine(
-            policy_cfg, cluster, cfg.grpo.seed, spec, init_reference_model=init_reference_model
+            policy_cfg, spec, cfg.grpo.seed, init_reference_model=init_reference_model
         )
         return Placement(policy, engine, torch.device("cpu"), True)
     plan, startup = ParallelPlan.single(), None

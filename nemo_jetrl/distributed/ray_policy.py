@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from nemo_jetrl.distributed.cluster import ClusterSpec
-from nemo_jetrl.distributed.cluster_config import ClusterConfig
 from nemo_jetrl.distributed.worker import worker_setup_payload
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
@@ -146,16 +145,15 @@ class RayGeneration(GenerationInterface):
 
 
 def build_ray_policy_and_engine(
-    policy_cfg: PolicyConfig, cluster_cfg: ClusterConfig, seed: int, spec: ClusterSpec, *,
-    init_reference_model: bool = False,
-) -> tuple[RayPolicy, RayGeneration]:  # fmt: skip
+    policy_cfg: PolicyConfig, spec: ClusterSpec, seed: int, *, init_reference_model: bool = False
+) -> tuple[RayPolicy, RayGeneration]:
     """Start the worker group, load + shard the policy on every worker, first refit; the driver's two handles.
-    The workers get the validated `policy` and `cluster` sections and `grpo.seed` (`worker_setup_payload`)."""
+    The workers get the validated `policy` section, the run's spec and `grpo.seed` (`worker_setup_payload`)."""
     if spec.tensor_parallel_size > 1:  # before any worker starts (the workers check the FP8 tiles per layer)
         from nemo_jetrl.policy.parallel.tensor_parallel import check_tp_model
 
         check_tp_model(policy_cfg.model_name, spec.tensor_parallel_size)
     group = RayWorkerGroup(spec)
-    payload = group.put(worker_setup_payload(policy_cfg, cluster_cfg, seed))
+    payload = group.put(worker_setup_payload(policy_cfg, spec, seed))
     info = group.run("setup", "setup", common=(payload, init_reference_model))[0]
     return RayPolicy(group, policy_cfg, info, init_reference_model=init_reference_model), RayGeneration(group)

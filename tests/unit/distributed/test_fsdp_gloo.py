@@ -19,6 +19,7 @@ from jetrl_testkit.live_bytes import StepBytes
 
 from nemo_jetrl.algorithms.grpo import setup
 from nemo_jetrl.config import load_config
+from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.worker import worker_setup_payload
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.precision import Fp8Linear, weight_quant
@@ -51,7 +52,8 @@ def observed(tmp_path_factory):
     adv = torch.randn(ROWS, generator=torch.Generator().manual_seed(4))
     batch = TrainBatch(out.input_ids, out.attention_mask, out.response_mask, adv, out.generation_logprobs.float())
     # what a Ray worker is handed (the process boundary: plain dicts, validated back there)
-    ref = {"setup": worker_setup_payload(cfg.policy, cfg.cluster, cfg.grpo.seed), "batch": batch}
+    spec = ClusterSpec.from_config(cfg.cluster)
+    ref = {"setup": worker_setup_payload(cfg.policy, spec, cfg.grpo.seed), "batch": batch}
     ref["loss_fn"] = cfg.loss_fn.model_dump()
     bits0 = {n: policy.model.get_submodule(n).quantized_weight() for n in _fp8_names(policy.model)}
     ref["logprobs"] = policy.get_logprobs(batch)
