@@ -175,12 +175,13 @@ def export_checkpoint(
     check_shard_size(max_shard_size)
     earlier_export_files(out_dir, overwrite=overwrite, protected=[checkpoint])  # refuse before the slow load
     state, _ = load_policy_checkpoint(checkpoint)
-    policy = saved_policy_config(state, checkpoint)
-    protected = [checkpoint, resolve_model_dir(policy.model_name)]
+    policy_cfg = saved_policy_config(state, checkpoint)
+    protected = [checkpoint, resolve_model_dir(policy_cfg.model_name)]
     earlier_export_files(out_dir, overwrite=overwrite, protected=protected)
     return export_policy_weights(
-        state["policy"]["model"], out_dir, model_name=policy.model_name, config_overrides=policy.hf_config_overrides,
-        recipe=PrecisionRecipe.from_config(policy), protected=protected, fp8=fp8, dtype=dtype,
+        state["policy"]["model"], out_dir, model_name=policy_cfg.model_name,
+        config_overrides=policy_cfg.hf_config_overrides, recipe=PrecisionRecipe.from_config(policy_cfg),
+        protected=protected, fp8=fp8, dtype=dtype,
         max_shard_size=max_shard_size, overwrite=overwrite,
     )  # fmt: skip
 
