@@ -1,6 +1,7 @@
 """`typed_section`: the one check that a component was handed its validated config section (a `Section` subclass
 such as `PolicyConfig`), not the section's plain dict. Plain dicts exist only where a config crosses a process
-boundary (Ray workers, checkpoints, logs), dumped with `model_dump()` and validated back on the other side.
+boundary (Ray workers, checkpoints, logs), dumped with `model_dump()`; a side that builds from one validates it back
+(`distributed.worker.worker_sections`, `algorithms.grpo_checkpoint.saved_policy_config`).
 
 Imports nothing (the GPU-side modules that call it import without pydantic): the expected type is named, not
 imported, and matched against the value's class and its bases.
