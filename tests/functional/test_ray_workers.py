@@ -33,7 +33,7 @@ from nemo_jetrl.distributed.cluster_config import ClusterConfig  # noqa: E402
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NonFiniteError  # noqa: E402
-from nemo_jetrl.schema import validate_config  # noqa: E402
+from nemo_jetrl.schema import MasterConfig, validate_config  # noqa: E402
 from nemo_jetrl.utils.checkpoint import CheckpointManager  # noqa: E402
 from nemo_jetrl.utils.progress import RunProgress  # noqa: E402
 from nemo_jetrl.utils.timers import Timer  # noqa: E402
@@ -43,7 +43,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_ti
 EXACT = ("reward_mean", "accuracy", "mean_response_length", "truncated_fraction", "kept_fraction")
 
 
-def _cfg(tmp: Path, *extra: str) -> dict:
+def _cfg(tmp: Path, *extra: str) -> MasterConfig:
     overrides = [
         "grpo.max_num_steps=2",
         "grpo.num_prompts_per_step=16",

@@ -13,7 +13,7 @@ import torch
 
 from nemo_jetrl.algorithms.grpo_checkpoint import load_resume_state
 from nemo_jetrl.config import load_config
-from nemo_jetrl.schema import validate_config
+from nemo_jetrl.schema import MasterConfig, validate_config
 from nemo_jetrl.utils.checkpoint import STATE_FILE, CheckpointManager
 from nemo_jetrl.utils.logger import Logger
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "examples" / "configs" / "grpo_tiny.yaml"
 
 
-def _cfg(root: Path, *extra: str) -> dict:
+def _cfg(root: Path, *extra: str) -> MasterConfig:
     overrides = [
         f"logger.log_dir={root / 'logs'}",
         f"checkpointing.checkpoint_dir={root / 'ckpt'}",
