@@ -35,6 +35,7 @@ from benchmarks.common import (
     policy_config,
     report,
 )
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.micro_batches import plan_micro_batches, token_budget
 from nemo_jetrl.policy.native import NativePolicy
@@ -59,11 +60,11 @@ def long_tailed_batch(lengths: list[int], prompt_len: int, max_len: int, vocab: 
 VARIANTS = ("fixed", "dynamic", "packed", "packed+graphs")
 
 
-def switch(policy_cfg: dict, variant: str) -> dict:
+def switch(policy_cfg: PolicyConfig, variant: str) -> PolicyConfig:
     """`policy_cfg` with dynamic batching / sequence packing switched on for `variant` (both off for fixed)."""
-    dyn = {**policy_cfg["dynamic_batching"], "enabled": variant == "dynamic"}
-    pack = {**policy_cfg["sequence_packing"], "enabled": variant.startswith("packed")}
-    return {**policy_cfg, "dynamic_batching": dyn, "sequence_packing": pack}
+    dyn = policy_cfg.dynamic_batching.model_copy(update={"enabled": variant == "dynamic"})
+    pack = policy_cfg.sequence_packing.model_copy(update={"enabled": variant.startswith("packed")})
+    return policy_cfg.model_copy(update={"dynamic_batching": dyn, "sequence_packing": pack})
 
 
 def step_fn(policy: NativePolicy, batch: TrainBatch, variant: str):
@@ -78,11 +79,11 @@ def step_fn(policy: NativePolicy, batch: TrainBatch, variant: str):
     return step
 
 
-def occupancy(policy_cfg: dict, batch: TrainBatch, variant: str) -> tuple[float, int]:
+def occupancy(policy_cfg: PolicyConfig, batch: TrainBatch, variant: str) -> tuple[float, int]:
     """(real tokens / computed positions, micro-batches) of the training pass."""
     cfg = switch(policy_cfg, variant)
     parts = plan_micro_batches(batch.attention_mask, cfg, "train")
-    round_to = cfg["sequence_packing"]["sequence_length_round"]
+    round_to = cfg.sequence_packing.sequence_length_round
     if variant == "packed+graphs":  # bins padded to eighths of the budget
         budget = token_budget(cfg, "train")
         computed = sum(captured_row_slots(int(batch.attention_mask[p.rows].sum()), budget, round_to) for p in parts)
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         for graphs in sorted({v.endswith("+graphs") for v in variants}):
             model = build_model(shape, args.layers, device, torch.bfloat16).train()
             recipe = PrecisionRecipe.preset(preset)
-            policies[graphs] = NativePolicy({**cfg, "train_cuda_graphs": graphs}, recipe, device, model=model)
+            graphs_cfg = cfg.model_copy(update={"train_cuda_graphs": graphs})
+            policies[graphs] = NativePolicy(graphs_cfg, recipe, device, model=model)
         steps = {v: step_fn(policies[v.endswith("+graphs")], batch, v) for v in variants}
         timings = alternating_timings(steps, args.warmup, args.steps, device)
         for name, t in timings.items():

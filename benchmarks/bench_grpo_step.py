@@ -50,7 +50,7 @@ def grpo_step(policy: NativePolicy, engine: NativeGenerationEngine, prompts, see
     batch = TrainBatch(
         out.input_ids.cpu(), out.attention_mask.cpu(), out.response_mask.cpu(), adv, out.generation_logprobs.cpu()
     )
-    if policy.cfg["prev_logprobs_source"] == "train_forward":  # the training forward yields prev_logprobs
+    if policy.cfg.prev_logprobs_source == "train_forward":  # the training forward yields prev_logprobs
         t_logprobs = 0.0
     else:
         batch.prev_logprobs, t_logprobs = timed(lambda: policy.get_logprobs(batch), device)

@@ -33,7 +33,7 @@ def build(config: Path, backend: str, log_dir: Path, overrides: list[str]) -> Gr
     resolved = load_config(
         config, [f"policy.generation.backend={backend}", f"logger.log_dir={log_dir}", "grpo.val_period=0", *overrides]
     )
-    return grpo.setup(validate_config(resolved).model_dump())
+    return grpo.setup(validate_config(resolved))
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """Shared helpers of the rollout / train-step / GRPO-step benchmarks: model shapes, timing, tables, JSON.
 
-Only torch + transformers + nemo_jetrl's model/precision/generation/policy packages (no config system: the GPU box
-has no omegaconf / pydantic). Weights are random (speed does not depend on them); the FP8 KV scales come from the
-project's own QKV calibration over a short random batch.
+Only torch + transformers + pydantic (the typed `PolicyConfig` and `LossConfig` sections; not the YAML loader,
+omegaconf) + nemo_jetrl's packages. Weights are random (speed does not depend on them); the FP8 KV scales come from
+the project's own QKV calibration over a short random batch.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from nemo_jetrl.algorithms.config import LossConfig
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.models.moe import convert_moe_blocks
 from nemo_jetrl.models.random_checkpoint import SHAPES
+from nemo_jetrl.policy.config import PolicyConfig
 
 HBM_PEAK_TBS = {"H200": 4.8, "H100": 3.35}  # dense HBM peaks (DESIGN.md section 4)
 
@@ -40,101 +42,34 @@ TINY = dict(
 )
 
 
-# The benchmarks' `loss_fn` section, complete (the policies read it as is): plain clipped PG, no KL, no IS correction.
-# tests/unit/test_benchmark_configs.py checks it against algorithms/config.py's LossConfig.
-LOSS_FN = {
-    "reference_policy_kl_penalty": 0.0,
-    "ratio_clip_min": 0.2,
-    "ratio_clip_max": 0.2,
-    "ratio_clip_c": None,
-    "token_level_loss": True,
-    "use_importance_sampling_correction": False,
-    "truncated_importance_sampling_type": None,
-    "truncated_importance_sampling_ratio": None,
-    "truncated_importance_sampling_ratio_min": None,
-    "reference_policy_kl_type": "k3",
-    "kl_input_clamp_value": 20.0,
-    "kl_output_clamp_value": 10.0,
-    "use_on_policy_kl_approximation": False,
-    "sequence_level_importance_ratios": False,
-    "force_on_policy_ratio": False,
+LOSS = ClippedPGLossFn(LossConfig())  # what the benchmarks hand to `policy.train(batch, LOSS)`: plain clipped PG
+
+# The benchmarks' `policy` values that differ from the section's defaults (policy/config.py holds every default):
+# a random-weight model, BF16 master for the speed runs (the precision comes from the PrecisionRecipe each
+# benchmark passes), long rows, eager micro-batches unless a benchmark asks for graphs.
+BENCHMARK_POLICY = {
+    "model_name": "benchmark-random",
+    "master_dtype": "bfloat16",
+    "train_micro_batch_size": 1,
+    "logprob_batch_size": 8,
+    "max_total_sequence_length": 4096,
+    "train_cuda_graphs": False,
+    "optimizer": {"lr": 1e-6},
 }
-LOSS = ClippedPGLossFn(LOSS_FN)  # what the benchmarks hand to `policy.train(batch, LOSS)`
 
 
-def policy_config(**overrides) -> dict:
-    """The benchmarks' `policy` section, complete (BF16 master for the speed runs; the precision comes from the
-    PrecisionRecipe each benchmark passes). tests/unit/test_benchmark_configs.py checks it against PolicyConfig."""
-    generation = {
-        "backend": "native",
-        "precision": "fp8",
-        "kv_cache_dtype": "auto",
-        "kv_cache_calibration": {"percentile": 99.9, "margin": 1.05},
-        "kv_cache_calibration_pass": "fused",
-        "max_new_tokens": 8,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": None,
-        "stop_token_ids": None,
-        "deterministic": False,
-        "matched_kernels": False,
-        "cuda_graphs": True,
-        "max_num_seqs": None,
-        "gpu_memory_utilization": None,
-        "kv_cache_memory_bytes": None,
-        "max_model_len": None,
-        "kv_block_size": 16,
-        **overrides.pop("generation", {}),
-    }
-    fp8_cfg = {
-        "fp8_recipe": "blockwise",
-        "block_size": 128,
-        "num_first_layers_in_bf16": 0,
-        "num_last_layers_in_bf16": 0,
-        "pow2_weight_scaling_factors": False,
-        "pow2_activation_scaling_factors": False,
-        "wgrad_x_blocks": "1x128",
-        "train_kv_fake_quant": False,
-        "use_deep_gemm": False,  # the recipe each benchmark passes decides (PrecisionRecipe.use_deep_gemm)
-        "cache_dgrad_weight": False,  # likewise (PrecisionRecipe.cache_dgrad_weight)
-    }
-    optimizer = {"name": "adamw", "lr": 1e-6, "weight_decay": 0.0, "betas": (0.9, 0.999), "eps": 1e-8,
-                 "decay_1d_params": True, "allow_large_lr": False}  # fmt: skip
-    cfg = {
-        "model_name": "benchmark-random",
-        "hf_config_overrides": None,
-        "tokenizer": {"name": "benchmark-random"},
-        "precision": "fp8",
-        "master_dtype": "bfloat16",
-        "compute_dtype": "bfloat16",
-        "train_global_batch_size": None,
-        "train_micro_batch_size": 1,
-        "logprob_batch_size": 8,
-        "max_total_sequence_length": 4096,
-        "max_grad_norm": 1.0,
-        "fused_train_kernels": True,
-        "train_causal_attention": False,
-        "train_cuda_graphs": False,
-        "prev_logprobs_source": "logprob_forward",
-        "freeze_moe_router": False,
-        "router_aux_loss_coef": None,  # an MoE: the model config's coefficient
-        "optimizer": optimizer,
-        "scheduler": None,
-        "dynamic_batching": {
-            "enabled": False, "train_mb_tokens": None, "logprob_mb_tokens": None, "sequence_length_round": 64,
-            **overrides.pop("dynamic_batching", {}),
-        },  # fmt: skip
-        "sequence_packing": {
-            "enabled": False, "train_mb_tokens": None, "logprob_mb_tokens": None,
-            "algorithm": "modified_first_fit_decreasing", "sequence_length_round": 64,
-            **overrides.pop("sequence_packing", {}),
-        },  # fmt: skip
-        "fp8_cfg": fp8_cfg,
-        "dtensor_cfg": {"tensor_parallel_size": 1, "activation_checkpointing": False},
-        "memory_preflight": {"enabled": True, "capacity_gib": None, "usable_fraction": 0.9},
-        "generation": generation,
-    }
-    return {**cfg, **overrides}
+def policy_config(**overrides) -> PolicyConfig:
+    """The benchmarks' `policy` section, typed: `PolicyConfig` from `BENCHMARK_POLICY` with `overrides` merged in
+    (a nested section's dict key by key, e.g. `generation={"deterministic": True}`), validated as a config is."""
+    return PolicyConfig.model_validate(_merged(BENCHMARK_POLICY, overrides))
+
+
+def _merged(base: dict, overrides: dict) -> dict:
+    """`base` with `overrides`; where both hold a dict, merged key by key."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def device_info(device: torch.device) -> dict:

@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    from nemo_jetrl.algorithms.grpo_checkpoint import export_checkpoint
     from nemo_jetrl.config import ConfigError, load_config
-    from nemo_jetrl.models.export import export_checkpoint
     from nemo_jetrl.models.export_dir import earlier_export_files
     from nemo_jetrl.schema import validate_config
     from nemo_jetrl.utils.checkpoint import checkpoint_root

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_jetrl.utils.progress import RunProgress
 
     try:
-        run = setup(master.model_dump())
+        run = setup(master)
         step = load_checkpoint_policy(run, eval_cfg.checkpoint_dir) if eval_cfg.checkpoint_dir else None
         with RunProgress(eval_cfg.max_samples, description="eval", metric_keys={}) as progress:
             results = evaluate(run, eval_cfg, progress)

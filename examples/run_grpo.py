@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_jetrl.algorithms.memory_preflight import memory_preflight
 
     try:  # before the trainer's imports: a config the device cannot run is refused at once (run_grpo reports it)
-        memory_preflight(master_cfg.model_dump())
+        memory_preflight(master_cfg.model_copy(deep=True))  # run_grpo derives the budgets into its own
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR

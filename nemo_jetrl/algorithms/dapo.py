@@ -19,9 +19,9 @@ filtering.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,25 +29,28 @@ from nemo_jetrl.algorithms.advantages import zero_std_groups
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.generation.seed_shards import merge_generation_outputs
 
+if TYPE_CHECKING:
+    from nemo_jetrl.algorithms.config import RewardScalingConfig, RewardShapingConfig
 
-def scale_rewards(rewards: torch.Tensor, cfg: Mapping[str, Any]) -> torch.Tensor:
+
+def scale_rewards(rewards: torch.Tensor, cfg: RewardScalingConfig) -> torch.Tensor:
     """Scaled rewards [B] from rewards [B] (see module docstring)."""
-    if not cfg["enabled"]:
+    if not cfg.enabled:
         return rewards
-    lo, hi, t_lo, t_hi = (float(cfg[k]) for k in ("source_min", "source_max", "target_min", "target_max"))
+    lo, hi, t_lo, t_hi = cfg.source_min, cfg.source_max, cfg.target_min, cfg.target_max
     return t_lo + (rewards.clamp(lo, hi) - lo) / (hi - lo) * (t_hi - t_lo)
 
 
 def shape_rewards(
-    rewards: torch.Tensor, response_lengths: torch.Tensor, finished: torch.Tensor, cfg: Mapping[str, Any]
+    rewards: torch.Tensor, response_lengths: torch.Tensor, finished: torch.Tensor, cfg: RewardShapingConfig
 ) -> torch.Tensor:
     """Shaped rewards [B] from rewards [B], response lengths [B] (tokens) and finished [B] (see module docstring)."""
-    if not cfg["enabled"]:
+    if not cfg.enabled:
         return rewards
-    if cfg["stop_properly_penalty_coef"] is not None:
-        return torch.where(finished.bool(), rewards, rewards * float(cfg["stop_properly_penalty_coef"]))
-    buffer, penalty = float(cfg["overlong_buffer_length"]), float(cfg["overlong_buffer_penalty"])
-    expected = float(cfg["max_response_length"]) - buffer
+    if cfg.stop_properly_penalty_coef is not None:
+        return torch.where(finished.bool(), rewards, rewards * float(cfg.stop_properly_penalty_coef))
+    buffer, penalty = float(cfg.overlong_buffer_length), float(cfg.overlong_buffer_penalty)
+    expected = float(cfg.max_response_length) - buffer
     exceed = response_lengths.to(rewards.dtype) - expected  # [B]
     return rewards + torch.clamp(-exceed / buffer * penalty, max=0.0)
 

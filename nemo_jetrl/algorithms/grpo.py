@@ -42,9 +42,8 @@ from nemo_jetrl.algorithms.rollout_io import (
     needs_kv_bootstrap,
     step_generator,
 )
-from nemo_jetrl.data.config import DataConfig
+from nemo_jetrl.algorithms.run_config import RunConfig, run_config
 from nemo_jetrl.environments import make_task
-from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.generation.interfaces import max_prompt_length, rollout_phase
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
@@ -58,22 +57,23 @@ from nemo_jetrl.utils.timers import Timer
 console = Console(stderr=True)
 
 
-def setup(cfg: dict[str, Any], task: Any | None = None) -> GrpoSetup:
-    """Build policy, rollout engine, task and logger from a validated config (plain dict).
+def setup(cfg: RunConfig, task: Any | None = None) -> GrpoSetup:
+    """Build policy, rollout engine, task and logger from the validated `MasterConfig` (a dict is refused).
 
     `task`: a ready `VerifiableTask` to use instead of the one `data` / `env` describe.
     """
-    loss_fn = ClippedPGLossFn(dict(cfg["loss_fn"]))
-    placed = place(cfg, init_reference_model=float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0)
+    cfg = run_config(cfg, "grpo.setup")
+    loss_fn = ClippedPGLossFn(cfg.loss_fn)
+    placed = place(cfg, init_reference_model=cfg.loss_fn.reference_policy_kl_penalty > 0)
     policy, engine, device = placed.policy, placed.engine, placed.device
     tok = policy.tokenizer
-    max_prompt_tokens = max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"])
     if task is None:
-        data, env = DataConfig.model_validate(cfg["data"]), EnvConfig.model_validate(cfg["env"])  # typed sections
-        task = make_task(data, env, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
-    logger = Logger(cfg["logger"]) if placed.is_main else NullLogger()
-    ckpt = cfg["checkpointing"]
-    checkpoints = checkpoint_manager(ckpt) if ckpt["enabled"] else None
+        limit = max_prompt_length(
+            cfg.policy.max_total_sequence_length, cfg.policy.generation.max_new_tokens, cfg.data.max_input_seq_length
+        )
+        task = make_task(cfg.data, cfg.env, tokenizer=tok, max_prompt_tokens=limit)
+    logger = Logger(cfg.logger) if placed.is_main else NullLogger()
+    checkpoints = checkpoint_manager(cfg.checkpointing) if cfg.checkpointing.enabled else None
     return GrpoSetup(cfg, policy, engine, loss_fn, task, logger, checkpoints, device, placed.is_main, placed.startup)
 
 
@@ -86,7 +86,7 @@ def _env_metrics(task: Any) -> dict[str, float]:
 def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
     """`grpo.on_nonfinite`: `stop` re-raises (the run ends, checkpoints untouched); `skip` reports and goes on.
     Non-finite weights or scales after a step (NonFiniteStateError) always stop: there is nothing to skip back to."""
-    if run.cfg["grpo"]["on_nonfinite"] == "stop" or isinstance(err, NonFiniteStateError):
+    if run.cfg.grpo.on_nonfinite == "stop" or isinstance(err, NonFiniteStateError):
         raise err
     console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
     _guard_state(run)  # the state the next step starts from
@@ -96,13 +96,13 @@ def validate(run: GrpoSetup, step: int) -> dict[str, float]:
     """Held-out accuracy: greedy (deterministic) and sampled at the rollout temperature."""
     if needs_kv_bootstrap(run):  # validation before the first step: FP8 KV scales from the step's prompts
         bootstrap_kv_scales(run, step)
-    problems = run.task.validation(run.cfg["grpo"]["max_val_samples"])
+    problems = run.task.validation(run.cfg.grpo.max_val_samples)
     prompt_ids = encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
     answers = [p.answer for p in problems]
     metrics = {}
     with rollout_phase(run.engine) as engine:
         for name, greedy in (("accuracy", True), ("sampled_accuracy", False)):
-            gen = step_generator(run.cfg["grpo"]["seed"] + 7, step, run.device)
+            gen = step_generator(run.cfg.grpo.seed + 7, step, run.device)
             out = engine.generate(prompt_ids, greedy=greedy, generator=gen)
             rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
             metrics[name] = float((rewards > 0.5).float().mean())
@@ -114,49 +114,49 @@ def validate(run: GrpoSetup, step: int) -> dict[str, float]:
 
 def _generate_batch(run: GrpoSetup, batch_index: int, num_prompts: int, timer: Timer) -> Rollout:
     """One generation batch: data batch `batch_index` of `num_prompts` prompts x G samples, scored and shaped."""
-    g = run.cfg["grpo"]
-    group = int(g["num_generations_per_prompt"])
+    g = run.cfg.grpo
+    group = g.num_generations_per_prompt
     tok = run.policy.tokenizer
     with timer.time("generation"):
         problems = run.task.train_batch(batch_index, num_prompts)
         prompt_ids = [ids for ids in encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
         answers = [p.answer for p in problems for _ in range(group)]
-        out = run.engine.generate(prompt_ids, generator=step_generator(g["seed"], batch_index, run.device))
+        out = run.engine.generate(prompt_ids, generator=step_generator(g.seed, batch_index, run.device))
     with timer.time("reward"):
         raw = run.task.score(decode_responses(tok, out), answers)  # [B]
         num_bad = int((~torch.isfinite(raw)).sum())
         if num_bad:  # before any update: the weights stay as they are
             raise NonFiniteError(f"rewards ({num_bad} of {len(raw)}, from the environment)", run.policy.step)
-        raw = scale_rewards(raw, g["reward_scaling"])
-        rewards = shape_rewards(raw, out.response_lengths.cpu(), out.finished.cpu(), g["reward_shaping"])
+        raw = scale_rewards(raw, g.reward_scaling)
+        rewards = shape_rewards(raw, out.response_lengths.cpu(), out.finished.cpu(), g.reward_shaping)
     return Rollout(out, rewards, raw)
 
 
 def _collect_rollout(run: GrpoSetup, timer: Timer) -> tuple[Rollout, list[Rollout], dict[str, float]]:
     """The step's training rows (dynamic sampling: several generation batches), every generated batch, metrics."""
-    g = run.cfg["grpo"]
-    num_prompts = int(g["num_prompts_per_step"])
+    g = run.cfg.grpo
+    num_prompts = g.num_prompts_per_step
 
     def next_batch(size: int) -> Rollout:
         run.next_batch += 1  # consumed even when its rewards turn out non-finite
         return _generate_batch(run, run.next_batch - 1, size, timer)
 
-    if not g["use_dynamic_sampling"]:
+    if not g.use_dynamic_sampling:
         rollout = next_batch(num_prompts)
         return rollout, [rollout], {}
     return dynamic_sampling(
-        lambda: next_batch(int(num_prompts * g["batch_multiplier"])),  # NeMo-RL: int(prompts * multiplier)
+        lambda: next_batch(int(num_prompts * g.batch_multiplier)),  # NeMo-RL: int(prompts * multiplier)
         num_prompts,
-        int(g["num_generations_per_prompt"]),
-        int(g["dynamic_sampling_max_gen_batches"]),
+        g.num_generations_per_prompt,
+        g.dynamic_sampling_max_gen_batches,
         run.policy.tokenizer.pad_token_id,
     )
 
 
 def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) -> dict[str, float]:
     """One GRPO step; returns its metrics (train/... and timing/...)."""
-    g = run.cfg["grpo"]
-    group = int(g["num_generations_per_prompt"])
+    g = run.cfg.grpo
+    group = g.num_generations_per_prompt
 
     if needs_kv_bootstrap(run):
         progress.phase("kv_bootstrap")
@@ -174,10 +174,10 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     env_metrics = _env_metrics(run.task)
     with timer.time("reward"):
         advantages = group_advantages(
-            train.rewards, group, leave_one_out=g["use_leave_one_out_baseline"], normalize_std=g["normalize_rewards"]
+            train.rewards, group, leave_one_out=g.use_leave_one_out_baseline, normalize_std=g.normalize_rewards
         )
     out = train.out
-    response_mask = overlong_filter(out.response_mask, out.finished) if g["overlong_filtering"] else out.response_mask
+    response_mask = overlong_filter(out.response_mask, out.finished) if g.overlong_filtering else out.response_mask
     batch = TrainBatch(
         input_ids=out.input_ids.cpu(),
         attention_mask=out.attention_mask.cpu(),
@@ -189,11 +189,11 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
 
     progress.phase("logprobs")
     keep = torch.ones(len(batch), dtype=torch.bool)
-    if g["drop_zero_advantage_groups"]:
+    if g.drop_zero_advantage_groups:
         keep = ~zero_std_groups(train.rewards, group)
     # train_forward: the training forward yields prev_logprobs (one forward less); a step with no row to train
     # still gets them from a logprob forward, for the mismatch metrics and the KV calibration
-    from_train = run.cfg["policy"]["prev_logprobs_source"] == "train_forward" and bool(keep.any())
+    from_train = run.cfg.policy.prev_logprobs_source == "train_forward" and bool(keep.any())
     with timer.time("logprobs"):
         if not from_train:  # always the trainer's own forward, never a replay of the rollout (docs/mismatch.md)
             batch.prev_logprobs = run.policy.get_logprobs(batch)
@@ -203,7 +203,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         if bad is not None:  # e.g. a temperature so small that logits / temperature overflow
             _on_nonfinite(run, step, NonFiniteError(bad, run.policy.step))
             return {**env_metrics, "nonfinite_skipped": 1.0}
-    metrics = nemo_rl_rollout_metrics(generated, train, advantages, g["use_dynamic_sampling"])
+    metrics = nemo_rl_rollout_metrics(generated, train, advantages, g.use_dynamic_sampling)
     metrics.update(
         reward_mean=metrics["reward"],
         accuracy=float((torch.cat([r.raw_rewards for r in generated]) > 0.5).float().mean()),
@@ -215,7 +215,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     if not from_train:
         metrics.update(
             step_mismatch_metrics(
-                batch.prev_logprobs, batch.generation_logprobs, batch.response_mask, int(g["mismatch_position_bin"])
+                batch.prev_logprobs, batch.generation_logprobs, batch.response_mask, g.mismatch_position_bin
             )
         )
     metrics["kept_fraction"] = float(keep.float().mean())
@@ -223,7 +223,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
     metrics["nonfinite_skipped"] = 0.0
     with timer.time("training"):  # one optimizer step per train_global_batch_size rows, then one LR step
         try:
-            steps = split_global_batches(batch, int(run.cfg["policy"]["train_global_batch_size"]), keep)
+            steps = split_global_batches(batch, run.cfg.policy.train_global_batch_size, keep)
             metrics.update(run.policy.train(steps, run.loss_fn))
             if from_train:  # over the trained rows: the forward whose gradient was taken
                 trained = steps[0]
@@ -232,7 +232,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
                         trained.prev_logprobs,
                         trained.generation_logprobs,
                         trained.response_mask,
-                        int(g["mismatch_position_bin"]),
+                        g.mismatch_position_bin,
                     )
                 )
         except NonFiniteError as err:  # raised before the optimizer touched the weights (of that optimizer step)
@@ -272,8 +272,9 @@ def _guard_state(run: GrpoSetup) -> None:
         raise NonFiniteStateError(bad, run.policy.step)
 
 
-def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any | None = None) -> dict[str, Any]:
-    """Entry point used by examples/run_grpo.py. Returns the run's history (for tests and scripts).
+def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | None = None) -> dict[str, Any]:
+    """Entry point used by examples/run_grpo.py: the validated `MasterConfig` (a dict is refused), kept typed to
+    the end of the run. Returns the run's history (for tests and scripts).
 
     `task`: a `VerifiableTask` to train on instead of the one the config's `data` / `env` sections build.
 
@@ -283,7 +284,7 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     the latest valid checkpoint in `checkpoint_dir` (model, optimizer, RNG states, step; metrics.jsonl trimmed to
     that step) and saves one every `save_period` steps.
     """
-    cfg = master_cfg.model_dump() if hasattr(master_cfg, "model_dump") else dict(master_cfg)
+    cfg = run_config(cfg, "run_grpo")
     main = start_ranks(cfg)  # torchrun: this rank's process group; rank 0 alone writes and prints
     for out in (console, checkpoint_console):
         out.quiet = out.quiet or not main
@@ -293,7 +294,7 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
     if main:
         check_output_dirs(cfg)
         locks = lock_run_dirs(output_dirs(cfg))
-    line = precision_line(master_cfg.policy) if hasattr(master_cfg, "policy") else None
+    line = precision_line(cfg.policy)
     try:
         return _run_locked(cfg, resolved, task, line, main, memory.peaks or {})
     finally:
@@ -301,7 +302,7 @@ def run_grpo(master_cfg: Any, resolved: DictConfig | None = None, *, task: Any |
 
 
 def _run_locked(
-    cfg: dict[str, Any], resolved: DictConfig | None, task: Any | None, line: str | None, main: bool,
+    cfg: RunConfig, resolved: DictConfig | None, task: Any | None, line: str | None, main: bool,
     memory: dict[str, int],
 ) -> dict[str, Any]:
     resume = load_resume_state(cfg) if main else None  # rank 0 first: it may move an earlier run's outputs aside
@@ -312,7 +313,7 @@ def _run_locked(
     if main:
         check_checkpoint_space(cfg, run.policy.parameter_bytes())
     check_validation_set(cfg, run.task)
-    run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg)
+    run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg.model_dump())
     start_step = restore(run, resume) if resume is not None else 0
     if start_step == 0 and memory and run.device.type == "cuda":  # the estimate, beside memory/<phase>_peak_gib
         run.logger.log_metrics({f"memory/estimate_{k}_peak_gib": v / 1024**3 for k, v in memory.items()}, step=0)
@@ -346,12 +347,12 @@ def _run_locked(
 def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: list) -> None:
     """Steps `start_step .. max_num_steps - 1` with logging, validation and checkpoints;
     `grpo.max_consecutive_nonfinite_skips` steps skipped as non-finite in a row stop the run (before a save)."""
-    cfg, g = run.cfg, run.cfg["grpo"]
-    max_steps, val_period = int(g["max_num_steps"]), int(g["val_period"])
-    skip_limit, skipped_in_a_row = g["max_consecutive_nonfinite_skips"], 0
+    cfg, g = run.cfg, run.cfg.grpo
+    max_steps, val_period = g.max_num_steps, g.val_period
+    skip_limit, skipped_in_a_row = g.max_consecutive_nonfinite_skips, 0
     with RunProgress(max_steps, enabled=None if run.is_main else False) as progress:
         progress.advance(step=start_step)
-        if g["val_at_start"] and val_period > 0 and start_step == 0:
+        if g.val_at_start and val_period > 0 and start_step == 0:
             progress.phase("validation")
             val = validate(run, 0)
             val_history.append(val)
@@ -365,7 +366,7 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             run.logger.log_metrics({**timing, **nemo_rl_timing(timing), **timer.get_memory_metrics()}, step=step + 1)
             history.append(metrics)
             periodic = val_period > 0 and (step + 1) % val_period == 0
-            if periodic or (g["val_at_end"] and step + 1 == max_steps):  # NeMo-RL's val_at_end: the last step too
+            if periodic or (g.val_at_end and step + 1 == max_steps):  # NeMo-RL's val_at_end: the last step too
                 progress.phase("validation")
                 val = validate(run, step + 1)
                 val_history.append(val)
@@ -374,7 +375,7 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
             if skip_limit is not None and skipped_in_a_row >= skip_limit:
                 raise NonFiniteStreakError(skipped_in_a_row, step + 1)
-            if run.checkpoints is not None and (step + 1) % int(cfg["checkpointing"]["save_period"]) == 0:
+            if run.checkpoints is not None and (step + 1) % cfg.checkpointing.save_period == 0:
                 progress.phase("checkpoint")
                 state = checkpoint_state(run, step + 1)  # collective on several ranks; rank 0 holds the state
                 if run.is_main:

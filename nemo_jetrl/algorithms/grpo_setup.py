@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
+from nemo_jetrl.algorithms.run_config import RunConfig
 from nemo_jetrl.generation.interfaces import GenerationInterface
 from nemo_jetrl.policy.interfaces import PolicyInterface
 from nemo_jetrl.utils.checkpoint import CheckpointManager
@@ -18,7 +19,7 @@ from nemo_jetrl.utils.logger import Logger
 class GrpoSetup:
     """Everything one GRPO run holds."""
 
-    cfg: dict[str, Any]
+    cfg: RunConfig  # the validated MasterConfig, typed sections from validation to the end of the run
     policy: PolicyInterface
     engine: GenerationInterface
     loss_fn: ClippedPGLossFn

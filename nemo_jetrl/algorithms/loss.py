@@ -21,7 +21,7 @@ reduce: token_level_loss -> sum over masked tokens / normalizer (default: this b
 sequence level -> per-sequence token mean, summed / normalizer (default: sequences with >= 1 token). A trainer
 passes the GLOBAL count as `normalizer` so micro-batch losses (and gradients) sum to the full-batch mean.
 
-Settings: the validated `loss_fn` section as a mapping (`LossSettings`); its rules and defaults (e.g. ratio_min
+Settings: the validated `loss_fn` section (`LossConfig`); its rules and defaults (e.g. ratio_min
 filled in: 0 for ``tis``, 1 / ratio otherwise) live in algorithms/config.py only.
 
 Truncation (`truncated_importance_sampling_type`, active only with `use_importance_sampling_correction`):
@@ -35,18 +35,17 @@ Truncation (`truncated_importance_sampling_type`, active only with `use_importan
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nemo_jetrl.algorithms.mismatch import kl_estimator
+from nemo_jetrl.config.typed import typed_section
 from nemo_jetrl.policy.interfaces import TrainBatch, metrics_to_floats
 
-LossSettings = Mapping[str, Any]
-"""The validated `loss_fn` section as a plain mapping (algorithms/config.py's `LossConfig.to_dict()`): every key
-present, rules checked and defaults filled there; read here as is (the Ray workers carry no pydantic)."""
+if TYPE_CHECKING:
+    from nemo_jetrl.algorithms.config import LossConfig
 
 
 def _is_number(x: Any) -> bool:
@@ -86,11 +85,11 @@ def _raw_weights(
 
 
 def _truncate(
-    w: torch.Tensor, logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, cfg: LossSettings
+    w: torch.Tensor, logp_old: torch.Tensor, logp_gen: torch.Tensor, m: torch.Tensor, cfg: LossConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the configured truncation to raw weights w [B, S]; returns (weights, out-of-bounds [B, S] bool)."""
-    kind = cfg["truncated_importance_sampling_type"]
-    hi, lo = cfg["truncated_importance_sampling_ratio"], cfg["truncated_importance_sampling_ratio_min"]
+    kind = cfg.truncated_importance_sampling_type
+    hi, lo = cfg.truncated_importance_sampling_ratio, cfg.truncated_importance_sampling_ratio_min
     if kind is None:
         return w, torch.zeros_like(m)
     if kind == "tis":
@@ -110,7 +109,7 @@ def _truncate(
 
 
 def importance_weights(
-    logp_old: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, cfg: LossSettings
+    logp_old: torch.Tensor, logp_gen: torch.Tensor, mask: torch.Tensor, cfg: LossConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Detached IS weights [B, S] (0 off the mask) and the out-of-bounds mask [B, S] bool.
 
@@ -119,9 +118,9 @@ def importance_weights(
     _check_inputs(mask, None, logp_old=logp_old, logp_gen=logp_gen)
     m = mask.bool()
     dtype = torch.promote_types(logp_old.dtype, torch.float32)
-    if not cfg["use_importance_sampling_correction"]:
+    if not cfg.use_importance_sampling_correction:
         return m.to(dtype), torch.zeros_like(m)
-    raw = _raw_weights(logp_old, logp_gen, m, dtype, cfg["sequence_level_importance_ratios"])
+    raw = _raw_weights(logp_old, logp_gen, m, dtype, cfg.sequence_level_importance_ratios)
     return _truncate(raw, logp_old, logp_gen, m, cfg)
 
 
@@ -171,7 +170,7 @@ def clipped_pg_loss(
     logp_gen: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: LossSettings,
+    cfg: LossConfig,
     *,
     logp_ref: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
@@ -188,9 +187,9 @@ def clipped_pg_loss(
     """
     _check_inputs(mask, advantages, logp=logp, logp_old=logp_old, logp_gen=logp_gen, logp_ref=logp_ref)
     _check_normalizer(normalizer)
-    if cfg.get("force_on_policy_ratio"):
+    if cfg.force_on_policy_ratio:
         logp_old = logp.detach()
-    if cfg["reference_policy_kl_penalty"] != 0 and logp_ref is None:
+    if cfg.reference_policy_kl_penalty != 0 and logp_ref is None:
         raise ValueError("logp_ref is required when loss_fn.reference_policy_kl_penalty != 0")
     m = mask.bool()  # [B, S]
     dtype = torch.promote_types(logp.dtype, torch.float32)
@@ -203,24 +202,24 @@ def clipped_pg_loss(
     adv = torch.where(m, adv, zero)
 
     log_ratio = cur - old  # [B, S]
-    if cfg["sequence_level_importance_ratios"]:  # GSPO: the sequence's mean log-ratio on each of its tokens
+    if cfg.sequence_level_importance_ratios:  # GSPO: the sequence's mean log-ratio on each of its tokens
         seq = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)  # [B, 1]
         log_ratio = seq.expand_as(cur)
     ratio = torch.exp(log_ratio)  # [B, S]
-    ratio_clamped = ratio.clamp(1.0 - cfg["ratio_clip_min"], 1.0 + cfg["ratio_clip_max"])
+    ratio_clamped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
     pg = torch.maximum(-adv * ratio, -adv * ratio_clamped)  # pessimistic of unclipped / clipped
-    if cfg["ratio_clip_c"] is not None:
-        pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg["ratio_clip_c"]), pg)
+    if cfg.ratio_clip_c is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.ratio_clip_c), pg)
 
-    raw_w = _raw_weights(logp_old, logp_gen, m, dtype, cfg["sequence_level_importance_ratios"])  # [B, S]
+    raw_w = _raw_weights(logp_old, logp_gen, m, dtype, cfg.sequence_level_importance_ratios)  # [B, S]
     trunc_w, oob = _truncate(raw_w, logp_old, logp_gen, m, cfg)
-    w = trunc_w if cfg["use_importance_sampling_correction"] else m.to(dtype)
-    loss = _reduce(w * pg, m, cfg["token_level_loss"], normalizer)
+    w = trunc_w if cfg.use_importance_sampling_correction else m.to(dtype)
+    loss = _reduce(w * pg, m, cfg.token_level_loss, normalizer)
 
     kl_value = zero
-    if cfg["reference_policy_kl_penalty"] != 0:
+    if cfg.reference_policy_kl_penalty != 0:
         ref = torch.where(m, logp_ref.detach().to(dtype), zero)
-        if cfg["use_on_policy_kl_approximation"]:
+        if cfg.use_on_policy_kl_approximation:
             gen = torch.where(m, logp_gen.detach().to(dtype), zero)
             kl_w = torch.nan_to_num(torch.exp(cur - gen), 0.0, 0.0, 0.0)
         else:
@@ -228,18 +227,18 @@ def clipped_pg_loss(
         kl_tok = kl_estimator(
             cur,
             ref,
-            cfg["reference_policy_kl_type"],
-            input_clamp_value=cfg["kl_input_clamp_value"],
-            output_clamp_value=cfg["kl_output_clamp_value"],
+            cfg.reference_policy_kl_type,
+            input_clamp_value=cfg.kl_input_clamp_value,
+            output_clamp_value=cfg.kl_output_clamp_value,
             weights=kl_w,
         )  # [B, S]
-        loss = loss + cfg["reference_policy_kl_penalty"] * _reduce(kl_tok, m, cfg["token_level_loss"], normalizer)
-        kl_value = _reduce(kl_tok.detach(), m, cfg["token_level_loss"], None)
+        loss = loss + cfg.reference_policy_kl_penalty * _reduce(kl_tok, m, cfg.token_level_loss, normalizer)
+        kl_value = _reduce(kl_tok.detach(), m, cfg.token_level_loss, None)
 
     with torch.no_grad():
         r, rc = ratio.detach(), ratio_clamped.detach()
         entropy_w = torch.nan_to_num(torch.exp(cur.detach() - logp_gen.detach().to(dtype)), 0.0, 0.0, 0.0)
-        if cfg["truncated_importance_sampling_type"] == "seq-mask-tis":
+        if cfg.truncated_importance_sampling_type == "seq-mask-tis":
             has_tok = m.any(-1)
             oob_ratio = (oob.any(-1) & has_tok).sum() / has_tok.sum().clamp_min(1)
         else:
@@ -253,7 +252,7 @@ def clipped_pg_loss(
             "probs_ratio_max": torch.where(m, r, -math.inf).amax(),
             "clip_fraction": _masked_mean((r != rc).to(dtype), m),
             "approx_entropy": -_masked_mean(entropy_w * cur.detach(), m),
-            "sampling_importance_ratio": _sampling_ratio(trunc_w, m, cfg["sequence_level_importance_ratios"]),
+            "sampling_importance_ratio": _sampling_ratio(trunc_w, m, cfg.sequence_level_importance_ratios),
             "is_oob_ratio": oob_ratio,
             "num_valid_tokens": m.sum(),
             "num_valid_samples": m.any(-1).sum(),
@@ -265,15 +264,19 @@ def clipped_pg_loss(
 class ClippedPGLossFn:
     """NeMo-RL's `ClippedPGLossFn`: the `LossFunction` the GRPO driver hands to `PolicyInterface.train`.
 
-    `cfg`: the validated `loss_fn` section as a plain dict (it travels to the Ray workers with the micro-batches).
+    `cfg`: the validated `loss_fn` section, a `LossConfig` (it travels to the Ray workers, pickled, with the
+    micro-batches).
     """
 
-    cfg: dict[str, Any]
+    cfg: LossConfig
+
+    def __post_init__(self) -> None:
+        typed_section(self.cfg, "LossConfig", "ClippedPGLossFn")
 
     def normalizer(self, batch: TrainBatch) -> float:
         """The global batch's token count (`token_level_loss`) or its count of sequences with a generated token."""
         mask = batch.response_mask.float()  # [B, S]
-        count = mask.sum() if self.cfg["token_level_loss"] else (mask.sum(-1) > 0).sum()
+        count = mask.sum() if self.cfg.token_level_loss else (mask.sum(-1) > 0).sum()
         return max(float(count), 1.0)
 
     def __call__(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,10 @@ from nemo_jetrl.config.errors import ConfigError
 from nemo_jetrl.distributed.launch import torchrun_env
 from nemo_jetrl.policy.memory_estimate import GIB, MemoryEstimate, ModelShape, TrainerMemorySettings, estimate
 from nemo_jetrl.policy.memory_estimate import kv_cache_bytes as kv_bytes_of
+
+if TYPE_CHECKING:
+    from nemo_jetrl.algorithms.run_config import RunConfig
+    from nemo_jetrl.policy.config import PolicyConfig
 
 PASSES = {"train": ("train_mb_tokens", "train_micro_batch_size"), "logprob": ("logprob_mb_tokens", "logprob_batch_size")}
 
@@ -46,11 +50,11 @@ class PreflightResult:
     peaks: dict[str, int] | None = None  # phase -> estimated peak bytes
 
 
-def model_shape(policy: dict[str, Any]) -> ModelShape:
+def model_shape(policy: PolicyConfig) -> ModelShape:
     """The shape of `policy.model_name` from its config.json (checked as the loader checks it)."""
     from nemo_jetrl.models.loading import check_model_dir, resolve_model_dir
 
-    return ModelShape.from_config(check_model_dir(resolve_model_dir(policy["model_name"])))
+    return ModelShape.from_config(check_model_dir(resolve_model_dir(policy.model_name)))
 
 
 def torchrun_ranks() -> int:
@@ -59,16 +63,16 @@ def torchrun_ranks() -> int:
     return 1 if env is None else env["world_size"]
 
 
-def device_capacity(cfg: dict[str, Any]) -> int | None:
+def device_capacity(cfg: RunConfig) -> int | None:
     """Bytes the run may plan for: `policy.memory_preflight.capacity_gib`, else the CUDA device's total memory,
     else None (a CPU run: nothing to refuse against)."""
-    given = cfg["policy"]["memory_preflight"]["capacity_gib"]
+    given = cfg.policy.memory_preflight.capacity_gib
     if given is not None:
         return int(float(given) * GIB)
     from nemo_jetrl.policy.trainer_setup import resolve_device
 
     try:
-        device = resolve_device(cfg["cluster"]["device"])
+        device = resolve_device(cfg.cluster.device)
     except ValueError:  # e.g. cuda asked for and none visible: the run's own device check says so
         return None
     if device.type != "cuda":
@@ -77,18 +81,18 @@ def device_capacity(cfg: dict[str, Any]) -> int | None:
 
 
 def memory_preflight(
-    cfg: dict[str, Any], *, shape: ModelShape | None = None, capacity: int | None = None
+    cfg: RunConfig, *, shape: ModelShape | None = None, capacity: int | None = None
 ) -> PreflightResult:
-    """Estimate, derive null token budgets into `cfg` (the validated config as a plain dict), or refuse (module
+    """Estimate, derive null token budgets into `cfg` (the validated `MasterConfig`), or refuse (module
     docstring). `shape` / `capacity`: given instead of read from the model directory / the device."""
-    policy = cfg["policy"]
-    if not policy["memory_preflight"]["enabled"]:
+    policy = cfg.policy
+    if not policy.memory_preflight.enabled:
         return PreflightResult("memory preflight: off (policy.memory_preflight.enabled: false)", {})
-    backend = cfg["cluster"]["backend"]
+    backend = cfg.cluster.backend
     if backend == "ray":
         return PreflightResult("memory preflight: not estimated for cluster.backend: ray (sharded trainer)", {})
     ranks = torchrun_ranks() if backend == "torchrun" else 1
-    tp = int(policy["dtensor_cfg"]["tensor_parallel_size"])
+    tp = policy.dtensor_cfg.tensor_parallel_size
     if ranks > 1 and tp > 1:
         return PreflightResult(
             f"memory preflight: not estimated for {ranks} torchrun ranks with policy.dtensor_cfg.tensor_parallel_size "
@@ -100,13 +104,13 @@ def memory_preflight(
         except ValueError as exc:  # the model directory's own error comes when the run loads it
             return PreflightResult(f"memory preflight: skipped ({exc})", {})
     capacity = capacity if capacity is not None else _smallest_over_ranks(device_capacity(cfg))
-    usable = None if capacity is None else int(capacity * float(policy["memory_preflight"]["usable_fraction"]))
-    reference = float(cfg["loss_fn"]["reference_policy_kl_penalty"]) > 0
+    usable = None if capacity is None else int(capacity * policy.memory_preflight.usable_fraction)
+    reference = cfg.loss_fn.reference_policy_kl_penalty > 0
     settings = TrainerMemorySettings.from_policy(policy, reference, cuda=capacity is not None and ranks == 1)
     try:
         planned = _plan(cfg, shape, settings, capacity, usable, ranks)
     except MemoryPreflightError:
-        if not (settings.graphs and policy["train_cuda_graphs"] == "auto"):
+        if not (settings.graphs and policy.train_cuda_graphs == "auto"):
             raise
         # `auto` captures only where the captured micro-batch's reserved activations leave room for the step
         settings = dataclasses.replace(settings, graphs=False)
@@ -115,7 +119,7 @@ def memory_preflight(
     est, tokens, peaks, derived = planned
     for key, value in derived.items():  # written into the config the run uses
         section, _, leaf = key.removeprefix("policy.").rpartition(".")
-        (policy[section] if section else policy)[leaf] = value
+        setattr(getattr(policy, section) if section else policy, leaf, value)
     return PreflightResult(_line(est, peaks, tokens, capacity, usable, derived, settings, ranks), derived, est, peaks)
 
 
@@ -133,7 +137,7 @@ def _smallest_over_ranks(capacity: int | None) -> int | None:
 
 
 def _plan(
-    cfg: dict[str, Any], shape: ModelShape, settings: TrainerMemorySettings, capacity: int | None, usable: int | None,
+    cfg: RunConfig, shape: ModelShape, settings: TrainerMemorySettings, capacity: int | None, usable: int | None,
     ranks: int = 1,
 ) -> tuple[MemoryEstimate, dict[str, int], dict[str, int], dict[str, Any]]:  # fmt: skip
     """(estimate, tokens per pass, peaks per phase, derived keys) under `settings` for one of `ranks` FSDP2 ranks,
@@ -149,7 +153,7 @@ def _plan(
 
 
 def _estimate(
-    cfg: dict[str, Any], shape: ModelShape, s: TrainerMemorySettings, capacity: int | None, ranks: int = 1
+    cfg: RunConfig, shape: ModelShape, s: TrainerMemorySettings, capacity: int | None, ranks: int = 1
 ) -> MemoryEstimate:
     """The estimate with the rollout's KV cache as the engine sizes it (generation/native/scheduler.py): the
     `kv_cache_memory_bytes` pool, the `gpu_memory_utilization` share of what the trainer leaves free, `max_num_seqs`
@@ -157,50 +161,56 @@ def _estimate(
     `ranks` ranks: its engine decodes its share of the rows (each rank's engine its block of the seed shards)."""
     from nemo_jetrl.generation.interfaces import max_prompt_length
 
-    policy, g, gen = cfg["policy"], cfg["grpo"], cfg["policy"]["generation"]
-    rows = int(g["num_prompts_per_step"]) * int(g["num_generations_per_prompt"])
-    if g["use_dynamic_sampling"]:
-        rows = int(rows * float(g["batch_multiplier"]))
+    policy, g, gen = cfg.policy, cfg.grpo, cfg.policy.generation
+    rows = g.num_prompts_per_step * g.num_generations_per_prompt
+    if g.use_dynamic_sampling:
+        rows = int(rows * g.batch_multiplier)
     rows = -(-rows // ranks)
-    prompt = max_prompt_length(policy, cfg["data"]["max_input_seq_length"])
-    per_row = min(int(policy["max_total_sequence_length"]), prompt + int(gen["max_new_tokens"]))
-    if gen["max_model_len"] is not None:
-        per_row = min(per_row, int(gen["max_model_len"]))
-    live = rows if gen["max_num_seqs"] is None else min(rows, int(gen["max_num_seqs"]))
+    total = policy.max_total_sequence_length
+    prompt = max_prompt_length(total, gen.max_new_tokens, cfg.data.max_input_seq_length)
+    per_row = min(total, prompt + gen.max_new_tokens)
+    if gen.max_model_len is not None:
+        per_row = min(per_row, gen.max_model_len)
+    live = rows if gen.max_num_seqs is None else min(rows, gen.max_num_seqs)
     whole = kv_bytes_of(shape, s, rows * per_row)
-    if gen["kv_cache_memory_bytes"] is not None:
-        kv = min(whole, int(gen["kv_cache_memory_bytes"]))
-    elif gen["gpu_memory_utilization"] is not None and capacity is not None:
+    if gen.kv_cache_memory_bytes is not None:
+        kv = min(whole, gen.kv_cache_memory_bytes)
+    elif gen.gpu_memory_utilization is not None and capacity is not None:
         free = capacity - estimate(shape, s, 0, live, ranks).peak("rollout")
-        kv = min(whole, max(0, int(float(gen["gpu_memory_utilization"]) * free)))
+        kv = min(whole, max(0, int(gen.gpu_memory_utilization * free)))
     else:
         kv = kv_bytes_of(shape, s, live * per_row)
     return estimate(shape, s, kv, live, ranks)
 
 
-def _pass_tokens(cfg: dict[str, Any], kind: str, est: MemoryEstimate, usable: int | None, derived: dict) -> int:
+def _pass_tokens(cfg: RunConfig, kind: str, est: MemoryEstimate, usable: int | None, derived: dict) -> int:
     """Tokens of the pass's largest micro-batch; a null packing / dynamic-batching budget becomes the largest that
     fits `usable` (at most its default), written into `cfg` and `derived`; where not even one sequence fits, the
     default (refused after)."""
-    policy = cfg["policy"]
+    policy = cfg.policy
     budget_key, rows_key = PASSES[kind]
-    width = int(policy["max_total_sequence_length"])
-    default = int(policy[rows_key]) * width
-    section = next((n for n in ("sequence_packing", "dynamic_batching") if policy[n]["enabled"]), None)
+    width = policy.max_total_sequence_length
+    default = getattr(policy, rows_key) * width
+    section = _budget_section(policy)
     if section is None:
         return default
-    given = policy[section][budget_key]
+    given = getattr(getattr(policy, section), budget_key)
     if given is not None or usable is None:
         return int(given or default)
-    round_to = int(policy[section]["sequence_length_round"])
+    round_to = getattr(policy, section).sequence_length_round
     fits = est.tokens_within(usable, kind) - (round_to if section == "sequence_packing" else 0)  # the row's rounding
     budget = min(default, fits // round_to * round_to)
     if budget < width:
         return default
     if budget < default:
-        policy[section][budget_key] = budget
+        setattr(getattr(policy, section), budget_key, budget)
         derived[f"policy.{section}.{budget_key}"] = budget
     return budget
+
+
+def _budget_section(policy: PolicyConfig) -> str | None:
+    """The enabled section that cuts micro-batches by a token budget (`sequence_packing`, `dynamic_batching`)."""
+    return next((n for n in ("sequence_packing", "dynamic_batching") if getattr(policy, n).enabled), None)
 
 
 def _peaks(est: MemoryEstimate, tokens: dict[str, int], s: TrainerMemorySettings) -> dict[str, int]:
@@ -214,13 +224,13 @@ def _peaks(est: MemoryEstimate, tokens: dict[str, int], s: TrainerMemorySettings
 
 
 def _refuse_if_over(
-    cfg: dict[str, Any], est: MemoryEstimate, peaks: dict[str, int], usable: int, capacity: int,
+    cfg: RunConfig, est: MemoryEstimate, peaks: dict[str, int], usable: int, capacity: int,
     s: TrainerMemorySettings,
 ) -> None:  # fmt: skip
     """MemoryPreflightError naming the keys of the first phase over `usable` (the resident state first; a rollout
     whose KV pool is a `gpu_memory_utilization` share of the free memory against the whole capacity)."""
     gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
-    policy = cfg["policy"]
+    policy = cfg.policy
     resident = est.resident_total("train")
     if resident > usable:
         fix = "policy.master_dtype=bfloat16" if s.master_bytes == 4 else "more GPUs (cluster.gpus_per_node)"
@@ -228,7 +238,7 @@ def _refuse_if_over(
             f"memory preflight: weights, gradients and optimizer state alone take {gib(resident)} of {gib(usable)} "
             f"usable; set {fix} (or a smaller policy.model_name)"
         )
-    pooled = cfg["policy"]["generation"]["gpu_memory_utilization"] is not None
+    pooled = policy.generation.gpu_memory_utilization is not None
     limits = {"rollout": capacity if pooled else usable, "train": usable, "logprob": usable}
     over = next((phase for phase in ("rollout", "train", "logprob") if peaks[phase] > limits[phase]), None)
     if over is None:
@@ -241,8 +251,8 @@ def _refuse_if_over(
             "policy.generation.kv_cache_dtype=fp8"
         )
     budget_key, rows_key = PASSES[over]
-    section = next((n for n in ("sequence_packing", "dynamic_batching") if policy[n]["enabled"]), None)
-    width = int(policy["max_total_sequence_length"])
+    section = _budget_section(policy)
+    width = policy.max_total_sequence_length
     fits = est.tokens_within(usable, over)
     keys = [f"policy.{section}.{budget_key} (at most {fits} tokens fit)" if section else
             f"policy.{rows_key} (at most {fits // width} rows of {width} tokens fit)"]  # fmt: skip

@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed
 
+from nemo_jetrl.algorithms.run_config import RunConfig
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.cluster_config import multi_rank_problems
 from nemo_jetrl.distributed.launch import init_torchrun, startup_line
@@ -38,10 +38,10 @@ class Placement:
     startup: str | None = None  # a line saying how the run is spread (rank 0 prints it)
 
 
-def place(cfg: dict[str, Any], *, init_reference_model: bool) -> Placement:
-    """The policy and engine of this process for a validated config (a plain dict); refusals by name."""
-    cluster, policy_cfg = cfg["cluster"], cfg["policy"]
-    tp = int(policy_cfg["dtensor_cfg"]["tensor_parallel_size"])
+def place(cfg: RunConfig, *, init_reference_model: bool) -> Placement:
+    """The policy and engine of this process for the validated config; refusals by name."""
+    cluster, policy_cfg = cfg.cluster, cfg.policy
+    tp = policy_cfg.dtensor_cfg.tensor_parallel_size
     spec = ClusterSpec.from_config(cluster, tp)
     problems = multi_rank_problems(policy_cfg, spec)
     if problems:
@@ -51,38 +51,44 @@ def place(cfg: dict[str, Any], *, init_reference_model: bool) -> Placement:
     if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
         from nemo_jetrl.distributed.ray_policy import build_ray_policy_and_engine
 
-        configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=False)
+        configure_cpu_process(cluster.num_cpu_threads, cpu_compute=False)
         for line in switch_lines:
             announce(line)
-        policy, engine = build_ray_policy_and_engine(cfg, spec, init_reference_model=init_reference_model)
+        policy, engine = build_ray_policy_and_engine(
+            policy_cfg, spec, cfg.grpo.seed, init_reference_model=init_reference_model
+        )
         return Placement(policy, engine, torch.device("cpu"), True)
     plan, startup = ParallelPlan.single(), None
     if spec.backend == "torchrun":
-        device = init_torchrun(cluster["device"])
+        device = init_torchrun(cluster.device)
         if tp > 1:  # before loading the model on every rank
             from nemo_jetrl.policy.parallel.tensor_parallel import check_tp_model
 
-            check_tp_model(policy_cfg["model_name"], tp)
+            check_tp_model(policy_cfg.model_name, tp)
         plan = ParallelPlan.from_process_group(device, tp)
         startup = startup_line(spec.num_workers, tp, device)
         for line in switch_lines if plan.is_main else ():
             announce(line)
     else:
-        device = resolve_device(cluster["device"])
-    configure_cpu_process(cluster["num_cpu_threads"], cpu_compute=device.type == "cpu")
+        device = resolve_device(cluster.device)
+    configure_cpu_process(cluster.num_cpu_threads, cpu_compute=device.type == "cpu")
     policy = NativePolicy(
-        _typed_policy_section(policy_cfg), PrecisionRecipe.from_config(policy_cfg), device, plan=plan,
-        init_reference_model=init_reference_model, seed=cfg["grpo"]["seed"],
+        policy_cfg, PrecisionRecipe.from_config(policy_cfg), device, plan=plan,
+        init_reference_model=init_reference_model, seed=cfg.grpo.seed,
     )  # fmt: skip
-    return Placement(policy, build_local_engine(cfg, policy, spec, device), device, plan.is_main, startup)
+    engine = build_local_engine(
+        policy_cfg.generation, policy, spec, device, max_total_length=policy_cfg.max_total_sequence_length,
+        seed=cfg.grpo.seed,
+    )  # fmt: skip
+    return Placement(policy, engine, device, plan.is_main, startup)
 
 
-def start_ranks(cfg: dict[str, Any]) -> bool:
+def start_ranks(cfg: RunConfig) -> bool:
     """torchrun: start this rank's process group (NCCL on CUDA, gloo on CPU). True where this process writes and
     prints: rank 0, or any run that is not torchrun."""
-    if cfg["cluster"]["backend"] != "torchrun":
+    if cfg.cluster.backend != "torchrun":
         return True
-    init_torchrun(cfg["cluster"]["device"])
+    init_torchrun(cfg.cluster.device)
     main = torch.distributed.get_rank() == 0
     if not main:  # the weight-loading progress bars too
         from transformers.utils import logging as hf_logging
@@ -91,20 +97,7 @@ def start_ranks(cfg: dict[str, Any]) -> bool:
     return main
 
 
-def sync_ranks(cfg: dict[str, Any]) -> None:
+def sync_ranks(cfg: RunConfig) -> None:
     """torchrun: every rank waits here for the others (rank 0's preparation of the output directories)."""
-    if cfg["cluster"]["backend"] == "torchrun":
+    if cfg.cluster.backend == "torchrun":
         torch.distributed.barrier()
-
-
-def _typed_policy_section(policy_cfg: dict[str, Any]) -> Any:
-    """The validated `policy` section as its typed object (`PolicyConfig`), what the trainer is handed; a section
-    built in code past the validators (e.g. a temperature the config refuses, to test a guard) as the dict it is."""
-    from pydantic import ValidationError
-
-    from nemo_jetrl.policy.config import PolicyConfig
-
-    try:
-        return PolicyConfig.model_validate(policy_cfg)
-    except ValidationError:
-        return policy_cfg

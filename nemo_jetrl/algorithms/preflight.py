@@ -12,17 +12,20 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nemo_jetrl.algorithms.run_config import RunConfig
 
 MIN_FREE_BYTES = 64 << 20
 _CHECKPOINT_MARGIN = 1.25  # model + AdamW moments, plus pickle framing and config
 
 
-def output_dirs(cfg: dict[str, Any]) -> dict[str, str]:
+def output_dirs(cfg: RunConfig) -> dict[str, str]:
     """{config key: directory} of what the run writes."""
-    dirs = {"logger.log_dir": cfg["logger"]["log_dir"]}
-    if cfg["checkpointing"]["enabled"]:
-        dirs["checkpointing.checkpoint_dir"] = cfg["checkpointing"]["checkpoint_dir"]
+    dirs = {"logger.log_dir": cfg.logger.log_dir}
+    if cfg.checkpointing.enabled:
+        dirs["checkpointing.checkpoint_dir"] = cfg.checkpointing.checkpoint_dir
     return dirs
 
 
@@ -30,7 +33,7 @@ def _describe(err: OSError) -> str:
     return err.strerror or type(err).__name__
 
 
-def check_output_dirs(cfg: dict[str, Any]) -> None:
+def check_output_dirs(cfg: RunConfig) -> None:
     """Create each output directory and prove it writable with a probe file; check free space."""
     for key, directory in output_dirs(cfg).items():
         path = Path(directory).expanduser()
@@ -56,22 +59,22 @@ def _check_free(key: str, path: Path, need: int, what: str) -> None:
         )
 
 
-def check_checkpoint_space(cfg: dict[str, Any], param_bytes: int) -> None:
+def check_checkpoint_space(cfg: RunConfig, param_bytes: int) -> None:
     """The checkpoint dir holds at least one checkpoint of a model of `param_bytes` master weights (+ two AdamW
     moments)."""
-    if not cfg["checkpointing"]["enabled"]:
+    if not cfg.checkpointing.enabled:
         return
     need = int(param_bytes * 3 * _CHECKPOINT_MARGIN) + MIN_FREE_BYTES
-    path = Path(cfg["checkpointing"]["checkpoint_dir"]).expanduser()
+    path = Path(cfg.checkpointing.checkpoint_dir).expanduser()
     _check_free("checkpointing.checkpoint_dir", path, need, " for one checkpoint")
 
 
-def check_validation_set(cfg: dict[str, Any], task: Any) -> None:
+def check_validation_set(cfg: RunConfig, task: Any) -> None:
     """Validation on (grpo.val_period > 0) needs at least one validation prompt."""
-    g = cfg["grpo"]
-    if int(g["val_period"]) <= 0:
+    g = cfg.grpo
+    if g.val_period <= 0:
         return
-    if not task.validation(g["max_val_samples"]):
+    if not task.validation(g.max_val_samples):
         raise ValueError(
             "the validation set is empty (every validation prompt was skipped, e.g. longer than the prompt limit "
             "policy.max_total_sequence_length - policy.generation.max_new_tokens, or data.val_size is 0); fix "

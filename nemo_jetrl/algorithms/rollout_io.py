@@ -42,8 +42,7 @@ def bootstrap_kv_scales(run: GrpoSetup, step: int) -> None:
     """FP8 KV scales for the first rollout (and after a resume): the trainer's calibration forward over this step's
     prompts, one prefill of them observing Q/K/V (no rollout); the rollout and, with train_kv_fake_quant, the trainer
     then run on these scales, and every step recalibrates them from its own sequences (prepare_refit)."""
-    g = run.cfg["grpo"]
-    problems = run.task.train_batch(step, int(g["num_prompts_per_step"]))
+    problems = run.task.train_batch(step, run.cfg.grpo.num_prompts_per_step)
     prompt_ids = encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
     width = max(len(p) for p in prompt_ids)
     ids, mask = left_pad(prompt_ids, width, run.policy.tokenizer.pad_token_id, torch.device("cpu"))  # [B, P] each

@@ -1,16 +1,10 @@
 """Config system, the ground floor: YAML with `defaults:` inheritance + Hydra-style overrides (`load_config`), the
 section base types (`section.py`) and errors that name keys. The composed schema sits at the top of the package
-(`nemo_jetrl.schema`: `MasterConfig`, `validate_config`)."""
+(`nemo_jetrl.schema`: `MasterConfig`, `validate_config`). Nothing is imported eagerly: `config.typed` (the check
+that a component got its typed section) imports without pydantic, for the GPU-side modules."""
 
-from nemo_jetrl.config.errors import ConfigError
+from nemo_jetrl._lazy import lazy_exports
 
-__all__ = ["ConfigError", "load_config", "register_resolvers"]
-
-
-def __getattr__(name: str):
-    """The loader on first use: section types beside the components import `config.section` alone."""
-    if name in ("load_config", "register_resolvers"):
-        from nemo_jetrl.config import loader
-
-        return getattr(loader, name)
-    raise AttributeError(f"module 'nemo_jetrl.config' has no attribute {name!r}")
+_EXPORTS = {"ConfigError": "errors", "load_config": "loader", "register_resolvers": "loader"}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -54,10 +54,8 @@ AutoBool = Annotated[bool | Literal["auto"], BeforeValidator(_true_false_or_auto
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys forbidden, assignments re-validated, defaults on every field."""
+    """Base of every config section: unknown keys forbidden, assignments re-validated, defaults on every field.
+    Components take the typed sections (`config.typed.typed_section` refuses a dict); `model_dump()` gives the
+    plain dict only where a config crosses a process boundary (Ray workers, checkpoints, logs)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (tuples stay tuples) for components that take dicts."""
-        return self.model_dump()

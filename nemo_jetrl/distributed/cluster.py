@@ -3,10 +3,12 @@ workers."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from nemo_jetrl.config.typed import typed_section
 
 Backend = Literal["local", "ray", "torchrun"]
 # Under `uv run`, Ray's uv hook makes every worker re-create the environment (and try to download Python): off.
@@ -39,12 +41,12 @@ class ClusterSpec:
     tensor_parallel_size: int = 1
 
     @classmethod
-    def from_config(cls, cluster: Mapping[str, Any], tensor_parallel_size: int = 1) -> ClusterSpec:
-        """From the validated `cluster` section (a `ClusterConfig` or its dict, `backend` resolved) and
+    def from_config(cls, cluster: Any, tensor_parallel_size: int = 1) -> ClusterSpec:
+        """From the validated `cluster` section (a `ClusterConfig`, `backend` resolved; a dict is refused) and
         `policy.dtensor_cfg.tensor_parallel_size` (the schema checked that it divides the workers)."""
-        if hasattr(cluster, "model_dump"):  # a pydantic ClusterConfig
-            cluster = cluster.model_dump()
-        return cls(**cluster, tensor_parallel_size=int(tensor_parallel_size))
+        cluster = typed_section(cluster, "ClusterConfig", "ClusterSpec.from_config")
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "tensor_parallel_size"]  # the section's fields
+        return cls(**{name: getattr(cluster, name) for name in names}, tensor_parallel_size=int(tensor_parallel_size))
 
     @property
     def uses_gpus(self) -> bool:

@@ -5,8 +5,7 @@ device; under torchrun (its RANK / WORLD_SIZE / LOCAL_RANK set) every process is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import model_validator
 
@@ -14,6 +13,7 @@ from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import NonNegativeInt, PositiveInt, Section
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.launch import torchrun_env
+from nemo_jetrl.policy.config import PolicyConfig
 
 
 class ClusterConfig(Section):
@@ -71,14 +71,14 @@ class ClusterConfig(Section):
             )
 
 
-def multi_rank_problems(policy: Mapping[str, Any], spec: ClusterSpec) -> list[str]:
+def multi_rank_problems(policy: PolicyConfig, spec: ClusterSpec) -> list[str]:
     """What a run over several ranks (Ray workers or torchrun ranks) cannot do, each with its reason and fix: the
     one place these refusals live (checked when the run is placed, `algorithms.placement`: a NeMo-RL recipe naming
     vLLM on 16 GPUs still validates and translates).
     Everything else the one-process trainer does runs on several ranks (docs/cluster.md, the feature table)."""
-    gen, ranks = policy["generation"], spec.num_workers
+    gen, ranks = policy.generation, spec.num_workers
     problems = []
-    if gen["deterministic"] and (ranks > 1 or spec.num_seed_shards > 1):
+    if gen.deterministic and (ranks > 1 or spec.num_seed_shards > 1):
         problems.append(
             "policy.generation.deterministic: true needs one process and one rollout batch (its batch-invariant "
             "kernels make the trainer equal the rollout bitwise within one process): set cluster.backend: local and "
@@ -87,7 +87,7 @@ def multi_rank_problems(policy: Mapping[str, Any], spec: ClusterSpec) -> list[st
     if spec.backend == "ray" or ranks > 1:
         from nemo_jetrl.models.loading import is_moe_checkpoint  # transformers: only where a run is placed
 
-        if is_moe_checkpoint(policy["model_name"]):
+        if is_moe_checkpoint(policy.model_name):
             problems.append(
                 f"cluster.backend: {spec.backend} does not train MoE models yet ({ranks} rank(s): the sharded trainer "
                 "shards and refits dense weights only; expert parallelism is not built): use cluster.backend: local "
@@ -96,12 +96,12 @@ def multi_rank_problems(policy: Mapping[str, Any], spec: ClusterSpec) -> list[st
     if ranks == 1:
         return problems
     where = f"cluster.backend: {spec.backend} with {ranks} ranks"
-    if policy["train_cuda_graphs"] is True:
+    if policy.train_cuda_graphs is True:
         problems.append(
             f"policy.train_cuda_graphs: true is not supported with {where}: a captured micro-batch cannot hold the "
             "sharded trainer's collectives (FSDP2 all-gathers, gradient reduce-scatters); set it false"
         )
-    if gen["backend"] == "vllm":
+    if gen.backend == "vllm":
         problems.append(
             f"policy.generation.backend: vllm is not supported with {where}: the vLLM adapter runs in one process "
             "on the trainer's unsharded weights; several ranks roll out on the native engine (backend: native)"

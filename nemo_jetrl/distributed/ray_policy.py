@@ -13,8 +13,10 @@ from typing import Any
 import torch
 
 from nemo_jetrl.distributed.cluster import ClusterSpec
+from nemo_jetrl.distributed.worker import worker_setup_payload
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError
 from nemo_jetrl.precision import PrecisionRecipe
@@ -29,13 +31,13 @@ class RayPolicy(PolicyInterface):
     def __init__(
         self,
         group: RayWorkerGroup,
-        cfg: Mapping[str, Any],
+        policy_cfg: PolicyConfig,
         setup_info: Mapping[str, Any],
         *,
         init_reference_model: bool = False,
     ) -> None:
         self.group = group
-        self.recipe = PrecisionRecipe.from_config(cfg["policy"])
+        self.recipe = PrecisionRecipe.from_config(policy_cfg)
         self.tokenizer = setup_info["tokenizer"]
         self.layer_map = dict(setup_info["layer_map"])
         self._has_reference = bool(init_reference_model)  # the frozen reference lives on the workers
@@ -143,13 +145,15 @@ class RayGeneration(GenerationInterface):
 
 
 def build_ray_policy_and_engine(
-    cfg: Mapping[str, Any], spec: ClusterSpec, *, init_reference_model: bool = False
+    policy_cfg: PolicyConfig, spec: ClusterSpec, seed: int, *, init_reference_model: bool = False
 ) -> tuple[RayPolicy, RayGeneration]:
-    """Start the worker group, load + shard the policy on every worker, first refit; the driver's two handles."""
+    """Start the worker group, load + shard the policy on every worker, first refit; the driver's two handles.
+    The workers get the validated `policy` section, the run's spec and `grpo.seed` (`worker_setup_payload`)."""
     if spec.tensor_parallel_size > 1:  # before any worker starts (the workers check the FP8 tiles per layer)
         from nemo_jetrl.policy.parallel.tensor_parallel import check_tp_model
 
-        check_tp_model(cfg["policy"]["model_name"], spec.tensor_parallel_size)
+        check_tp_model(policy_cfg.model_name, spec.tensor_parallel_size)
     group = RayWorkerGroup(spec)
-    info = group.run("setup", "setup", common=(group.put(dict(cfg)), init_reference_model))[0]
-    return RayPolicy(group, cfg, info, init_reference_model=init_reference_model), RayGeneration(group)
+    payload = group.put(worker_setup_payload(policy_cfg, spec, seed))
+    info = group.run("setup", "setup", common=(payload, init_reference_model))[0]
+    return RayPolicy(group, policy_cfg, info, init_reference_model=init_reference_model), RayGeneration(group)

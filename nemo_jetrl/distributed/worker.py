@@ -6,6 +6,7 @@ Plain class; `RayWorkerGroup` makes it a Ray actor. Ray gives each GPU worker on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -15,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.utils.cpu_runtime import configure_cpu_process
 
 if TYPE_CHECKING:  # imported in setup(): an actor starts in ~torch's import time (failure paths stay cheap)
     from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+    from nemo_jetrl.policy.config import PolicyConfig
     from nemo_jetrl.policy.interfaces import LossFunction, TrainBatch
     from nemo_jetrl.policy.native import NativePolicy
 
@@ -56,23 +59,25 @@ class PolicyWorker:
         )
         return True
 
-    def setup(self, cfg: Mapping[str, Any], init_reference_model: bool = False) -> dict[str, Any]:
+    def setup(self, payload: Mapping[str, Any], init_reference_model: bool = False) -> dict[str, Any]:
         """The trainer of this rank (`NativePolicy` on the plan over the worker group, as a torchrun rank builds
-        it) and its colocated rollout engine; the trainer's first refit fills the engine's replica."""
-        from nemo_jetrl.distributed.cluster import ClusterSpec
+        it) and its colocated rollout engine; the trainer's first refit fills the engine's replica. `payload`:
+        the driver's `worker_setup_payload`."""
         from nemo_jetrl.generation.build import build_local_engine
         from nemo_jetrl.policy.native import NativePolicy
         from nemo_jetrl.policy.parallel.plan import ParallelPlan
         from nemo_jetrl.precision import PrecisionRecipe
 
-        policy_cfg = cfg["policy"]
-        tp = int(policy_cfg["dtensor_cfg"]["tensor_parallel_size"])
-        plan = ParallelPlan.from_process_group(self.device, tp)
+        policy_cfg, spec, seed = worker_sections(payload)
+        plan = ParallelPlan.from_process_group(self.device, spec.tensor_parallel_size)
         self.policy = NativePolicy(
             policy_cfg, PrecisionRecipe.from_config(policy_cfg), self.device, plan=plan,
-            init_reference_model=init_reference_model, seed=int(cfg["grpo"]["seed"]),
+            init_reference_model=init_reference_model, seed=seed,
         )  # fmt: skip
-        self.engine = build_local_engine(cfg, self.policy, ClusterSpec.from_config(cfg["cluster"], tp), self.device)
+        self.engine = build_local_engine(
+            policy_cfg.generation, self.policy, spec, self.device,
+            max_total_length=policy_cfg.max_total_sequence_length, seed=seed,
+        )  # fmt: skip
         info = {"layer_map": self.policy.layer_map, "tokenizer": self.policy.tokenizer}
         return {**info, "parameter_bytes": self.policy.parameter_bytes()}
 
@@ -122,6 +127,22 @@ class PolicyWorker:
         if self.policy is None:
             raise RuntimeError(f"worker {self.rank}: setup() has not run")
         return self.policy
+
+
+def worker_setup_payload(policy_cfg: PolicyConfig, spec: ClusterSpec, seed: int) -> dict[str, Any]:
+    """What the driver hands `PolicyWorker.setup` across the process boundary, as plain data: the `policy`
+    section (`model_dump`), the run's `ClusterSpec` fields (derived on the driver: the `cluster` section's checks
+    read the driver's environment, not the worker's) and `grpo.seed`; `worker_sections` rebuilds them."""
+    return {"policy": policy_cfg.model_dump(), "spec": dataclasses.asdict(spec), "seed": int(seed)}
+
+
+def worker_sections(payload: Mapping[str, Any]) -> tuple[PolicyConfig, ClusterSpec, int]:
+    """A `worker_setup_payload` back on the worker: the typed `policy` section (`model_validate`), the spec, the
+    seed."""
+    from nemo_jetrl.policy.config import PolicyConfig
+
+    policy_cfg = PolicyConfig.model_validate(payload["policy"])
+    return policy_cfg, ClusterSpec(**payload["spec"]), int(payload["seed"])
 
 
 def _node_ip() -> str:

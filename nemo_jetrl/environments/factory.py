@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nemo_jetrl.config.typed import typed_section
 from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments.arithmetic import ArithmeticTask
 from nemo_jetrl.environments.config import EnvConfig
@@ -29,10 +30,8 @@ def make_task(
     the math environment (env.math, math-verify). `tokenizer` renders chat templates and measures prompt lengths;
     `max_prompt_tokens` is the prompt-length limit when `data.max_input_seq_length` is null.
     """
-    env = EnvConfig() if env is None else env
-    for key, section, kind in (("data", data, DataConfig), ("env", env, EnvConfig)):
-        if not isinstance(section, kind):  # a plain dict: validate it first (`DataConfig.model_validate(d)`)
-            raise TypeError(f"make_task: `{key}` must be the validated {kind.__name__}, got {type(section).__name__}")
+    data = typed_section(data, "DataConfig", "make_task")
+    env = EnvConfig() if env is None else typed_section(env, "EnvConfig", "make_task")
     name = data.dataset_name
     if name not in BUILTIN_TASKS:
         # imported here: the math environment (math-verify) and the dataset readers load for dataset runs only

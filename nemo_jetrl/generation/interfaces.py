@@ -10,7 +10,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 
@@ -92,11 +91,11 @@ def rollout_phase(engine: GenerationInterface) -> Iterator[GenerationInterface]:
         engine.finish_generation()
 
 
-def max_prompt_length(policy: Mapping[str, Any], max_input_seq_length: int | None) -> int:
-    """Prompt-length limit of a validated `policy` section: `data.max_input_seq_length` when set, else
-    max_total_sequence_length - max_new_tokens (total - 1 when max_new_tokens is the total, NeMo-RL's spelling).
-    At least one response token always fits; the engine caps each row's prompt + response at the total."""
-    total, new = int(policy["max_total_sequence_length"]), int(policy["generation"]["max_new_tokens"])
+def max_prompt_length(total: int, new: int, max_input_seq_length: int | None) -> int:
+    """Prompt-length limit of `policy.max_total_sequence_length` (`total`) and `policy.generation.max_new_tokens`
+    (`new`): `data.max_input_seq_length` when set, else total - new (total - 1 when max_new_tokens is the total,
+    NeMo-RL's spelling). At least one response token always fits; the engine caps each row's prompt + response at
+    the total."""
     if max_input_seq_length is not None:
         limit = int(max_input_seq_length)
     else:

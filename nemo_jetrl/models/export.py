@@ -184,46 +184,35 @@ def load_policy_checkpoint(checkpoint: str | Path) -> tuple[dict[str, Any], Path
     return manager.load(latest, mmap=True), latest
 
 
-def export_checkpoint(
-    checkpoint: str | Path,
+def export_policy_weights(
+    weights: Mapping[str, torch.Tensor],
     out_dir: str | Path,
     *,
+    model_name: str,
+    config_overrides: Mapping[str, Any] | None,
+    recipe: PrecisionRecipe,
+    protected: Iterable[str | Path] = (),
     fp8: bool = False,
     dtype: torch.dtype = torch.bfloat16,
     max_shard_size: str | int = "5GB",
     overwrite: bool = False,
 ) -> Path:
-    """Export the policy of a GRPO checkpoint (see `load_policy_checkpoint`) with its base model's tokenizer.
+    """Export trained `weights` (a checkpoint's policy state) on the base model `model_name` (its architecture, with
+    `config_overrides`, and its tokenizer; the directory must still exist); FP8 export uses `recipe` for the layer
+    map. `protected` directories are never written to (`algorithms.grpo_checkpoint.export_checkpoint` reads a GRPO
+    checkpoint's saved config and calls this)."""
+    from nemo_jetrl.models.loading import load_model_and_tokenizer
 
-    The base architecture and tokenizer come from the checkpoint's own `policy.model_name` (it must still exist);
-    the trained weights from the checkpoint. FP8 export uses the checkpoint's precision recipe for the layer map.
-    Neither the base model's directory nor the checkpoint's is written to.
-    """
-    from nemo_jetrl.models.loading import load_model_and_tokenizer, resolve_model_dir
-
-    check_shard_size(max_shard_size)
-    earlier_export_files(out_dir, overwrite=overwrite, protected=[checkpoint])  # refuse before the slow load
-    state, _ = load_policy_checkpoint(checkpoint)
-    cfg = state.get("config") or {}
-    policy_cfg = cfg.get("policy") if isinstance(cfg, dict) else None
-    if not policy_cfg or not isinstance(state.get("policy"), dict) or "model" not in state["policy"]:
-        raise ValueError(f"checkpoint {checkpoint} holds no policy config / model weights (not a GRPO checkpoint?)")
-    protected = [checkpoint, resolve_model_dir(policy_cfg["model_name"])]
-    earlier_export_files(out_dir, overwrite=overwrite, protected=protected)
-    overrides = policy_cfg.get("hf_config_overrides")
-    model, tokenizer = load_model_and_tokenizer(policy_cfg["model_name"], dtype=torch.float32, config_overrides=overrides)
+    model, tokenizer = load_model_and_tokenizer(model_name, dtype=torch.float32, config_overrides=config_overrides)
     try:
-        missing, unexpected = model.load_state_dict(state["policy"]["model"], strict=False)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as err:  # shape mismatches
         raise ValueError(
-            f"checkpoint weights do not fit {policy_cfg['model_name']}: {str(err).strip().splitlines()[-1].strip()}"
+            f"checkpoint weights do not fit {model_name}: {str(err).strip().splitlines()[-1].strip()}"
         ) from None
     missing = [k for k in missing if k not in _tied_keys(model, model.state_dict())]
     if missing or unexpected:
-        raise ValueError(
-            f"checkpoint weights do not fit {policy_cfg['model_name']}: missing {missing}, unexpected {unexpected}"
-        )
-    recipe = PrecisionRecipe.from_config(policy_cfg)
+        raise ValueError(f"checkpoint weights do not fit {model_name}: missing {missing}, unexpected {unexpected}")
     return export_hf(
         model,
         tokenizer,
@@ -233,5 +222,5 @@ def export_checkpoint(
         recipe=recipe,
         max_shard_size=max_shard_size,
         overwrite=overwrite,
-        protected=protected,
+        protected=list(protected),
     )

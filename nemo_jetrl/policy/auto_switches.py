@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,11 +32,11 @@ def announce(line: str | None) -> None:
 
 
 def resolve_train_cuda_graphs(
-    policy_cfg: Mapping[str, Any], device: torch.device, moe: bool = False
+    policy_cfg: Any, device: torch.device, moe: bool = False
 ) -> tuple[bool, str | None]:
-    """The one-process trainer's captured micro-batches: (on, the line saying why `auto` is off, or None); `true`
-    off CUDA or with an MoE model (its experts' row counts are read on the host) is refused."""
-    value = policy_cfg["train_cuda_graphs"]
+    """The one-process trainer's captured micro-batches under a `PolicyConfig`: (on, the line saying why `auto` is
+    off, or None); `true` off CUDA or with an MoE model (its experts' row counts are read on the host) is refused."""
+    value = policy_cfg.train_cuda_graphs
     if value != AUTO:
         if value and moe:
             raise ValueError(
@@ -52,41 +51,40 @@ def resolve_train_cuda_graphs(
         reason = "an MoE model (its experts' row counts are read on the host)"
     elif device.type != "cuda":
         reason = f"the trainer runs on {device}"
-    elif policy_cfg["generation"]["deterministic"]:
+    elif policy_cfg.generation.deterministic:
         reason = "policy.generation.deterministic: true (the exact mode's trainer runs eagerly)"
     return reason is None, None if reason is None else f"policy.train_cuda_graphs: auto -> off: {reason}"
 
 
-def matched_kernels_blocker(policy_cfg: Mapping[str, Any], backend: str = "local") -> str | None:
-    """Why the config rules `matched_kernels: auto` out (None: the self-check decides)."""
-    gen, fp8 = policy_cfg["generation"], policy_cfg["fp8_cfg"]
-    rollout_precision = gen["precision"] or policy_cfg["precision"]
-    fp8_anywhere = "fp8" in (policy_cfg["precision"], rollout_precision)
+def matched_kernels_blocker(policy_cfg: Any, backend: str = "local") -> str | None:
+    """Why a `PolicyConfig` rules `matched_kernels: auto` out (None: the self-check decides)."""
+    gen, fp8 = policy_cfg.generation, policy_cfg.fp8_cfg
+    fp8_anywhere = "fp8" in (policy_cfg.precision, gen.precision)
     reasons = (
-        (gen["deterministic"], "policy.generation.deterministic: true already runs its kernels"),
-        (gen["backend"] != "native", f"policy.generation.backend: {gen['backend']} (the native engine's path)"),
+        (gen.deterministic, "policy.generation.deterministic: true already runs its kernels"),
+        (gen.backend != "native", f"policy.generation.backend: {gen.backend} (the native engine's path)"),
         (backend != "local", f"cluster.backend: {backend} (set true to run it on the workers)"),
-        (rollout_precision != policy_cfg["precision"], "the trainer and the rollout run different precisions"),
-        (gen["kv_cache_dtype"] == "fp8" and not fp8["train_kv_fake_quant"],
+        (gen.precision != policy_cfg.precision, "the trainer and the rollout run different precisions"),
+        (gen.kv_cache_dtype == "fp8" and not fp8.train_kv_fake_quant,
          "an FP8 KV cache without policy.fp8_cfg.train_kv_fake_quant"),
-        (policy_cfg["train_causal_attention"], "policy.train_causal_attention: true"),
-        (not policy_cfg["fused_train_kernels"], "policy.fused_train_kernels: false"),
-        (fp8_anywhere and not scale_layout(fp8["fp8_recipe"]).features.exact_gemm,
-         f"policy.fp8_cfg.fp8_recipe: {fp8['fp8_recipe']} (matched kernels need {layouts_with('exact_gemm')})"),
+        (policy_cfg.train_causal_attention, "policy.train_causal_attention: true"),
+        (not policy_cfg.fused_train_kernels, "policy.fused_train_kernels: false"),
+        (fp8_anywhere and not scale_layout(fp8.fp8_recipe).features.exact_gemm,
+         f"policy.fp8_cfg.fp8_recipe: {fp8.fp8_recipe} (matched kernels need {layouts_with('exact_gemm')})"),
     )  # fmt: skip
     return next((reason for blocked, reason in reasons if blocked), None)
 
 
 def apply_matched_kernels(
     model: nn.Module,
-    policy_cfg: Mapping[str, Any],
+    policy_cfg: Any,
     recipe: PrecisionRecipe,
     device: torch.device,
     compute_dtype: torch.dtype | None,
 ) -> tuple[bool, str | None]:
     """Switch `model` to the matched kernels as `policy.generation.matched_kernels` says (auto: the config allows
     it and the self-check passes); returns (on, the start-up line of an `auto` or None)."""
-    value = policy_cfg["generation"]["matched_kernels"]
+    value = policy_cfg.generation.matched_kernels
     if value != AUTO:
         if value:
             match_kernels(model, device)
@@ -106,19 +104,19 @@ def apply_matched_kernels(
     return True, f"{key} -> on: every product row-invariant on {where} (rollout logprobs == trainer's, bitwise)"
 
 
-def worker_switch_lines(policy_cfg: Mapping[str, Any], backend: str) -> list[str]:
+def worker_switch_lines(policy_cfg: Any, backend: str) -> list[str]:
     """The two switches on a multi-worker backend (Ray): `auto` is off there (one line each); `true` train graphs,
     and matched kernels with tensor-parallel shards (whose row invariance the check does not cover), are refused."""
-    if policy_cfg["train_cuda_graphs"] is True:
+    if policy_cfg.train_cuda_graphs is True:
         raise ValueError(f"policy.train_cuda_graphs needs the local backend (cluster.backend: local, not {backend})")
-    gen, tp = policy_cfg["generation"], policy_cfg["dtensor_cfg"]["tensor_parallel_size"]
-    if gen["matched_kernels"] is True and tp > 1:
+    gen, tp = policy_cfg.generation, policy_cfg.dtensor_cfg.tensor_parallel_size
+    if gen.matched_kernels is True and tp > 1:
         raise ValueError(
             f"policy.generation.matched_kernels: true with policy.dtensor_cfg.tensor_parallel_size {tp}: the row "
             "invariance it rests on is not checked for tensor-parallel shards; set tensor_parallel_size: 1"
         )
     lines = [f"policy.train_cuda_graphs: auto -> off: cluster.backend: {backend} (its workers' trainers run eagerly)"]
-    lines = lines if policy_cfg["train_cuda_graphs"] == AUTO else []
-    if gen["matched_kernels"] == AUTO:
+    lines = lines if policy_cfg.train_cuda_graphs == AUTO else []
+    if gen.matched_kernels == AUTO:
         lines.append(f"policy.generation.matched_kernels: auto -> off: {matched_kernels_blocker(policy_cfg, backend)}")
     return lines

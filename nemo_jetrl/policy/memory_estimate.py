@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_jetrl.config.typed import typed_section
+
 GIB = 1024**3
 LOGPROB_CHUNK_ELEMENTS = 1 << 26  # models/logits.py's chunk bound (logits elements)
 SAMPLING_ROWS_BYTES = 3 * 8  # per row and vocabulary entry: the rollout's sampling buffers [B, V] (scheduler.py)
@@ -120,20 +122,21 @@ class TrainerMemorySettings:
     graphs: bool  # train_cuda_graphs: gradients kept between steps, one micro-batch's activations reserved
 
     @classmethod
-    def from_policy(cls, policy: Mapping[str, Any], reference: bool = False, cuda: bool = True) -> TrainerMemorySettings:
-        """`cuda`: the trainer runs on a CUDA device (where `train_cuda_graphs: auto` captures, outside the exact
-        mode: policy/auto_switches.py)."""
-        fp8, gen = policy["fp8_cfg"], policy["generation"]
-        graphs = policy["train_cuda_graphs"]
+    def from_policy(cls, policy: Any, reference: bool = False, cuda: bool = True) -> TrainerMemorySettings:
+        """From a `PolicyConfig`. `cuda`: the trainer runs on a CUDA device (where `train_cuda_graphs: auto`
+        captures, outside the exact mode: policy/auto_switches.py)."""
+        policy = typed_section(policy, "PolicyConfig", "TrainerMemorySettings.from_policy")
+        fp8, gen = policy.fp8_cfg, policy.generation
+        graphs = policy.train_cuda_graphs
         if graphs == "auto":
-            graphs = cuda and not gen["deterministic"]
+            graphs = cuda and not gen.deterministic
         return cls(
-            master_bytes=4 if policy["master_dtype"] == "float32" else 2, fp8_train=policy["precision"] == "fp8",
-            fp8_weights=policy["precision"] == "fp8" or gen["precision"] == "fp8",
-            bf16_layers=(int(fp8["num_first_layers_in_bf16"]), int(fp8["num_last_layers_in_bf16"])),
-            dgrad_cache=bool(fp8["cache_dgrad_weight"]), kv_bytes=1 if gen["kv_cache_dtype"] == "fp8" else 2,
-            checkpointing=bool(policy["dtensor_cfg"].get("activation_checkpointing")),
-            packed=bool(policy["sequence_packing"]["enabled"]), width=int(policy["max_total_sequence_length"]),
+            master_bytes=4 if policy.master_dtype == "float32" else 2, fp8_train=policy.precision == "fp8",
+            fp8_weights=policy.precision == "fp8" or gen.precision == "fp8",
+            bf16_layers=(fp8.num_first_layers_in_bf16, fp8.num_last_layers_in_bf16),
+            dgrad_cache=fp8.cache_dgrad_weight, kv_bytes=1 if gen.kv_cache_dtype == "fp8" else 2,
+            checkpointing=policy.dtensor_cfg.activation_checkpointing,
+            packed=policy.sequence_packing.enabled, width=policy.max_total_sequence_length,
             reference=reference, graphs=bool(graphs),
         )  # fmt: skip
 

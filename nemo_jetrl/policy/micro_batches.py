@@ -12,7 +12,6 @@ the time of a pass follows the real tokens of long-tailed responses instead of t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,31 +106,33 @@ def _rounded(n: int, round_to: int, width: int) -> int:
     return min(width, -(-max(n, 1) // round_to) * round_to)
 
 
-def plan_micro_batches(attention_mask: torch.Tensor, policy_cfg: Mapping[str, Any], kind: str) -> list[MicroBatch]:
-    """The micro-batches of one trainer pass over `attention_mask` [B, S]; `kind`: "train" (the training forward and
-    backward) or "logprob" (no-grad logprob, reference and calibration forwards)."""
+def plan_micro_batches(attention_mask: torch.Tensor, policy_cfg: Any, kind: str) -> list[MicroBatch]:
+    """The micro-batches of one trainer pass over `attention_mask` [B, S] under a `PolicyConfig`; `kind`: "train"
+    (the training forward and backward) or "logprob" (no-grad logprob, reference and calibration forwards)."""
     if kind not in ("train", "logprob"):
         raise ValueError(f"kind must be 'train' or 'logprob', got {kind!r}")
-    rows_key = "train_micro_batch_size" if kind == "train" else "logprob_batch_size"
-    dyn = policy_cfg.get("dynamic_batching") or {}
-    pack = policy_cfg.get("sequence_packing") or {}
-    if dyn.get("enabled") and pack.get("enabled"):
+    dyn, pack = policy_cfg.dynamic_batching, policy_cfg.sequence_packing
+    if dyn.enabled and pack.enabled:
         raise ValueError(
             "policy.dynamic_batching.enabled and policy.sequence_packing.enabled exclude each other (as in NeMo-RL)"
         )
-    if not (pack.get("enabled") or dyn.get("enabled")):
-        return fixed_micro_batches(attention_mask.shape[0], int(policy_cfg[rows_key]), attention_mask.shape[1])
+    if not (pack.enabled or dyn.enabled):
+        return fixed_micro_batches(attention_mask.shape[0], _rows(policy_cfg, kind), attention_mask.shape[1])
     budget = token_budget(policy_cfg, kind)
-    if pack.get("enabled"):
-        return packed_micro_batches(attention_mask, budget, pack["algorithm"])
-    return token_budget_micro_batches(attention_mask, budget, int(dyn.get("sequence_length_round", 1)))
+    if pack.enabled:
+        return packed_micro_batches(attention_mask, budget, pack.algorithm)
+    return token_budget_micro_batches(attention_mask, budget, dyn.sequence_length_round)
 
 
-def token_budget(policy_cfg: Mapping[str, Any], kind: str) -> int:
-    """Tokens per micro-batch of a `kind` pass under sequence packing or dynamic batching: `{kind}_mb_tokens`, or
-    the pass's rows per micro-batch x `max_total_sequence_length`."""
-    rows_key = "train_micro_batch_size" if kind == "train" else "logprob_batch_size"
-    pack = policy_cfg.get("sequence_packing") or {}
-    chosen = pack if pack.get("enabled") else (policy_cfg.get("dynamic_batching") or {})
-    budget = chosen.get(f"{kind}_mb_tokens") or int(policy_cfg[rows_key]) * int(policy_cfg["max_total_sequence_length"])
-    return int(budget)
+def _rows(policy_cfg: Any, kind: str) -> int:
+    """Rows per micro-batch of a `kind` pass (`train_micro_batch_size` / `logprob_batch_size`)."""
+    return policy_cfg.train_micro_batch_size if kind == "train" else policy_cfg.logprob_batch_size
+
+
+def token_budget(policy_cfg: Any, kind: str) -> int:
+    """Tokens per micro-batch of a `kind` pass under sequence packing or dynamic batching (a `PolicyConfig`):
+    `{kind}_mb_tokens`, or the pass's rows per micro-batch x `max_total_sequence_length`."""
+    pack = policy_cfg.sequence_packing
+    chosen = pack if pack.enabled else policy_cfg.dynamic_batching
+    given = chosen.train_mb_tokens if kind == "train" else chosen.logprob_mb_tokens
+    return int(given or _rows(policy_cfg, kind) * policy_cfg.max_total_sequence_length)

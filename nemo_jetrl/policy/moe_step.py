@@ -42,14 +42,15 @@ class MoeTraining:
     aux_coef: float
 
     @classmethod
-    def of(cls, model: nn.Module, policy_cfg: Mapping[str, Any]) -> MoeTraining | None:
-        """The settings of `model` (None: a dense model); freezes its routers with `policy.freeze_moe_router`."""
+    def of(cls, model: nn.Module, policy_cfg: Any) -> MoeTraining | None:
+        """The settings of `model` under a `PolicyConfig` (None: a dense model); freezes its routers with
+        `policy.freeze_moe_router`."""
         if not moe_blocks(model):
             return None
-        if policy_cfg.get("freeze_moe_router"):
+        if policy_cfg.freeze_moe_router:
             for block in moe_blocks(model):
                 block.gate.weight.requires_grad_(False)
-        coef = policy_cfg.get("router_aux_loss_coef")
+        coef = policy_cfg.router_aux_loss_coef
         coef = getattr(model.config, "router_aux_loss_coef", 0.0) if coef is None else coef
         return cls(*moe_shape(model), aux_coef=float(coef))
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nemo_jetrl.config.typed import typed_section
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.models.moe import convert_moe_blocks
@@ -36,14 +37,17 @@ from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_ker
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, fp8_layers, invalidate_fp8_caches
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator
 
+if TYPE_CHECKING:  # the section type imports pydantic: the trainer imports without it (the GPU box)
+    from nemo_jetrl.policy.config import PolicyConfig
+
 
 class NativePolicy(TrainerCore, PolicyInterface):
     """The trainer of one process, or of one rank of a sharded trainer (`plan`). `policy_cfg`: the validated
-    `policy` section, typed (`policy.config.PolicyConfig`) or as its plain dict."""
+    `policy` section (`policy.config.PolicyConfig`; a dict is refused), kept as `cfg`."""
 
     def __init__(
         self,
-        policy_cfg: Any,
+        policy_cfg: PolicyConfig,
         recipe: PrecisionRecipe,
         device: torch.device,
         *,
@@ -56,22 +60,21 @@ class NativePolicy(TrainerCore, PolicyInterface):
         """`init_reference_model`: keep a frozen copy of the loaded weights (the KL penalty's reference).
         `model` / `tokenizer`: use these (e.g. a random-weight benchmark model) instead of loading model_name.
         `plan`: the ranks the trainer spreads over (default: this process alone)."""
-        self.config = policy_cfg if hasattr(policy_cfg, "model_dump") else None  # the typed section, when given
-        self.cfg = cfg = policy_cfg.model_dump() if self.config is not None else dict(policy_cfg)
+        self.cfg = cfg = typed_section(policy_cfg, "PolicyConfig", "NativePolicy")
         self.plan = plan if plan is not None else ParallelPlan.single()
         self.recipe, self.device = recipe, device
-        self.compute_dtype = DTYPES[cfg["compute_dtype"]]
-        self.temperature = float(cfg["generation"]["temperature"])
+        self.compute_dtype = DTYPES[cfg.compute_dtype]
+        self.temperature = float(cfg.generation.temperature)
         self.kernels = trainer_kernels(cfg)
         torch.manual_seed(seed)
         if model is None:
             model, tokenizer = load_model_and_tokenizer(
-                cfg["model_name"],
+                cfg.model_name,
                 device=device,
-                dtype=DTYPES[cfg["master_dtype"]],
+                dtype=DTYPES[cfg.master_dtype],
                 fp8_block=recipe.block_size if recipe.linear_fp8 else None,  # refuse unblockable dims before loading
                 first_fp8_layer=recipe.num_first_layers_in_bf16,
-                config_overrides=cfg.get("hf_config_overrides"),
+                config_overrides=cfg.hf_config_overrides,
             )
         self.tokenizer = tokenizer
         convert_moe_blocks(model)  # a model handed in as HF built it (`load_model_and_tokenizer` converts its own)
@@ -97,19 +100,19 @@ class NativePolicy(TrainerCore, PolicyInterface):
         self.reference_scorer = None  # a full copy on every rank (no collectives)
         if self.reference_model is not None:
             self.reference_scorer = PolicyLogprobs(self.reference_model, **scorer_kwargs)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg["optimizer"])
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg["scheduler"])
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.scheduler)
         self.step = 0  # optimizer steps taken
         # FP8 KV cache: per-step QKV calibration (docs/mismatch.md). `kv_scales` = the scales the rollout runs with
         # (set_kv_scales); the calibrator observes Q/K/V in the step's logprob forward ("fused", pre-update weights,
         # one step stale) or in an extra forward over the training batch after the optimizer step ("post_step";
         # forced in deterministic mode: the next rollout's scales come from the weights it runs on).
-        gen_cfg = cfg["generation"]
+        gen_cfg = cfg.generation
         self.kv_scales: KVScales | None = None
         self.kv_calibrator = (
             QKVCalibrator(model.config.num_hidden_layers, recipe.kv_calibration) if recipe.kv_fp8 else None
         )
-        self.kv_calibration_pass = "post_step" if gen_cfg["deterministic"] else gen_cfg["kv_cache_calibration_pass"]
+        self.kv_calibration_pass = "post_step" if gen_cfg.deterministic else gen_cfg.kv_cache_calibration_pass
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
         self.train_graphs: MicroBatchGraphs | None = None  # policy.train_cuda_graphs (policy/train_graphs.py)
         graphs, line = (
@@ -126,7 +129,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
         """Kernel choices both sides share, set on the model before a replica is copied from it. `matched_kernels:
         auto` runs the start-up self-check in one process; on several ranks it is off (the placement says so:
         `auto_switches.worker_switch_lines`), `true` runs them there too."""
-        if self.cfg["generation"]["deterministic"]:  # the exact mode: batch-invariant kernels on both sides
+        if self.cfg.generation.deterministic:  # the exact mode: batch-invariant kernels on both sides
             if not recipe.unified:
                 raise ValueError(
                     "policy.generation.deterministic: true needs the trainer and the rollout in one precision (and "
@@ -134,7 +137,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
                 )
             enable_batch_invariant(model)
         elif self.plan.distributed:
-            if self.cfg["generation"]["matched_kernels"] is True:
+            if self.cfg.generation.matched_kernels is True:
                 match_kernels(model, device)
         else:  # true, or auto: where the config allows it and the start-up self-check passes
             _, line = apply_matched_kernels(model, self.cfg, recipe, device, self.compute_dtype)
@@ -145,7 +148,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
         off there and `true` refused (`cluster_config.multi_rank_problems`; here for a trainer built in code)."""
         if not self.plan.distributed:
             return False
-        if self.cfg["train_cuda_graphs"] is True:
+        if self.cfg.train_cuda_graphs is True:
             raise ValueError(
                 f"policy.train_cuda_graphs: true needs one CUDA device (the trainer runs on {self.device}, "
                 f"{self.plan.world_size} rank(s): captured micro-batches cannot hold the sharded trainer's "
@@ -233,7 +236,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
         """One optimizer step per batch (see PolicyInterface.train), then one LR-scheduler step."""
         steps = [batch] if isinstance(batch, TrainBatch) else list(batch)
         if any(b.prev_logprobs is None for b in steps):  # prev_logprobs from the training forward (filled in place)
-            if self.cfg["prev_logprobs_source"] != "train_forward":
+            if self.cfg.prev_logprobs_source != "train_forward":
                 raise ValueError(
                     "train() needs batch.prev_logprobs (call get_logprobs first, or set "
                     "policy.prev_logprobs_source: train_forward)"

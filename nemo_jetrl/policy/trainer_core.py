@@ -38,9 +38,9 @@ from nemo_jetrl.precision.kv import KVScales, QKVCalibrator, make_attn_hook
 
 class TrainerCore:
     """The loops `NativePolicy` runs; see the module docstring. Attributes it reads (set by `NativePolicy`):
-    `cfg` (the `policy` section as a dict), `plan`, `device`, `model` (the HF model, sharded in place), `scorer`
-    (its logprob root), `optimizer`, `train_graphs`, `kv_calibrator`, `step`, `kernels`, `moe` / `routing` (an
-    MoE model's settings and routing agreement, policy/moe_step.py), `_fp8_gathered`."""
+    `cfg` (the validated `policy` section, a `PolicyConfig`), `plan`, `device`, `model` (the HF model, sharded in
+    place), `scorer` (its logprob root), `optimizer`, `train_graphs`, `kv_calibrator`, `step`, `kernels`, `moe` /
+    `routing` (an MoE model's settings and routing agreement, policy/moe_step.py), `_fp8_gathered`."""
 
     # ---------------------------------------------------------------- one micro-batch
     def _micro_batch(
@@ -51,7 +51,7 @@ class TrainerCore:
         host_mb = batch.window(part.rows, part.cols)
         if graphs is None or self.kernels["pack_round"] is None:
             return host_mb, None, None
-        width = max(batch.input_ids.shape[1], int(self.cfg["max_total_sequence_length"]))
+        width = max(batch.input_ids.shape[1], self.cfg.max_total_sequence_length)
         return fixed_packed_window(host_mb, token_budget(self.cfg, kind), self.kernels["pack_round"], width)
 
     def _forward(
@@ -192,8 +192,8 @@ class TrainerCore:
         if from_forward:
             self._scatter(parts, forward_logps, batch.prev_logprobs)
         per_mb = self.plan.gather(per_mb)  # every micro-batch's metrics, in micro-batch order
-        if self.cfg["max_grad_norm"] is not None:
-            clip_grads([p.grad for p in params], float(self.cfg["max_grad_norm"]), total_norm)
+        if self.cfg.max_grad_norm is not None:
+            clip_grads([p.grad for p in params], float(self.cfg.max_grad_norm), total_norm)
         self.optimizer.step()
         if graphs is not None:  # the captured micro-batches read the FP8 weights where they lie
             requantize_fp8_in_place(self.model.modules())

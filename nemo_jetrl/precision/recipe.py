@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nemo_jetrl.config.typed import typed_section
 from nemo_jetrl.precision.recipes import BLOCKWISE, ScaleLayout, scale_layout
 
 Precision = Literal["bf16", "fp8"]
@@ -124,17 +124,18 @@ class PrecisionRecipe:
         return dataclasses.replace(_PRESETS[name], **overrides)
 
     @classmethod
-    def from_config(cls, policy: Mapping[str, Any]) -> PrecisionRecipe:
-        """From the validated `policy` section (a `PolicyConfig` or its dict): every key present, read as is."""
-        if hasattr(policy, "model_dump"):  # a pydantic PolicyConfig
-            policy = policy.model_dump()
-        generation, fp8_cfg = policy["generation"], policy["fp8_cfg"]
+    def from_config(cls, policy: Any) -> PrecisionRecipe:
+        """From the validated `policy` section (a `PolicyConfig`; a dict is refused): its values read as is."""
+        policy = typed_section(policy, "PolicyConfig", "PrecisionRecipe.from_config")
+        generation, fp8_cfg = policy.generation, policy.fp8_cfg
         return cls(
-            train=policy["precision"],
-            rollout=generation["precision"],
-            kv_cache_dtype=generation["kv_cache_dtype"],
-            kv_calibration=KVCalibration(**generation["kv_cache_calibration"]),
-            **{recipe_field: fp8_cfg[key] for key, recipe_field in _FP8_CFG_FIELDS.items()},
+            train=policy.precision,
+            rollout=generation.precision,
+            kv_cache_dtype=generation.kv_cache_dtype,
+            kv_calibration=KVCalibration(
+                percentile=generation.kv_cache_calibration.percentile, margin=generation.kv_cache_calibration.margin
+            ),
+            **{recipe_field: getattr(fp8_cfg, key) for key, recipe_field in _FP8_CFG_FIELDS.items()},
         )
 
     def to_dict(self) -> dict[str, Any]:

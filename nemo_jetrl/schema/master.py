@@ -25,7 +25,8 @@ from nemo_jetrl.utils.config import CheckpointingConfig, LoggerConfig
 
 
 class MasterConfig(Section):
-    """The whole validated config. `to_dict()` gives plain dicts; sections are attributes (`cfg.policy.fp8_cfg`)."""
+    """The whole validated config, handed to the run as is (`grpo.run_grpo`): sections are attributes
+    (`cfg.policy.fp8_cfg`); `model_dump()` gives plain dicts where the config crosses a process boundary."""
 
     grpo: GrpoConfig = GrpoConfig()
     loss_fn: LossConfig = LossConfig()

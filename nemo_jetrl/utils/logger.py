@@ -1,6 +1,6 @@
 """`Logger`: one facade over metrics.jsonl, TensorBoard, W&B and MLflow, configured by the `logger:` config section.
 
-    with Logger(cfg["logger"]) as logger:
+    with Logger(cfg.logger) as logger:
         logger.log_config(resolved_cfg)
         logger.log_metrics({"reward_mean": 0.5}, step=1, prefix="train")   # -> "train/reward_mean"
         logger.maybe_plot(step=1)                                          # PNGs every `plot_period` steps
@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from nemo_jetrl.config.typed import typed_section
 from nemo_jetrl.utils.config import LoggerConfig
 from nemo_jetrl.utils.logger_backends import (
     LocalFilesBackend,
@@ -57,9 +58,9 @@ def to_plain_config(config: Any) -> Any:
 class Logger:
     """Logs scalar metrics per step to every enabled sink; see the module docstring."""
 
-    def __init__(self, cfg: Mapping[str, Any] | LoggerConfig):
-        """`cfg`: the `logger` section, validated (and its defaults filled) by utils/config.py's LoggerConfig."""
-        self.cfg = LoggerConfig.model_validate(cfg)
+    def __init__(self, cfg: LoggerConfig):
+        """`cfg`: the validated `logger` section (utils/config.py's `LoggerConfig`; a dict is refused)."""
+        self.cfg = typed_section(cfg, "LoggerConfig", "Logger")
         self.log_dir = Path(self.cfg.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._files = LocalFilesBackend(self.log_dir)

@@ -58,7 +58,7 @@ def test_arm_configs_resolve_to_their_precision_and_nothing_else_differs():
         assert cfg.loss_fn.truncated_importance_sampling_type == truncation
         assert cfg.data.dataset_name == "long_addition" and cfg.grpo.max_num_steps >= 200
         assert cfg.grpo.mismatch_position_bin > 0 and cfg.policy.prev_logprobs_source == "train_forward"
-        flat[arm] = {k: v for k, v in _flat(cfg.to_dict()).items() if k not in ARM_KEYS}
+        flat[arm] = {k: v for k, v in _flat(cfg.model_dump()).items() if k not in ARM_KEYS}
     assert all(flat[arm] == flat["bf16"] for arm in EXPECTED)
 
 

@@ -95,7 +95,7 @@ def test_unified_rollout_runs_on_the_trainers_fp8_tensors(tmp_path, monkeypatch,
     in every FP8 recipe (`policy.fp8_cfg.fp8_recipe`)."""
     overrides = [*SMALL, f"logger.log_dir={tmp_path}", f"policy.fp8_cfg.fp8_recipe={recipe}"]
     resolved = load_config(CONFIGS / "grpo_tiny.yaml", overrides)
-    run = grpo.setup(validate_config(resolved).model_dump())
+    run = grpo.setup(validate_config(resolved))
     fp8_modules = {n: m for n, m in run.policy.model.named_modules() if isinstance(m, Fp8Linear)}
     assert len(fp8_modules) == 28  # 4 layers x 7 projections; lm_head stays BF16
     assert {m.recipe.granularity for m in fp8_modules.values()} == {recipe} and run.policy.recipe.granularity == recipe
@@ -131,7 +131,7 @@ def test_unified_rollout_runs_on_the_trainers_fp8_tensors(tmp_path, monkeypatch,
 
 def test_fp8_refit_requantizes_after_an_optimizer_step(tmp_path):
     resolved = load_config(CONFIGS / "grpo_tiny.yaml", [*SMALL, f"logger.log_dir={tmp_path}"])
-    run = grpo.setup(validate_config(resolved).model_dump())
+    run = grpo.setup(validate_config(resolved))
     module = next(m for m in run.policy.model.modules() if isinstance(m, Fp8Linear))
     before = module.quantized_weight()
     with torch.no_grad():

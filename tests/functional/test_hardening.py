@@ -117,7 +117,7 @@ class ConstantRewards:
 
 def test_guard_runs_when_no_group_is_kept(tmp_path, monkeypatch):
     cfg = _tiny_cfg(tmp_path)
-    run = setup(cfg.to_dict(), ConstantRewards(make_task(cfg.data, cfg.env)))
+    run = setup(cfg, ConstantRewards(make_task(cfg.data, cfg.env)))
     weight = run.policy.model.get_submodule("model.layers.2.self_attn.o_proj").weight
     get_logprobs = run.policy.get_logprobs
 
@@ -146,8 +146,8 @@ def test_guard_runs_when_no_group_is_kept(tmp_path, monkeypatch):
 @pytest.mark.parametrize("mode", ["skip", "stop"])
 def test_tiny_temperature_nonfinite_logprobs_skip_or_stop(tmp_path, mode):
     # The config refuses temperatures below 1e-6; the guard must still hold for a config built in code.
-    cfg = _tiny_cfg(tmp_path, f"grpo.on_nonfinite={mode}").to_dict()
-    cfg["policy"]["generation"]["temperature"] = 1e-45
+    cfg = _tiny_cfg(tmp_path, f"grpo.on_nonfinite={mode}")
+    cfg.policy.generation.__dict__["temperature"] = 1e-45  # past the section's check, as code can set it
     run = setup(cfg)
     before = _snapshot(run.policy)
     try:

@@ -25,10 +25,10 @@ KV = ["policy.generation.kv_cache_dtype=fp8", "policy.fp8_cfg.train_kv_fake_quan
 
 def _policy(pass_: str = "fused") -> tuple[NativePolicy, ClippedPGLossFn]:
     cfg = load_config(CONFIGS / "grpo_tiny.yaml", [*SMALL, *KV, f"policy.generation.kv_cache_calibration_pass={pass_}"])
-    validated = validate_config(cfg).model_dump()
-    policy_cfg = validated["policy"]
+    validated = validate_config(cfg)
+    policy_cfg = validated.policy
     policy = NativePolicy(policy_cfg, PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
-    return policy, ClippedPGLossFn(validated["loss_fn"])
+    return policy, ClippedPGLossFn(validated.loss_fn)
 
 
 def _batch(policy: NativePolicy, n: int = 16) -> TrainBatch:
@@ -114,8 +114,7 @@ def test_grpo_steps_with_fp8_kv_stay_on_policy(deterministic, tmp_path):
     if deterministic:
         overrides.append("policy.logprob_batch_size=8")  # trainer micro-batches unlike the rollout's batch
     resolved = load_config(CONFIGS / "grpo_tiny.yaml", overrides)
-    cfg = validate_config(resolved).model_dump()
-    run = grpo.setup(cfg)
+    run = grpo.setup(validate_config(resolved))
     run.engine.score = None  # prev_logprobs come from the trainer's forward, never from a replay of the rollout
     assert run.engine.kv_cache_dtype == torch.float8_e4m3fn and run.policy.kv_scales is None
     assert grpo.validate(run, 0)["accuracy"] > 0  # validation first (val_at_start): bootstraps the scales

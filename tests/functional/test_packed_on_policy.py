@@ -43,7 +43,7 @@ OVERRIDES = [
 def test_packed_trainer_is_bitwise_on_policy(mode, tmp_path):
     overrides = [*OVERRIDES, f"policy.generation.{mode}=true", f"logger.log_dir={tmp_path}"]
     cfg = load_config(CONFIGS / "grpo_tiny.yaml", overrides)
-    run = grpo.setup(validate_config(cfg).model_dump())
+    run = grpo.setup(validate_config(cfg))
     assert exact_parts(run.policy.model) == (MATCHED_PARTS if mode == "matched_kernels" else ExactParts())
     with RunProgress(2) as progress:
         for step in range(2):

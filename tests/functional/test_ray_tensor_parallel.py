@@ -118,7 +118,7 @@ def runs(ray_module, tmp_path_factory, model_dir):
 def _replay_validation(cfg, state: dict) -> torch.Tensor:
     """One process loads `state` (the TP run's final weights and FP8 KV scales) and runs the final validation's
     greedy rollout: the tokens the TP replicas should have produced."""
-    run = grpo.setup(cfg.to_dict())
+    run = grpo.setup(cfg)
     run.policy.load_state_dict(state)
     run.engine.update_weights(kv_scales=run.policy.kv_scales.kv)
     generate = run.engine.generate
@@ -194,7 +194,7 @@ def test_tp2_refit_reports_each_ranks_half_of_the_fp8_weights(runs, ray_cluster)
 
 def test_tp_that_does_not_split_the_kv_heads_is_refused_before_workers_start(ray_module, tmp_path):
     """The packaged tiny-arith has one KV head: T = 2 is refused by name, from config.json."""
-    cfg = _cfg(tmp_path, Path("unused"), *TP2, "policy.model_name=tiny-arith").to_dict()
+    cfg = _cfg(tmp_path, Path("unused"), *TP2, "policy.model_name=tiny-arith")
     with pytest.raises(ValueError) as err:
         grpo.setup(cfg)
     assert str(err.value) == (

@@ -33,7 +33,7 @@ from nemo_jetrl.distributed.cluster_config import ClusterConfig  # noqa: E402
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup  # noqa: E402
 from nemo_jetrl.policy.interfaces import TrainBatch  # noqa: E402
 from nemo_jetrl.policy.native import NonFiniteError  # noqa: E402
-from nemo_jetrl.schema import validate_config  # noqa: E402
+from nemo_jetrl.schema import MasterConfig, validate_config  # noqa: E402
 from nemo_jetrl.utils.checkpoint import CheckpointManager  # noqa: E402
 from nemo_jetrl.utils.progress import RunProgress  # noqa: E402
 from nemo_jetrl.utils.timers import Timer  # noqa: E402
@@ -43,7 +43,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_ti
 EXACT = ("reward_mean", "accuracy", "mean_response_length", "truncated_fraction", "kept_fraction")
 
 
-def _cfg(tmp: Path, *extra: str) -> dict:
+def _cfg(tmp: Path, *extra: str) -> MasterConfig:
     overrides = [
         "grpo.max_num_steps=2",
         "grpo.num_prompts_per_step=16",
@@ -133,7 +133,7 @@ def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, bat
 
 def test_a_worker_raising_inside_a_collective_is_one_error_and_the_checkpoint_survives(tmp_path, ray_cluster):
     kv_off = ("policy.generation.kv_cache_dtype=auto", "policy.fp8_cfg.train_kv_fake_quant=false")
-    cfg = _cfg(tmp_path, "cluster.backend=ray", "checkpointing.enabled=true", *kv_off).model_dump()
+    cfg = _cfg(tmp_path, "cluster.backend=ray", "checkpointing.enabled=true", *kv_off)
     run = setup(cfg)
     with RunProgress(2) as progress:
         grpo_step(run, 0, Timer(), progress)

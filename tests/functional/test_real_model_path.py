@@ -17,9 +17,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from nemo_jetrl.algorithms.grpo import run_grpo
+from nemo_jetrl.algorithms.grpo_checkpoint import export_checkpoint
 from nemo_jetrl.config import load_config
 from nemo_jetrl.data import BadRowsWarning
-from nemo_jetrl.models.export import export_checkpoint
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.schema import validate_config
 from nemo_jetrl.utils.checkpoint import CorruptCheckpointWarning

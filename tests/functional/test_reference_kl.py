@@ -55,7 +55,7 @@ def expected_loss_and_kl(batch) -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def kl_run(tmp_path_factory):
-    cfg = validate_config(load_config(CONFIG, kl_overrides(tmp_path_factory.mktemp("kl")))).model_dump()
+    cfg = validate_config(load_config(CONFIG, kl_overrides(tmp_path_factory.mktemp("kl"))))
     run = grpo.setup(cfg)
     initial = {n: p.detach().clone() for n, p in run.policy.reference_model.named_parameters()}
     calls = record_train(run)

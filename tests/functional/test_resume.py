@@ -146,11 +146,11 @@ def _tiny_cfg(root: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def policy():
-    cfg = _tiny_cfg(Path("/nonexistent")).to_dict()
-    return NativePolicy(cfg["policy"], PrecisionRecipe.preset("jetrl"), torch.device("cpu"))
+    cfg = _tiny_cfg(Path("/nonexistent"))
+    return NativePolicy(cfg.policy, PrecisionRecipe.preset("jetrl"), torch.device("cpu"))
 
 
-LOSS_FN = ClippedPGLossFn(_tiny_cfg(Path("/nonexistent")).to_dict()["loss_fn"])
+LOSS_FN = ClippedPGLossFn(_tiny_cfg(Path("/nonexistent")).loss_fn)
 
 
 def _batch(policy: NativePolicy, advantages: list[float]) -> TrainBatch:
@@ -246,7 +246,7 @@ def test_step_with_a_nonfinite_training_loss_skips_or_stops(tmp_path, mode):
     """NaN injected into the trainer's forward only (a grad-mode hook on lm_head): rollout and logprobs are fine
     (a separate logprob forward; with train_forward the same NaN shows as the trainer's logprobs, unit-tested)."""
     overrides = (f"grpo.on_nonfinite={mode}", "policy.prev_logprobs_source=logprob_forward")
-    run = setup(_tiny_cfg(tmp_path, *overrides).to_dict())
+    run = setup(_tiny_cfg(tmp_path, *overrides))
     head = run.policy.model.lm_head
     handle = head.register_forward_hook(lambda m, i, out: out * float("nan") if torch.is_grad_enabled() else None)
     before = _snapshot(run.policy)

@@ -45,7 +45,7 @@ def test_tiny_model_pass_at_k_and_greedy_accuracy_match_validate(tmp_path):
     cfg = load_config(
         EVAL_YAML.parent.parent / "grpo_tiny_bf16.yaml", ["grpo.max_val_samples=32", f"logger.log_dir={tmp_path / 'v'}"]
     )
-    run = grpo.setup(validate_config(cfg).model_dump())
+    run = grpo.setup(validate_config(cfg))
     assert results["accuracy"] == grpo.validate(run, 0)["accuracy"]
     # A checkpoint whose weights are all zero answers nothing: the checkpoint, not model_name, was evaluated.
     state = run.policy.state_dict()

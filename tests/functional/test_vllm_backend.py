@@ -31,7 +31,7 @@ def _setup(tmp_path, *overrides: str) -> GrpoSetup:
         CONFIGS / "grpo_tiny.yaml",
         [*SMALL, f"logger.log_dir={tmp_path}", "policy.generation.backend=vllm", "grpo.val_period=0", *overrides],
     )
-    return grpo.setup(validate_config(resolved).model_dump())
+    return grpo.setup(validate_config(resolved))
 
 
 def _steps(run: GrpoSetup, n: int) -> list[dict[str, float]]:
@@ -140,4 +140,4 @@ def test_trainer_threads_survive_vllm_start(fp8_kv_run):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
-    assert before == int(fp8_kv_run[0].cfg["cluster"]["num_cpu_threads"])
+    assert before == int(fp8_kv_run[0].cfg.cluster.num_cpu_threads)

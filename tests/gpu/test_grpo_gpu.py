@@ -26,6 +26,7 @@ from nemo_jetrl.environments.arithmetic import ArithmeticTask
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models import fused_train_ops
 from nemo_jetrl.models.loading import load_model_and_tokenizer
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
@@ -40,9 +41,9 @@ SMALL_QWEN3 = dict(
 )  # fmt: skip
 
 
-def policy_cfg(mbs: int, deterministic: bool = False) -> dict:
-    """The complete `policy` section (the benchmarks' one, checked against PolicyConfig by
-    tests/unit/test_benchmark_configs.py) with FP32 master weights, BF16 compute and the tests' batch sizes."""
+def policy_cfg(mbs: int, deterministic: bool = False) -> PolicyConfig:
+    """The benchmarks' typed `policy` section (benchmarks/common.py) with FP32 master weights, BF16 compute and the
+    tests' batch sizes."""
     return policy_config(
         master_dtype="float32",
         train_micro_batch_size=mbs,
@@ -216,7 +217,7 @@ def test_grpo_step_through_the_driver(tmp_path):
     config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_tiny.yaml"
     overrides = [f"logger.log_dir={tmp_path}", "logger.tensorboard_enabled=false", "grpo.num_prompts_per_step=16",
                  "policy.train_micro_batch_size=64", "policy.logprob_batch_size=64", "cluster.device=cuda"]  # fmt: skip
-    run = grpo.setup(validate_config(load_config(config, overrides)).model_dump())
+    run = grpo.setup(validate_config(load_config(config, overrides)))
     assert run.device.type == "cuda"
     for s in range(2):
         metrics = grpo.grpo_step(run, s, Timer(), RunProgress(1, enabled=False))

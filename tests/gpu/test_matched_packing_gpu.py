@@ -165,7 +165,7 @@ def _step(policy, engine, prompts, seed: int) -> tuple[float, dict]:
     batch = TrainBatch(out.input_ids.cpu(), out.attention_mask.cpu(), out.response_mask.cpu(),
                        torch.randn(len(out), generator=torch.Generator().manual_seed(seed)),
                        out.generation_logprobs.float().cpu())  # fmt: skip
-    if policy.cfg["prev_logprobs_source"] == "logprob_forward":
+    if policy.cfg.prev_logprobs_source == "logprob_forward":
         batch.prev_logprobs = policy.get_logprobs(batch)
     metrics = policy.train(batch, LOSS)  # train_forward: fills batch.prev_logprobs
     metrics.update(policy.prepare_refit())

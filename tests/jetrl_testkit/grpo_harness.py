@@ -6,7 +6,7 @@ steps per GRPO step, reordering rollouts):
     run = grpo.setup(cfg, task=ScriptedTask())
     calls = record_train(run)                    # every TrainBatch policy.train receives (still trains)
     metrics = grpo.grpo_step(run, step, Timer(), RunProgress(1, enabled=False))
-    check_train_batch(calls[-1], run.policy.tokenizer, run.cfg["grpo"], run.task.prompts(step, n))
+    check_train_batch(calls[-1], run.policy.tokenizer, run.cfg.grpo, run.task.prompts(step, n))
 
 The expected advantages are recomputed from the decoded rows alone (prompt text -> group, response text ->
 reward), in float64 with NeMo-RL's formulas written out here, so a batch whose rewards, advantages, groups or
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nemo_jetrl.algorithms.config import GrpoConfig
 from nemo_jetrl.environments.interfaces import Problem
 from nemo_jetrl.generation.interfaces import GenerationOutput
 from nemo_jetrl.policy.interfaces import TrainBatch
@@ -171,7 +172,7 @@ class BatchCheck:
 def check_train_batch(
     batch: TrainBatch | None,
     tokenizer,
-    grpo_cfg: dict,
+    grpo_cfg: GrpoConfig,
     problems: Sequence[Problem],
     responses_by_prompt: dict[str, list[str]],
     logprob_atol: float | None = None,
@@ -183,12 +184,12 @@ def check_train_batch(
     groups had all-equal rewards. `logprob_atol`: if set, each row's trainer logprobs must match its rollout
     logprobs within it (catches logprob rows paired with another sequence).
     """
-    group = int(grpo_cfg["num_generations_per_prompt"])
+    group = grpo_cfg.num_generations_per_prompt
     answer_of = {p.prompt: p.answer for p in problems}
     rewards = {p: [scripted_reward(answer_of[p], r) for r in rs] for p, rs in responses_by_prompt.items()}
     assert sorted(rewards) == sorted(answer_of), "the rollout did not sample every prompt of the step"
     assert all(len(v) == group for v in rewards.values()), "a prompt got a wrong number of samples"
-    dropped = {p for p, r in rewards.items() if grpo_cfg["drop_zero_advantage_groups"] and len(set(r)) == 1}
+    dropped = {p for p, r in rewards.items() if grpo_cfg.drop_zero_advantage_groups and len(set(r)) == 1}
     kept = [p.prompt for p in problems if p.prompt not in dropped]
     if not kept:
         assert batch is None, "policy.train ran on a batch with no kept group"
@@ -198,7 +199,7 @@ def check_train_batch(
     assert len(rows) == group * len(kept), (len(rows), group, len(kept))
     order = [rows[i][0] for i in range(0, len(rows), group)]
     assert order == kept, f"groups out of order or wrong groups kept: {order} vs {kept}"
-    loo, norm = bool(grpo_cfg["use_leave_one_out_baseline"]), bool(grpo_cfg["normalize_rewards"])
+    loo, norm = grpo_cfg.use_leave_one_out_baseline, grpo_cfg.normalize_rewards
     for g, prompt in enumerate(kept):
         block = rows[g * group : (g + 1) * group]
         assert all(p == prompt for p, _ in block), f"group {g} mixes prompts: {[p for p, _ in block]}"

@@ -15,6 +15,7 @@ K/V bytes of a page (16 keys x 128 dims x 2 bytes per KV head in BF16).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -114,7 +115,8 @@ def engine_kv_budget(engine, prompt_ids: list[list[int]], caps: list[int]) -> Kv
     )
 
 
-def engine_budget_kwargs(gen: dict) -> dict:
-    """The NativeGenerationEngine keyword arguments of a validated `policy.generation` section's KV budget."""
+def engine_budget_kwargs(gen: Any) -> dict:
+    """The NativeGenerationEngine keyword arguments of a validated `policy.generation` section's KV budget (a
+    `GenerationConfig`)."""
     keys = ("max_num_seqs", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "kv_block_size")
-    return {key: gen.get(key) for key in keys}
+    return {key: getattr(gen, key) for key in keys}

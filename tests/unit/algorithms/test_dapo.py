@@ -5,17 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nemo_jetrl.algorithms.config import RewardShapingConfig
 from nemo_jetrl.algorithms.dapo import Rollout, dynamic_sampling, overlong_filter, shape_rewards
 from nemo_jetrl.generation.interfaces import GenerationOutput
 
 G = 3
-SHAPING = {
-    "enabled": True,
-    "stop_properly_penalty_coef": None,
-    "overlong_buffer_length": 4,
-    "overlong_buffer_penalty": 0.5,
-    "max_response_length": 10,
-}
+SHAPING = RewardShapingConfig(
+    enabled=True, overlong_buffer_length=4, overlong_buffer_penalty=0.5, max_response_length=10
+)
 
 
 def test_overlong_penalty_ramps_over_the_buffer():
@@ -23,8 +20,9 @@ def test_overlong_penalty_ramps_over_the_buffer():
     lengths = torch.tensor([5, 6, 8, 10, 12])
     shaped = shape_rewards(torch.ones(5), lengths, torch.ones(5, dtype=torch.bool), SHAPING)
     assert shaped.tolist() == pytest.approx([1.0, 1.0, 0.75, 0.5, 0.25], abs=1e-7)
-    assert shape_rewards(torch.ones(5), lengths, torch.ones(5), {**SHAPING, "enabled": False}).tolist() == [1.0] * 5
-    coef = {**SHAPING, "stop_properly_penalty_coef": 0.2}
+    off = SHAPING.model_copy(update={"enabled": False})
+    assert shape_rewards(torch.ones(5), lengths, torch.ones(5), off).tolist() == [1.0] * 5
+    coef = SHAPING.model_copy(update={"stop_properly_penalty_coef": 0.2})
     finished = torch.tensor([True, False, True, False, True])
     assert shape_rewards(torch.ones(5), lengths, finished, coef).tolist() == pytest.approx([1, 0.2, 1, 0.2, 1])
 
@@ -96,7 +94,7 @@ def test_dynamic_sampling_filters_on_the_raw_rewards_not_the_shaped_ones():
     1.875, 1.75. Filtering on the raw rewards keeps 1 and 3; on the shaped ones it would keep 2 and 3."""
     raw = torch.tensor([1.0, 1.125, 1.25, 2.0, 2.0, 2.0, 3.0, 3.125, 3.25])
     lengths = torch.tensor([6, 7, 8, 6, 7, 8, 6, 6, 6])
-    cfg = {**SHAPING, "overlong_buffer_penalty": 0.5}  # -(L - 6) / 4 * 0.5 = -(L - 6) / 8
+    cfg = SHAPING.model_copy(update={"overlong_buffer_penalty": 0.5})  # -(L - 6) / 4 * 0.5 = -(L - 6) / 8
     shaped = shape_rewards(raw, lengths, torch.ones(9, dtype=torch.bool), cfg)
     assert shaped.tolist() == [1.0, 1.0, 1.0, 2.0, 1.875, 1.75, 3.0, 3.125, 3.25]  # the premise, exactly
     first = _scripted([1, 2, 3], varied={1, 3}, step=0.125, shaped=shaped)

@@ -23,6 +23,7 @@ from jetrl_testkit.grpo_harness import (
 )
 
 from nemo_jetrl.algorithms import grpo
+from nemo_jetrl.algorithms.config import RewardShapingConfig
 from nemo_jetrl.config import load_config
 from nemo_jetrl.environments.interfaces import Problem
 from nemo_jetrl.schema import validate_config
@@ -48,7 +49,7 @@ def run(tmp_path_factory):
         "policy.compute_dtype=float32",
         "cluster.num_cpu_threads=1",
     ]
-    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
+    cfg = validate_config(load_config(CONFIG, overrides))
     run = grpo.setup(cfg, task=ScriptedTask(const_every=3))
     run.calls = record_train(run)
     return run
@@ -66,25 +67,21 @@ def test_train_batch_holds_each_group_with_its_own_advantages(run, group):
 def test_prev_logprobs_from_the_train_forward_stay_with_their_rows(run, group):
     """policy.prev_logprobs_source: train_forward fills prev_logprobs row by row inside train(): each row's must
     match its own rollout logprobs, and the step's mismatch metrics come from them."""
-    run.cfg["policy"]["prev_logprobs_source"] = "train_forward"  # the policy holds the same dict
+    run.cfg.policy.prev_logprobs_source = "train_forward"  # the policy holds the same section
     try:
         for metrics in _check_switches(run, group, [(True, False, True), (False, True, False)], first_step=100):
             assert metrics["token_mult_prob_error"] == pytest.approx(1.0, abs=1e-4)
     finally:
-        run.cfg["policy"]["prev_logprobs_source"] = "logprob_forward"
+        run.cfg.policy.prev_logprobs_source = "logprob_forward"
 
 
 def _check_switches(run, group, switches, first_step=0) -> list[dict[str, float]]:
     out = []
     for step, (normalize, loo, drop) in enumerate(switches, start=first_step):
-        g = run.cfg["grpo"]
-        g.update(
-            num_generations_per_prompt=group,
-            normalize_rewards=normalize,
-            use_leave_one_out_baseline=loo,
-            drop_zero_advantage_groups=drop,
-        )
-        run.cfg["policy"]["train_global_batch_size"] = NUM_PROMPTS * group  # one optimizer step per GRPO step
+        g = run.cfg.grpo
+        g.num_generations_per_prompt, g.normalize_rewards = group, normalize
+        g.use_leave_one_out_baseline, g.drop_zero_advantage_groups = loo, drop
+        run.cfg.policy.train_global_batch_size = NUM_PROMPTS * group  # one optimizer step per GRPO step
         step += 10 * group  # fresh prompts and sampling seeds per case
         before = len(run.calls)
         run.next_batch = step  # the data batch this step draws (one per step without dynamic sampling)
@@ -125,29 +122,21 @@ def test_zero_advantage_groups_are_dropped_on_the_shaped_rewards(run):
     a, b, c = FirstDigitTask.PROMPTS
     script = {a: ["2", "6"], b: ["2", "22"], c: ["2", "44"]}
     shaped = {a: [-0.25, 0.25], b: [-0.25, -0.5], c: [-0.25, -0.25]}
-    g, policy_cfg = run.cfg["grpo"], run.cfg["policy"]
-    saved = (run.engine, run.task, dict(g), policy_cfg["train_global_batch_size"])
+    saved = (run.engine, run.task, run.cfg)
+    run.cfg = run.cfg.model_copy(deep=True)  # this step's settings; the fixture's config comes back after it
+    g = run.cfg.grpo
+    g.num_prompts_per_step, g.num_generations_per_prompt, g.use_dynamic_sampling = 3, 2, False
+    g.normalize_rewards, g.use_leave_one_out_baseline, g.drop_zero_advantage_groups = True, False, True
     shaping = dict(enabled=True, overlong_buffer_length=4, overlong_buffer_penalty=1.0, max_response_length=4)
-    g.update(
-        num_prompts_per_step=3,
-        num_generations_per_prompt=2,
-        normalize_rewards=True,
-        use_leave_one_out_baseline=False,
-        drop_zero_advantage_groups=True,
-        use_dynamic_sampling=False,
-        reward_shaping={**g["reward_shaping"], **shaping},
-    )
-    policy_cfg["train_global_batch_size"] = 6
+    g.reward_shaping = RewardShapingConfig(**shaping)
+    run.cfg.policy.train_global_batch_size = 6
     run.engine, run.task = ScriptedEngine(run.engine, run.policy.tokenizer, script), FirstDigitTask()
     before = len(run.calls)
     try:
         run.next_batch = 0
         metrics = grpo.grpo_step(run, 0, Timer(), RunProgress(1, enabled=False))
     finally:
-        run.engine, run.task = saved[0], saved[1]
-        g.clear()
-        g.update(saved[2])
-        policy_cfg["train_global_batch_size"] = saved[3]
+        run.engine, run.task, run.cfg = saved
     assert len(run.calls) == before + 1
     batch = run.calls[-1]
     rows = decode_rows(batch, run.policy.tokenizer)

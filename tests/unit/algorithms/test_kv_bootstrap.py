@@ -25,17 +25,17 @@ CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_ti
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     cfg = validate_config(load_config(CONFIG, [*SMALL_TINY_RUN, f"logger.log_dir={tmp_path_factory.mktemp('logs')}"]))
-    run = grpo.setup(cfg.model_dump())
+    run = grpo.setup(cfg)
     yield run
     run.logger.close()
 
 
 def _full_rollout_bootstrap(run) -> object:
     """The old bootstrap: a BF16-KV rollout of the step's prompts, then the trainer's calibration over it."""
-    problems = run.task.train_batch(0, int(run.cfg["grpo"]["num_prompts_per_step"]))
+    problems = run.task.train_batch(0, int(run.cfg.grpo.num_prompts_per_step))
     prompt_ids = encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
     with rollout_phase(run.engine.replace(kv_cache_dtype=None)) as engine:
-        out = engine.generate(prompt_ids, generator=step_generator(run.cfg["grpo"]["seed"] + 13, 0, run.device))
+        out = engine.generate(prompt_ids, generator=step_generator(run.cfg.grpo.seed + 13, 0, run.device))
     batch = TrainBatch(out.input_ids, out.attention_mask, out.response_mask, torch.zeros(len(out)),
                        out.generation_logprobs.float())  # fmt: skip
     return run.policy.calibrate_kv_scales(batch)

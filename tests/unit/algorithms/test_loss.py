@@ -34,7 +34,7 @@ def _inputs():
 
 def _cfg(**kw):
     """The validated `loss_fn` section as the policies hand it to the loss."""
-    return LossConfig(**kw).to_dict()
+    return LossConfig(**kw)
 
 
 IS = dict(use_importance_sampling_correction=True)
@@ -113,7 +113,7 @@ def test_token_level_loss_and_grad(name):
 def test_sequence_level_loss_and_grad(name):
     # per-sequence token mean, then / 2 sequences: row 0 has 3 tokens, row 1 has 2.
     cfg, w, _, _, _ = CASES[name]
-    cfg = {**cfg, "token_level_loss": False}
+    cfg = cfg.model_copy(update={"token_level_loss": False})
     w = torch.tensor(w, dtype=F64)
     logp, old, gen = _inputs()
     loss, _ = clipped_pg_loss(logp, old, gen, ADV, MASK, cfg)
@@ -219,7 +219,7 @@ def test_seq_mask_tis_keeps_sequences_by_their_geometric_mean_ratio():
 
 @pytest.mark.parametrize("name", ["none", "tis_min", "icepop", "seq_mask_tis"])
 def test_padding_values_change_nothing(name):
-    cfg = {**CASES[name][0], "reference_policy_kl_penalty": 0.05}
+    cfg = CASES[name][0].model_copy(update={"reference_policy_kl_penalty": 0.05})
     adv = ADV.unsqueeze(-1).expand(2, 3).clone()  # [B, S] advantages too
 
     def run(pad):
@@ -281,7 +281,7 @@ def test_micro_batches_with_global_normalizer_sum_to_full_batch(name, token_leve
     gen = old + 0.2 * torch.randn(b, s, generator=g, dtype=F64)
     ref = old + 0.1 * torch.randn(b, s, generator=g, dtype=F64)
     adv = torch.randn(b, generator=g, dtype=F64)
-    cfg = {**CASES[name][0], "token_level_loss": token_level, "reference_policy_kl_penalty": 0.1}
+    cfg = CASES[name][0].model_copy(update={"token_level_loss": token_level, "reference_policy_kl_penalty": 0.1})
     full, _ = clipped_pg_loss(logp, old, gen, adv, mask, cfg, logp_ref=ref)
     (full_grad,) = torch.autograd.grad(full, logp)
     normalizer = float(mask.sum()) if token_level else float((mask.sum(-1) > 0).sum())
@@ -311,11 +311,11 @@ def test_float32_trainer_inputs():
 # --------------------------------------------------------------------------- config
 def test_master_yaml_section_gives_the_documented_loss():
     path = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_base.yaml"
-    cfg = LossConfig.model_validate(yaml.safe_load(path.read_text())["loss_fn"]).to_dict()
-    assert (cfg["ratio_clip_min"], cfg["ratio_clip_max"], cfg["token_level_loss"]) == (0.2, 0.2, True)
-    assert cfg["truncated_importance_sampling_type"] is None and cfg["use_importance_sampling_correction"] is False
+    cfg = LossConfig.model_validate(yaml.safe_load(path.read_text())["loss_fn"])
+    assert (cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.token_level_loss) == (0.2, 0.2, True)
+    assert cfg.truncated_importance_sampling_type is None and cfg.use_importance_sampling_correction is False
     tis = _cfg(**IS, truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio=3)  # YAML int
-    assert tis["truncated_importance_sampling_ratio_min"] == 0.0  # filled by the section, read as is by the loss
+    assert tis.truncated_importance_sampling_ratio_min == 0.0  # filled by the section, read as is by the loss
     logp, old, gen = _inputs()
     loss, _ = clipped_pg_loss(logp, old, gen, ADV, MASK, tis)
     assert loss.item() == pytest.approx(CASES["tis"][2], rel=1e-12)

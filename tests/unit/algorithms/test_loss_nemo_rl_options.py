@@ -17,7 +17,7 @@ OLD = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]], dtype=F64)
 
 
 def _seq_cfg(**kw):
-    return LossConfig(token_level_loss=False, sequence_level_importance_ratios=True, **kw).to_dict()
+    return LossConfig(token_level_loss=False, sequence_level_importance_ratios=True, **kw)
 
 
 def test_sequence_level_ratio_is_the_geometric_mean_of_token_ratios():
@@ -87,7 +87,7 @@ def test_kl_types_values_and_gradients(kl_type):
     value, grad = KL_CASES[kl_type]
     ref = torch.tensor([[-1.0]], dtype=F64)
     logp = (ref - X).requires_grad_()
-    cfg = LossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type=kl_type).to_dict()
+    cfg = LossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type=kl_type)
     zeros = torch.zeros(1, dtype=F64)
     loss, m = clipped_pg_loss(logp, logp.detach(), logp.detach(), zeros, torch.ones(1, 1), cfg, logp_ref=ref)
     loss.backward()
@@ -102,7 +102,7 @@ def test_on_policy_kl_approximation_weighs_by_the_rollout_ratio():
     logp = (ref - X).requires_grad_()
     gen = logp.detach() - LN2
     k3 = math.exp(X) - X - 1
-    cfg = LossConfig(reference_policy_kl_penalty=1.0, use_on_policy_kl_approximation=True).to_dict()
+    cfg = LossConfig(reference_policy_kl_penalty=1.0, use_on_policy_kl_approximation=True)
     loss, _ = clipped_pg_loss(logp, logp.detach(), gen, torch.zeros(1, dtype=F64), torch.ones(1, 1), cfg, logp_ref=ref)
     loss.backward()
     assert loss.item() == pytest.approx(2 * k3, rel=1e-12)
@@ -115,7 +115,7 @@ def test_kl_input_clamp_cuts_the_weight_gradient_too():
     logp = (ref - 30.0).requires_grad_()
     cfg = LossConfig(
         reference_policy_kl_penalty=1.0, reference_policy_kl_type="k1", kl_output_clamp_value=None
-    ).to_dict()
+    )
     loss, _ = clipped_pg_loss(logp, logp.detach(), logp.detach(), torch.zeros(1), torch.ones(1, 1), cfg, logp_ref=ref)
     loss.backward()
     assert loss.item() == pytest.approx(-20.0) and logp.grad.item() == 0.0

@@ -14,7 +14,7 @@ from nemo_jetrl.algorithms.memory_preflight import MemoryPreflightError, memory_
 from nemo_jetrl.config import load_config
 from nemo_jetrl.models.random_checkpoint import SHAPES
 from nemo_jetrl.policy.memory_estimate import GIB, ModelShape, TrainerMemorySettings, layer_bytes
-from nemo_jetrl.schema import validate_config
+from nemo_jetrl.schema import MasterConfig, validate_config
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "examples" / "configs"
@@ -26,13 +26,13 @@ LONG_16K = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", 
             "policy.max_total_sequence_length=16896", "policy.generation.max_new_tokens=16384"]  # fmt: skip
 
 
-def _cfg(name: str, overrides: list[str]) -> dict:
-    return validate_config(load_config(CONFIGS / name, overrides)).model_dump()
+def _cfg(name: str, overrides: list[str]) -> MasterConfig:
+    return validate_config(load_config(CONFIGS / name, overrides))
 
 
 def test_shapes_and_per_layer_bytes():
     assert SHAPE_1P7B.params() == 1_720_574_976 and SHAPE_8B.params() == 8_190_735_360  # the published counts
-    policy = _cfg("grpo_math_8B_bf16.yaml", ["policy.master_dtype=bfloat16"])["policy"]
+    policy = _cfg("grpo_math_8B_bf16.yaml", ["policy.master_dtype=bfloat16"]).policy
     s = TrainerMemorySettings.from_policy(policy)
     # 8B, BF16 master, packed, K/V repeated to the query heads: residuals 16,384 + attention 32,896 + BF16 inputs
     # and q/k 51,200 (FP8: X^T 25,344 + the q/k/v buffer 12,288) + gate/up 49,152 bytes per token
@@ -44,15 +44,15 @@ def test_shapes_and_per_layer_bytes():
 def test_a_null_packing_budget_is_derived_to_fit_and_written_into_the_config():
     cfg = _cfg("grpo_math_random_1p7B_bf16.yaml", LONG_8K)  # FP32 master, no activation checkpointing
     result = memory_preflight(cfg, shape=SHAPE_1P7B, capacity=H200)
-    budget = cfg["policy"]["sequence_packing"]["train_mb_tokens"]
+    budget = cfg.policy.sequence_packing.train_mb_tokens
     # train_cuda_graphs: auto captures only where a captured micro-batch's reserved activations leave room: not here
     assert result.derived == {"policy.sequence_packing.train_mb_tokens": budget, "policy.train_cuda_graphs": False}
-    assert cfg["policy"]["train_cuda_graphs"] is False
+    assert cfg.policy.train_cuda_graphs is False
     assert 8704 <= budget < 4 * 8704 and budget % 64 == 0  # below the shipped 4 x 8,704 tokens, one sequence fits
     usable = int(0.9 * H200)
     assert result.estimate.peak("train", budget) <= usable < result.estimate.peak("train", budget + 2 * 64)
     assert result.peaks["train"] == result.estimate.peak("train", budget)
-    assert cfg["policy"]["sequence_packing"]["logprob_mb_tokens"] is None  # 8 x 8,704 no-grad tokens fit as is
+    assert cfg.policy.sequence_packing.logprob_mb_tokens is None  # 8 x 8,704 no-grad tokens fit as is
     assert "derived policy.sequence_packing.train_mb_tokens=" in result.line and "of 139.8 GiB" in result.line
 
 

@@ -19,7 +19,7 @@ def _pg(force: bool, logp_old: torch.Tensor, **cfg) -> tuple[torch.Tensor, dict,
     logp_gen = logp.detach() - 0.05
     mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]])
     adv = torch.tensor([1.5, -0.5])
-    settings = LossConfig(force_on_policy_ratio=force, **cfg).to_dict()
+    settings = LossConfig(force_on_policy_ratio=force, **cfg)
     loss, metrics = clipped_pg_loss(logp, logp_old, logp_gen, adv, mask, settings)
     loss.backward()
     return loss, metrics, logp.grad
@@ -48,8 +48,8 @@ def test_force_on_policy_ratio_weights_by_the_current_logprobs_against_the_rollo
 def test_reward_scaling_clamps_then_maps_linearly():
     cfg = RewardScalingConfig(enabled=True, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0)
     rewards = torch.tensor([0.0, 1.0, 0.25, 2.0, -3.0])
-    assert scale_rewards(rewards, cfg.to_dict()).tolist() == [-1.0, 1.0, -0.5, 1.0, -1.0]
-    assert scale_rewards(rewards, RewardScalingConfig().to_dict()) is rewards  # disabled: untouched
+    assert scale_rewards(rewards, cfg).tolist() == [-1.0, 1.0, -0.5, 1.0, -1.0]
+    assert scale_rewards(rewards, RewardScalingConfig()) is rewards  # disabled: untouched
     with pytest.raises(ValidationError, match=r"source_min \(1\) must be < source_max \(1\)"):
         RewardScalingConfig(enabled=True, source_min=1.0, source_max=1.0)
 

@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 
 from nemo_jetrl.algorithms import grpo_checkpoint
+from nemo_jetrl.schema import validate_config
 
-CFG = {
-    "policy": {"model_name": "tiny-arith", "precision": "fp8", "optimizer": {"lr": 5e-5}},
-    "data": {"dataset_name": "arithmetic", "seed": 1234},
-    "grpo": {"seed": 42, "max_num_steps": 10},
-    "checkpointing": {"checkpoint_dir": "ckpt"},
-}
+CFG = validate_config({"checkpointing": {"checkpoint_dir": "ckpt"}})  # the run's; a checkpoint holds its dump
 
 
 def _restore(saved_cfg: dict, capsys) -> tuple[int, str, list]:
     loaded = []
-    run = SimpleNamespace(cfg=copy.deepcopy(CFG), policy=SimpleNamespace(load_state_dict=loaded.append))
+    run = SimpleNamespace(cfg=CFG, policy=SimpleNamespace(load_state_dict=loaded.append))
     step = grpo_checkpoint.restore(run, {"policy": {"model": "weights"}, "step": 3, "config": saved_cfg})
     return step, capsys.readouterr().err, loaded
 
 
 def test_resume_with_the_same_run_settings_warns_nothing(capsys):
-    changed = copy.deepcopy(CFG)
+    changed = CFG.model_dump()
     changed["grpo"]["max_num_steps"] = 20  # running longer is the same run
     changed["policy"]["optimizer"]["lr"] = 1e-4
     step, err, loaded = _restore(changed, capsys)
@@ -32,7 +27,7 @@ def test_resume_with_the_same_run_settings_warns_nothing(capsys):
 
 
 def test_resume_names_every_changed_run_setting(capsys):
-    changed = copy.deepcopy(CFG)
+    changed = CFG.model_dump()
     changed["policy"]["precision"] = "bf16"
     changed["data"]["seed"] = 7
     changed["grpo"]["seed"] = 1

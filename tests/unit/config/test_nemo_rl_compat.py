@@ -43,11 +43,11 @@ def test_shipped_recipes_in_nemo_rl_spelling_resolve_identically(ours, nemo_rl):
     """Their `policy.generation.backend: vllm` stays vllm (our recipes default to the native engine)."""
     theirs = resolved(config=HERE / nemo_rl)
     assert theirs.policy.generation.backend == "vllm"
-    assert theirs.to_dict() == resolved("policy.generation.backend=vllm", config=CONFIGS / ours).to_dict()
+    assert theirs.model_dump() == resolved("policy.generation.backend=vllm", config=CONFIGS / ours).model_dump()
 
 
 def test_grpo_base_yaml_equals_the_types_defaults():
-    assert resolved(config=CONFIGS / "grpo_base.yaml").to_dict() == validate_config({}).to_dict()
+    assert resolved(config=CONFIGS / "grpo_base.yaml").model_dump() == validate_config({}).model_dump()
 
 
 def test_full_nemo_rl_config_maps_its_fp8_and_optimizer_keys():
@@ -293,7 +293,7 @@ def test_docs_table_lists_every_key_rule():
 def test_prompt_limit_of_shipped_and_nemo_rl_configs(config, limit):
     from nemo_jetrl.generation.interfaces import max_prompt_length
 
-    cfg = resolved(config=config).to_dict()
-    assert max_prompt_length(cfg["policy"], cfg["data"]["max_input_seq_length"]) == limit
-    policy = {**cfg["policy"], "generation": {"max_new_tokens": cfg["policy"]["max_total_sequence_length"]}}
-    assert max_prompt_length(policy, None) == cfg["policy"]["max_total_sequence_length"] - 1  # NeMo-RL spelling
+    cfg = resolved(config=config)
+    total = cfg.policy.max_total_sequence_length
+    assert max_prompt_length(total, cfg.policy.generation.max_new_tokens, cfg.data.max_input_seq_length) == limit
+    assert max_prompt_length(total, total, None) == total - 1  # max_new_tokens = the total: NeMo-RL's spelling

@@ -62,7 +62,7 @@ def test_nemo_rl_only_sections_are_nemo_rls_mappings_outside_our_schema():
 def test_a_key_newer_than_the_table_warns_once_and_runs(config, key):
     cfg = validate_config(load_config(config, [f"++{key}=3"]))
     assert cfg.ignored_key_warnings == (f"{key}: not known to this version of nemo-jetrl: ignored",)
-    assert cfg.to_dict() == validate_config(load_config(config)).to_dict()
+    assert cfg.model_dump() == validate_config(load_config(config)).model_dump()
 
 
 def test_the_warning_is_one_stderr_line_and_the_run_goes_on():

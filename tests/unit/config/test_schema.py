@@ -31,7 +31,7 @@ def test_grpo_base_validates_and_round_trips(base_yaml, base_dict):
     assert master.policy.fp8_cfg.block_size == 128
     assert master.policy.generation.kv_cache_calibration.margin == 1.05
     assert master.env.arithmetic.correct_reward == 1.0
-    plain = master.to_dict()
+    plain = master.model_dump()
     assert plain["policy"]["optimizer"]["betas"] == (0.9, 0.999)
     plain["policy"]["optimizer"]["betas"] = list(plain["policy"]["optimizer"]["betas"])
     assert plain == base_dict

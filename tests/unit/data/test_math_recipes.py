@@ -29,7 +29,7 @@ def test_recipe_validates_and_sets_its_switches(name):
     cfg = validate_config(load_config(CONFIGS / name))
     assert not Path(cfg.policy.model_name).exists()  # a placeholder: validation never opens it
     train, rollout, kv, is_type = RECIPES[name]
-    recipe = PrecisionRecipe.from_config(cfg.policy.to_dict())
+    recipe = PrecisionRecipe.from_config(cfg.policy)
     assert (recipe.train, recipe.rollout, recipe.kv_cache_dtype) == (train, rollout, kv)
     assert recipe.unified == (train == rollout)
     assert cfg.loss_fn.truncated_importance_sampling_type == is_type

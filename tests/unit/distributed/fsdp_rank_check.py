@@ -18,6 +18,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # jetrl_testkit
 from jetrl_testkit.live_bytes import StepBytes  # noqa: E402
 
+from nemo_jetrl.algorithms.config import LossConfig  # noqa: E402
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn  # noqa: E402
 from nemo_jetrl.distributed.worker import PolicyWorker
 from nemo_jetrl.policy.parallel import weight_sync
@@ -82,7 +83,7 @@ def main(reference_path: str, out_dir: str) -> None:
     ref = torch.load(reference_path, weights_only=False)
     worker = PolicyWorker(rank, int(os.environ["WORLD_SIZE"]), use_gpu=False, num_cpu_threads=1)
     worker.init_distributed(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), "gloo", 120)
-    worker.setup(ref["cfg"])  # the Ray worker's body: the trainer of this rank (plan "fsdp") + its rollout engine
+    worker.setup(ref["setup"])  # the Ray worker's body: the trainer of this rank (plan "fsdp") + its rollout engine
     policy = worker.policy
     result: dict = {"setup_refit": policy.prepare_refit(), "bits_setup": fp8_bits(policy.rollout_model)}
     batch = ref["batch"]  # prev_logprobs unset
@@ -90,7 +91,7 @@ def main(reference_path: str, out_dir: str) -> None:
     status, logp0, mirror = worker.call("get_logprobs", batch)  # as the Ray driver reads it: rank 0 answers
     result["worker_call"] = (status, logp0, mirror)
     batch.prev_logprobs = ref["logprobs"]
-    loss_fn = ClippedPGLossFn(ref["cfg"]["loss_fn"])
+    loss_fn = ClippedPGLossFn(LossConfig.model_validate(ref["loss_fn"]))
     with StepBytes(policy.model) as probe:  # what the micro-batches hold at each logits chunk
         result["train"] = policy.train(batch, loss_fn)  # 3 micro-batches: rank 0 runs two, rank 1 one + a dummy
     result["step_bytes"] = probe.samples

@@ -17,6 +17,7 @@ from tp_rank_check import SHAPE, batch
 
 from nemo_jetrl.config import load_config
 from nemo_jetrl.models.tiny import random_tiny_qwen3
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.policy.micro_batches import plan_micro_batches
 from nemo_jetrl.policy.native import NativePolicy
@@ -27,14 +28,14 @@ from nemo_jetrl.schema import validate_config
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"
 
 
-def policy_config(tp: int) -> dict:
+def policy_config(tp: int) -> PolicyConfig:
     overrides = [
         "policy.logprob_batch_size=3",  # tp_rank_check's 8 rows: [0, 3) [3, 6) [6, 8); under DP 2 rank 1 runs one
         "policy.compute_dtype=float32",
         "policy.fp8_cfg.train_kv_fake_quant=false",
     ]
-    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()["policy"]
-    cfg["dtensor_cfg"]["tensor_parallel_size"] = tp  # as a Ray worker gets it (the local backend refuses TP)
+    cfg = validate_config(load_config(CONFIG, overrides)).policy
+    cfg.dtensor_cfg.tensor_parallel_size = tp  # as a Ray worker gets it (the local backend refuses TP)
     return cfg
 
 

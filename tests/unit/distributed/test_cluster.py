@@ -9,19 +9,18 @@ import pytest
 
 from nemo_jetrl.config import ConfigError, load_config
 from nemo_jetrl.distributed.cluster import ClusterSpec, ray_init_kwargs
+from nemo_jetrl.distributed.cluster_config import ClusterConfig
 from nemo_jetrl.policy.parallel.fsdp import tile_aligned_placement
 from nemo_jetrl.schema import validate_config
 
 BASE = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_base.yaml"
 
 
-def _cluster(*overrides: str) -> dict:
-    return validate_config(load_config(BASE, list(overrides))).model_dump()["cluster"]
+def _cluster(*overrides: str) -> ClusterConfig:
+    return validate_config(load_config(BASE, list(overrides))).cluster
 
 
 def _spec(**fields) -> ClusterSpec:
-    from nemo_jetrl.distributed.cluster_config import ClusterConfig
-
     return ClusterSpec.from_config(ClusterConfig(**fields))
 
 
@@ -65,13 +64,12 @@ def test_bad_cluster_config_names_the_key(overrides, message):
 
 def test_spec_takes_every_field_of_the_section():
     # ClusterSpec holds exactly the validated section, none left out, plus policy.dtensor_cfg.tensor_parallel_size
-    from nemo_jetrl.distributed.cluster_config import ClusterConfig
-
     section = ClusterConfig(gpus_per_node=2, num_cpu_threads=3, ray_address="auto", rollout_seed_shards=5)
     spec = ClusterSpec.from_config(section)
     assert spec.backend == "ray"  # resolved by the section from the device count
-    assert dataclasses.asdict(spec) == {**section.to_dict(), "tensor_parallel_size": 1}
-    assert ClusterSpec.from_config(section.to_dict()) == spec
+    assert dataclasses.asdict(spec) == {**section.model_dump(), "tensor_parallel_size": 1}
+    with pytest.raises(TypeError, match="ClusterSpec.from_config expects the validated config section ClusterConfig"):
+        ClusterSpec.from_config(section.model_dump())
     tp2 = ClusterSpec.from_config(section, tensor_parallel_size=2)
     assert (tp2.num_workers, tp2.num_dp_groups, tp2.num_seed_shards) == (2, 1, 5)  # explicit seed shards win
 

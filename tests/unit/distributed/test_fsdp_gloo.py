@@ -19,6 +19,8 @@ from jetrl_testkit.live_bytes import StepBytes
 
 from nemo_jetrl.algorithms.grpo import setup
 from nemo_jetrl.config import load_config
+from nemo_jetrl.distributed.cluster import ClusterSpec
+from nemo_jetrl.distributed.worker import worker_setup_payload
 from nemo_jetrl.policy.interfaces import TrainBatch
 from nemo_jetrl.precision import Fp8Linear, weight_quant
 from nemo_jetrl.schema import validate_config
@@ -41,7 +43,7 @@ def observed(tmp_path_factory):
         "policy.fp8_cfg.train_kv_fake_quant=false",
         "cluster.num_cpu_threads=1",
     ]
-    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
+    cfg = validate_config(load_config(CONFIG, overrides))
     run = setup(cfg)
     tok, policy = run.policy.tokenizer, run.policy
     problems = run.task.train_batch(0, 5)
@@ -49,7 +51,10 @@ def observed(tmp_path_factory):
     out = run.engine.generate(prompts, generator=torch.Generator().manual_seed(3))
     adv = torch.randn(ROWS, generator=torch.Generator().manual_seed(4))
     batch = TrainBatch(out.input_ids, out.attention_mask, out.response_mask, adv, out.generation_logprobs.float())
-    ref = {"cfg": cfg, "batch": batch}
+    # what a Ray worker is handed (the process boundary: plain dicts, validated back there)
+    spec = ClusterSpec.from_config(cfg.cluster)
+    ref = {"setup": worker_setup_payload(cfg.policy, spec, cfg.grpo.seed), "batch": batch}
+    ref["loss_fn"] = cfg.loss_fn.model_dump()
     bits0 = {n: policy.model.get_submodule(n).quantized_weight() for n in _fp8_names(policy.model)}
     ref["logprobs"] = policy.get_logprobs(batch)
     batch.prev_logprobs = ref["logprobs"]

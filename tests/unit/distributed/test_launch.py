@@ -61,13 +61,13 @@ def test_torchrun_outside_torchrun_is_refused(monkeypatch):
 
 
 def test_what_several_ranks_refuse_and_one_rank_runs():
-    policy = validate_config(load_config(BASE)).model_dump()["policy"]
+    policy = validate_config(load_config(BASE)).policy
     two = ClusterSpec.from_config(ClusterConfig(backend="ray", cpu_workers_per_node=2))
     one = ClusterSpec.from_config(ClusterConfig())
     assert multi_rank_problems(policy, two) == multi_rank_problems(policy, one) == []  # matched kernels etc. run
-    graphs = {**policy, "train_cuda_graphs": True}
-    vllm = {**policy, "generation": {**policy["generation"], "backend": "vllm"}}
-    exact = {**policy, "generation": {**policy["generation"], "deterministic": True}}
+    graphs = policy.model_copy(update={"train_cuda_graphs": True})
+    vllm, exact = policy.model_copy(deep=True), policy.model_copy(deep=True)
+    vllm.generation.backend, exact.generation.deterministic = "vllm", True
     assert multi_rank_problems(graphs, one) == multi_rank_problems(vllm, one) == []
     (graphs_line,) = multi_rank_problems(graphs, two)
     assert graphs_line.startswith("policy.train_cuda_graphs: true is not supported with cluster.backend: ray with 2")
@@ -79,11 +79,11 @@ def test_what_several_ranks_refuse_and_one_rank_runs():
 
 
 def test_an_moe_model_is_refused_on_several_ranks_and_runs_in_one(tmp_path, monkeypatch):
-    policy = validate_config(load_config(BASE)).model_dump()["policy"]
+    policy = validate_config(load_config(BASE)).policy
     moe = tmp_path / "moe"
     moe.mkdir()
     (moe / "config.json").write_text('{"model_type": "qwen3_moe"}')  # all the check reads
-    policy["model_name"] = str(moe)
+    policy.model_name = str(moe)
     one = ClusterSpec.from_config(ClusterConfig())
     assert multi_rank_problems(policy, one) == []
     for key, value in RANK1_OF_2.items():
@@ -91,7 +91,7 @@ def test_an_moe_model_is_refused_on_several_ranks_and_runs_in_one(tmp_path, monk
     two = ClusterSpec.from_config(ClusterConfig(backend="torchrun"))
     (line,) = multi_rank_problems(policy, two)
     assert line.startswith("cluster.backend: torchrun does not train MoE models yet (2 rank(s)")
-    assert multi_rank_problems({**policy, "model_name": "tiny-arith"}, two) == []  # a dense model on the same ranks
+    assert multi_rank_problems(policy.model_copy(update={"model_name": "tiny-arith"}), two) == []  # a dense model on the same ranks
 
 
 def test_a_plan_cuts_a_pass_as_one_process_does():

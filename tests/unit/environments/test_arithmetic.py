@@ -132,7 +132,7 @@ def test_make_task_takes_the_typed_sections_and_refuses_their_dicts():
     assert task.num_digits == 3 and len(task.validation()) == 4
     assert task.score(["1", "2"], ["1", "3"]).tolist() == [2.5, -0.5]
     assert make_task(DataConfig()).score(["1", "2"], ["1", "3"]).tolist() == [1.0, 0.0]  # env: the defaults
-    with pytest.raises(TypeError, match=r"^make_task: `data` must be the validated DataConfig, got dict$"):
-        make_task(DataConfig().to_dict(), env)
-    with pytest.raises(TypeError, match=r"^make_task: `env` must be the validated EnvConfig, got dict$"):
-        make_task(DataConfig(), env.to_dict())
+    with pytest.raises(TypeError, match=r"^make_task expects the validated config section DataConfig, got dict: "):
+        make_task(DataConfig().model_dump(), env)
+    with pytest.raises(TypeError, match=r"^make_task expects the validated config section EnvConfig, got dict: "):
+        make_task(DataConfig(), env.model_dump())

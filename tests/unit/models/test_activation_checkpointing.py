@@ -102,10 +102,10 @@ def _policy(checkpointing: bool, packed: bool) -> NativePolicy:
         "grpo.num_prompts_per_step=6",
         "grpo.num_generations_per_prompt=1",
     ]
-    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
+    cfg = validate_config(load_config(CONFIG, overrides))
     torch.manual_seed(0)
     policy = NativePolicy(
-        cfg["policy"], PrecisionRecipe.from_config(cfg["policy"]), torch.device("cpu"),
+        cfg.policy, PrecisionRecipe.from_config(cfg.policy), torch.device("cpu"),
         model=random_tiny_qwen3(0, num_layers=2).train(), tokenizer=None,
     )  # fmt: skip
     policy.calibrate_kv_scales(_batch())
@@ -115,7 +115,7 @@ def _policy(checkpointing: bool, packed: bool) -> NativePolicy:
 def test_the_trainer_honours_the_key_with_the_same_step():
     """The NeMo-RL key reaches the trainer (packed, train_forward prev_logprobs, fused KV calibration, 2
     micro-batches): prev_logprobs, metrics, updated weights and the next KV scales equal the plain trainer's."""
-    loss_fn = ClippedPGLossFn(validate_config(load_config(CONFIG)).model_dump()["loss_fn"])
+    loss_fn = ClippedPGLossFn(validate_config(load_config(CONFIG)).loss_fn)
     policies = {flag: _policy(flag, packed=True) for flag in (False, True)}
     assert [p.kernels["activation_checkpointing"] for p in policies.values()] == [False, True]
     out = {}

@@ -126,7 +126,7 @@ def _export_cli():
 
 def test_cli_exports_the_newest_valid_checkpoint(trained, tmp_path, capsys):
     model, plain, _ = trained
-    cfg = validate_config(load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml")).to_dict()
+    cfg = validate_config(load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml")).model_dump()
     manager = CheckpointManager(tmp_path / "ckpt")
     manager.save(4, {"policy": {"model": model.state_dict(), "optimizer": {}, "step": 4}, "step": 4, "config": cfg})
     cli = _export_cli()

@@ -77,7 +77,7 @@ def test_export_into_the_base_model_directory_is_refused(model_and_tokenizer, tm
     before = _tree(base)
     cfg = validate_config(
         load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml", [f"policy.model_name={base}"])
-    ).to_dict()
+    ).model_dump()
     model, _ = model_and_tokenizer
     CheckpointManager(tmp_path / "ckpt").save(
         1, {"policy": {"model": model.state_dict(), "optimizer": {}, "step": 1}, "step": 1, "config": cfg}
@@ -98,7 +98,7 @@ def test_export_into_the_checkpoint_dir_of_a_step_is_refused(model_and_tokenizer
     """Issue 46: `--checkpoint ckpt/step_1 --out ckpt` (or a directory inside ckpt) would write among the run's
     checkpoints; the whole checkpoint_dir is protected, not only the step directory."""
     model, _ = model_and_tokenizer
-    cfg = validate_config(load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml")).to_dict()
+    cfg = validate_config(load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml")).model_dump()
     ckpt = tmp_path / "ckpt"
     CheckpointManager(ckpt).save(
         1, {"policy": {"model": model.state_dict(), "optimizer": {}, "step": 1}, "step": 1, "config": cfg}

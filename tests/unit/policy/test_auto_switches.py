@@ -3,8 +3,6 @@ on where correct, off with one start-up line where not; the self-check's verdict
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -18,15 +16,16 @@ from nemo_jetrl.policy.auto_switches import (
     resolve_train_cuda_graphs,
     worker_switch_lines,
 )
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import Fp8Linear, FpropKernel, PrecisionRecipe, convert_to_fp8
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def _cfg(**overrides) -> dict:
-    """The benchmarks' complete `policy` section with both switches on auto."""
-    return copy.deepcopy(policy_config(train_cuda_graphs="auto", generation={"matched_kernels": "auto"}, **overrides))
+def _cfg(**overrides) -> PolicyConfig:
+    """The benchmarks' `policy` section (typed, a fresh one per call) with both switches on auto."""
+    return policy_config(train_cuda_graphs="auto", generation={"matched_kernels": "auto"}, **overrides)
 
 
 def test_train_cuda_graphs_auto_is_on_where_captured_micro_batches_are_correct():
@@ -36,16 +35,17 @@ def test_train_cuda_graphs_auto_is_on_where_captured_micro_batches_are_correct()
         False,
         "policy.train_cuda_graphs: auto -> off: the trainer runs on cpu",
     )
-    cfg["generation"]["deterministic"] = True
+    cfg.generation.deterministic = True
     assert resolve_train_cuda_graphs(cfg, CUDA) == (
         False,
         "policy.train_cuda_graphs: auto -> off: policy.generation.deterministic: true (the exact mode's trainer runs "
         "eagerly)",
     )
-    assert resolve_train_cuda_graphs({**cfg, "train_cuda_graphs": False}, CUDA) == (False, None)
-    assert resolve_train_cuda_graphs({**cfg, "train_cuda_graphs": True}, CUDA) == (True, None)
+    # model_copy: past the section's validators (true with the exact mode is refused there), as code can build it
+    assert resolve_train_cuda_graphs(cfg.model_copy(update={"train_cuda_graphs": False}), CUDA) == (False, None)
+    assert resolve_train_cuda_graphs(cfg.model_copy(update={"train_cuda_graphs": True}), CUDA) == (True, None)
     with pytest.raises(ValueError, match="policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on cpu"):
-        resolve_train_cuda_graphs({**cfg, "train_cuda_graphs": True}, CPU)
+        resolve_train_cuda_graphs(cfg.model_copy(update={"train_cuda_graphs": True}), CPU)
 
 
 @pytest.mark.parametrize(
@@ -62,9 +62,9 @@ def test_train_cuda_graphs_auto_is_on_where_captured_micro_batches_are_correct()
 )
 def test_matched_kernels_auto_is_off_where_the_config_rules_it_out(section, key, value, reason):
     cfg = _cfg()
-    cfg["precision"] = cfg["generation"]["precision"] = "fp8"
+    cfg.precision = cfg.generation.precision = "fp8"
     assert matched_kernels_blocker(cfg) is None
-    (cfg[section] if section else cfg)[key] = value
+    setattr(getattr(cfg, section) if section else cfg, key, value)
     assert matched_kernels_blocker(cfg) == reason
     model = random_tiny_qwen3(0, num_layers=1)
     assert apply_matched_kernels(model, cfg, PrecisionRecipe.preset("jetrl"), CPU, None) == (
@@ -109,10 +109,10 @@ def test_ray_workers_take_auto_as_off_and_refuse_what_they_cannot_run():
         "policy.train_cuda_graphs: auto -> off: cluster.backend: ray (its workers' trainers run eagerly)",
         "policy.generation.matched_kernels: auto -> off: cluster.backend: ray (set true to run it on the workers)",
     ]
-    cfg["generation"]["matched_kernels"], cfg["train_cuda_graphs"] = True, False
+    cfg.generation.matched_kernels, cfg.train_cuda_graphs = True, False
     assert worker_switch_lines(cfg, "ray") == []
-    cfg["dtensor_cfg"]["tensor_parallel_size"] = 2
+    cfg.dtensor_cfg.tensor_parallel_size = 2
     with pytest.raises(ValueError, match="matched_kernels: true with policy.dtensor_cfg.tensor_parallel_size 2"):
         worker_switch_lines(cfg, "ray")
     with pytest.raises(ValueError, match="policy.train_cuda_graphs needs the local backend"):
-        worker_switch_lines({**cfg, "train_cuda_graphs": True}, "ray")
+        worker_switch_lines(cfg.model_copy(update={"train_cuda_graphs": True}), "ray")

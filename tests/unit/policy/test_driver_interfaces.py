@@ -36,17 +36,23 @@ def _members(interface: type) -> set[str]:
 
 
 def _used_members(path: Path, handle: str) -> set[str]:
-    """Attributes read from `run.<handle>` / `<handle>` (the driver's local name) in one source file."""
+    """Attributes read from `run.<handle>` / `<handle>` (the driver's local name) in one source file; the config's
+    section of the same name (`run.cfg.policy`, `cfg.policy`) is not the handle."""
     used = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.Attribute):
             continue
         target = node.value
-        via_run = isinstance(target, ast.Attribute) and target.attr == handle
+        via_run = isinstance(target, ast.Attribute) and target.attr == handle and not _is_config(target.value)
         direct = isinstance(target, ast.Name) and target.id == handle
         if via_run or direct:
             used.add(node.attr)
     return used
+
+
+def _is_config(node: ast.expr) -> bool:
+    """`cfg` or `<...>.cfg`: the validated config, whose sections are named as the run's handles."""
+    return (isinstance(node, ast.Name) and node.id == "cfg") or (isinstance(node, ast.Attribute) and node.attr == "cfg")
 
 
 @pytest.mark.parametrize(("handle", "interface"), [("policy", PolicyInterface), ("engine", GenerationInterface)])
@@ -72,7 +78,7 @@ def test_trainers_import_no_loss():
 
 @pytest.fixture(scope="module")
 def cfg():
-    return validate_config(load_config(CONFIG, ["loss_fn.reference_policy_kl_penalty=0.1"])).model_dump()
+    return validate_config(load_config(CONFIG, ["loss_fn.reference_policy_kl_penalty=0.1"]))
 
 
 def _declared_attributes() -> list[str]:
@@ -80,7 +86,7 @@ def _declared_attributes() -> list[str]:
 
 
 def test_native_policy_holds_every_declared_attribute(cfg):
-    policy = NativePolicy(cfg["policy"], PrecisionRecipe.from_config(cfg["policy"]), torch.device("cpu"))
+    policy = NativePolicy(cfg.policy, PrecisionRecipe.from_config(cfg.policy), torch.device("cpu"))
     for name in _declared_attributes():
         assert hasattr(policy, name), name
     assert policy.recipe.kv_fp8 and policy.kv_scales is None and policy.step == 0
@@ -92,7 +98,7 @@ def test_native_policy_holds_every_declared_attribute(cfg):
 def test_ray_policy_holds_every_declared_attribute(cfg):
     group = SimpleNamespace(num_workers=2)  # the driver-side handle only; no worker is started
     info = {"tokenizer": object(), "layer_map": {"model.layers.0.mlp.up_proj": "fp8"}, "parameter_bytes": 1234}
-    policy = RayPolicy(group, cfg, info, init_reference_model=True)
+    policy = RayPolicy(group, cfg.policy, info, init_reference_model=True)
     for name in _declared_attributes():
         assert hasattr(policy, name), name
     assert policy.has_reference and policy.parameter_bytes() == 1234 and policy.kv_scales is None
@@ -101,7 +107,7 @@ def test_ray_policy_holds_every_declared_attribute(cfg):
 
 @pytest.mark.parametrize("token_level", [True, False])
 def test_clipped_pg_loss_fn_is_the_loss_with_the_global_normalizer(cfg, token_level):
-    loss_cfg = {**cfg["loss_fn"], "token_level_loss": token_level, "reference_policy_kl_penalty": 0.0}
+    loss_cfg = cfg.loss_fn.model_copy(update={"token_level_loss": token_level, "reference_policy_kl_penalty": 0.0})
     gen = torch.Generator().manual_seed(0)
     mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0]])
     logp = -torch.rand(3, 4, generator=gen)

@@ -18,7 +18,7 @@ from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.schema import validate_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
-LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml")).model_dump()["loss_fn"])
+LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml")).loss_fn)
 WARMUP = [
     {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 3}},
     {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0, "total_iters": 10_000_000_000}},
@@ -92,8 +92,8 @@ def _policy(scheduler) -> NativePolicy:
         "policy.train_micro_batch_size=4",
         "policy.optimizer.lr=1e-3",
     ]
-    cfg = validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml", overrides)).model_dump()
-    policy_cfg = {**cfg["policy"], "scheduler": scheduler}
+    cfg = validate_config(load_config(CONFIGS / "grpo_tiny_base.yaml", overrides))
+    policy_cfg = cfg.policy.model_copy(update={"scheduler": scheduler})
     return NativePolicy(policy_cfg, PrecisionRecipe.from_config(policy_cfg), torch.device("cpu"))
 
 

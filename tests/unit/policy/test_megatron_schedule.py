@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from nemo_jetrl.policy.config import OptimizerConfig
 from nemo_jetrl.policy.lr_scheduler import build_lr_scheduler
 from nemo_jetrl.policy.megatron_schedule import megatron_lr
 from nemo_jetrl.policy.trainer_setup import build_optimizer
@@ -15,12 +16,12 @@ BASE = {
     "init_lr": 1.0e-7, "max_lr": 1.0e-5, "min_lr": 1.0e-6, "lr_warmup_steps": 2, "lr_decay_steps": 6,
     "lr_decay_style": "linear", "start_wd": 0.01, "end_wd": 0.01, "wd_incr_steps": 6, "wd_incr_style": "constant",
 }  # fmt: skip
-ADAMW = {"name": "adamw", "lr": 1.0e-5, "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
+ADAMW = OptimizerConfig(lr=1.0e-5, weight_decay=0.01)
 
 
 def lrs_and_wds(kwargs: dict, steps: int, decay_1d: bool = True) -> tuple[list[float], list[list[float]]]:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    optimizer = build_optimizer(model.parameters(), {**ADAMW, "decay_1d_params": decay_1d})
+    optimizer = build_optimizer(model.parameters(), ADAMW.model_copy(update={"decay_1d_params": decay_1d}))
     scheduler = build_lr_scheduler(optimizer, {"name": NAME, "kwargs": kwargs})
     lrs, wds = [], []
     for _ in range(steps):  # what the trainer logs: the lr of the step, then one scheduler step per GRPO step
@@ -58,7 +59,7 @@ def test_weight_decay_ramp_and_no_decay_on_1d_parameters():
     _, cosine = lrs_and_wds({**kwargs, "wd_incr_style": "cosine"}, 3)
     assert [w[0] for w in cosine] == pytest.approx([0.0, 0.1 * (1 + math.cos(math.pi * 0.75)) / 2, 0.05])
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    groups = build_optimizer(model.parameters(), {**ADAMW, "decay_1d_params": False}).param_groups
+    groups = build_optimizer(model.parameters(), ADAMW.model_copy(update={"decay_1d_params": False})).param_groups
     assert [len(g["params"]) for g in groups] == [1, 3] and groups[1]["wd_mult"] == 0.0  # weight | bias, norm w, b
 
 

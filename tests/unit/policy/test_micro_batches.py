@@ -13,6 +13,7 @@ from jetrl_testkit.reference_step import make_batch
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.config import load_config
 from nemo_jetrl.models.loading import load_model_and_tokenizer
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.micro_batches import fixed_micro_batches, plan_micro_batches, token_budget_micro_batches
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
@@ -57,11 +58,12 @@ def test_rounding_widens_with_pad_columns_within_the_batch():
 
 
 def test_disabled_is_the_fixed_row_chunks():
-    cfg = {"train_micro_batch_size": 3, "logprob_batch_size": 4, "max_total_sequence_length": 10}
+    sizes = dict(train_micro_batch_size=3, logprob_batch_size=4, max_total_sequence_length=10)
     mask = _mask([(0, 5)] * 7, 10)
-    assert [p.rows.tolist() for p in plan_micro_batches(mask, cfg, "train")] == [[0, 1, 2], [3, 4, 5], [6]]
+    fixed = plan_micro_batches(mask, PolicyConfig(**sizes), "train")
+    assert [p.rows.tolist() for p in fixed] == [[0, 1, 2], [3, 4, 5], [6]]
     assert [p.rows.tolist() for p in fixed_micro_batches(7, 4, 10)] == [[0, 1, 2, 3], [4, 5, 6]]
-    dyn = {**cfg, "dynamic_batching": {"enabled": True, "train_mb_tokens": None, "sequence_length_round": 1}}
+    dyn = PolicyConfig(**sizes, dynamic_batching={"enabled": True, "sequence_length_round": 1})
     parts = plan_micro_batches(mask, dyn, "train")  # null budget: 3 rows x 10 tokens
     assert [len(p) for p in parts] == [6, 1] and parts[0].cols == slice(0, 5)
 
@@ -77,11 +79,11 @@ def _policies(dynamic: dict):
     model, tok = load_model_and_tokenizer("tiny-arith", device=torch.device("cpu"), dtype=torch.float32)
     out = []
     for extra in ([], [f"policy.dynamic_batching.{k}={v}" for k, v in dynamic.items()]):
-        cfg = validate_config(load_config(CONFIG, base + extra)).model_dump()
-        recipe = PrecisionRecipe.from_config(cfg["policy"])
-        policy = NativePolicy(cfg["policy"], recipe, torch.device("cpu"), model=copy.deepcopy(model), tokenizer=tok)
+        cfg = validate_config(load_config(CONFIG, base + extra))
+        recipe = PrecisionRecipe.from_config(cfg.policy)
+        policy = NativePolicy(cfg.policy, recipe, torch.device("cpu"), model=copy.deepcopy(model), tokenizer=tok)
         out.append(policy)
-    return (*out, ClippedPGLossFn(cfg["loss_fn"]))
+    return (*out, ClippedPGLossFn(cfg.loss_fn))
 
 
 def _long_tailed_batch():
@@ -114,7 +116,7 @@ def test_dynamic_batching_gives_the_fixed_passes_numbers():
 
 def test_train_forward_fills_each_row_with_its_own_logprobs():
     fixed, dynamic, loss_fn = _policies({"enabled": "true", "train_mb_tokens": 64, "sequence_length_round": 1})
-    dynamic.cfg["prev_logprobs_source"] = "train_forward"
+    dynamic.cfg.prev_logprobs_source = "train_forward"
     batch = _long_tailed_batch()
     expected = fixed.get_logprobs(batch)
     dynamic.train([batch], loss_fn)  # prev_logprobs filled in place, row by row, from the training forward

@@ -16,7 +16,7 @@ from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.schema import validate_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
-LOSS = ClippedPGLossFn(validate_config(load_config(CONFIGS / "grpo_tiny.yaml")).to_dict()["loss_fn"])
+LOSS = ClippedPGLossFn(validate_config(load_config(CONFIGS / "grpo_tiny.yaml")).loss_fn)
 
 
 def _policy(**policy) -> NativePolicy:

@@ -19,7 +19,7 @@ from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny.yaml"  # unified FP8 + FP8 KV
-LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIG)).model_dump()["loss_fn"])
+LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIG)).loss_fn)
 PROMPT_LENS, RESP_LENS, SEQ = [3, 5, 2, 4, 6, 3, 5, 4], [5, 2, 4, 1, 3, 5, 4, 2], 12
 
 
@@ -37,11 +37,11 @@ def _policy(tiny, source: str, mbs: int, logprob_bs: int = 8) -> NativePolicy:
         f"policy.logprob_batch_size={logprob_bs}",
         "policy.optimizer.lr=1e-3",
     ]
-    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
+    cfg = validate_config(load_config(CONFIG, overrides))
     model, tok = tiny
     policy = NativePolicy(
-        cfg["policy"],
-        PrecisionRecipe.from_config(cfg["policy"]),
+        cfg.policy,
+        PrecisionRecipe.from_config(cfg.policy),
         torch.device("cpu"),
         model=copy.deepcopy(model),
         tokenizer=tok,

@@ -14,6 +14,7 @@ from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.config import load_config
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.models.scoring import sequence_logprobs
+from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.micro_batches import packed_micro_batches, plan_micro_batches
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.policy.sequence_packing import ALGORITHMS, fixed_packed_window, pack_lengths
@@ -88,13 +89,16 @@ def test_packed_micro_batches_cover_each_rows_tokens_within_the_budget():
 
 
 def test_plan_refuses_packing_with_dynamic_batching():
-    cfg = {"train_micro_batch_size": 2, "logprob_batch_size": 2, "max_total_sequence_length": 8}
-    mask = torch.ones(5, 8, dtype=torch.long)
     pack = {"enabled": True, "train_mb_tokens": None, "algorithm": "first_fit_decreasing"}
-    parts = plan_micro_batches(mask, {**cfg, "sequence_packing": pack}, "train")  # null budget: 2 x 8 tokens
+    cfg = PolicyConfig(
+        train_micro_batch_size=2, logprob_batch_size=2, max_total_sequence_length=8, sequence_packing=pack
+    )
+    mask = torch.ones(5, 8, dtype=torch.long)
+    parts = plan_micro_batches(mask, cfg, "train")  # null budget: 2 x 8 tokens
     assert [len(p) for p in parts] == [2, 2, 1]
+    cfg.dynamic_batching.enabled = True  # past the section's rule (the same refusal), as code can set it
     with pytest.raises(ValueError, match="exclude each other"):
-        plan_micro_batches(mask, {**cfg, "sequence_packing": pack, "dynamic_batching": {"enabled": True}}, "train")
+        plan_micro_batches(mask, cfg, "train")
 
 
 def _policies(precision: str, packing: dict):
@@ -107,10 +111,10 @@ def _policies(precision: str, packing: dict):
     model, tok = load_model_and_tokenizer("tiny-arith", device=torch.device("cpu"), dtype=torch.float32)
     out = []
     for extra in ([], [f"policy.sequence_packing.{k}={v}" for k, v in packing.items()]):
-        cfg = validate_config(load_config(CONFIG, base + extra)).model_dump()
-        recipe = PrecisionRecipe.from_config(cfg["policy"])
-        out.append(NativePolicy(cfg["policy"], recipe, torch.device("cpu"), model=copy.deepcopy(model), tokenizer=tok))
-    return (*out, ClippedPGLossFn(cfg["loss_fn"]))
+        cfg = validate_config(load_config(CONFIG, base + extra))
+        recipe = PrecisionRecipe.from_config(cfg.policy)
+        out.append(NativePolicy(cfg.policy, recipe, torch.device("cpu"), model=copy.deepcopy(model), tokenizer=tok))
+    return (*out, ClippedPGLossFn(cfg.loss_fn))
 
 
 def _long_tailed_batch():
@@ -170,7 +174,7 @@ def test_packed_fp8_is_as_accurate_as_padded_fp8():
 
 def test_train_forward_fills_each_row_with_its_own_packed_logprobs():
     padded, packed, loss_fn = _policies("bf16", PACKING)
-    packed.cfg["prev_logprobs_source"] = "train_forward"
+    packed.cfg.prev_logprobs_source = "train_forward"
     batch = _long_tailed_batch()
     expected = padded.get_logprobs(batch)
     packed.train([batch], loss_fn)  # prev_logprobs filled in place from the packed training forward

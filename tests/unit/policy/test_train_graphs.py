@@ -38,16 +38,16 @@ def test_batch_key_follows_shapes_dtypes_missing_fields_and_flags():
 
 
 def test_train_cuda_graphs_on_a_cpu_trainer_is_refused():
-    cfg = validate_config(load_config(CONFIG, ["policy.train_cuda_graphs=true"])).model_dump()
+    cfg = validate_config(load_config(CONFIG, ["policy.train_cuda_graphs=true"]))
     model, tok = load_model_and_tokenizer("tiny-arith", device=torch.device("cpu"), dtype=torch.float32)
     with pytest.raises(ValueError, match="policy.train_cuda_graphs: true needs a CUDA device"):
-        NativePolicy(cfg["policy"], PrecisionRecipe.from_config(cfg["policy"]), torch.device("cpu"),
+        NativePolicy(cfg.policy, PrecisionRecipe.from_config(cfg.policy), torch.device("cpu"),
                      model=copy.deepcopy(model), tokenizer=tok)  # fmt: skip
 
 
 def test_a_tensor_normalizer_scales_the_loss_like_the_number_and_must_be_one_float():
     batch = _batch()
-    cfg = validate_config(load_config(CONFIG)).model_dump()["loss_fn"]
+    cfg = validate_config(load_config(CONFIG)).loss_fn
     logp = (batch.generation_logprobs + 0.1 * batch.response_mask).requires_grad_(True)
     args = (logp, batch.generation_logprobs, batch.generation_logprobs, batch.advantages, batch.response_mask, cfg)
     loss_n, metrics_n = clipped_pg_loss(*args, normalizer=7.0)

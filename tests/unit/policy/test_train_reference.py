@@ -35,7 +35,7 @@ from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.schema import validate_config
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_tiny_bf16.yaml"
-LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIG)).model_dump()["loss_fn"])
+LOSS_FN = ClippedPGLossFn(validate_config(load_config(CONFIG)).loss_fn)
 OPT = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1}
 PROMPT_LENS, RESP_LENS, SEQ = [3, 5, 2, 4, 6, 3, 5], [5, 2, 4, 1, 3, 5, 4], 12
 
@@ -57,13 +57,11 @@ def _policy(tiny, precision: str, compute: str, mbs: int, max_grad_norm: float |
         "policy.train_micro_batch_size=1",
         "policy.generation.temperature=1.0",  # the reference's logprobs are at T=1
     ]
-    cfg = validate_config(load_config(CONFIG, overrides)).model_dump()
-    cfg["policy"]["train_micro_batch_size"] = mbs  # past the schema's divisibility check: a last partial chunk
-    recipe = PrecisionRecipe.from_config(cfg["policy"])
+    policy_cfg = validate_config(load_config(CONFIG, overrides)).policy
+    policy_cfg = policy_cfg.model_copy(update={"train_micro_batch_size": mbs})  # past the schema: a last partial chunk
+    recipe = PrecisionRecipe.from_config(policy_cfg)
     model, tok = tiny
-    return NativePolicy(
-        cfg["policy"], recipe, torch.device("cpu"), model=copy.deepcopy(model), tokenizer=tok
-    )
+    return NativePolicy(policy_cfg, recipe, torch.device("cpu"), model=copy.deepcopy(model), tokenizer=tok)
 
 
 def _noisy_batch(model, seed: int):

@@ -13,12 +13,13 @@ BASE_YAML = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo
 
 
 def _policy_from_yaml() -> dict:
-    return validate_config(load_config(BASE_YAML)).policy.to_dict()
+    """grpo_base.yaml's validated `policy` section, dumped to a dict to edit (then validated back: `_validated`)."""
+    return validate_config(load_config(BASE_YAML)).policy.model_dump()
 
 
-def _validated(policy: dict) -> dict:
-    """What the run hands to from_config: the validated section as a dict."""
-    return PolicyConfig.model_validate(policy).to_dict()
+def _validated(policy: dict) -> PolicyConfig:
+    """What the run hands to from_config: the validated section, typed."""
+    return PolicyConfig.model_validate(policy)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,8 @@ def test_recipe_defaults_equal_the_section_defaults(precision):
     # the presets' base (dataclass defaults) and the config sections' defaults must not drift apart
     preset = PrecisionRecipe.preset("jetrl" if precision == "fp8" else "bf16")
     assert PrecisionRecipe.from_config(PolicyConfig(precision=precision)) == preset
-    assert PrecisionRecipe.from_config(PolicyConfig(precision=precision).to_dict()) == preset
+    with pytest.raises(TypeError, match="from_config expects the validated config section PolicyConfig, got dict"):
+        PrecisionRecipe.from_config(PolicyConfig(precision=precision).model_dump())
 
 
 def test_from_config_reads_grpo_base_policy():

@@ -22,7 +22,7 @@ from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _cfg(tmp_path, **overrides):
+def _cfg(tmp_path, **overrides) -> LoggerConfig:
     cfg = {
         "log_dir": str(tmp_path / "run"),
         "tensorboard_enabled": False,
@@ -32,7 +32,7 @@ def _cfg(tmp_path, **overrides):
         "mlflow": {"experiment_name": "e", "tracking_uri": None},
         "plot_period": None,
     }
-    return {**cfg, **overrides}
+    return LoggerConfig(**{**cfg, **overrides})
 
 
 def _lines(path):
@@ -148,7 +148,7 @@ def test_wandb_and_mlflow_backends_forward_calls(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", wandb.module)
     monkeypatch.setitem(sys.modules, "mlflow", mlflow.module)
     cfg = _cfg(tmp_path, wandb_enabled=True, mlflow_enabled=True)
-    cfg["mlflow"] = {"experiment_name": "exp", "tracking_uri": "file:///tmp/mlruns"}
+    cfg.mlflow = {"experiment_name": "exp", "tracking_uri": "file:///tmp/mlruns"}  # validated into MlflowConfig
     with Logger(cfg) as logger:
         assert logger.backend_names == ["LocalFilesBackend", "WandbBackend", "MlflowBackend"]
         logger.log_config({"policy": {"lr": 1e-5, "betas": [0.9, 0.99]}})
@@ -186,7 +186,8 @@ def test_master_config_logger_section_is_accepted(tmp_path):
     with Logger(LoggerConfig(**{**section, "log_dir": str(tmp_path / "r")})) as logger:
         assert logger.log_dir == tmp_path / "r" and logger.cfg.plot_period == 5
         assert logger.backend_names == ["LocalFilesBackend", "TensorBoardBackend"]  # tensorboard_enabled: true
-    assert Logger({"log_dir": str(tmp_path / "d")}).cfg == LoggerConfig(log_dir=str(tmp_path / "d"))  # defaults
+    with pytest.raises(TypeError, match="^Logger expects the validated config section LoggerConfig, got dict: "):
+        Logger({"log_dir": str(tmp_path / "d")})  # a dict is refused (build LoggerConfig from it)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import torch
 
 from nemo_jetrl.algorithms.grpo_checkpoint import load_resume_state
 from nemo_jetrl.config import load_config
-from nemo_jetrl.schema import validate_config
+from nemo_jetrl.schema import MasterConfig, validate_config
 from nemo_jetrl.utils.checkpoint import STATE_FILE, CheckpointManager
 from nemo_jetrl.utils.logger import Logger
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "examples" / "configs" / "grpo_tiny.yaml"
 
 
-def _cfg(root: Path, *extra: str) -> dict:
+def _cfg(root: Path, *extra: str) -> MasterConfig:
     overrides = [
         f"logger.log_dir={root / 'logs'}",
         f"checkpointing.checkpoint_dir={root / 'ckpt'}",
@@ -29,7 +29,7 @@ def _cfg(root: Path, *extra: str) -> dict:
         "logger.tensorboard_enabled=false",
         *extra,
     ]
-    return validate_config(load_config(TINY, overrides)).to_dict()
+    return validate_config(load_config(TINY, overrides))
 
 
 def _state(at: int, **fields) -> dict:
@@ -94,7 +94,7 @@ def test_a_fresh_start_moves_every_earlier_output_aside(tmp_path):
     (logs / "notes.txt").write_text("the user's")
     earlier = set(_tree(logs).values())
     assert load_resume_state(cfg) is None
-    with Logger(cfg["logger"]) as logger:
+    with Logger(cfg.logger) as logger:
         logger.log_config({"this": "run"})
         logger.log_metrics({"loss": 0.5}, step=1, prefix="train")
     assert earlier <= set(_tree(logs).values())  # every earlier file's bytes are still there
@@ -108,7 +108,7 @@ def test_a_resume_with_another_config_keeps_the_earlier_config_yaml(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "config.yaml").write_text("grpo: {max_num_steps: 4}\n")
-    with Logger(cfg["logger"]) as logger:
+    with Logger(cfg.logger) as logger:
         logger.log_config({"grpo": {"max_num_steps": 8}})
     yamls = {p.name: p.read_text() for p in logs.glob("config*.yaml")}
     assert "grpo: {max_num_steps: 4}\n" in yamls.values() and len(yamls) == 2
