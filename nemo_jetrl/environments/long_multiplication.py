@@ -67,9 +67,7 @@ def parse_prompt(prompt: str) -> tuple[int, int]:
     """(a, b) of a `format_prompt` string; ValueError on anything else."""
     left, star, right = prompt.partition("*")
     n = len(left) // 2
-    ok = (
-        star and right.endswith("=") and 1 <= n <= MAX_NUM_DIGITS and len(left) == 2 * n and len(right) == 2 * n + 1
-    )
+    ok = star and right.endswith("=") and 1 <= n <= MAX_NUM_DIGITS and len(left) == 2 * n and len(right) == 2 * n + 1
     if ok:
         ok = all(left[2 * i] == A_TAGS[i] and right[2 * i] == COLUMN_TAGS[i] for i in range(n)) and all(
             c.isascii() and c.isdigit() for c in left[1::2] + right[1:-1:2]

@@ -30,7 +30,10 @@ def test_worked_solution_of_a_known_pair():
     assert format_prompt(1234, 5678, 4) == "A4B3C2D1*a8b7c6d5="
     assert parse_prompt("A4B3C2D1*a8b7c6d5=") == (1234, 5678)
     sol = worked_solution(1234, 5678, 4)
-    assert sol[: row_chars(4)] == "a8:A4*8+0=32;B3*8+3=27;C2*8+2=18;D1*8+1=09;a0+2+0=02;b0+7+0=07;c0+8+0=08;d0+9+0=09;e0+0+0=00;"
+    assert (
+        sol[: row_chars(4)]
+        == "a8:A4*8+0=32;B3*8+3=27;C2*8+2=18;D1*8+1=09;a0+2+0=02;b0+7+0=07;c0+8+0=08;d0+9+0=09;e0+0+0=00;"
+    )
     assert sol[row_chars(4) : 2 * row_chars(4)] == (
         "b7:A4*7+0=28;B3*7+2=23;C2*7+2=16;D1*7+1=08;b7+8+0=15;c8+3+1=12;d9+6+1=16;e0+8+1=09;f0+0+0=00;"
     )
