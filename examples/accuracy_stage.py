@@ -1,12 +1,14 @@
 """One device call = one stage of the long-response accuracy study (docs/accuracy.md): the runner.
 
-A stage directory holds one `seed<S>/` per seed, each with `sft/` (the SFT checkpoint) and `arms/<arm>/` (one
-run_grpo.py log dir), and `stage.json`, the status of every job. `run_stage` does, within one deadline:
+A stage is one response length and its sweep variants. The length's directory holds `seed<S>/sft/` (the SFT
+checkpoint every variant starts from); each variant's directory (the length's own for the base settings, e.g.
+`2k`, or `2k_T0.7`) holds `seed<S>/arms/<arm>/` (one run_grpo.py log dir each) and `stage.json`, the status of its
+jobs (the length's also of the SFT jobs). `run_stage` does, within one deadline:
 
 1. the SFT of every seed that still has an arm to run and no checkpoint, in parallel (seed i on GPU i mod #GPUs);
-2. then every pending arm of every seed at once, one process each, spread round-robin over the GPUs
-   (`CUDA_VISIBLE_DEVICES` per process), each told its share of the GPU's memory for its memory preflight; arms
-   still running at the deadline are stopped (SIGTERM) and keep the steps their metrics.jsonl holds;
+2. then every pending arm of every variant and seed at once, one process each, spread round-robin over the GPUs
+   (`CUDA_VISIBLE_DEVICES` per process), each told how many processes share its GPU (its memory preflight's
+   share); arms still running at the deadline are stopped (SIGTERM) and keep the steps their metrics.jsonl holds;
 3. with `pack`, one tar.gz of everything small (metrics, logs, SFT metadata and curve; no weights).
 
 Resumable: an arm whose status says `finished` or `time_limit` and whose metrics.jsonl exists is skipped, and a
@@ -17,6 +19,7 @@ process, one after another (the CPU tests).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -128,13 +131,13 @@ def run_jobs(
     while pending or running:
         while pending and len(running) < (parallel or len(jobs)) and time.monotonic() < deadline:
             job = pending.pop(0)
-            running[job.name] = (job, *_popen(job))
-            print(f"stage: started {job.name} (pid {running[job.name][1].pid}, gpu {job.gpu})", flush=True)
+            running[id(job)] = (job, *_popen(job))
+            print(f"stage: started {job.name} (pid {running[id(job)][1].pid}, gpu {job.gpu})", flush=True)
         over = time.monotonic() >= deadline
         for job in pending if over else ():
             job.result = {"rc": None, "reason": "not_started", "wall_s": 0.0}
         pending = [] if over else pending
-        for name, (job, proc, log) in list(running.items()):
+        for key, (job, proc, log) in list(running.items()):
             if proc.poll() is None and not over:
                 continue
             stopped = proc.poll() is None
@@ -142,8 +145,8 @@ def run_jobs(
             log.close()
             reason = "time_limit" if stopped else ("finished" if rc == 0 else "failed")
             job.result = {"rc": rc, "reason": reason, "wall_s": round(time.monotonic() - start, 1)}
-            del running[name]
-            print(f"stage: {name} {reason} (exit {rc}) after {job.result['wall_s']:.0f} s", flush=True)
+            del running[key]
+            print(f"stage: {job.name} {reason} (exit {rc}) after {job.result['wall_s']:.0f} s", flush=True)
         if running:
             time.sleep(poll_s)
 
@@ -153,60 +156,58 @@ def gpu_of(index: int, gpus: list[str]) -> str | None:
 
 
 def run_stage(
-    stage_dir: Path,
+    sft_root: Path,
+    arms_of: dict[Path, list[str]],
     seeds: list[int],
-    arms: list[str],
     gpus: list[str],
     deadline: float,
     sft_job: Callable[[int, str | None], Job],
-    arm_job: Callable[[int, str, str | None, int], Job],
+    arm_job: Callable[[Path, int, str, str | None, int], Job],
     inline: bool = False,
     poll_s: float = 1.0,
-) -> dict:
-    """The stage (module docstring). `sft_job(seed, gpu)`; `arm_job(seed, arm, gpu, processes on that GPU)`.
-    Returns the status written to stage.json."""
-    status = load_status(stage_dir)
-    pending = [(s, a) for s in seeds for a in arms if not arm_done(stage_dir, status, s, a)]
-    need = sorted({s for s, _ in pending if not sft_done(stage_dir, s)})
-    skipped = [f"seed{s}/{a}" for s in seeds for a in arms if (s, a) not in pending]
-    if skipped:
-        print(f"stage: {len(skipped)} arms already done: {', '.join(skipped)}", flush=True)
+) -> dict[Path, dict]:
+    """The stage (module docstring): `arms_of` maps each variant directory to its arms; `sft_job(seed, gpu)`,
+    `arm_job(variant dir, seed, arm, gpu, processes on that GPU)`. Returns each directory's stage.json status."""
+    status = {d: load_status(d) for d in (sft_root, *arms_of)}
+    runs = [(d, s, a) for d, arms in arms_of.items() for s in seeds for a in arms]
+    pending = [(d, s, a) for d, s, a in runs if not arm_done(d, status[d], s, a)]
+    done = [f"{d.name}/seed{s}/{a}" for d, s, a in runs if (d, s, a) not in pending]
+    if done:
+        print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
+    need = sorted({s for _, s, _ in pending if not sft_done(sft_root, s)})
     sft_jobs = [sft_job(s, gpu_of(i, gpus)) for i, s in enumerate(need)]
     run_jobs(sft_jobs, deadline, inline, poll_s=poll_s)
     for job in sft_jobs:
-        status["jobs"][job.name] = job.result
-    save_status(stage_dir, status)
-    ready = [(s, a) for s, a in pending if sft_done(stage_dir, s)]
+        status[sft_root]["jobs"][job.name] = job.result
+    save_status(sft_root, status[sft_root])
+    ready = [(d, s, a) for d, s, a in pending if sft_done(sft_root, s)]
     per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
-    arm_jobs = [arm_job(s, a, gpu_of(i, gpus), per_gpu) for i, (s, a) in enumerate(ready)]
-    for s, a in ready:  # a failed or unfinished earlier run: start it afresh
-        shutil.rmtree(arm_dir(stage_dir, s, a), ignore_errors=True)
+    arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu) for i, (d, s, a) in enumerate(ready)]
+    for d, s, a in ready:  # a failed or unfinished earlier run: start it afresh
+        shutil.rmtree(arm_dir(d, s, a), ignore_errors=True)
     run_jobs(arm_jobs, deadline, inline, poll_s=poll_s)
-    for job, (s, a) in zip(arm_jobs, ready):
-        status["jobs"][job.name] = {**job.result, "steps": metrics_steps(arm_dir(stage_dir, s, a) / "metrics.jsonl")}
-    for s, a in pending:
-        if (s, a) not in ready:
-            status["jobs"][f"seed{s}/{a}"] = {"rc": None, "reason": "no_sft", "steps": 0}
-    save_status(stage_dir, status)
+    for job, (d, s, a) in zip(arm_jobs, ready):
+        status[d]["jobs"][f"seed{s}/{a}"] = {**job.result, "steps": metrics_steps(arm_dir(d, s, a) / "metrics.jsonl")}
+    for d, s, a in pending:
+        if (d, s, a) not in ready:
+            status[d]["jobs"][f"seed{s}/{a}"] = {"rc": None, "reason": "no_sft", "steps": 0}
+    for d in arms_of:
+        save_status(d, status[d])
     return status
 
 
-def pack(stage_dir: Path, out_file: Path) -> Path:
-    """A tar.gz of the stage's small files (module docstring), paths relative to the stage's parent."""
+def pack(stage_dirs: list[Path], out_file: Path) -> Path:
+    """A tar.gz of the stage directories' small files (module docstring), paths relative to each one's parent."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out_file, "w:gz") as tar:
-        for path in sorted(stage_dir.rglob("*")):
-            if not path.is_file() or path.suffix in PACK_SKIP_SUFFIXES or path.name in PACK_SKIP_NAMES:
-                continue
-            arcname = str(path.relative_to(stage_dir.parent))
-            if path.suffix == ".log" and path.stat().st_size > LOG_TAIL_BYTES:
-                tail = path.read_bytes()[-LOG_TAIL_BYTES:]
-                tmp = path.with_suffix(".log.tail")
-                tmp.write_bytes(tail)
-                tar.add(tmp, arcname=arcname)
-                tmp.unlink()
-            else:
-                tar.add(path, arcname=arcname)
+        for stage_dir in stage_dirs:
+            for path in sorted(stage_dir.rglob("*")):
+                if not path.is_file() or path.suffix in PACK_SKIP_SUFFIXES or path.name in PACK_SKIP_NAMES:
+                    continue
+                data = path.read_bytes()[-LOG_TAIL_BYTES:] if path.suffix == ".log" else path.read_bytes()
+                info = tarfile.TarInfo(str(path.relative_to(stage_dir.parent)))
+                info.size, info.mtime = len(data), int(path.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
     return out_file
 
 

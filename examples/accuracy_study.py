@@ -51,6 +51,7 @@ LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on req
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
+BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
 GRPO_MICRO_BATCH_TOKENS = 10240  # GRPO rows per micro-batch: the power of two whose rows fit in this
 SFT_STEP_TOKENS = 65536  # SFT rows per step: the power of two nearest this many tokens, in two micro-batches
 # the study's SFT on the GPU, and the quick CPU form
@@ -111,17 +112,27 @@ def long_grpo_overrides(num_digits: int) -> list[str]:
     ]
 
 
-def sweep_overrides(args: argparse.Namespace) -> list[str]:
-    """The sweep flags as run_grpo.py overrides."""
-    out = [] if args.temperature is None else [f"policy.generation.temperature={args.temperature:g}"]
-    return out + ([] if args.lr is None else [f"policy.optimizer.lr={args.lr:g}"])
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def stage_name(args: argparse.Namespace) -> str:
-    """The stage's directory name: the length and the sweep values, e.g. `4k_T0.7_lr5e-05`."""
-    name = "quick" if args.quick else args.length
-    name += "" if args.temperature is None else f"_T{args.temperature:g}"
-    return name + ("" if args.lr is None else f"_lr{args.lr:g}")
+def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(directory name, run_grpo.py overrides) of every sweep variant of a stage: the product of the --temperature
+    and --lr values, e.g. `4k_T0.7_lr5e-05`; a value equal to the base config's (BASE_TEMPERATURE, BASE_LR) is the
+    base variant's (no suffix, no override)."""
+    out = {}
+    for t in args.temperature or [None]:
+        for lr in args.lr or [None]:
+            name, overrides = "quick" if args.quick else args.length, []
+            if t is not None and t != BASE_TEMPERATURE:
+                name, overrides = name + f"_T{t:g}", overrides + [f"policy.generation.temperature={t:g}"]
+            if lr is not None and lr != BASE_LR:
+                name, overrides = name + f"_lr{lr:g}", overrides + [f"policy.optimizer.lr={lr:g}"]
+            out[name] = overrides
+    return list(out.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,8 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="stage: one GPU's memory (default: queried)")
     p.add_argument("--inline", action="store_true", help="stage: run every job in this process, one after another")
     p.add_argument("--pack", type=Path, default=None, help="stage: write the stage's small outputs to this tar.gz")
-    p.add_argument("--temperature", type=float, default=None, help="sweep: policy.generation.temperature")
-    p.add_argument("--lr", type=float, default=None, help="sweep: policy.optimizer.lr")
+    p.add_argument("--temperature", type=_float_list, default=None, help="stage sweep: temperatures, e.g. 1.0,0.7")
+    p.add_argument("--lr", type=_float_list, default=None, help="stage sweep: learning rates, e.g. 2e-5,5e-5")
+    p.add_argument(
+        "--sweep-arms", default=None, help="stage: the arms of the non-base sweep variants (default: --arms)"
+    )
     p.add_argument("--parallel", type=int, default=1, help="arms run at once (> 1: one process each)")
     p.add_argument("--time-limit-s", type=float, default=None, help="arms stage: stop arms still running then")
     p.add_argument("--assets", type=Path, default=None, help="report stage: also copy plots + raw files here")
@@ -153,14 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def study_arms(args: argparse.Namespace) -> list[str] | None:
-    """The arms of `--arms` (default: the study's), or None after printing the error line."""
+def study_arms(args: argparse.Namespace, flag: str = "arms") -> list[str] | None:
+    """The arms of `--arms` (or `--sweep-arms`; default: the study's), or None after printing the error line."""
     default = LONG_ARMS if args.study == "long" else ARMS
     known = LONG_ARMS + LONG_OPTIONAL_ARMS if args.study == "long" else ARMS
-    arms = [a.strip() for a in (args.arms or ",".join(default)).split(",") if a.strip()]
+    text = getattr(args, flag.replace("-", "_")) or args.arms or ",".join(default)
+    arms = [a.strip() for a in text.split(",") if a.strip()]
     unknown = [a for a in arms if a not in known]
     if unknown or not arms:
-        print(f"error: --arms {args.arms!r}: unknown {unknown}; known for --study {args.study}: {list(known)}",
+        print(f"error: --{flag} {text!r}: unknown {unknown}; known for --study {args.study}: {list(known)}",
               file=sys.stderr)  # fmt: skip
         return None
     return arms
@@ -195,20 +210,24 @@ def stage_sft(args: argparse.Namespace) -> dict:
     return meta
 
 
-def grpo_argv(args: argparse.Namespace, arm: str, capacity_gib: float | None = None) -> list[str]:
-    """The run_grpo.py command line of one arm."""
+def grpo_argv(
+    args: argparse.Namespace, arm: str, log_root: Path | None = None, variant: list[str] = (),
+    capacity_gib: float | None = None,
+) -> list[str]:  # fmt: skip
+    """The run_grpo.py command line of one arm: the SFT checkpoint of `args.out`, logs under `log_root` (default
+    `args.out`), a sweep variant's overrides, the memory preflight's capacity."""
     prefix = "accuracy_long_" if args.study == "long" else "accuracy_"
     argv = [
         "--config", str(CONFIGS / f"{prefix}{arm}.yaml"),
         f"policy.model_name={args.out / 'sft'}",
-        f"logger.log_dir={args.out / 'arms' / arm}",
+        f"logger.log_dir={(log_root or args.out) / 'arms' / arm}",
         f"grpo.seed={42 + args.seed}",
     ]  # fmt: skip
     if args.study == "long":
         argv += list(QUICK_LONG_GRPO_OVERRIDES) if args.quick else long_grpo_overrides(LONG_LENGTHS[args.length])
     elif args.quick:
         argv += list(QUICK_GRPO_OVERRIDES)
-    argv += sweep_overrides(args)
+    argv += list(variant)
     if capacity_gib is not None:
         argv.append(f"policy.memory_preflight.capacity_gib={capacity_gib:.1f}")
     if args.device:
@@ -251,49 +270,54 @@ def visible_gpus(args: argparse.Namespace) -> list[str]:
 
 
 def stage_stage(args: argparse.Namespace) -> int:
-    """One stage of the long study (accuracy_stage.py): SFT per seed, then every arm of every seed at once."""
-    arms = study_arms(args)
-    if arms is None:
-        return USER_ERROR
+    """One stage of the long study (accuracy_stage.py): SFT per seed, then every arm of every sweep variant and
+    seed at once."""
     if args.study != "long":
         print("error: the stage command is for --study long (the addition study: sft, arms)", file=sys.stderr)
+        return USER_ERROR
+    arms, sweep_arms = study_arms(args), study_arms(args, "sweep-arms")
+    if arms is None or sweep_arms is None:
         return USER_ERROR
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     gpus = visible_gpus(args)
     gib = args.gpu_memory_gib
     if gpus and gib is None:
         gib = torch.cuda.get_device_properties(int(gpus[0])).total_memory / 2**30
-    stage_dir = args.out / stage_name(args)
+    sft_root = args.out / ("quick" if args.quick else args.length)
+    overrides_of = {args.out / name: overrides for name, overrides in variants(args)}
+    arms_of = {d: sweep_arms if overrides else arms for d, overrides in overrides_of.items()}
     deadline = time.monotonic() + (math.inf if args.time_limit_s is None else args.time_limit_s)
-    print(f"stage {stage_dir}: seeds {seeds}, arms {arms}, gpus {gpus or 'none (cpu)'}", flush=True)
+    print(f"stage {sft_root}: seeds {seeds}, variants {[d.name for d in arms_of]}, gpus {gpus or 'none (cpu)'}")
 
     def sft_job(seed: int, gpu: str | None) -> accuracy_stage.Job:
-        sub = seed_args(args, stage_dir, seed)
+        sub = seed_args(args, sft_root, seed)
         argv = ["sft", "--study", "long", "--length", args.length, "--seed", str(seed), "--out", str(sub.out)]
         argv += ["--quick"] * args.quick + [f"--device={args.device}"] * bool(args.device)
         argv += [f"--sft-max-time-s={args.sft_max_time_s}"] * (args.sft_max_time_s is not None)
         argv += [f"--sft-gate={args.sft_gate}"] * (args.sft_gate is not None)
-        log = stage_dir / f"seed{seed}" / "sft.log"
 
         def inline() -> int:
             stage_sft(sub)
             return 0
 
+        log = sub.out / "sft.log"
         return accuracy_stage.Job(f"sft/seed{seed}", HERE / "accuracy_study.py", argv, log, gpu, inline=inline)
 
-    def arm_job(seed: int, arm: str, gpu: str | None, per_gpu: int) -> accuracy_stage.Job:
-        argv = grpo_argv(seed_args(args, stage_dir, seed), arm, None if gib is None else gib / per_gpu)
-        log = stage_dir / f"seed{seed}" / "arms" / f"{arm}.log"
-        return accuracy_stage.Job(f"seed{seed}/{arm}", HERE / "run_grpo.py", argv, log, gpu,
-                                  inline=lambda: run_grpo.main(argv))  # fmt: skip
+    def arm_job(variant: Path, seed: int, arm: str, gpu: str | None, per_gpu: int) -> accuracy_stage.Job:
+        log_root = variant / f"seed{seed}"
+        capacity = None if gib is None else gib / per_gpu
+        argv = grpo_argv(seed_args(args, sft_root, seed), arm, log_root, overrides_of[variant], capacity)
+        return accuracy_stage.Job(f"{variant.name}/seed{seed}/{arm}", HERE / "run_grpo.py", argv,
+                                  log_root / "arms" / f"{arm}.log", gpu, inline=lambda: run_grpo.main(argv))  # fmt: skip
 
-    status = accuracy_stage.run_stage(stage_dir, seeds, arms, gpus, deadline, sft_job, arm_job, args.inline)
-    print(f"stage {stage_dir.name}:\n{accuracy_stage.status_table(status)}", flush=True)
+    status = accuracy_stage.run_stage(sft_root, arms_of, seeds, gpus, deadline, sft_job, arm_job, args.inline)
+    for d, st in status.items():
+        print(f"stage {d.name}:\n{accuracy_stage.status_table(st)}", flush=True)
     if args.pack is not None:
-        path = accuracy_stage.pack(stage_dir, args.pack)
+        path = accuracy_stage.pack(list(status), args.pack)
         print(f"stage: packed {path} ({path.stat().st_size / 2**20:.2f} MiB)", flush=True)
-    arm_names = [f"seed{s}/{a}" for s in seeds for a in arms]
-    return 0 if all(status["jobs"][n]["reason"] in accuracy_stage.DONE_REASONS for n in arm_names) else 1
+    reasons = [status[d]["jobs"][f"seed{s}/{a}"]["reason"] for d, arms in arms_of.items() for s in seeds for a in arms]
+    return 0 if all(r in accuracy_stage.DONE_REASONS for r in reasons) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,7 +123,7 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
             "--pack", str(tmp_path / "quick.tar.gz")]  # fmt: skip
     assert study.main(argv) == 0
     stage = out / "quick"
-    status = json.loads((stage / "stage.json").read_text())["jobs"]
+    status = json.loads((stage / "stage.json").read_text())["jobs"]  # the SFT's and the base variant's jobs
     assert set(status) == {"sft/seed0", *(f"seed0/{a}" for a in study.LONG_ARMS)}
     assert all(status[f"seed0/{a}"]["reason"] == "finished" and status[f"seed0/{a}"]["steps"] == 1
                for a in study.LONG_ARMS)  # fmt: skip
