@@ -264,8 +264,8 @@ def seed_args(args: argparse.Namespace, stage_dir: Path, seed: int) -> argparse.
 def visible_gpus(args: argparse.Namespace) -> list[str]:
     if args.gpus is not None:
         return [g.strip() for g in args.gpus.split(",") if g.strip()]
-    if args.quick or args.device == "cpu" or not torch.cuda.is_available():
-        return []
+    if args.device == "cpu" or (args.quick and args.device != "cuda") or not torch.cuda.is_available():
+        return []  # the quick form runs on the CPU unless --device cuda
     return [str(i) for i in range(torch.cuda.device_count())]
 
 

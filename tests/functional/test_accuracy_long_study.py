@@ -217,3 +217,19 @@ def test_teacher_forced_exact_counts_sequences_with_every_response_token_right()
         _Oracle(task.VOCAB_SIZE, wrong=(0, 2)), task, problems[:3], tok, cpu, 3
     )
     assert exact == 1.0
+
+
+def test_sweep_variants_name_their_directories_and_override_only_what_differs_from_the_base():
+    cfg = validate_config(load_config(CONFIGS / "accuracy_long_base.yaml"))
+    assert (cfg.policy.generation.temperature, cfg.policy.optimizer.lr) == (study.BASE_TEMPERATURE, study.BASE_LR)
+    args = study.build_parser().parse_args(["stage", "--study", "long", "--length", "4k", "--temperature", "1.0,0.7",
+                                            "--lr", "2e-5,5e-5"])  # fmt: skip
+    assert study.variants(args) == [
+        ("4k", []),
+        ("4k_lr5e-05", ["policy.optimizer.lr=5e-05"]),
+        ("4k_T0.7", ["policy.generation.temperature=0.7"]),
+        ("4k_T0.7_lr5e-05", ["policy.generation.temperature=0.7", "policy.optimizer.lr=5e-05"]),
+    ]
+    assert study.variants(study.build_parser().parse_args(["stage", "--study", "long"])) == [("2k", [])]
+    with pytest.raises(SystemExit):
+        study.build_parser().parse_args(["stage", "--temperature", "hot"])
