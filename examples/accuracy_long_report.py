@@ -1,7 +1,7 @@
 """Report of the long-response accuracy study (docs/accuracy.md): every stage under a root, tables and plots.
 
-A root holds stage directories (`<length>[_T<temperature>][_lr<lr>]/seed<S>/arms/<arm>`, the SFT in
-`<length>/seed<S>/sft`; accuracy_stage.py) or the stages' packed `*.tar.gz`, which are unpacked next to them first. Per stage, every arm of every seed is
+A root holds stage directories (`<length>[-<tag>][_T<temperature>][_lr<lr>]/seed<S>/arms/<arm>`, the SFT in
+`<length>[-<tag>]/seed<S>/sft`; accuracy_stage.py) or the stages' packed `*.tar.gz`, which are unpacked next to them first. Per stage, every arm of every seed is
 summarized (accuracy_report.arm_summary) up to the stage's **common step**, the last training step that every arm
 of every seed reached (a stage's arms are stopped at one deadline and run at different speeds), so arms are
 compared over the same steps. Per stage and figure it also states whether the seeds disagree more than the arms:
@@ -42,7 +42,7 @@ def unpack_stages(root: Path) -> None:
 
 
 def stage_sort_key(name: str) -> tuple:
-    length = name.split("_", 1)[0]
+    length = name.split("_", 1)[0].split("-", 1)[0]  # 4k-temp_T0.7 -> 4k
     return (LENGTH_ORDER.get(length, 99), name)
 
 
@@ -92,7 +92,7 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
         mean[arm]["mismatch_by_position"] = {b: mean_of([rows[s][arm]["mismatch_by_position"][b] for s in seeds])
                                              for b in bins}  # fmt: skip
     sft = {}
-    for s in seeds:  # a sweep variant (`2k_T0.7`) starts from its length's SFT (`2k`)
+    for s in seeds:  # a sweep variant (`2k-t_T0.7`) starts from its stage's SFT (`2k-t`)
         meta_path = stage.parent / stage.name.split("_", 1)[0] / s / "sft" / "sft_meta.json"
         sft[s] = json.loads(meta_path.read_text()) if meta_path.is_file() else None
     status_path = stage / "stage.json"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -119,6 +120,17 @@ def _float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def _tag(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9-]+", text):
+        raise argparse.ArgumentTypeError(f"letters, digits and '-' only, got {text!r}")
+    return text
+
+
+def stage_root_name(args: argparse.Namespace) -> str:
+    """The directory of a stage's SFT and base variant: the length (or `quick`) and the --tag, e.g. `4k-temp`."""
+    return ("quick" if args.quick else args.length) + (f"-{args.tag}" if args.tag else "")
+
+
 def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """(directory name, run_grpo.py overrides) of every sweep variant of a stage: the product of the --temperature
     and --lr values, e.g. `4k_T0.7_lr5e-05`; a value equal to the base config's (BASE_TEMPERATURE, BASE_LR) is the
@@ -126,7 +138,7 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     out = {}
     for t in args.temperature or [None]:
         for lr in args.lr or [None]:
-            name, overrides = "quick" if args.quick else args.length, []
+            name, overrides = stage_root_name(args), []
             if t is not None and t != BASE_TEMPERATURE:
                 name, overrides = name + f"_T{t:g}", overrides + [f"policy.generation.temperature={t:g}"]
             if lr is not None and lr != BASE_LR:
@@ -154,11 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", type=Path, default=None, help="stage: write the stage's small outputs to this tar.gz")
     p.add_argument("--temperature", type=_float_list, default=None, help="stage sweep: temperatures, e.g. 1.0,0.7")
     p.add_argument("--lr", type=_float_list, default=None, help="stage sweep: learning rates, e.g. 2e-5,5e-5")
-    p.add_argument(
-        "--sweep-arms", default=None, help="stage: the arms of the non-base sweep variants (default: --arms)"
-    )
+    p.add_argument("--sweep-arms", default=None, help="stage: the non-base variants' arms (default: --arms)")
+    p.add_argument("--tag", type=_tag, default=None, help="stage: a name for this call's directories (4k-<tag>)")
     p.add_argument("--parallel", type=int, default=1, help="arms run at once (> 1: one process each)")
-    p.add_argument("--time-limit-s", type=float, default=None, help="arms stage: stop arms still running then")
+    p.add_argument("--time-limit-s", type=float, default=None, help="arms / stage: stop what still runs then")
     p.add_argument("--assets", type=Path, default=None, help="report stage: also copy plots + raw files here")
     p.add_argument("--also", type=Path, action="append", default=[], help="report stage: another seed's study dir")
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
@@ -283,7 +294,7 @@ def stage_stage(args: argparse.Namespace) -> int:
     gib = args.gpu_memory_gib
     if gpus and gib is None:
         gib = torch.cuda.get_device_properties(int(gpus[0])).total_memory / 2**30
-    sft_root = args.out / ("quick" if args.quick else args.length)
+    sft_root = args.out / stage_root_name(args)
     overrides_of = {args.out / name: overrides for name, overrides in variants(args)}
     arms_of = {d: sweep_arms if overrides else arms for d, overrides in overrides_of.items()}
     deadline = time.monotonic() + (math.inf if args.time_limit_s is None else args.time_limit_s)

@@ -231,5 +231,9 @@ def test_sweep_variants_name_their_directories_and_override_only_what_differs_fr
         ("4k_T0.7_lr5e-05", ["policy.generation.temperature=0.7", "policy.optimizer.lr=5e-05"]),
     ]
     assert study.variants(study.build_parser().parse_args(["stage", "--study", "long"])) == [("2k", [])]
-    with pytest.raises(SystemExit):
-        study.build_parser().parse_args(["stage", "--temperature", "hot"])
+    tagged = study.build_parser().parse_args(["stage", "--study", "long", "--tag", "temp", "--temperature", "0.7"])
+    assert study.variants(tagged) == [("2k-temp_T0.7", ["policy.generation.temperature=0.7"])]
+    assert study.stage_root_name(tagged) == "2k-temp"  # its SFT
+    for bad in (["--temperature", "hot"], ["--tag", "a_b"]):
+        with pytest.raises(SystemExit):
+            study.build_parser().parse_args(["stage", *bad])
