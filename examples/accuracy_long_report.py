@@ -20,7 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from accuracy_report import ARM_LABELS, arm_summary, fmt, mean_of, mean_series, new_figure, save_figure, smooth
+from accuracy_report import (
+    ARM_LABELS,
+    arm_summary,
+    arm_table,
+    fmt,
+    mean_of,
+    mean_series,
+    new_figure,
+    position_table,
+    save_figure,
+    seed_cell,
+    smooth,
+)
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
@@ -172,13 +184,6 @@ def write_long_report(root: Path, assets: Path | None = None) -> dict[str, Any]:
     return summary
 
 
-def _cell(st: dict, arm: str, key: str, digits: int = 3) -> str:
-    values = [st["runs"][s][arm].get(key) for s in st["seeds"]]
-    if len(values) == 1:
-        return fmt(values[0], digits)
-    return f"{fmt(st['mean'][arm][key], digits)} ({', '.join(fmt(v, digits) for v in values)})"
-
-
 def format_long_tables(summary: dict[str, Any]) -> str:
     """Markdown per stage: SFT starts, final figures per arm, mismatch by position, seeds vs arms."""
     lines = []
@@ -188,23 +193,12 @@ def format_long_tables(summary: dict[str, Any]) -> str:
             if meta:
                 lines.append(f"- SFT {seed}: {meta['steps']} steps, gate greedy {fmt(meta['gate_greedy_accuracy'])} "
                              f"(passed: {meta['gate_passed']}), {meta['wall_time_s']} s")  # fmt: skip
-        lines += ["", "| arm | held-out greedy: start -> final | held-out sampled: start -> final | train reward, "
-                  "first -> last | token_mult_prob_error | gen_kl_error | exact_token_fraction | IS oob |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for arm in st["arms"]:
-            oob = _cell(st, arm, "is_oob_ratio_mean", 6) if arm.endswith(("_tis", "_icepop")) else "-"
-            lines.append(
-                f"| {ARM_LABELS[arm]} | {_cell(st, arm, 'heldout_accuracy_start')} -> "
-                f"{_cell(st, arm, 'heldout_accuracy_final')} | {_cell(st, arm, 'heldout_sampled_accuracy_start')} -> "
-                f"{_cell(st, arm, 'heldout_sampled_accuracy_final')} | {_cell(st, arm, 'reward_first')} -> "
-                f"{_cell(st, arm, 'reward_last')} | {_cell(st, arm, 'token_mult_prob_error_mean', 5)} | "
-                f"{_cell(st, arm, 'gen_kl_error_mean', 6)} | {_cell(st, arm, 'exact_token_fraction_mean')} | {oob} |"
-            )
-        bins = sorted(set.union(*(set(st["mean"][a]["mismatch_by_position"]) for a in st["arms"])))
-        lines += ["", "| arm | " + " | ".join(f"pos {int(b)}+" for b in bins) + " |", "|---|" + "---|" * len(bins)]
-        for arm in st["arms"]:
-            by_pos = st["mean"][arm]["mismatch_by_position"]
-            lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(fmt(by_pos.get(b), 5) for b in bins) + " |")
+
+        def cell(arm: str, key: str, digits: int, st: dict = st) -> str:
+            return seed_cell(st["mean"][arm][key], [st["runs"][s][arm].get(key) for s in st["seeds"]], digits)
+
+        lines += ["", *arm_table(st["arms"], cell, reward_from_first=True), ""]
+        lines += position_table({arm: st["mean"][arm]["mismatch_by_position"] for arm in st["arms"]})
         lines.append("")
         for key, r in st["seeds_vs_arms"].items():
             verdict = {True: "seeds disagree MORE than the arms", False: "arms differ more than the seeds",

@@ -12,6 +12,7 @@ import gzip
 import json
 import shutil
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,35 +212,51 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _cell(summary: dict[str, Any], arm: str, key: str, digits: int = 3) -> str:
+def seed_cell(mean: float | None, values: list[float | None], digits: int = 3) -> str:
     """`mean (seed a, seed b)` over the runs, or the one run's value."""
-    values = [r["arms"][arm][key] for r in summary["runs"]]
     if len(values) == 1:
         return fmt(values[0], digits)
-    return f"{fmt(summary['mean'][arm][key], digits)} ({', '.join(fmt(v, digits) for v in values)})"
+    return f"{fmt(mean, digits)} ({', '.join(fmt(v, digits) for v in values)})"
+
+
+def arm_table(arms: list[str], cell: Callable[[str, str, int], str], reward_from_first: bool = False) -> list[str]:
+    """The per-arm markdown table of final figures; `cell(arm, summary key, digits)` formats one figure."""
+    reward_head = "train reward, first -> last" if reward_from_first else "train reward, last 20 steps"
+    lines = [
+        f"| arm | held-out greedy: start -> final | held-out sampled: start -> final | {reward_head} | "
+        "token_mult_prob_error | gen_kl_error | exact_token_fraction | IS clip fraction |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        oob = cell(arm, "is_oob_ratio_mean", 6) if arm.endswith(("_tis", "_icepop")) else "-"
+        reward = (f"{cell(arm, 'reward_first', 3)} -> " if reward_from_first else "") + cell(arm, "reward_last", 3)
+        lines.append(
+            f"| {ARM_LABELS[arm]} | {cell(arm, 'heldout_accuracy_start', 3)} -> "
+            f"{cell(arm, 'heldout_accuracy_final', 3)} | {cell(arm, 'heldout_sampled_accuracy_start', 3)} -> "
+            f"{cell(arm, 'heldout_sampled_accuracy_final', 3)} | {reward} | "
+            f"{cell(arm, 'token_mult_prob_error_mean', 5)} | {cell(arm, 'gen_kl_error_mean', 6)} | "
+            f"{cell(arm, 'exact_token_fraction_mean', 3)} | {oob} |"
+        )
+    return lines
+
+
+def position_table(by_arm: dict[str, dict[str, float | None]]) -> list[str]:
+    """token_mult_prob_error per response-position bin (columns), one row per arm."""
+    bins = sorted(set.union(*(set(by_pos) for by_pos in by_arm.values())))
+    lines = ["| arm | " + " | ".join(f"pos {int(b)}+" for b in bins) + " |", "|---|" + "---|" * len(bins)]
+    for arm, by_pos in by_arm.items():
+        lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(fmt(by_pos.get(b), 5) for b in bins) + " |")
+    return lines
 
 
 def format_table(summary: dict[str, Any]) -> str:
     """The per-arm tables of docs/accuracy.md (markdown): final figures, mismatch by position, step time by phase."""
-    lines = [
-        "| arm | held-out greedy: start -> final | held-out sampled: start -> final | train reward, last 20 steps | "
-        "token_mult_prob_error | gen_kl_error | exact_token_fraction | IS clip fraction |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for arm in summary["mean"]:
-        oob = _cell(summary, arm, "is_oob_ratio_mean", 6) if arm.endswith(("_tis", "_icepop")) else "-"
-        lines.append(
-            f"| {ARM_LABELS[arm]} | {_cell(summary, arm, 'heldout_accuracy_start')} -> "
-            f"{_cell(summary, arm, 'heldout_accuracy_final')} | {_cell(summary, arm, 'heldout_sampled_accuracy_start')}"
-            f" -> {_cell(summary, arm, 'heldout_sampled_accuracy_final')} | {_cell(summary, arm, 'reward_last')} | "
-            f"{_cell(summary, arm, 'token_mult_prob_error_mean', 5)} | {_cell(summary, arm, 'gen_kl_error_mean', 6)} | "
-            f"{_cell(summary, arm, 'exact_token_fraction_mean')} | {oob} |"
-        )
-    bins = sorted(set.union(*(set(m["mismatch_by_position"]) for m in summary["mean"].values())))
-    lines += ["", "| arm | " + " | ".join(f"pos {int(b)}+" for b in bins) + " |", "|---|" + "---|" * len(bins)]
-    for arm, m in summary["mean"].items():
-        cells = [fmt(m["mismatch_by_position"].get(b), 5) for b in bins]
-        lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(cells) + " |")
+
+    def cell(arm: str, key: str, digits: int) -> str:
+        return seed_cell(summary["mean"][arm][key], [r["arms"][arm][key] for r in summary["runs"]], digits)
+
+    lines = arm_table(list(summary["mean"]), cell)
+    lines += ["", *position_table({arm: m["mismatch_by_position"] for arm, m in summary["mean"].items()})]
     lines += ["", "| arm | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES)]
     for arm, m in summary["mean"].items():
         lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(fmt(m["timing_median_s"][p], 3) for p in PHASES) + " |")

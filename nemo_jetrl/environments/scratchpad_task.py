@@ -10,12 +10,9 @@ exactly the reference's digits (no leading zero), else `wrong_reward`; the steps
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-import torch
 
-from nemo_jetrl.environments.arithmetic import _check_float, _check_int
+from nemo_jetrl.environments.arithmetic import CorrectnessRewards, _check_float, _check_int
 from nemo_jetrl.environments.interfaces import Problem
 
 ANSWER_MARK = "#"
@@ -28,7 +25,7 @@ def final_answer(response_text: str) -> str | None:
     return None if cut < 0 else response_text[cut + 1 :].strip()
 
 
-class ScratchpadTask:
+class ScratchpadTask(CorrectnessRewards):
     """Seeded two-operand task with a worked solution; implements `VerifiableTask` (module docstring)."""
 
     ALPHABET: str = ""  # every character of prompts and solutions (a character-level tokenizer's)
@@ -131,12 +128,3 @@ class ScratchpadTask:
         """The text after the last `#` is exactly the reference's digits."""
         got = final_answer(response_text)
         return got is not None and got.isascii() and got.isdigit() and got == answer.strip()
-
-    def reward(self, response_text: str, answer: str) -> float:
-        return self.correct_reward if self.is_correct(response_text, answer) else self.wrong_reward
-
-    def score(self, responses: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
-        """Rewards of decoded responses: float32 `[n]`."""
-        if len(responses) != len(answers):
-            raise ValueError(f"score: {len(responses)} responses but {len(answers)} answers")
-        return torch.tensor([self.reward(r, a) for r, a in zip(responses, answers)], dtype=torch.float32)

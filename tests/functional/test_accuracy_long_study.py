@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from jetrl_testkit.accuracy import outside_arm_keys
 from transformers import Qwen3ForCausalLM
 
 from nemo_jetrl.algorithms.memory_preflight import memory_preflight
@@ -42,20 +43,6 @@ EXPECTED = {
     "fp8_kv_matched": ("jetrl_kv", None, True, False),
     "fp8_kv_exact": ("jetrl_kv", None, False, True),
 }
-ARM_KEYS = {
-    ("policy", "precision"), ("policy", "generation", "precision"), ("policy", "generation", "kv_cache_dtype"),
-    ("policy", "fp8_cfg", "train_kv_fake_quant"), ("policy", "generation", "matched_kernels"),
-    ("policy", "generation", "deterministic"), ("loss_fn", "use_importance_sampling_correction"),
-    ("loss_fn", "truncated_importance_sampling_type"), ("loss_fn", "truncated_importance_sampling_ratio"),
-    ("loss_fn", "truncated_importance_sampling_ratio_min"),
-}  # fmt: skip
-
-
-def _flat(d: dict, prefix: tuple = ()) -> dict[tuple, object]:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, (*prefix, k)) if isinstance(v, dict) else {(*prefix, k): v})
-    return out
 
 
 def test_long_arm_configs_resolve_to_their_precision_and_nothing_else_differs():
@@ -69,7 +56,7 @@ def test_long_arm_configs_resolve_to_their_precision_and_nothing_else_differs():
         assert (cfg.policy.generation.matched_kernels, cfg.policy.generation.deterministic) == (matched, exact)
         assert cfg.data.dataset_name == "long_multiplication" and cfg.grpo.mismatch_position_bin == 128
         assert cfg.policy.prev_logprobs_source == "train_forward"
-        flat[arm] = {k: v for k, v in _flat(cfg.to_dict()).items() if k not in ARM_KEYS}
+        flat[arm] = outside_arm_keys(cfg.to_dict())
     assert all(flat[arm] == flat["bf16"] for arm in EXPECTED)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from jetrl_testkit.accuracy import answer_corruptions
 
 from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments import LongMultiplicationTask, make_task
@@ -72,15 +73,7 @@ def test_verifier_accepts_every_worked_solution_and_rejects_corruptions():
     solutions = [task.solution(p) for p in problems]
     assert task.score(solutions, [p.answer for p in problems]).tolist() == [1.0] * 128
     for p, sol in zip(problems[:16], solutions[:16]):
-        corrupted = [
-            sol[:-1] + str((int(sol[-1]) + 1) % 10),  # wrong last digit
-            sol.replace("#", ";"),  # no final answer
-            sol[:-1],  # a digit short
-            sol + "0",  # a digit too many
-            sol.replace("#", "#0"),  # leading zero
-            sol + "#",  # a later, empty final answer
-            sol[: len(sol) // 2],  # truncated mid-scratchpad
-        ]
+        corrupted = [*answer_corruptions(sol), sol[: len(sol) // 2]]  # + truncated mid-scratchpad
         assert task.score(corrupted, [p.answer] * len(corrupted)).tolist() == [0.0] * len(corrupted)
     # the steps are not checked: a wrong scratchpad with the right final answer scores (final answer exact)
     assert task.reward("a0:" + solutions[0][3:], problems[0].answer) == 1.0
