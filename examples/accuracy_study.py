@@ -113,11 +113,15 @@ def long_grpo_overrides(num_digits: int) -> list[str]:
     ]
 
 
-def _float_list(text: str) -> list[float]:
+def _number_list(text: str, kind: type = float) -> list:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+def _int_list(text: str) -> list[int]:
+    return _number_list(text, int)
 
 
 def _tag(text: str) -> str:
@@ -159,13 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="SFT init seed; grpo.seed is 42 + seed")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available; cpu with --quick)")
     p.add_argument("--arms", default=None, help="comma-separated arms of the arms / stage / all stages (default: all)")
-    p.add_argument("--seeds", default="0,1", help="stage: comma-separated seeds (one SFT each)")
+    p.add_argument("--seeds", type=_int_list, default=[0, 1], help="stage: comma-separated seeds (one SFT each)")
     p.add_argument("--gpus", default=None, help="stage: comma-separated GPU indices (default: every CUDA device)")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="stage: one GPU's memory (default: queried)")
     p.add_argument("--inline", action="store_true", help="stage: run every job in this process, one after another")
     p.add_argument("--pack", type=Path, default=None, help="stage: write the stage's small outputs to this tar.gz")
-    p.add_argument("--temperature", type=_float_list, default=None, help="stage sweep: temperatures, e.g. 1.0,0.7")
-    p.add_argument("--lr", type=_float_list, default=None, help="stage sweep: learning rates, e.g. 2e-5,5e-5")
+    p.add_argument("--temperature", type=_number_list, default=None, help="stage sweep: temperatures, e.g. 1.0,0.7")
+    p.add_argument("--lr", type=_number_list, default=None, help="stage sweep: learning rates, e.g. 2e-5,5e-5")
     p.add_argument("--sweep-arms", default=None, help="stage: the non-base variants' arms (default: --arms)")
     p.add_argument("--tag", type=_tag, default=None, help="stage: a name for this call's directories (4k-<tag>)")
     p.add_argument("--parallel", type=int, default=1, help="arms run at once (> 1: one process each)")
@@ -289,7 +293,7 @@ def stage_stage(args: argparse.Namespace) -> int:
     arms, sweep_arms = study_arms(args), study_arms(args, "sweep-arms")
     if arms is None or sweep_arms is None:
         return USER_ERROR
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    seeds = args.seeds
     gpus = visible_gpus(args)
     gib = args.gpu_memory_gib
     if gpus and gib is None:

@@ -221,6 +221,6 @@ def test_sweep_variants_name_their_directories_and_override_only_what_differs_fr
     tagged = study.build_parser().parse_args(["stage", "--study", "long", "--tag", "temp", "--temperature", "0.7"])
     assert study.variants(tagged) == [("2k-temp_T0.7", ["policy.generation.temperature=0.7"])]
     assert study.stage_root_name(tagged) == "2k-temp"  # its SFT
-    for bad in (["--temperature", "hot"], ["--tag", "a_b"]):
+    for bad in (["--temperature", "hot"], ["--tag", "a_b"], ["--seeds", "0,x"]):
         with pytest.raises(SystemExit):
             study.build_parser().parse_args(["stage", *bad])
