@@ -19,6 +19,7 @@ process, one after another (the CPU tests).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -99,16 +100,19 @@ def _popen(job: Job) -> tuple[subprocess.Popen, object]:
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True), log
 
 
-def _stop(proc: subprocess.Popen) -> int:
-    """SIGTERM the job's process group, SIGKILL after a grace period; its exit code."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        return proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait()
-    except ProcessLookupError:
-        return proc.wait()
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process group at once, SIGKILL those still alive after one shared grace period."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    grace_end = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, grace_end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def run_jobs(
@@ -137,13 +141,14 @@ def run_jobs(
         for job in pending if over else ():
             job.result = {"rc": None, "reason": "not_started", "wall_s": 0.0}
         pending = [] if over else pending
+        stopped = {key for key, (_, proc, _) in running.items() if over and proc.poll() is None}
+        _stop_all([running[key][1] for key in stopped])
         for key, (job, proc, log) in list(running.items()):
-            if proc.poll() is None and not over:
+            if proc.poll() is None:
                 continue
-            stopped = proc.poll() is None
-            rc = _stop(proc) if stopped else proc.returncode
+            rc = proc.returncode
             log.close()
-            reason = "time_limit" if stopped else ("finished" if rc == 0 else "failed")
+            reason = "time_limit" if key in stopped else ("finished" if rc == 0 else "failed")
             job.result = {"rc": rc, "reason": reason, "wall_s": round(time.monotonic() - start, 1)}
             del running[key]
             print(f"stage: {job.name} {reason} (exit {rc}) after {job.result['wall_s']:.0f} s", flush=True)
