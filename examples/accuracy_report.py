@@ -12,6 +12,7 @@ import gzip
 import json
 import shutil
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,11 @@ ARM_LABELS = {
     "bf16": "BF16",
     "fp8_rollout_only": "FP8 rollout only",
     "fp8_rollout_only_tis": "FP8 rollout only + TIS",
+    "fp8_rollout_only_icepop": "FP8 rollout only + IcePop",
     "fp8": "unified FP8",
     "fp8_kv": "unified FP8 + FP8 KV",
+    "fp8_kv_matched": "unified FP8 + FP8 KV, matched kernels",
+    "fp8_kv_exact": "unified FP8 + FP8 KV, exact mode",
 }
 PHASES = ("generation", "training", "logprobs", "refit", "reward", "total_step_time")
 MISMATCH_KEYS = ("token_mult_prob_error", "gen_kl_error", "exact_token_fraction", "is_oob_ratio")
@@ -40,26 +44,30 @@ MEAN_KEYS = (
 )  # fmt: skip
 
 
-def _mean_tail(series: tuple[np.ndarray, np.ndarray] | None, n: int = TAIL_STEPS, head: bool = False) -> float | None:
+def mean_tail(series: tuple[np.ndarray, np.ndarray] | None, n: int = TAIL_STEPS, head: bool = False) -> float | None:
     if series is None or len(series[1]) == 0:
         return None
     values = series[1][:n] if head else series[1][-n:]
     return float(np.mean(values))
 
 
-def arm_summary(metrics_path: Path) -> dict[str, Any]:
-    """Final figures of one arm from its metrics.jsonl (None where a metric was never logged)."""
+def arm_summary(metrics_path: Path, max_step: int | None = None) -> dict[str, Any]:
+    """Final figures of one arm from its metrics.jsonl (None where a metric was never logged), from the steps up to
+    `max_step` when given (arms compared at the steps they all reached)."""
     s = read_metrics_jsonl(metrics_path)
+    if max_step is not None:
+        s = {k: (st[st <= max_step], v[st <= max_step]) for k, (st, v) in s.items()}
+        s = {k: series for k, series in s.items() if len(series[0])}
     steps = s.get("train/reward_mean", (np.zeros(0), np.zeros(0)))[0]
     out: dict[str, Any] = {"steps": int(steps[-1]) if len(steps) else 0}
     for name in ("accuracy", "sampled_accuracy"):
         key = f"validation/{name}"
         out[f"heldout_{name}_start"] = float(s[key][1][0]) if key in s else None
-        out[f"heldout_{name}_final"] = _mean_tail(s.get(key), TAIL_VALIDATIONS)  # mean of the last validations
+        out[f"heldout_{name}_final"] = mean_tail(s.get(key), TAIL_VALIDATIONS)  # mean of the last validations
         out[f"heldout_{name}_final_steps"] = s[key][0][-TAIL_VALIDATIONS:].tolist() if key in s else None
-    out["reward_first"] = _mean_tail(s.get("train/reward_mean"), head=True)
-    out["reward_last"] = _mean_tail(s.get("train/reward_mean"))
-    out["response_length_last"] = _mean_tail(s.get("train/mean_response_length"))
+    out["reward_first"] = mean_tail(s.get("train/reward_mean"), head=True)
+    out["reward_last"] = mean_tail(s.get("train/reward_mean"))
+    out["response_length_last"] = mean_tail(s.get("train/mean_response_length"))
     for key in MISMATCH_KEYS:
         series = s.get(f"train/{key}")
         out[f"{key}_mean"] = None if series is None else float(np.mean(series[1]))
@@ -73,7 +81,7 @@ def arm_summary(metrics_path: Path) -> dict[str, Any]:
     return out
 
 
-def _smooth(values: np.ndarray, n: int = SMOOTH) -> np.ndarray:
+def smooth(values: np.ndarray, n: int = SMOOTH) -> np.ndarray:
     if len(values) < n:
         return values
     kernel = np.ones(n) / n
@@ -81,13 +89,13 @@ def _smooth(values: np.ndarray, n: int = SMOOTH) -> np.ndarray:
     return np.concatenate([head, np.convolve(values, kernel, mode="valid")])
 
 
-def _figure(ncols: int = 1) -> Figure:
-    fig = Figure(figsize=(6.2 * ncols, 4.0), dpi=110)
+def new_figure(ncols: int = 1, nrows: int = 1) -> Figure:
+    fig = Figure(figsize=(6.2 * ncols, 4.0 * nrows), dpi=110)
     FigureCanvasAgg(fig)
     return fig
 
 
-def _mean_series(runs: list[dict], key: str) -> tuple[np.ndarray, np.ndarray] | None:
+def mean_series(runs: list[dict], key: str) -> tuple[np.ndarray, np.ndarray] | None:
     """Mean over runs of `key` at the steps every run logged it (None when no run has it)."""
     found = [r[key] for r in runs if key in r]
     if not found:
@@ -97,7 +105,7 @@ def _mean_series(runs: list[dict], key: str) -> tuple[np.ndarray, np.ndarray] | 
     return np.array(steps), np.mean(values, axis=0)
 
 
-def _save(fig: Figure, ax_list, path: Path) -> Path:
+def save_figure(fig: Figure, ax_list, path: Path) -> Path:
     for ax in ax_list:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -108,28 +116,28 @@ def _save(fig: Figure, ax_list, path: Path) -> Path:
 def plot_arms(series: dict[str, list[dict]], position: dict[str, dict], out_dir: Path, note: str) -> list[Path]:
     """Reward, held-out accuracy, mismatch vs position and mismatch over steps: one line per arm (mean of runs)."""
     paths = []
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for arm, runs in series.items():
-        mean = _mean_series(runs, "train/reward_mean")
+        mean = mean_series(runs, "train/reward_mean")
         if mean is not None:
-            ax.plot(mean[0], _smooth(mean[1]), label=ARM_LABELS[arm])
+            ax.plot(mean[0], smooth(mean[1]), label=ARM_LABELS[arm])
     ax.set(xlabel="GRPO step", ylabel=f"train reward (T=1; mean of {SMOOTH} steps)", title=f"train reward, {note}")
-    paths.append(_save(fig, [ax], out_dir / "reward.png"))
+    paths.append(save_figure(fig, [ax], out_dir / "reward.png"))
 
-    fig = _figure(2)
+    fig = new_figure(2)
     axes = []
     for i, (name, title) in enumerate((("accuracy", "greedy"), ("sampled_accuracy", "sampled, T=1"))):
         ax = fig.add_subplot(1, 2, i + 1)
         for arm, runs in series.items():
-            mean = _mean_series(runs, f"validation/{name}")
+            mean = mean_series(runs, f"validation/{name}")
             if mean is not None:
                 ax.plot(mean[0], mean[1], marker="o", markersize=3, label=ARM_LABELS[arm])
         ax.set(xlabel="GRPO step", ylabel="held-out accuracy (256 problems)", title=f"held-out, {title}, {note}")
         axes.append(ax)
-    paths.append(_save(fig, axes, out_dir / "heldout.png"))
+    paths.append(save_figure(fig, axes, out_dir / "heldout.png"))
 
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for arm, by_pos in position.items():
         if by_pos:
@@ -138,21 +146,21 @@ def plot_arms(series: dict[str, list[dict]], position: dict[str, dict], out_dir:
     ax.set_yscale("log")
     ax.set(xlabel="response position (start of a 32-token bin)", ylabel="token_mult_prob_error - 1",
            title=f"mismatch vs response position (mean over steps), {note}")  # fmt: skip
-    paths.append(_save(fig, [ax], out_dir / "mismatch_position.png"))
+    paths.append(save_figure(fig, [ax], out_dir / "mismatch_position.png"))
 
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for arm, runs in series.items():
-        mean = _mean_series(runs, "train/token_mult_prob_error")
+        mean = mean_series(runs, "train/token_mult_prob_error")
         if mean is not None:
-            ax.plot(mean[0], _smooth(mean[1] - 1.0), label=ARM_LABELS[arm])
+            ax.plot(mean[0], smooth(mean[1] - 1.0), label=ARM_LABELS[arm])
     ax.set_yscale("log")
     ax.set(xlabel="GRPO step", ylabel="token_mult_prob_error - 1", title=f"mismatch per step, {note}")
-    paths.append(_save(fig, [ax], out_dir / "mismatch_steps.png"))
+    paths.append(save_figure(fig, [ax], out_dir / "mismatch_steps.png"))
     return paths
 
 
-def _mean_of(values: list[float | None]) -> float | None:
+def mean_of(values: list[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
     return float(np.mean(kept)) if kept else None
 
@@ -171,14 +179,12 @@ def write_report(runs: list[Path], assets: Path | None = None) -> dict[str, Any]
     mean = {}
     for arm in arms:
         rows = [r["arms"][arm] for r in per_run]
-        mean[arm] = {k: _mean_of([row[k] for row in rows]) for k in MEAN_KEYS}
+        mean[arm] = {k: mean_of([row[k] for row in rows]) for k in MEAN_KEYS}
         mean[arm]["timing_median_s"] = {
-            phase: _mean_of([row["timing_median_s"].get(phase) for row in rows]) for phase in PHASES
+            phase: mean_of([row["timing_median_s"].get(phase) for row in rows]) for phase in PHASES
         }
         bins = sorted(set.intersection(*(set(row["mismatch_by_position"]) for row in rows)))
-        mean[arm]["mismatch_by_position"] = {
-            b: _mean_of([row["mismatch_by_position"][b] for row in rows]) for b in bins
-        }
+        mean[arm]["mismatch_by_position"] = {b: mean_of([row["mismatch_by_position"][b] for row in rows]) for b in bins}
     summary = {"runs": per_run, "mean": mean, "num_runs": len(runs)}
     report = runs[0] / "report"
     report.mkdir(parents=True, exist_ok=True)
@@ -202,40 +208,56 @@ def write_report(runs: list[Path], assets: Path | None = None) -> dict[str, Any]
     return summary
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
+def fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _cell(summary: dict[str, Any], arm: str, key: str, digits: int = 3) -> str:
+def seed_cell(mean: float | None, values: list[float | None], digits: int = 3) -> str:
     """`mean (seed a, seed b)` over the runs, or the one run's value."""
-    values = [r["arms"][arm][key] for r in summary["runs"]]
     if len(values) == 1:
-        return _fmt(values[0], digits)
-    return f"{_fmt(summary['mean'][arm][key], digits)} ({', '.join(_fmt(v, digits) for v in values)})"
+        return fmt(values[0], digits)
+    return f"{fmt(mean, digits)} ({', '.join(fmt(v, digits) for v in values)})"
+
+
+def arm_table(arms: list[str], cell: Callable[[str, str, int], str], reward_from_first: bool = False) -> list[str]:
+    """The per-arm markdown table of final figures; `cell(arm, summary key, digits)` formats one figure."""
+    reward_head = "train reward, first -> last" if reward_from_first else "train reward, last 20 steps"
+    lines = [
+        f"| arm | held-out greedy: start -> final | held-out sampled: start -> final | {reward_head} | "
+        "token_mult_prob_error | gen_kl_error | exact_token_fraction | IS clip fraction |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        oob = cell(arm, "is_oob_ratio_mean", 6) if arm.endswith(("_tis", "_icepop")) else "-"
+        reward = (f"{cell(arm, 'reward_first', 3)} -> " if reward_from_first else "") + cell(arm, "reward_last", 3)
+        lines.append(
+            f"| {ARM_LABELS[arm]} | {cell(arm, 'heldout_accuracy_start', 3)} -> "
+            f"{cell(arm, 'heldout_accuracy_final', 3)} | {cell(arm, 'heldout_sampled_accuracy_start', 3)} -> "
+            f"{cell(arm, 'heldout_sampled_accuracy_final', 3)} | {reward} | "
+            f"{cell(arm, 'token_mult_prob_error_mean', 5)} | {cell(arm, 'gen_kl_error_mean', 6)} | "
+            f"{cell(arm, 'exact_token_fraction_mean', 3)} | {oob} |"
+        )
+    return lines
+
+
+def position_table(by_arm: dict[str, dict[str, float | None]]) -> list[str]:
+    """token_mult_prob_error per response-position bin (columns), one row per arm."""
+    bins = sorted(set.union(*(set(by_pos) for by_pos in by_arm.values())))
+    lines = ["| arm | " + " | ".join(f"pos {int(b)}+" for b in bins) + " |", "|---|" + "---|" * len(bins)]
+    for arm, by_pos in by_arm.items():
+        lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(fmt(by_pos.get(b), 5) for b in bins) + " |")
+    return lines
 
 
 def format_table(summary: dict[str, Any]) -> str:
     """The per-arm tables of docs/accuracy.md (markdown): final figures, mismatch by position, step time by phase."""
-    lines = [
-        "| arm | held-out greedy: start -> final | held-out sampled: start -> final | train reward, last 20 steps | "
-        "token_mult_prob_error | gen_kl_error | exact_token_fraction | IS clip fraction |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for arm in summary["mean"]:
-        oob = _cell(summary, arm, "is_oob_ratio_mean", 6) if arm.endswith("_tis") else "-"
-        lines.append(
-            f"| {ARM_LABELS[arm]} | {_cell(summary, arm, 'heldout_accuracy_start')} -> "
-            f"{_cell(summary, arm, 'heldout_accuracy_final')} | {_cell(summary, arm, 'heldout_sampled_accuracy_start')}"
-            f" -> {_cell(summary, arm, 'heldout_sampled_accuracy_final')} | {_cell(summary, arm, 'reward_last')} | "
-            f"{_cell(summary, arm, 'token_mult_prob_error_mean', 5)} | {_cell(summary, arm, 'gen_kl_error_mean', 6)} | "
-            f"{_cell(summary, arm, 'exact_token_fraction_mean')} | {oob} |"
-        )
-    bins = sorted(set.union(*(set(m["mismatch_by_position"]) for m in summary["mean"].values())))
-    lines += ["", "| arm | " + " | ".join(f"pos {int(b)}+" for b in bins) + " |", "|---|" + "---|" * len(bins)]
-    for arm, m in summary["mean"].items():
-        cells = [_fmt(m["mismatch_by_position"].get(b), 5) for b in bins]
-        lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(cells) + " |")
+
+    def cell(arm: str, key: str, digits: int) -> str:
+        return seed_cell(summary["mean"][arm][key], [r["arms"][arm][key] for r in summary["runs"]], digits)
+
+    lines = arm_table(list(summary["mean"]), cell)
+    lines += ["", *position_table({arm: m["mismatch_by_position"] for arm, m in summary["mean"].items()})]
     lines += ["", "| arm | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES)]
     for arm, m in summary["mean"].items():
-        lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(_fmt(m["timing_median_s"][p], 3) for p in PHASES) + " |")
+        lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(fmt(m["timing_median_s"][p], 3) for p in PHASES) + " |")
     return "\n".join(lines)

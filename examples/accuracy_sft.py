@@ -1,12 +1,16 @@
-"""SFT stage of the accuracy study (docs/accuracy.md): a Qwen3 trained from scratch on worked long-addition solutions.
+"""SFT stage of the accuracy studies (docs/accuracy.md): a Qwen3 trained from scratch on worked scratchpad solutions.
 
-A fresh `Qwen3ForCausalLM` (`SHAPES`) with a character-level tokenizer learns the column-by-column scratchpad of
-`environments/long_addition.py` (loss on the response: scratchpad, answer and eos), FP32 master weights, BF16
-autocast on CUDA. Every `eval_every` steps the held-out greedy accuracy (the GRPO loop's own rollout engine,
-`NativeGenerationEngine`) is checked against `gate`: training stops at the first check that passes it, so GRPO starts
-from a model that is partly right. Checks happen at fixed steps, so the stopping step depends on the seeds only.
-Writes an HF directory (weights, tokenizer, sft_meta.json, sft_curve.jsonl, sft_corpus_sample.jsonl) that
-`policy.model_name` can name. Used by examples/accuracy_study.py (`sft` stage).
+A fresh `Qwen3ForCausalLM` (`SHAPES`) with a character-level tokenizer learns the worked solutions of a builtin
+scratchpad task (`task_name`: `long_addition`, ~220 tokens, or `long_multiplication`, 1K-4K tokens; loss on the
+response: scratchpad, answer and eos), FP32 master weights, BF16 autocast on CUDA, `micro_batch_size` rows per
+backward (gradient accumulation). Every `eval_every` steps the held-out greedy accuracy (the GRPO loop's own
+rollout engine, `NativeGenerationEngine`) is checked against `gate`: training stops at the first check that passes
+it, so GRPO starts from a model that is partly right. With `precheck` a check first runs one teacher-forced forward
+over the gate problems; the fraction whose every response token is the argmax (the worked solution greedy decoding
+would reproduce) is a near lower bound of greedy accuracy, and the greedy rollout runs only once it reaches half the
+gate (long responses make each rollout costly). Checks happen at fixed steps, so the stopping step depends on the
+seeds only (and on `max_time_s`, a wall-time cap). Writes an HF directory (weights, tokenizer, sft_meta.json,
+sft_curve.jsonl, sft_corpus_sample.jsonl) that `policy.model_name` can name. Used by examples/accuracy_study.py.
 """
 
 from __future__ import annotations
@@ -20,25 +24,54 @@ from typing import Any
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from nemo_jetrl.environments.long_addition import ALPHABET, VOCAB_SIZE, LongAdditionTask
+from nemo_jetrl.environments.factory import BUILTIN_TASKS
+from nemo_jetrl.environments.scratchpad_task import ScratchpadTask
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
 
-# study: the GPU model of docs/accuracy.md; quick: a CPU smoke model. Every linear dim is a multiple of 128 (FP8 blocks).
+# study: the 50M GPU model of docs/accuracy.md (~220-token addition); long: the 104M model of its long-response
+# study (multiplication); quick: a CPU smoke model. Every linear dim is a multiple of 128 (FP8 blocks).
 SHAPES: dict[str, dict[str, int]] = {
     "study": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=6,
                   num_key_value_heads=2, head_dim=128),
+    "long": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=6,
+                 num_key_value_heads=2, head_dim=128),
     "quick": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=1,
                   num_key_value_heads=1, head_dim=128),
 }  # fmt: skip
+SCRATCHPAD_TASKS = ("long_addition", "long_multiplication")
 CORPUS_SAMPLE_ROWS = 256
 
 
-def model_config(shape: dict[str, int], max_positions: int) -> Qwen3Config:
-    """Qwen3 config of `shape` over the long-addition character vocabulary (tied embeddings)."""
+def make_scratchpad_task(task_name: str, **kwargs) -> ScratchpadTask:
+    """The builtin scratchpad task `task_name` (a `data.dataset_name`) with `kwargs` (num_digits, val_size, seed)."""
+    if task_name not in SCRATCHPAD_TASKS:
+        raise ValueError(f"task {task_name!r}: the SFT stage knows {list(SCRATCHPAD_TASKS)}")
+    return BUILTIN_TASKS[task_name](**kwargs)
+
+
+def linear_parameters(shape: dict[str, int]) -> int:
+    """Parameters of the decoder's linears (q, k, v, o, gate, up, down) for `shape`: the FP8-blockable ones."""
+    h, heads = shape["hidden_size"], shape["head_dim"] * shape["num_attention_heads"]
+    kv = shape["head_dim"] * shape["num_key_value_heads"]
+    per_layer = 2 * h * heads + 2 * h * kv + 3 * h * shape["intermediate_size"]
+    return shape["num_hidden_layers"] * per_layer
+
+
+def train_flops_per_token(shape: dict[str, int], seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) of a causal sequence of `seq_len` tokens: 6 x linear
+    parameters + the attention products (QK^T and PV, 2 x 2 FLOPs per multiply-add over the seq_len / 2 keys a
+    token sees on average, x 3 for forward + backward) per layer. Embeddings, norms and lm_head (vocabulary 64-128)
+    are left out."""
+    q_dim = shape["head_dim"] * shape["num_attention_heads"]
+    return 6.0 * linear_parameters(shape) + 6.0 * shape["num_hidden_layers"] * seq_len * q_dim
+
+
+def model_config(shape: dict[str, int], max_positions: int, vocab_size: int) -> Qwen3Config:
+    """Qwen3 config of `shape` over a character vocabulary of `vocab_size` ids (tied embeddings)."""
     return Qwen3Config(
         architectures=["Qwen3ForCausalLM"],
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=PAD_ID,
@@ -51,7 +84,7 @@ def model_config(shape: dict[str, int], max_positions: int) -> Qwen3Config:
     )
 
 
-def sft_batch(task: LongAdditionTask, problems, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def sft_batch(task: ScratchpadTask, problems, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded `<bos>prompt solution<eos>` rows [B, S] and labels [B, S] (-100 off the solution + eos).
     Padding sits after each row's last token, so causal attention needs no mask."""
     rows, labels = [], []
@@ -69,7 +102,7 @@ def sft_batch(task: LongAdditionTask, problems, tokenizer) -> tuple[torch.Tensor
     return input_ids, label_ids
 
 
-def held_out_accuracy(engine: NativeGenerationEngine, tokenizer, task: LongAdditionTask, problems) -> float:
+def held_out_accuracy(engine: NativeGenerationEngine, tokenizer, task: ScratchpadTask, problems) -> float:
     """Greedy exact-answer accuracy on `problems`, decoded as the GRPO loop decodes."""
     out = engine.generate([tokenizer(p.prompt).input_ids for p in problems], greedy=True)
     texts = [
@@ -77,6 +110,23 @@ def held_out_accuracy(engine: NativeGenerationEngine, tokenizer, task: LongAddit
         for ids, mask in zip(out.input_ids, out.response_mask)
     ]
     return float((task.score(texts, [p.answer for p in problems]) > 0.5).float().mean())
+
+
+@torch.no_grad()
+def teacher_forced_exact(model, task: ScratchpadTask, problems, tokenizer, device, rows: int) -> tuple[float, float]:
+    """(fraction of `problems` whose every response token is the argmax given the worked solution before it, the
+    token accuracy): one teacher-forced forward, `rows` problems at a time."""
+    exact, right, total = 0, 0, 0
+    for start in range(0, len(problems), rows):
+        input_ids, labels = (t.to(device) for t in sft_batch(task, problems[start : start + rows], tokenizer))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(input_ids=input_ids).logits  # [B, S, V]
+        target, scored = labels[:, 1:], labels[:, 1:] != -100  # [B, S-1]: the next token, where a label is set
+        hit = (logits[:, :-1].argmax(-1) == target) | ~scored
+        exact += int(hit.all(dim=1).sum())
+        right += int((hit & scored).sum())
+        total += int(scored.sum())
+    return exact / max(1, len(problems)), right / max(1, total)
 
 
 def lr_at(step: int, lr: float, warmup: int, total: int) -> float:
@@ -87,11 +137,44 @@ def lr_at(step: int, lr: float, warmup: int, total: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def write_corpus_sample(path: Path, task: LongAdditionTask, rows: int) -> None:
+def write_corpus_sample(path: Path, task: ScratchpadTask, rows: int) -> None:
     """The first `rows` SFT examples (training batch 0) as jsonl: prompt, solution, answer."""
     with path.open("w") as f:
         for prob in task.train_batch(0, rows):
             f.write(json.dumps({"prompt": prob.prompt, "solution": task.solution(prob), "answer": prob.answer}) + "\n")
+
+
+def _train_step(model, optim, task, problems, tokenizer, device, micro_batch_size: int) -> float:
+    """One optimizer step over `problems`, `micro_batch_size` rows per backward; returns the mean response loss."""
+    batches = [sft_batch(task, problems[i : i + micro_batch_size], tokenizer)
+               for i in range(0, len(problems), micro_batch_size)]  # fmt: skip
+    scored = [int((labels[:, 1:] != -100).sum()) for _, labels in batches]  # the tokens HF's loss averages over
+    optim.zero_grad(set_to_none=True)
+    total = 0.0
+    for (input_ids, labels), n in zip(batches, scored):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = model(input_ids=input_ids.to(device), labels=labels.to(device)).loss
+        weight = n / sum(scored)
+        (loss * weight if len(batches) > 1 else loss).backward()
+        total += float(loss.detach()) * weight
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optim.step()
+    return total
+
+
+def _gate_check(model, engine, task, tokenizer, problems, device, gate: float, precheck: bool, rows: int) -> dict:
+    """The held-out figures of one gate check (module docstring): greedy accuracy (None when the precheck skipped
+    the rollout) and, with `precheck`, the teacher-forced exact fraction and token accuracy."""
+    model.eval()
+    row: dict[str, Any] = {}
+    if precheck:
+        row["forced_exact"], row["forced_token_accuracy"] = teacher_forced_exact(
+            model, task, problems, tokenizer, device, rows
+        )
+    run_greedy = not precheck or row["forced_exact"] >= gate / 2
+    row["greedy_accuracy"] = held_out_accuracy(engine, tokenizer, task, problems) if run_greedy else None
+    model.train()
+    return row
 
 
 def run_sft(
@@ -110,56 +193,60 @@ def run_sft(
     gate: float,
     gate_size: int,
     max_time_s: float,
+    task_name: str = "long_addition",
+    micro_batch_size: int | None = None,
+    precheck: bool = False,
+    max_positions: int | None = None,
 ) -> dict[str, Any]:
-    """Train, gate, save under `out`; returns the metadata written to sft_meta.json."""
-    task = LongAdditionTask(num_digits=num_digits, val_size=max(gate_size, 512), seed=data_seed)
-    max_len = 1 + 3 * num_digits + 1 + task.max_response_chars + 1  # bos, columns, '=', solution, eos
-    tokenizer = build_char_tokenizer(ALPHABET, VOCAB_SIZE, model_max_length=max_len)
+    """Train, gate, save under `out`; returns the metadata written to sft_meta.json. `max_positions`: the model's
+    position limit (default: the longest prompt + worked solution + eos)."""
+    task = make_scratchpad_task(task_name, num_digits=num_digits, val_size=max(gate_size, 512), seed=data_seed)
+    max_len = 1 + task.prompt_chars + task.max_response_chars + 1  # bos, prompt, solution, eos
+    max_positions = max(max_len, max_positions or 0)
+    tokenizer = build_char_tokenizer(task.ALPHABET, task.VOCAB_SIZE, model_max_length=max_positions)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(model_config(SHAPES[shape], max_positions=max_len)).to(device).train()
+    config = model_config(SHAPES[shape], max_positions=max_positions, vocab_size=task.VOCAB_SIZE)
+    model = Qwen3ForCausalLM(config).to(device).train()
     num_params = sum(p.numel() for p in model.parameters())
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=device.type == "cuda")
     engine = NativeGenerationEngine(
         model, max_new_tokens=task.max_response_chars + 1, stop_token_ids=[EOS_ID], pad_token_id=PAD_ID,
         compute_dtype=torch.bfloat16, device=device, cuda_graphs=device.type == "cuda",
     )  # fmt: skip
+    micro = micro_batch_size or batch_size
     gate_problems = task.validation(gate_size)
     out.mkdir(parents=True, exist_ok=True)
     curve = (out / "sft_curve.jsonl").open("w")
     start = time.perf_counter()
-    step, accuracy, passed, loss_value = 0, 0.0, False, math.nan
+    step, check, passed, loss_value = 0, {"greedy_accuracy": 0.0}, False, math.nan
     while step < max_steps and not passed and time.perf_counter() - start < max_time_s:
-        input_ids, labels = (t.to(device) for t in sft_batch(task, task.train_batch(step, batch_size), tokenizer))
         for group in optim.param_groups:
             group["lr"] = lr_at(step, lr, warmup, max_steps)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = model(input_ids=input_ids, labels=labels).loss
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
+        loss_value = _train_step(model, optim, task, task.train_batch(step, batch_size), tokenizer, device, micro)
         step += 1
         if step % eval_every == 0 or step == max_steps:
-            loss_value = float(loss.detach())
-            model.eval()
-            accuracy = held_out_accuracy(engine, tokenizer, task, gate_problems)
-            model.train()
-            passed = accuracy >= gate
-            row = {"step": step, "loss": round(loss_value, 5), "greedy_accuracy": accuracy,
-                   "wall_s": round(time.perf_counter() - start, 1)}  # fmt: skip
+            check = _gate_check(model, engine, task, tokenizer, gate_problems, device, gate, precheck, micro)
+            passed = check["greedy_accuracy"] is not None and check["greedy_accuracy"] >= gate
+            row = {"step": step, "loss": round(loss_value, 5), **check, "wall_s": round(time.perf_counter() - start, 1)}
             curve.write(json.dumps(row) + "\n")
             curve.flush()
-            print(f"sft step {step}: loss {loss_value:.4f} held-out greedy accuracy {accuracy:.3f}", flush=True)
+            print(f"sft step {step}: loss {loss_value:.4f} held-out {check}", flush=True)
     curve.close()
     wall_s = time.perf_counter() - start
     model.eval().to(torch.float32).save_pretrained(out)
     tokenizer.save_pretrained(out)
     write_corpus_sample(out / "sft_corpus_sample.jsonl", task, CORPUS_SAMPLE_ROWS)
+    seq_len = max_len - 1  # tokens per training row (the last label has no next token)
     meta = {
-        "shape": shape, **SHAPES[shape], "vocab_size": VOCAB_SIZE, "num_parameters": num_params,
-        "num_digits": num_digits, "data_seed": data_seed, "seed": seed, "batch_size": batch_size, "lr": lr,
-        "steps": step, "gate": gate, "gate_passed": passed, "gate_size": gate_size,
-        "gate_greedy_accuracy": accuracy, "final_loss": loss_value, "wall_time_s": round(wall_s, 1),
+        "task": task_name, "shape": shape, **SHAPES[shape], "vocab_size": task.VOCAB_SIZE,
+        "num_parameters": num_params, "linear_parameters": linear_parameters(SHAPES[shape]),
+        "num_digits": num_digits, "max_positions": max_positions, "data_seed": data_seed, "seed": seed,
+        "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "gate": gate,
+        "gate_passed": passed, "gate_size": gate_size, "gate_greedy_accuracy": check["greedy_accuracy"],
+        "gate_forced_exact": check.get("forced_exact"), "final_loss": loss_value,
+        "train_tokens": step * batch_size * seq_len,
+        "train_flops_estimate": step * batch_size * seq_len * train_flops_per_token(SHAPES[shape], seq_len),
+        "wall_time_s": round(wall_s, 1),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch_version": torch.__version__,
     }  # fmt: skip

@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""The accuracy study (docs/accuracy.md): SFT a Qwen3 on long addition, then GRPO in five precision arms.
+"""The accuracy studies (docs/accuracy.md): SFT a Qwen3 from scratch on a scratchpad task, then GRPO in precision arms.
+
+Study `addition` (the default: long addition, ~220-token responses, 50M model, five arms):
 
     python3 examples/accuracy_study.py sft  --out /tmp/jetrl_accuracy                # SFT from scratch, gated
     python3 examples/accuracy_study.py grpo --arm bf16 --out /tmp/jetrl_accuracy           # one arm via run_grpo.py
@@ -13,13 +15,22 @@ fp8_rollout_only_tis, fp8 (unified), fp8_kv (unified + FP8 KV cache). Each arm i
 accuracy_<arm>.yaml policy.model_name=OUT/sft logger.log_dir=OUT/arms/<arm> grpo.seed=SEED [overrides]`; trailing
 key=value arguments are more overrides for every arm. `--quick` swaps in a one-layer model, 2-digit problems and a
 few steps of each stage. User errors exit with status 2.
+
+Study `long` (long multiplication, 1K-4K-token responses, 104M model, `LONG_ARMS`; `accuracy_long_<arm>.yaml`):
+one device call per stage, a stage being one response length (`--length` 1k / 2k / 4k: 7 / 10 / 13 digits) with
+optional sweep values (`--temperature`, `--lr`), for every seed of `--seeds` (accuracy_stage.py: SFT per seed, then
+all arms at once over `--gpus`, stopped at `--time-limit-s`, resumable, packed into one small tar.gz):
+
+    python3 examples/accuracy_study.py stage --study long --length 2k --out /tmp/acc_long --pack $OUT/2k.tar.gz
+    python3 examples/accuracy_study.py report --study long --out /tmp/acc_long --assets docs/assets/accuracy_long
+    uv run examples/accuracy_study.py stage --study long --quick --inline --out /tmp/acc_long_quick  # CPU smoke form
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -28,13 +39,22 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import accuracy_long_report  # noqa: E402
 import accuracy_report  # noqa: E402
 import accuracy_sft  # noqa: E402
+import accuracy_stage  # noqa: E402
 import run_grpo  # noqa: E402
 
 ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8", "fp8_kv")
+LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_only_icepop", "fp8", "fp8_kv",
+             "fp8_kv_matched")  # fmt: skip
+LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on request (--arms)
+LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
+BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
+GRPO_MICRO_BATCH_TOKENS = 10240  # GRPO rows per micro-batch: the power of two whose rows fit in this
+SFT_STEP_TOKENS = 65536  # SFT rows per step: the power of two nearest this many tokens, in two micro-batches
 # the study's SFT on the GPU, and the quick CPU form
 SFT_SETTINGS = {
     "study": dict(shape="study", num_digits=20, batch_size=128, lr=6e-4, max_steps=4000, warmup=100, eval_every=5,
@@ -42,6 +62,11 @@ SFT_SETTINGS = {
     "quick": dict(shape="quick", num_digits=2, batch_size=32, lr=3e-3, max_steps=20, warmup=5, eval_every=10,
                   gate=1.01, gate_size=16, max_time_s=60.0),
 }  # fmt: skip
+LONG_SFT = dict(shape="long", task_name="long_multiplication", lr=5e-4, max_steps=5000, warmup=100, eval_every=25,
+                gate=0.3, gate_size=64, max_time_s=240.0, precheck=True)  # fmt: skip
+QUICK_LONG_SFT = dict(shape="quick", task_name="long_multiplication", num_digits=2, batch_size=8, micro_batch_size=4,
+                      lr=3e-3, max_steps=2, warmup=1, eval_every=2, gate=1.01, gate_size=4, max_time_s=60.0,
+                      precheck=True)  # fmt: skip
 QUICK_GRPO_OVERRIDES = (
     "data.num_digits=2", "data.val_size=16", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
     "grpo.max_num_steps=2", "grpo.val_period=2", "grpo.val_at_start=false", "grpo.max_val_samples=8",
@@ -51,17 +76,104 @@ QUICK_GRPO_OVERRIDES = (
 )  # fmt: skip
 
 
+QUICK_LONG_GRPO_OVERRIDES = (
+    "data.num_digits=2", "data.val_size=16", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4",
+    "grpo.max_num_steps=1", "grpo.val_period=1", "grpo.val_at_start=false", "grpo.max_val_samples=4",
+    "grpo.mismatch_position_bin=16", "policy.max_total_sequence_length=64", "policy.generation.max_new_tokens=48",
+    "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8", "cluster.device=cpu",
+    "cluster.num_cpu_threads=2", "grpo.drop_zero_advantage_groups=false",
+)  # fmt: skip
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def long_lengths(num_digits: int) -> dict[str, int]:
+    """The sequence limits and batch rows of the long study at `num_digits`: max_new_tokens (the longest worked
+    solution + eos + 64, rounded up to 128), max_total (+ bos and prompt, rounded up to 128), GRPO micro-batch rows,
+    SFT rows per step and per micro-batch."""
+    task = accuracy_sft.make_scratchpad_task("long_multiplication", num_digits=num_digits, val_size=0)
+    max_new = _round_up(task.max_response_chars + 1 + 64, 128)
+    total = _round_up(1 + task.prompt_chars + max_new, 128)
+    sft_len = 1 + task.prompt_chars + task.max_response_chars + 1
+    sft_batch = 2 ** round(math.log2(SFT_STEP_TOKENS / sft_len))
+    return dict(max_new_tokens=max_new, max_total=total, micro_rows=2 ** int(math.log2(GRPO_MICRO_BATCH_TOKENS // total)),
+                sft_batch=sft_batch, sft_micro=sft_batch // 2)  # fmt: skip
+
+
+def long_grpo_overrides(num_digits: int) -> list[str]:
+    lengths = long_lengths(num_digits)
+    return [
+        f"data.num_digits={num_digits}",
+        f"policy.generation.max_new_tokens={lengths['max_new_tokens']}",
+        f"policy.max_total_sequence_length={lengths['max_total']}",
+        f"policy.train_micro_batch_size={lengths['micro_rows']}",
+        f"policy.logprob_batch_size={lengths['micro_rows']}",
+    ]
+
+
+def _number_list(text: str, kind: type = float) -> list:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+def _int_list(text: str) -> list[int]:
+    return _number_list(text, int)
+
+
+def _tag(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9-]+", text):
+        raise argparse.ArgumentTypeError(f"letters, digits and '-' only, got {text!r}")
+    return text
+
+
+def stage_root_name(args: argparse.Namespace) -> str:
+    """The directory of a stage's SFT and base variant: the length (or `quick`) and the --tag, e.g. `4k-temp`."""
+    return ("quick" if args.quick else args.length) + (f"-{args.tag}" if args.tag else "")
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(directory name, run_grpo.py overrides) of every sweep variant of a stage: the product of the --temperature
+    and --lr values, e.g. `4k_T0.7_lr5e-05`; a value equal to the base config's (BASE_TEMPERATURE, BASE_LR) is the
+    base variant's (no suffix, no override)."""
+    out = {}
+    for t in args.temperature or [None]:
+        for lr in args.lr or [None]:
+            name, overrides = stage_root_name(args), []
+            if t is not None and t != BASE_TEMPERATURE:
+                name, overrides = name + f"_T{t:g}", overrides + [f"policy.generation.temperature={t:g}"]
+            if lr is not None and lr != BASE_LR:
+                name, overrides = name + f"_lr{lr:g}", overrides + [f"policy.optimizer.lr={lr:g}"]
+            out[name] = overrides
+    return list(out.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="accuracy_study.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("stage", choices=("sft", "grpo", "arms", "report", "all"))
-    p.add_argument("--arm", choices=ARMS, default=None, help="the arm of the grpo stage")
+    p.add_argument("stage", choices=("sft", "grpo", "arms", "stage", "report", "all"))
+    p.add_argument("--study", choices=("addition", "long"), default="addition", help="which study (docstring)")
+    p.add_argument("--length", choices=tuple(LONG_LENGTHS), default="2k", help="long study: the response length")
+    p.add_argument("--arm", choices=sorted(set(ARMS + LONG_ARMS + LONG_OPTIONAL_ARMS)), default=None,
+                   help="the arm of the grpo stage")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("/tmp/jetrl_accuracy"), help="study directory")
     p.add_argument("--quick", action="store_true", help="CPU smoke form: tiny model, a few steps of each stage")
     p.add_argument("--seed", type=int, default=0, help="SFT init seed; grpo.seed is 42 + seed")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available; cpu with --quick)")
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms of the arms / all stages")
+    p.add_argument("--arms", default=None, help="comma-separated arms of the arms / stage / all stages (default: all)")
+    p.add_argument("--seeds", type=_int_list, default=[0, 1], help="stage: comma-separated seeds (one SFT each)")
+    p.add_argument("--gpus", default=None, help="stage: comma-separated GPU indices (default: every CUDA device)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="stage: one GPU's memory (default: queried)")
+    p.add_argument("--inline", action="store_true", help="stage: run every job in this process, one after another")
+    p.add_argument("--pack", type=Path, default=None, help="stage: write the stage's small outputs to this tar.gz")
+    p.add_argument("--temperature", type=_number_list, default=None, help="stage sweep: temperatures, e.g. 1.0,0.7")
+    p.add_argument("--lr", type=_number_list, default=None, help="stage sweep: learning rates, e.g. 2e-5,5e-5")
+    p.add_argument("--sweep-arms", default=None, help="stage: the non-base variants' arms (default: --arms)")
+    p.add_argument("--tag", type=_tag, default=None, help="stage: a name for this call's directories (4k-<tag>)")
     p.add_argument("--parallel", type=int, default=1, help="arms run at once (> 1: one process each)")
-    p.add_argument("--time-limit-s", type=float, default=None, help="arms stage: stop arms still running then")
+    p.add_argument("--time-limit-s", type=float, default=None, help="arms / stage: stop what still runs then")
     p.add_argument("--assets", type=Path, default=None, help="report stage: also copy plots + raw files here")
     p.add_argument("--also", type=Path, action="append", default=[], help="report stage: another seed's study dir")
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
@@ -70,31 +182,69 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def stage_sft(args: argparse.Namespace) -> dict:
-    settings = dict(SFT_SETTINGS["quick" if args.quick else "study"])
+def study_arms(args: argparse.Namespace, flag: str = "arms") -> list[str] | None:
+    """The arms of `--arms` (or `--sweep-arms`; default: the study's), or None after printing the error line."""
+    default = LONG_ARMS if args.study == "long" else ARMS
+    known = LONG_ARMS + LONG_OPTIONAL_ARMS if args.study == "long" else ARMS
+    text = getattr(args, flag.replace("-", "_")) or args.arms or ",".join(default)
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in known]
+    if unknown or not arms:
+        print(f"error: --{flag} {text!r}: unknown {unknown}; known for --study {args.study}: {list(known)}",
+              file=sys.stderr)  # fmt: skip
+        return None
+    return arms
+
+
+def sft_settings(args: argparse.Namespace) -> dict:
+    """The run_sft settings of the study, length and form, with the --sft-* flags applied."""
+    if args.study == "long":
+        settings = dict(QUICK_LONG_SFT)
+        if not args.quick:
+            n = LONG_LENGTHS[args.length]
+            lengths = long_lengths(n)
+            settings = dict(LONG_SFT, num_digits=n, batch_size=lengths["sft_batch"],
+                            micro_batch_size=lengths["sft_micro"], max_positions=lengths["max_total"])  # fmt: skip
+    else:
+        settings = dict(SFT_SETTINGS["quick" if args.quick else "study"])
     if args.sft_max_time_s is not None:
         settings["max_time_s"] = args.sft_max_time_s
     if args.sft_gate is not None:
         settings["gate"] = args.sft_gate
+    return settings
+
+
+def stage_sft(args: argparse.Namespace) -> dict:
     device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
     if args.quick:
         torch.set_num_threads(2)
-    meta = accuracy_sft.run_sft(args.out / "sft", seed=args.seed, data_seed=1234, device=device, **settings)
-    print(f"sft: {meta['steps']} steps, held-out greedy accuracy {meta['gate_greedy_accuracy']:.3f} "
+    meta = accuracy_sft.run_sft(args.out / "sft", seed=args.seed, data_seed=1234, device=device, **sft_settings(args))
+    greedy = meta["gate_greedy_accuracy"]
+    print(f"sft: {meta['steps']} steps, held-out greedy accuracy {'-' if greedy is None else f'{greedy:.3f}'} "
           f"(gate {meta['gate']}), {meta['num_parameters']:,} parameters, {meta['wall_time_s']} s", flush=True)  # fmt: skip
     return meta
 
 
-def grpo_argv(args: argparse.Namespace, arm: str) -> list[str]:
-    """The run_grpo.py command line of one arm."""
+def grpo_argv(
+    args: argparse.Namespace, arm: str, log_root: Path | None = None, variant: list[str] = (),
+    capacity_gib: float | None = None,
+) -> list[str]:  # fmt: skip
+    """The run_grpo.py command line of one arm: the SFT checkpoint of `args.out`, logs under `log_root` (default
+    `args.out`), a sweep variant's overrides, the memory preflight's capacity."""
+    prefix = "accuracy_long_" if args.study == "long" else "accuracy_"
     argv = [
-        "--config", str(CONFIGS / f"accuracy_{arm}.yaml"),
+        "--config", str(CONFIGS / f"{prefix}{arm}.yaml"),
         f"policy.model_name={args.out / 'sft'}",
-        f"logger.log_dir={args.out / 'arms' / arm}",
+        f"logger.log_dir={(log_root or args.out) / 'arms' / arm}",
         f"grpo.seed={42 + args.seed}",
     ]  # fmt: skip
-    if args.quick:
+    if args.study == "long":
+        argv += list(QUICK_LONG_GRPO_OVERRIDES) if args.quick else long_grpo_overrides(LONG_LENGTHS[args.length])
+    elif args.quick:
         argv += list(QUICK_GRPO_OVERRIDES)
+    argv += list(variant)
+    if capacity_gib is not None:
+        argv.append(f"policy.memory_preflight.capacity_gib={capacity_gib:.1f}")
     if args.device:
         argv.append(f"cluster.device={args.device}")
     return argv + list(args.overrides)
@@ -109,56 +259,108 @@ def stage_grpo(args: argparse.Namespace, arm: str) -> int:
 
 def stage_arms(args: argparse.Namespace) -> int:
     """Every arm of `--arms`: in this process one after another (`--parallel 1`), else one process each."""
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown or not arms:
-        print(f"error: --arms {args.arms!r}: unknown {unknown}; known: {list(ARMS)}", file=sys.stderr)
+    arms = study_arms(args)
+    if arms is None:
         return USER_ERROR
     if args.parallel <= 1:
         return max(stage_grpo(args, arm) for arm in arms)
-    (args.out / "arms").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    running: dict[str, tuple[subprocess.Popen, object]] = {}
-    pending, codes, start = list(arms), {}, time.monotonic()
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            arm = pending.pop(0)
-            log = (args.out / "arms" / f"{arm}.log").open("w")
-            cmd = [sys.executable, str(HERE / "run_grpo.py"), *grpo_argv(args, arm)]
-            running[arm] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
-            print(f"arms: started {arm} (pid {running[arm][0].pid})", flush=True)
-        time.sleep(1.0)
-        over = args.time_limit_s is not None and time.monotonic() - start > args.time_limit_s
-        for arm, (proc, log) in list(running.items()):
-            if over and proc.poll() is None:
-                proc.terminate()
-                print(f"arms: {arm} stopped at the time limit", flush=True)
-            if proc.poll() is not None or over:
-                codes[arm] = proc.wait()
-                log.close()
-                del running[arm]
-                print(f"arms: {arm} exited {codes[arm]} after {time.monotonic() - start:.0f} s", flush=True)
-        if over:
-            pending.clear()
-    return 0 if all(c == 0 for c in codes.values()) else 1
+    jobs = [accuracy_stage.Job(arm, HERE / "run_grpo.py", grpo_argv(args, arm), args.out / "arms" / f"{arm}.log")
+            for arm in arms]  # fmt: skip
+    limit = math.inf if args.time_limit_s is None else args.time_limit_s
+    accuracy_stage.run_jobs(jobs, time.monotonic() + limit, parallel=args.parallel)
+    return 0 if all(job.result["rc"] == 0 for job in jobs) else 1
+
+
+def seed_args(args: argparse.Namespace, stage_dir: Path, seed: int) -> argparse.Namespace:
+    """`args` for one seed of a stage: its directory and seed."""
+    return argparse.Namespace(**{**vars(args), "out": stage_dir / f"seed{seed}", "seed": seed})
+
+
+def visible_gpus(args: argparse.Namespace) -> list[str]:
+    if args.gpus is not None:
+        return [g.strip() for g in args.gpus.split(",") if g.strip()]
+    if args.device == "cpu" or (args.quick and args.device != "cuda") or not torch.cuda.is_available():
+        return []  # the quick form runs on the CPU unless --device cuda
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def stage_stage(args: argparse.Namespace) -> int:
+    """One stage of the long study (accuracy_stage.py): SFT per seed, then every arm of every sweep variant and
+    seed at once."""
+    if args.study != "long":
+        print("error: the stage command is for --study long (the addition study: sft, arms)", file=sys.stderr)
+        return USER_ERROR
+    arms, sweep_arms = study_arms(args), study_arms(args, "sweep-arms")
+    if arms is None or sweep_arms is None:
+        return USER_ERROR
+    seeds = args.seeds
+    gpus = visible_gpus(args)
+    gib = args.gpu_memory_gib
+    if gpus and gib is None:
+        gib = torch.cuda.get_device_properties(int(gpus[0])).total_memory / 2**30
+    sft_root = args.out / stage_root_name(args)
+    overrides_of = {args.out / name: overrides for name, overrides in variants(args)}
+    arms_of = {d: sweep_arms if overrides else arms for d, overrides in overrides_of.items()}
+    deadline = time.monotonic() + (math.inf if args.time_limit_s is None else args.time_limit_s)
+    print(f"stage {sft_root}: seeds {seeds}, variants {[d.name for d in arms_of]}, gpus {gpus or 'none (cpu)'}")
+
+    def sft_job(seed: int, gpu: str | None) -> accuracy_stage.Job:
+        sub = seed_args(args, sft_root, seed)
+        argv = ["sft", "--study", "long", "--length", args.length, "--seed", str(seed), "--out", str(sub.out)]
+        argv += ["--quick"] * args.quick + [f"--device={args.device}"] * bool(args.device)
+        argv += [f"--sft-max-time-s={args.sft_max_time_s}"] * (args.sft_max_time_s is not None)
+        argv += [f"--sft-gate={args.sft_gate}"] * (args.sft_gate is not None)
+
+        def inline() -> int:
+            stage_sft(sub)
+            return 0
+
+        log = sub.out / "sft.log"
+        return accuracy_stage.Job(f"sft/seed{seed}", HERE / "accuracy_study.py", argv, log, gpu, inline=inline)
+
+    def arm_job(variant: Path, seed: int, arm: str, gpu: str | None, per_gpu: int) -> accuracy_stage.Job:
+        log_root = variant / f"seed{seed}"
+        capacity = None if gib is None else gib / per_gpu
+        argv = grpo_argv(seed_args(args, sft_root, seed), arm, log_root, overrides_of[variant], capacity)
+        return accuracy_stage.Job(f"{variant.name}/seed{seed}/{arm}", HERE / "run_grpo.py", argv,
+                                  log_root / "arms" / f"{arm}.log", gpu, inline=lambda: run_grpo.main(argv))  # fmt: skip
+
+    status = accuracy_stage.run_stage(sft_root, arms_of, seeds, gpus, deadline, sft_job, arm_job, args.inline)
+    for d, st in status.items():
+        print(f"stage {d.name}:\n{accuracy_stage.status_table(st)}", flush=True)
+    if args.pack is not None:
+        path = accuracy_stage.pack(list(status), args.pack)
+        print(f"stage: packed {path} ({path.stat().st_size / 2**20:.2f} MiB)", flush=True)
+    reasons = [status[d]["jobs"][f"seed{s}/{a}"]["reason"] for d, arms in arms_of.items() for s in seeds for a in arms]
+    return 0 if all(r in accuracy_stage.DONE_REASONS for r in reasons) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.stage == "grpo" and args.arm is None:
-        print(f"error: the grpo stage needs --arm: one of {list(ARMS)}", file=sys.stderr)
+        print(f"error: the grpo stage needs --arm: one of {list(LONG_ARMS if args.study == 'long' else ARMS)}",
+              file=sys.stderr)  # fmt: skip
         return USER_ERROR
     if args.stage != "grpo" and args.arm is not None:
         print(f"error: --arm ({args.arm}) is only for the grpo stage (the arms stage takes --arms)", file=sys.stderr)
         return USER_ERROR
-    if args.stage in ("sft", "all"):
-        stage_sft(args)
     if args.stage == "grpo":
         return stage_grpo(args, args.arm)
-    rc = stage_arms(args) if args.stage in ("arms", "all") else 0
+    if args.study == "long" and args.stage in ("stage", "all"):  # all: the stage, then the report
+        rc = stage_stage(args)
+    else:
+        if args.stage == "stage":
+            return stage_stage(args)  # refuses the addition study with one line
+        if args.stage in ("sft", "all"):
+            stage_sft(args)
+        rc = stage_arms(args) if args.stage in ("arms", "all") else 0
     if args.stage in ("report", "all"):
-        summary = accuracy_report.write_report([args.out, *args.also], args.assets)
-        print(accuracy_report.format_table(summary))
+        if args.study == "long":  # every stage directory under --out
+            summary = accuracy_long_report.write_long_report(args.out, args.assets)
+            print(accuracy_long_report.format_long_tables(summary))
+        else:
+            summary = accuracy_report.write_report([args.out, *args.also], args.assets)
+            print(accuracy_report.format_table(summary))
     return rc
 
 

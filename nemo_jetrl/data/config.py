@@ -9,7 +9,7 @@ from nemo_jetrl.config.section import NonEmptyStr, PositiveInt, Section, Seed
 
 class DataConfig(Section):
     dataset_name: NonEmptyStr = "arithmetic"  # builtin task name, or a file / HF dataset
-    num_digits: PositiveInt = 2  # builtin tasks only (arithmetic, long_addition)
+    num_digits: PositiveInt = 2  # builtin tasks only (arithmetic, long_addition, long_multiplication)
     val_size: PositiveInt = 512  # held-out problems (rows held out of the training data when val_dataset_name is null)
     seed: Seed = 1234  # held-out split + shuffling
     val_dataset_name: NonEmptyStr | None = None

@@ -6,6 +6,7 @@ _EXPORTS = {
     "ArithmeticTask": "arithmetic",
     "KNOWN_TASKS": "factory",
     "LongAdditionTask": "long_addition",
+    "LongMultiplicationTask": "long_multiplication",
     "make_task": "factory",
     "Problem": "interfaces",
     "VerifiableTask": "interfaces",

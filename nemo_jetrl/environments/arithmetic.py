@@ -34,7 +34,28 @@ def _check_float(name: str, value: object) -> float:
     return float(value)
 
 
-class ArithmeticTask:
+class CorrectnessRewards:
+    """`reward` / `score` of a task from its `is_correct(response_text, answer)`: `correct_reward` or
+    `wrong_reward` per response."""
+
+    correct_reward: float
+    wrong_reward: float
+
+    def is_correct(self, response_text: str, answer: str) -> bool:
+        raise NotImplementedError
+
+    def reward(self, response_text: str, answer: str) -> float:
+        """`correct_reward` when `is_correct`, else `wrong_reward`."""
+        return self.correct_reward if self.is_correct(response_text, answer) else self.wrong_reward
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
+        """Rewards of decoded responses: float32 `[n]`."""
+        if len(responses) != len(answers):
+            raise ValueError(f"score: {len(responses)} responses but {len(answers)} answers")
+        return torch.tensor([self.reward(r, a) for r, a in zip(responses, answers)], dtype=torch.float32)
+
+
+class ArithmeticTask(CorrectnessRewards):
     """Deterministic, seeded addition task; implements `VerifiableTask`."""
 
     def __init__(
@@ -91,13 +112,3 @@ class ArithmeticTask:
         """Exact match of the digits after stripping surrounding whitespace ("042" != "42", "" is wrong)."""
         text = response_text.strip()
         return text.isascii() and text.isdigit() and text == answer.strip()
-
-    def reward(self, response_text: str, answer: str) -> float:
-        """`correct_reward` for an exact match of the decoded response, else `wrong_reward`."""
-        return self.correct_reward if self.is_correct(response_text, answer) else self.wrong_reward
-
-    def score(self, responses: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
-        """Rewards of decoded responses: float32 `[n]`."""
-        if len(responses) != len(answers):
-            raise ValueError(f"score: {len(responses)} responses but {len(answers)} answers")
-        return torch.tensor([self.reward(r, a) for r, a in zip(responses, answers)], dtype=torch.float32)

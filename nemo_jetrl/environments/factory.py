@@ -10,8 +10,13 @@ from nemo_jetrl.environments.arithmetic import ArithmeticTask
 from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.environments.interfaces import VerifiableTask
 from nemo_jetrl.environments.long_addition import LongAdditionTask
+from nemo_jetrl.environments.long_multiplication import LongMultiplicationTask
 
-BUILTIN_TASKS = {"arithmetic": ArithmeticTask, "long_addition": LongAdditionTask}  # env.arithmetic rewards both
+BUILTIN_TASKS = {  # env.arithmetic rewards all three
+    "arithmetic": ArithmeticTask,
+    "long_addition": LongAdditionTask,
+    "long_multiplication": LongMultiplicationTask,
+}
 KNOWN_TASKS = (*BUILTIN_TASKS, "<a .jsonl/.json/.parquet file, datasets directory or HF datasets name>")
 
 
@@ -24,8 +29,9 @@ def make_task(
 ) -> VerifiableTask:
     """The validated `data` section + `env` section (default values when None) -> task.
 
-    `data.dataset_name: arithmetic` / `long_addition` are the builtin synthetic tasks (`data.num_digits`,
-    env.arithmetic rewards; long_addition: a column-by-column scratchpad, environments/long_addition.py); any other
+    `data.dataset_name: arithmetic` / `long_addition` / `long_multiplication` are the builtin synthetic tasks
+    (`data.num_digits`, env.arithmetic rewards; long_addition: a column-by-column scratchpad, long_multiplication: a
+    row-by-row one of 1K-4K tokens, environments/long_*.py); any other
     value is a dataset (a .jsonl / .json / .parquet file, a local datasets directory or a cached HF datasets name) scored by
     the math environment (env.math, math-verify). `tokenizer` renders chat templates and measures prompt lengths;
     `max_prompt_tokens` is the prompt-length limit when `data.max_input_seq_length` is null.

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jetrl_testkit.accuracy import outside_arm_keys
 
 from nemo_jetrl.config import load_config
 from nemo_jetrl.environments import LongAdditionTask
@@ -32,20 +33,6 @@ EXPECTED = {
     "fp8": ("jetrl", None),
     "fp8_kv": ("jetrl_kv", None),
 }
-# keys that differ between arms by design
-ARM_KEYS = {
-    ("policy", "precision"), ("policy", "generation", "precision"), ("policy", "generation", "kv_cache_dtype"),
-    ("policy", "fp8_cfg", "train_kv_fake_quant"), ("loss_fn", "use_importance_sampling_correction"),
-    ("loss_fn", "truncated_importance_sampling_type"), ("loss_fn", "truncated_importance_sampling_ratio"),
-    ("loss_fn", "truncated_importance_sampling_ratio_min"),
-}  # fmt: skip
-
-
-def _flat(d: dict, prefix: tuple = ()) -> dict[tuple, object]:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, (*prefix, k)) if isinstance(v, dict) else {(*prefix, k): v})
-    return out
 
 
 def test_arm_configs_resolve_to_their_precision_and_nothing_else_differs():
@@ -58,7 +45,7 @@ def test_arm_configs_resolve_to_their_precision_and_nothing_else_differs():
         assert cfg.loss_fn.truncated_importance_sampling_type == truncation
         assert cfg.data.dataset_name == "long_addition" and cfg.grpo.max_num_steps >= 200
         assert cfg.grpo.mismatch_position_bin > 0 and cfg.policy.prev_logprobs_source == "train_forward"
-        flat[arm] = {k: v for k, v in _flat(cfg.model_dump()).items() if k not in ARM_KEYS}
+        flat[arm] = outside_arm_keys(cfg.model_dump())
     assert all(flat[arm] == flat["bf16"] for arm in EXPECTED)
 
 

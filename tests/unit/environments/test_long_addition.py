@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from jetrl_testkit.accuracy import answer_corruptions
 
 from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments import LongAdditionTask, make_task
@@ -39,15 +40,7 @@ def test_verifier_accepts_every_worked_solution_and_rejects_corruptions():
     for p, sol in zip(problems[:16], solutions[:16]):
         a, b = parse_prompt(p.prompt)
         assert p.answer == str(a + b) and final_answer(sol) == p.answer
-        wrong_digit = sol[:-1] + str((int(sol[-1]) + 1) % 10)
-        corrupted = [
-            wrong_digit,
-            sol.replace("#", ";"),  # no final answer
-            sol[:-1],  # a digit short
-            sol + "0",  # a digit too many
-            sol.replace("#", "#0"),  # leading zero
-            sol + "#",  # a later, empty final answer
-        ]
+        corrupted = answer_corruptions(sol)
         assert task.score(corrupted, [p.answer] * len(corrupted)).tolist() == [0.0] * len(corrupted)
     # the steps are not checked: a wrong scratchpad with the right final answer scores (final answer exact)
     sol = solutions[0]

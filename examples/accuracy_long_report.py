@@ -1,0 +1,208 @@
+"""Report of the long-response accuracy study (docs/accuracy.md): every stage under a root, tables and plots.
+
+A root holds stage directories (`<length>[-<tag>][_T<temperature>][_lr<lr>]/seed<S>/arms/<arm>`, the SFT in
+`<length>[-<tag>]/seed<S>/sft`; accuracy_stage.py) or the stages' packed `*.tar.gz`, which are unpacked next to them first. Per stage, every arm of every seed is
+summarized (accuracy_report.arm_summary) up to the stage's **common step**, the last training step that every arm
+of every seed reached (a stage's arms are stopped at one deadline and run at different speeds), so arms are
+compared over the same steps. Per stage and figure it also states whether the seeds disagree more than the arms:
+the largest spread between the two seeds of one arm against the spread between the arms' seed means.
+
+Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.png, by_stage.png}` (one panel per
+stage; curves are the mean over seeds) and, with `assets`, copies them there with the packed stages.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from accuracy_report import (
+    ARM_LABELS,
+    arm_summary,
+    arm_table,
+    fmt,
+    mean_of,
+    mean_series,
+    new_figure,
+    position_table,
+    save_figure,
+    seed_cell,
+    smooth,
+)
+
+from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
+
+COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final")  # seeds vs arms
+MEAN_KEYS = ("heldout_accuracy_start", "heldout_accuracy_final", "heldout_sampled_accuracy_start",
+             "heldout_sampled_accuracy_final", "reward_first", "reward_last", "response_length_last",
+             "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean", "is_oob_ratio_mean")  # fmt: skip
+LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
+PANEL_COLUMNS = 3
+
+
+def unpack_stages(root: Path) -> None:
+    """Extract every `*.tar.gz` under `root` whose stage directory is not there yet."""
+    for archive in sorted(root.glob("*.tar.gz")):
+        with tarfile.open(archive) as tar:
+            tops = {Path(name).parts[0] for name in tar.getnames()}
+            if not all((root / top).is_dir() for top in tops):
+                tar.extractall(root, filter="data")
+
+
+def stage_sort_key(name: str) -> tuple:
+    length = name.split("_", 1)[0].split("-", 1)[0]  # 4k-temp_T0.7 -> 4k
+    return (LENGTH_ORDER.get(length, 99), name)
+
+
+def find_stages(root: Path) -> list[Path]:
+    """The stage directories under `root` (those with a `seed<S>/arms/`), by length, then name."""
+    stages = {p.parent.parent for p in root.glob("*/seed*/arms") if p.is_dir()}
+    return sorted(stages, key=lambda p: stage_sort_key(p.name))
+
+
+def _seeds_and_arms(stage: Path) -> tuple[list[str], list[str]]:
+    seeds = sorted(p.name for p in stage.glob("seed*") if (p / "arms").is_dir())
+    arms = [a for a in ARM_LABELS if all((stage / s / "arms" / a / "metrics.jsonl").is_file() for s in seeds)]
+    return seeds, arms
+
+
+def spread(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(max(kept) - min(kept)) if len(kept) > 1 else None
+
+
+def seeds_vs_arms(rows: dict[str, dict[str, dict]], arms: list[str]) -> dict[str, dict]:
+    """Per compared figure: the arms' range of seed means, the largest seed spread of one arm, and which is larger."""
+    out = {}
+    for key in COMPARED:
+        means = [mean_of([rows[seed][arm][key] for seed in rows]) for arm in arms]
+        seed_spreads = {arm: spread([rows[seed][arm][key] for seed in rows]) for arm in arms}
+        arm_range, worst = spread(means), max((v for v in seed_spreads.values() if v is not None), default=None)
+        out[key] = {"arm_range": arm_range, "max_seed_spread": worst, "seed_spread": seed_spreads,
+                    "seeds_disagree_more": None if arm_range is None or worst is None else worst > arm_range}  # fmt: skip
+    return out
+
+
+def stage_summary(stage: Path) -> dict[str, Any] | None:
+    """The stage's per-seed and mean figures at its common step (module docstring); None without arms."""
+    seeds, arms = _seeds_and_arms(stage)
+    if not seeds or not arms:
+        return None
+    series = {s: {a: read_metrics_jsonl(stage / s / "arms" / a / "metrics.jsonl") for a in arms} for s in seeds}
+    last = [int(series[s][a]["train/reward_mean"][0][-1]) if "train/reward_mean" in series[s][a] else 0
+            for s in seeds for a in arms]  # fmt: skip
+    common = min(last)
+    rows = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=common) for a in arms} for s in seeds}
+    mean = {}
+    for arm in arms:
+        mean[arm] = {k: mean_of([rows[s][arm].get(k) for s in seeds]) for k in MEAN_KEYS}
+        bins = sorted(set.intersection(*(set(rows[s][arm]["mismatch_by_position"]) for s in seeds)))
+        mean[arm]["mismatch_by_position"] = {b: mean_of([rows[s][arm]["mismatch_by_position"][b] for s in seeds])
+                                             for b in bins}  # fmt: skip
+    sft = {}
+    for s in seeds:  # a sweep variant (`2k-t_T0.7`) starts from its stage's SFT (`2k-t`)
+        meta_path = stage.parent / stage.name.split("_", 1)[0] / s / "sft" / "sft_meta.json"
+        sft[s] = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    status_path = stage / "stage.json"
+    status = json.loads(status_path.read_text()) if status_path.is_file() else None
+    return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
+            "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms), "sft": sft, "status": status,
+            "series": series}  # fmt: skip
+
+
+def _panels(count: int):
+    fig = new_figure(min(count, PANEL_COLUMNS), -(-count // PANEL_COLUMNS))
+    cols = min(count, PANEL_COLUMNS)
+    return fig, [fig.add_subplot(-(-count // PANEL_COLUMNS), cols, i + 1) for i in range(count)]
+
+
+def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
+    """reward.png, heldout.png, mismatch_position.png (a panel per stage) and by_stage.png."""
+    paths = []
+    for name, key, ylabel in (("reward", "train/reward_mean", "train reward (T of the stage, smoothed)"),
+                              ("heldout", "validation/sampled_accuracy", "held-out sampled accuracy")):  # fmt: skip
+        fig, axes = _panels(len(stages))
+        for ax, st in zip(axes, stages):
+            for arm in st["arms"]:
+                curve = mean_series([st["series"][s][arm] for s in st["seeds"]], key)
+                if curve is not None:
+                    keep = curve[0] <= st["common_step"]
+                    y = smooth(curve[1][keep]) if name == "reward" else curve[1][keep]
+                    ax.plot(curve[0][keep], y, marker=None if name == "reward" else "o", markersize=3,
+                            label=ARM_LABELS[arm])  # fmt: skip
+            ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']} ({len(st['seeds'])} seeds)")
+        paths.append(save_figure(fig, axes, out_dir / f"{name}.png"))
+    fig, axes = _panels(len(stages))
+    for ax, st in zip(axes, stages):
+        for arm in st["arms"]:
+            by_pos = st["mean"][arm]["mismatch_by_position"]
+            if by_pos:
+                excess = [max(v - 1.0, 1e-9) for v in by_pos.values()]
+                ax.plot([int(b) for b in by_pos], excess, marker="o", markersize=2, label=ARM_LABELS[arm])
+        ax.set_yscale("log")
+        ax.set(xlabel="response position (bin start)", ylabel="token_mult_prob_error - 1", title=st["stage"])
+    paths.append(save_figure(fig, axes, out_dir / "mismatch_position.png"))
+    fig = new_figure(2)
+    ax_m, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = [st["stage"] for st in stages]
+    for arm in ARM_LABELS:
+        tmpe = [st["mean"].get(arm, {}).get("token_mult_prob_error_mean") for st in stages]
+        ref = [st["mean"].get("bf16", {}).get("reward_last") for st in stages]
+        rew = [st["mean"].get(arm, {}).get("reward_last") for st in stages]
+        if any(v is not None for v in tmpe):
+            ax_m.plot(names, [np.nan if v is None else max(v - 1.0, 1e-9) for v in tmpe], marker="o",
+                      label=ARM_LABELS[arm])  # fmt: skip
+        delta = [np.nan if r is None or b is None else r - b for r, b in zip(rew, ref)]
+        if not np.all(np.isnan(delta)):
+            ax_r.plot(names, delta, marker="o", label=ARM_LABELS[arm])
+    ax_m.set_yscale("log")
+    ax_m.set(xlabel="stage", ylabel="token_mult_prob_error - 1 (mean over steps)", title="mismatch by stage")
+    ax_r.set(xlabel="stage", ylabel="train reward, last steps: arm - BF16", title="reward vs BF16 by stage")
+    paths.append(save_figure(fig, [ax_m, ax_r], out_dir / "by_stage.png"))
+    return paths
+
+
+def write_long_report(root: Path, assets: Path | None = None) -> dict[str, Any]:
+    """Summaries and plots of every stage under `root` (module docstring); returns the summary."""
+    unpack_stages(root)
+    stages = [st for st in (stage_summary(p) for p in find_stages(root)) if st is not None]
+    if not stages:
+        raise FileNotFoundError(f"no stage with arm metrics under {root}: run `accuracy_study.py stage --study long`")
+    report = root / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    summary = {"stages": [{k: v for k, v in st.items() if k != "series"} for st in stages]}
+    (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    files = [report / "summary.json", *plot_stages(stages, report)]
+    if assets is not None:
+        assets.mkdir(parents=True, exist_ok=True)
+        for path in files + sorted(root.glob("*.tar.gz")):
+            shutil.copy(path, assets / path.name)
+    return summary
+
+
+def format_long_tables(summary: dict[str, Any]) -> str:
+    """Markdown per stage: SFT starts, final figures per arm, mismatch by position, seeds vs arms."""
+    lines = []
+    for st in summary["stages"]:
+        lines += ["", f"### {st['stage']}: common step {st['common_step']} (last steps {st['last_steps']})", ""]
+        for seed, meta in st["sft"].items():
+            if meta:
+                lines.append(f"- SFT {seed}: {meta['steps']} steps, gate greedy {fmt(meta['gate_greedy_accuracy'])} "
+                             f"(passed: {meta['gate_passed']}), {meta['wall_time_s']} s")  # fmt: skip
+
+        def cell(arm: str, key: str, digits: int, st: dict = st) -> str:
+            return seed_cell(st["mean"][arm][key], [st["runs"][s][arm].get(key) for s in st["seeds"]], digits)
+
+        lines += ["", *arm_table(st["arms"], cell, reward_from_first=True), ""]
+        lines += position_table({arm: st["mean"][arm]["mismatch_by_position"] for arm in st["arms"]})
+        lines.append("")
+        for key, r in st["seeds_vs_arms"].items():
+            verdict = {True: "seeds disagree MORE than the arms", False: "arms differ more than the seeds",
+                       None: "one seed or one arm: no comparison"}[r["seeds_disagree_more"]]  # fmt: skip
+            lines.append(f"- {key}: arm range {fmt(r['arm_range'])}, largest seed spread "
+                         f"{fmt(r['max_seed_spread'])}: {verdict}")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,225 @@
+"""One device call = one stage of the long-response accuracy study (docs/accuracy.md): the runner.
+
+A stage is one response length and its sweep variants. The length's directory holds `seed<S>/sft/` (the SFT
+checkpoint every variant starts from); each variant's directory (the length's own for the base settings, e.g.
+`2k`, or `2k_T0.7`) holds `seed<S>/arms/<arm>/` (one run_grpo.py log dir each) and `stage.json`, the status of its
+jobs (the length's also of the SFT jobs). `run_stage` does, within one deadline:
+
+1. the SFT of every seed that still has an arm to run and no checkpoint, in parallel (seed i on GPU i mod #GPUs);
+2. then every pending arm of every variant and seed at once, one process each, spread round-robin over the GPUs
+   (`CUDA_VISIBLE_DEVICES` per process), each told how many processes share its GPU (its memory preflight's
+   share); arms still running at the deadline are stopped (SIGTERM) and keep the steps their metrics.jsonl holds;
+3. with `pack`, one tar.gz of everything small (metrics, logs, SFT metadata and curve; no weights).
+
+Resumable: an arm whose status says `finished` or `time_limit` and whose metrics.jsonl exists is skipped, and a
+seed with no arm left skips its SFT. A 104M-parameter checkpoint (416 MB) cannot leave the device machine (files
+back: 16 MiB each), so a fresh machine re-runs the SFT of the seeds it needs. `inline` runs every job in this
+process, one after another (the CPU tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
+
+DONE_REASONS = ("finished", "time_limit")
+LOG_TAIL_BYTES = 1 << 20  # the packed copy of a log keeps its last MiB
+PACK_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+PACK_SKIP_NAMES = ("sft_corpus_sample.jsonl", ".nemo_jetrl.lock")  # the sample: reproducible, ~1 MB at 4K tokens
+STOP_GRACE_S = 20.0
+
+
+@dataclass
+class Job:
+    """One process of a stage: `argv` for `script` (a subprocess), or `inline` (the same work in this process)."""
+
+    name: str  # "sft/seed0", "seed0/bf16"
+    script: Path
+    argv: list[str]
+    log: Path
+    gpu: str | None = None  # CUDA_VISIBLE_DEVICES of the process (None: left as is)
+    inline: Callable[[], int] | None = None
+    result: dict = field(default_factory=dict)  # rc, reason, wall_s
+
+
+def arm_dir(stage_dir: Path, seed: int, arm: str) -> Path:
+    return stage_dir / f"seed{seed}" / "arms" / arm
+
+
+def sft_dir(stage_dir: Path, seed: int) -> Path:
+    return stage_dir / f"seed{seed}" / "sft"
+
+
+def sft_done(stage_dir: Path, seed: int) -> bool:
+    d = sft_dir(stage_dir, seed)
+    return (d / "sft_meta.json").is_file() and (d / "config.json").is_file() and any(d.glob("*.safetensors"))
+
+
+def load_status(stage_dir: Path) -> dict:
+    path = stage_dir / "stage.json"
+    return json.loads(path.read_text()) if path.is_file() else {"jobs": {}}
+
+
+def save_status(stage_dir: Path, status: dict) -> None:
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / "stage.json").write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+
+
+def metrics_steps(metrics: Path) -> int:
+    """Training steps logged in a metrics.jsonl (rows with a train/reward_mean), 0 when absent."""
+    if not metrics.is_file():
+        return 0
+    return len(read_metrics_jsonl(metrics).get("train/reward_mean", ((), ()))[0])
+
+
+def arm_done(stage_dir: Path, status: dict, seed: int, arm: str) -> bool:
+    entry = status["jobs"].get(f"seed{seed}/{arm}", {})
+    return entry.get("reason") in DONE_REASONS and (arm_dir(stage_dir, seed, arm) / "metrics.jsonl").is_file()
+
+
+def _popen(job: Job) -> tuple[subprocess.Popen, object]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if job.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = job.gpu
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    log = job.log.open("w")
+    cmd = [sys.executable, str(job.script), *job.argv]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True), log
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process group at once, SIGKILL those still alive after one shared grace period."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    grace_end = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, grace_end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_jobs(
+    jobs: list[Job], deadline: float, inline: bool = False, parallel: int | None = None, poll_s: float = 1.0
+) -> None:
+    """Run `jobs`, `parallel` at a time (None: all at once), or one after another in this process with `inline`,
+    until each ends or `deadline` (time.monotonic()); fills each job's `result`: rc, reason (finished | failed |
+    time_limit | not_started), wall_s (from the start of the run)."""
+    start = time.monotonic()
+    if inline:
+        for job in jobs:
+            if time.monotonic() >= deadline:
+                job.result = {"rc": None, "reason": "not_started", "wall_s": 0.0}
+                continue
+            rc = job.inline()
+            job.result = {"rc": rc, "reason": "finished" if rc == 0 else "failed",
+                          "wall_s": round(time.monotonic() - start, 1)}  # fmt: skip
+        return
+    pending, running = list(jobs), {}
+    while pending or running:
+        while pending and len(running) < (parallel or len(jobs)) and time.monotonic() < deadline:
+            job = pending.pop(0)
+            running[id(job)] = (job, *_popen(job))
+            print(f"stage: started {job.name} (pid {running[id(job)][1].pid}, gpu {job.gpu})", flush=True)
+        over = time.monotonic() >= deadline
+        for job in pending if over else ():
+            job.result = {"rc": None, "reason": "not_started", "wall_s": 0.0}
+        pending = [] if over else pending
+        stopped = {key for key, (_, proc, _) in running.items() if over and proc.poll() is None}
+        _stop_all([running[key][1] for key in stopped])
+        for key, (job, proc, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            rc = proc.returncode
+            log.close()
+            reason = "time_limit" if key in stopped else ("finished" if rc == 0 else "failed")
+            job.result = {"rc": rc, "reason": reason, "wall_s": round(time.monotonic() - start, 1)}
+            del running[key]
+            print(f"stage: {job.name} {reason} (exit {rc}) after {job.result['wall_s']:.0f} s", flush=True)
+        if running:
+            time.sleep(poll_s)
+
+
+def gpu_of(index: int, gpus: list[str]) -> str | None:
+    return gpus[index % len(gpus)] if gpus else None
+
+
+def run_stage(
+    sft_root: Path,
+    arms_of: dict[Path, list[str]],
+    seeds: list[int],
+    gpus: list[str],
+    deadline: float,
+    sft_job: Callable[[int, str | None], Job],
+    arm_job: Callable[[Path, int, str, str | None, int], Job],
+    inline: bool = False,
+    poll_s: float = 1.0,
+) -> dict[Path, dict]:
+    """The stage (module docstring): `arms_of` maps each variant directory to its arms; `sft_job(seed, gpu)`,
+    `arm_job(variant dir, seed, arm, gpu, processes on that GPU)`. Returns each directory's stage.json status."""
+    status = {d: load_status(d) for d in (sft_root, *arms_of)}
+    runs = [(d, s, a) for d, arms in arms_of.items() for s in seeds for a in arms]
+    pending = [(d, s, a) for d, s, a in runs if not arm_done(d, status[d], s, a)]
+    done = [f"{d.name}/seed{s}/{a}" for d, s, a in runs if (d, s, a) not in pending]
+    if done:
+        print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
+    need = sorted({s for _, s, _ in pending if not sft_done(sft_root, s)})
+    sft_jobs = [sft_job(s, gpu_of(i, gpus)) for i, s in enumerate(need)]
+    run_jobs(sft_jobs, deadline, inline, poll_s=poll_s)
+    for job in sft_jobs:
+        status[sft_root]["jobs"][job.name] = job.result
+    save_status(sft_root, status[sft_root])
+    ready = [(d, s, a) for d, s, a in pending if sft_done(sft_root, s)]
+    per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
+    arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu) for i, (d, s, a) in enumerate(ready)]
+    for d, s, a in ready:  # a failed or unfinished earlier run: start it afresh
+        shutil.rmtree(arm_dir(d, s, a), ignore_errors=True)
+    run_jobs(arm_jobs, deadline, inline, poll_s=poll_s)
+    for job, (d, s, a) in zip(arm_jobs, ready):
+        status[d]["jobs"][f"seed{s}/{a}"] = {**job.result, "steps": metrics_steps(arm_dir(d, s, a) / "metrics.jsonl")}
+    for d, s, a in pending:
+        if (d, s, a) not in ready:
+            status[d]["jobs"][f"seed{s}/{a}"] = {"rc": None, "reason": "no_sft", "steps": 0}
+    for d in arms_of:
+        save_status(d, status[d])
+    return status
+
+
+def pack(stage_dirs: list[Path], out_file: Path) -> Path:
+    """A tar.gz of the stage directories' small files (module docstring), paths relative to each one's parent."""
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out_file, "w:gz") as tar:
+        for stage_dir in stage_dirs:
+            for path in sorted(stage_dir.rglob("*")):
+                if not path.is_file() or path.suffix in PACK_SKIP_SUFFIXES or path.name in PACK_SKIP_NAMES:
+                    continue
+                data = path.read_bytes()[-LOG_TAIL_BYTES:] if path.suffix == ".log" else path.read_bytes()
+                info = tarfile.TarInfo(str(path.relative_to(stage_dir.parent)))
+                info.size, info.mtime = len(data), int(path.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+    return out_file
+
+
+def status_table(status: dict) -> str:
+    """One line per job: name, reason, exit code, steps, wall seconds."""
+    lines = []
+    for name, r in sorted(status["jobs"].items()):
+        lines.append(f"  {name:32s} {r.get('reason')!s:12s} exit {r.get('rc')!s:5s} steps {r.get('steps', '-')!s:5s} "
+                     f"{r.get('wall_s', 0):7.1f} s")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,226 @@
+"""The long-response accuracy study (examples/accuracy_study.py --study long): the arms' configs resolve to the
+intended precision settings and differ in nothing else, the length presets hold the longest worked solution, every
+arm fits its share of an H200 by the memory preflight, and the --quick stage runs every arm on the CPU (SFT 2 steps,
+GRPO 1 step each through run_grpo.py), skips everything when run again, and packs its small outputs."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from jetrl_testkit.accuracy import outside_arm_keys
+from transformers import Qwen3ForCausalLM
+
+from nemo_jetrl.algorithms.memory_preflight import memory_preflight
+from nemo_jetrl.config import load_config
+from nemo_jetrl.environments import LongMultiplicationTask
+from nemo_jetrl.models.tokenizer import build_char_tokenizer
+from nemo_jetrl.policy.memory_estimate import ModelShape
+from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "examples" / "configs"
+_spec = importlib.util.spec_from_file_location("accuracy_study", REPO / "examples" / "accuracy_study.py")
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
+H200_GIB = 139.8
+
+# arm -> (precision preset, IS truncation type, generation.matched_kernels, generation.deterministic)
+EXPECTED = {
+    "bf16": ("bf16", None, False, False),
+    "fp8_rollout_only": ("fp8_rollout_only", None, False, False),
+    "fp8_rollout_only_tis": ("fp8_rollout_only", "tis", False, False),
+    "fp8_rollout_only_icepop": ("fp8_rollout_only", "icepop", False, False),
+    "fp8": ("jetrl", None, False, False),
+    "fp8_kv": ("jetrl_kv", None, False, False),
+    "fp8_kv_matched": ("jetrl_kv", None, True, False),
+    "fp8_kv_exact": ("jetrl_kv", None, False, True),
+}
+
+
+def test_long_arm_configs_resolve_to_their_precision_and_nothing_else_differs():
+    assert set(EXPECTED) == set(study.LONG_ARMS + study.LONG_OPTIONAL_ARMS)
+    flat = {}
+    for arm, (preset, truncation, matched, exact) in EXPECTED.items():
+        cfg = validate_config(load_config(CONFIGS / f"accuracy_long_{arm}.yaml"))
+        assert PrecisionRecipe.from_config(cfg.policy) == PrecisionRecipe.preset(preset), arm
+        assert cfg.loss_fn.truncated_importance_sampling_type == truncation
+        assert cfg.loss_fn.use_importance_sampling_correction is (truncation is not None)
+        assert (cfg.policy.generation.matched_kernels, cfg.policy.generation.deterministic) == (matched, exact)
+        assert cfg.data.dataset_name == "long_multiplication" and cfg.grpo.mismatch_position_bin == 128
+        assert cfg.policy.prev_logprobs_source == "train_forward"
+        flat[arm] = outside_arm_keys(cfg.model_dump())
+    assert all(flat[arm] == flat["bf16"] for arm in EXPECTED)
+
+
+def test_length_presets_hold_the_longest_worked_solution():
+    """1k / 2k / 4k: 7 / 10 / 13 digits, responses of at most 1,086 / 2,151 / 3,576 tokens (+ eos) within
+    max_new_tokens, prompt + response within the total; the base YAML is the 2k preset."""
+    expected = {"1k": (7, 1086, 1152, 1280, 8), "2k": (10, 2151, 2304, 2432, 4), "4k": (13, 3576, 3712, 3840, 2)}
+    for length, (digits, longest, max_new, total, rows) in expected.items():
+        assert study.LONG_LENGTHS[length] == digits
+        task = LongMultiplicationTask(num_digits=digits, val_size=0)
+        lengths = study.long_lengths(digits)
+        assert task.max_response_chars == longest and longest + 1 <= lengths["max_new_tokens"] == max_new
+        assert 1 + task.prompt_chars + max_new <= lengths["max_total"] == total
+        assert lengths["micro_rows"] == rows and 64 % rows == 0  # 8 prompts x 8 samples split evenly
+        assert lengths["sft_batch"] * (1 + task.prompt_chars + longest + 1) == pytest.approx(65536, rel=0.25)
+    base = validate_config(load_config(CONFIGS / "accuracy_long_base.yaml", study.long_grpo_overrides(10)))
+    assert base.model_dump() == validate_config(load_config(CONFIGS / "accuracy_long_base.yaml")).model_dump()
+
+
+@pytest.mark.parametrize("length", ["1k", "2k", "4k"])
+def test_every_arm_fits_a_sixteenth_of_an_h200(length):
+    """One GPU running 2 seeds x 8 arms: each arm's step fits 1/16 of the memory by the preflight's estimate."""
+    digits = study.LONG_LENGTHS[length]
+    lengths = study.long_lengths(digits)
+    config = study.accuracy_sft.model_config(study.accuracy_sft.SHAPES["long"], lengths["max_total"], 128)
+    shape = ModelShape.from_config(config)
+    assert 100e6 < shape.params() < 110e6 and shape.layers * shape.layer_linear_params() == 103_809_024
+    for arm in EXPECTED:
+        overrides = study.long_grpo_overrides(digits) + ["cluster.device=cuda"]
+        cfg = validate_config(load_config(CONFIGS / f"accuracy_long_{arm}.yaml", overrides))
+        result = memory_preflight(cfg, shape=shape, capacity=int(H200_GIB / 16 * 2**30))
+        assert max(result.peaks.values()) <= 0.9 * H200_GIB / 16 * 2**30, (arm, result.line)
+
+
+def test_every_long_linear_is_fp8_blockable():
+    shape = study.accuracy_sft.SHAPES["long"]
+    dims = (shape["hidden_size"], shape["intermediate_size"], shape["head_dim"] * shape["num_attention_heads"],
+            shape["head_dim"] * shape["num_key_value_heads"])  # fmt: skip
+    assert all(d % 128 == 0 for d in dims)
+    assert study.accuracy_sft.linear_parameters(shape) == 103_809_024
+    # 6 N per token + the attention products: 3.6K-token rows cost 1.3x the linears alone
+    flops = study.accuracy_sft.train_flops_per_token(shape, 3632)
+    assert flops == pytest.approx(6 * 103_809_024 + 6 * 12 * 3632 * 768)
+
+
+@pytest.mark.slow
+def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "study"
+    argv = ["stage", "--study", "long", "--quick", "--inline", "--seeds", "0", "--out", str(out),
+            "--pack", str(tmp_path / "quick.tar.gz")]  # fmt: skip
+    assert study.main(argv) == 0
+    stage = out / "quick"
+    status = json.loads((stage / "stage.json").read_text())["jobs"]  # the SFT's and the base variant's jobs
+    assert set(status) == {"sft/seed0", *(f"seed0/{a}" for a in study.LONG_ARMS)}
+    assert all(status[f"seed0/{a}"]["reason"] == "finished" and status[f"seed0/{a}"]["steps"] == 1
+               for a in study.LONG_ARMS)  # fmt: skip
+    meta = json.loads((stage / "seed0" / "sft" / "sft_meta.json").read_text())
+    assert meta["task"] == "long_multiplication" and meta["steps"] == 2 and meta["vocab_size"] == 128
+    assert 0.0 <= meta["gate_forced_exact"] <= 1.0 and meta["gate_passed"] is False
+
+    first = {}
+    for arm in study.LONG_ARMS:
+        rows = [json.loads(x) for x in (stage / "seed0" / "arms" / arm / "metrics.jsonl").read_text().splitlines()]
+        first[arm] = next(r for r in rows if "train/reward_mean" in r)
+        bins = sorted(k for k in first[arm] if k.startswith("train/mismatch_pos/"))
+        assert bins[0] == "train/mismatch_pos/00000" and len(bins) >= 2, arm  # 16-token bins of the response
+        assert "validation/sampled_accuracy" in {k for r in rows for k in r}
+    tmpe = {a: first[a]["train/token_mult_prob_error"] for a in study.LONG_ARMS}
+    assert tmpe["fp8_rollout_only"] > 1.001 > tmpe["fp8"] >= 1.0  # BF16 trainer scoring an FP8 rollout
+    assert first["fp8_kv_matched"]["train/exact_token_fraction"] == 1.0  # matched kernels: bitwise on-policy
+    assert "train/is_oob_ratio" in first["fp8_rollout_only_icepop"]
+
+    capsys.readouterr()
+    assert study.main(argv) == 0  # again: every arm done, so no SFT and no arm runs
+    printed = capsys.readouterr().out
+    assert "7 arms already done" in printed and "sft step" not in printed and "GRPO done" not in printed
+
+    with tarfile.open(tmp_path / "quick.tar.gz") as tar:
+        names = tar.getnames()
+    assert "quick/stage.json" in names and "quick/seed0/arms/fp8_kv/metrics.jsonl" in names
+    assert "quick/seed0/sft/sft_meta.json" in names and not any(n.endswith(".safetensors") for n in names)
+
+
+def test_cli_errors_name_the_problem(tmp_path, capsys):
+    assert study.main(["stage", "--out", str(tmp_path)]) == study.USER_ERROR
+    assert "--study long" in capsys.readouterr().err
+    assert study.main(["stage", "--study", "long", "--arms", "bf16,fp16", "--out", str(tmp_path)]) == study.USER_ERROR
+    assert "fp16" in capsys.readouterr().err
+    assert study.main(["grpo", "--study", "long", "--arm", "fp8", "--out", str(tmp_path)]) == study.USER_ERROR
+    assert "no SFT checkpoint" in capsys.readouterr().err
+
+
+def _sft_task_and_tokenizer():
+    task = study.accuracy_sft.make_scratchpad_task("long_multiplication", num_digits=2, val_size=8, seed=1)
+    return task, build_char_tokenizer(task.ALPHABET, task.VOCAB_SIZE, model_max_length=256)
+
+
+def test_sft_micro_batches_accumulate_the_one_batch_gradient():
+    """Two micro-batches of 4 rows weighted by their scored tokens give the 8-row batch's loss and gradient."""
+    task, tok = _sft_task_and_tokenizer()
+    problems = task.train_batch(0, 8)
+    config = study.accuracy_sft.model_config(study.accuracy_sft.SHAPES["quick"], 128, task.VOCAB_SIZE)
+    torch.manual_seed(0)
+    models = [Qwen3ForCausalLM(config), None]
+    models[1] = copy.deepcopy(models[0])
+    losses = []
+    for model, micro in zip(models, (8, 4)):
+        optim = torch.optim.SGD(model.parameters(), lr=1.0)  # the update is the (clipped) gradient itself
+        losses.append(study.accuracy_sft._train_step(model, optim, task, problems, tok, torch.device("cpu"), micro))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6) and losses[0] > 3.0  # ~log(128) untrained
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, atol=2e-7, rtol=1e-5)
+
+
+class _Oracle(torch.nn.Module):
+    """Logits whose argmax is the next input token (teacher forcing), except at one (row, position)."""
+
+    def __init__(self, vocab: int, wrong: tuple[int, int] | None = None):
+        super().__init__()
+        self.vocab, self.wrong = vocab, wrong
+
+    def forward(self, input_ids):
+        nxt = torch.roll(input_ids, -1, dims=1)  # [B, S]: the token each position predicts
+        if self.wrong is not None:
+            nxt = nxt.clone()
+            nxt[self.wrong] = (nxt[self.wrong] + 1) % self.vocab
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
+
+
+def test_teacher_forced_exact_counts_sequences_with_every_response_token_right():
+    task, tok = _sft_task_and_tokenizer()
+    problems = task.validation(8)
+    prompt_len = 1 + task.prompt_chars  # <bos> + prompt
+    cpu = torch.device("cpu")
+    exact, token_acc = study.accuracy_sft.teacher_forced_exact(_Oracle(task.VOCAB_SIZE), task, problems, tok, cpu, 3)
+    assert (exact, token_acc) == (1.0, 1.0)
+    # the prediction of row 2's first response token is wrong: one sequence of 8, one token of all scored
+    wrong = _Oracle(task.VOCAB_SIZE, wrong=(2, prompt_len - 1))
+    exact, token_acc = study.accuracy_sft.teacher_forced_exact(wrong, task, problems[:3], tok, cpu, 3)
+    tokens = sum(len(task.solution(p)) + 1 for p in problems[:3])
+    assert exact == pytest.approx(2 / 3) and token_acc == pytest.approx(1 - 1 / tokens)
+    # a wrong prediction inside the prompt is not scored
+    exact, _ = study.accuracy_sft.teacher_forced_exact(
+        _Oracle(task.VOCAB_SIZE, wrong=(0, 2)), task, problems[:3], tok, cpu, 3
+    )
+    assert exact == 1.0
+
+
+def test_sweep_variants_name_their_directories_and_override_only_what_differs_from_the_base():
+    cfg = validate_config(load_config(CONFIGS / "accuracy_long_base.yaml"))
+    assert (cfg.policy.generation.temperature, cfg.policy.optimizer.lr) == (study.BASE_TEMPERATURE, study.BASE_LR)
+    args = study.build_parser().parse_args(["stage", "--study", "long", "--length", "4k", "--temperature", "1.0,0.7",
+                                            "--lr", "2e-5,5e-5"])  # fmt: skip
+    assert study.variants(args) == [
+        ("4k", []),
+        ("4k_lr5e-05", ["policy.optimizer.lr=5e-05"]),
+        ("4k_T0.7", ["policy.generation.temperature=0.7"]),
+        ("4k_T0.7_lr5e-05", ["policy.generation.temperature=0.7", "policy.optimizer.lr=5e-05"]),
+    ]
+    assert study.variants(study.build_parser().parse_args(["stage", "--study", "long"])) == [("2k", [])]
+    tagged = study.build_parser().parse_args(["stage", "--study", "long", "--tag", "temp", "--temperature", "0.7"])
+    assert study.variants(tagged) == [("2k-temp_T0.7", ["policy.generation.temperature=0.7"])]
+    assert study.stage_root_name(tagged) == "2k-temp"  # its SFT
+    for bad in (["--temperature", "hot"], ["--tag", "a_b"], ["--seeds", "0,x"]):
+        with pytest.raises(SystemExit):
+            study.build_parser().parse_args(["stage", *bad])

@@ -1,0 +1,166 @@
+"""The long study's stage runner (examples/accuracy_stage.py) with stand-in processes: SFT per seed, arms spread
+over the GPUs with their memory share, stopped at the deadline, skipped when done; and its report
+(examples/accuracy_long_report.py) from synthetic metrics: common steps, seeds against arms, plots, tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples"))
+import accuracy_long_report as long_report  # noqa: E402
+import accuracy_stage as stage  # noqa: E402
+
+FAKE = """
+import json, os, sys, time
+out, kind = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "env.json"), "w") as f:
+    json.dump({"gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "share": sys.argv[3]}, f)
+if kind == "sft":
+    for name in ("sft_meta.json", "config.json", "model.safetensors"):
+        open(os.path.join(out, name), "w").write("{}")
+    sys.exit(0)
+if kind == "bad":
+    sys.exit(3)
+steps = 2 if kind == "fast" else 10**6
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    for step in range(1, steps + 1):
+        f.write(json.dumps({"step": step, "train/reward_mean": 0.5}) + "\\n")
+        f.flush()
+        time.sleep(0.05)
+"""
+
+
+def _stage_jobs(tmp_path: Path, stage_dir: Path):
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE)
+    made = []
+
+    def sft_job(seed, gpu):
+        made.append(("sft", seed, gpu))
+        out = stage.sft_dir(stage_dir, seed)
+        return stage.Job(f"sft/seed{seed}", script, [str(out), "sft", "-"], stage_dir / f"sft{seed}.log", gpu)
+
+    def arm_job(variant, seed, arm, gpu, per_gpu):
+        made.append((arm, seed, gpu))
+        out = stage.arm_dir(variant, seed, arm)
+        return stage.Job(f"seed{seed}/{arm}", script, [str(out), arm, str(per_gpu)], out.parent / f"{arm}.log", gpu)
+
+    return sft_job, arm_job, made
+
+
+def test_stage_spreads_arms_over_gpus_stops_at_the_deadline_and_resumes(tmp_path):
+    """Variant 2k: three arms; variant 2k_T0.7: one arm from the same SFT; two seeds over two GPUs."""
+    stage_dir, variant = tmp_path / "2k", tmp_path / "2k_T0.7"
+    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir)
+    arms_of = {stage_dir: ["fast", "slow", "bad"], variant: ["fast"]}
+    status = stage.run_stage(stage_dir, arms_of, [0, 1], ["0", "1"], time.monotonic() + 4.0, sft_job, arm_job,
+                             poll_s=0.1)  # fmt: skip
+    jobs = status[stage_dir]["jobs"]
+    assert [(j["reason"], j["rc"]) for j in (jobs["sft/seed0"], jobs["sft/seed1"])] == [("finished", 0)] * 2
+    assert {(s, g) for k, s, g in made if k == "sft"} == {(0, "0"), (1, "1")}  # seed i on GPU i
+    for seed in (0, 1):
+        assert jobs[f"seed{seed}/fast"] | {"wall_s": 0} == {"rc": 0, "reason": "finished", "steps": 2, "wall_s": 0}
+        assert jobs[f"seed{seed}/slow"]["reason"] == "time_limit" and jobs[f"seed{seed}/slow"]["steps"] >= 2
+        assert jobs[f"seed{seed}/bad"]["reason"] == "failed" and jobs[f"seed{seed}/bad"]["rc"] == 3
+        assert status[variant]["jobs"][f"seed{seed}/fast"]["steps"] == 2
+    assert not (variant / "seed0" / "sft").exists()  # the variant starts from the length's SFT
+    runs = [(stage_dir, s, a) for a in arms_of[stage_dir] for s in (0, 1)] + [
+        (variant, 0, "fast"),
+        (variant, 1, "fast"),
+    ]
+    envs = {(d.name, s, a): json.loads((stage.arm_dir(d, s, a) / "env.json").read_text()) for d, s, a in runs}
+    assert sorted(e["gpu"] for e in envs.values()) == ["0"] * 4 + ["1"] * 4  # round-robin: 4 processes per GPU
+    assert {e["share"] for e in envs.values()} == {"4"}  # each arm is told 4 processes share its GPU
+    assert json.loads((stage_dir / "stage.json").read_text())["jobs"] == jobs
+
+    made.clear()  # again: only the failed arms run; their SFT checkpoints are there
+    status = stage.run_stage(stage_dir, arms_of, [0, 1], ["0", "1"], time.monotonic() + 4.0, sft_job, arm_job,
+                             poll_s=0.1)  # fmt: skip
+    assert sorted(made) == [("bad", 0, "0"), ("bad", 1, "1")]
+    assert status[stage_dir]["jobs"]["seed0/slow"]["reason"] == "time_limit"
+
+
+def test_run_jobs_honours_parallel_and_marks_jobs_not_started(tmp_path):
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE)
+    jobs = [
+        stage.Job(f"j{i}", script, [str(tmp_path / f"j{i}"), "fast", "-"], tmp_path / f"j{i}.log") for i in range(3)
+    ]
+    stage.run_jobs(jobs, time.monotonic() + 60, parallel=1, poll_s=0.05)
+    assert [j.result["reason"] for j in jobs] == ["finished"] * 3
+    walls = [j.result["wall_s"] for j in jobs]
+    assert walls == sorted(walls)  # one after another
+    late = [stage.Job("late", script, [str(tmp_path / "late"), "fast", "-"], tmp_path / "late.log")]
+    stage.run_jobs(late, time.monotonic() - 1)
+    assert late[0].result["reason"] == "not_started" and not (tmp_path / "late").exists()
+
+
+def _write_metrics(path: Path, steps: int, reward: float, tmpe: float, late_reward: float | None = None) -> None:
+    """Synthetic run_grpo metrics: constant reward and mismatch, validations at 0, 5, 10 (accuracy = reward)."""
+    path.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for step in range(0, steps + 1, 5):
+        rows.append({"step": step, "validation/accuracy": reward, "validation/sampled_accuracy": reward / 2})
+    for step in range(1, steps + 1):
+        r = late_reward if late_reward is not None and step > 10 else reward
+        rows.append({"step": step, "train/reward_mean": r, "train/token_mult_prob_error": tmpe,
+                     "train/mismatch_pos/00000": tmpe, "train/mismatch_pos/00128": 1 + 2 * (tmpe - 1),
+                     "train/exact_token_fraction": 0.5, "train/mean_response_length": 1085.0})  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def synthetic_root(tmp_path):
+    """Two stages x two seeds x three arms. 1k: seeds agree (offset 0.01), arms differ by 0.1, one arm stops at
+    step 10 and the others run to 14 with a reward of 9 after step 10 (must not count). 4k: seeds differ by 0.3."""
+    root = tmp_path / "root"
+    base = {"bf16": (0.5, 1.0001), "fp8_rollout_only": (0.4, 1.002), "fp8": (0.45, 1.0005)}
+    for name, offset in (("1k", 0.01), ("4k", 0.3)):
+        for seed in (0, 1):
+            for arm, (reward, tmpe) in base.items():
+                steps = 10 if (name, seed, arm) == ("1k", 1, "fp8") else 14
+                _write_metrics(root / name / f"seed{seed}" / "arms" / arm, steps, reward + seed * offset, tmpe, 9.0)
+            sft = root / name / f"seed{seed}" / "sft"
+            sft.mkdir(parents=True)
+            (sft / "sft_meta.json").write_text(json.dumps({"steps": 400, "gate_greedy_accuracy": 0.31,
+                                                           "gate_passed": True, "wall_time_s": 120.0}))  # fmt: skip
+    return root
+
+
+def test_long_report_compares_arms_at_common_steps_and_seeds_against_arms(synthetic_root, tmp_path):
+    stage.pack([synthetic_root / "4k"], synthetic_root / "4k.tar.gz")  # the 4k stage arrives packed
+    for path in sorted((synthetic_root / "4k").rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    (synthetic_root / "4k").rmdir()
+    summary = long_report.write_long_report(synthetic_root, tmp_path / "assets")
+    one, four = summary["stages"]
+    assert (one["stage"], four["stage"]) == ("1k", "4k") and (synthetic_root / "4k" / "seed1").is_dir()
+    assert one["common_step"] == 10 and four["common_step"] == 14
+    # up to the common step only: the reward of 9 after step 10 is left out of the 1k stage
+    assert one["runs"]["seed0"]["bf16"]["reward_last"] == pytest.approx(0.5)
+    assert one["mean"]["bf16"]["reward_last"] == pytest.approx(0.505)
+    assert four["mean"]["bf16"]["reward_last"] > 1.0  # the 4k stage's common step 14 includes them
+    assert one["mean"]["fp8_rollout_only"]["token_mult_prob_error_mean"] == pytest.approx(1.002)
+    assert one["mean"]["fp8_rollout_only"]["mismatch_by_position"] == pytest.approx({"00000": 1.002, "00128": 1.004})
+    assert one["mean"]["bf16"]["heldout_accuracy_final"] == pytest.approx(0.505)  # validations at 0, 5, 10
+    verdict = one["seeds_vs_arms"]["reward_last"]
+    assert verdict["arm_range"] == pytest.approx(0.1) and verdict["max_seed_spread"] == pytest.approx(0.01)
+    assert verdict["seeds_disagree_more"] is False
+    assert four["seeds_vs_arms"]["heldout_accuracy_final"]["seeds_disagree_more"] is True
+    for name in ("reward.png", "heldout.png", "mismatch_position.png", "by_stage.png", "summary.json", "4k.tar.gz"):
+        data = (tmp_path / "assets" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000 if name.endswith(".png") else len(data) > 500
+    tables = long_report.format_long_tables(summary)
+    assert (
+        "### 1k: common step 10 (last steps" in tables
+        and "| FP8 rollout only | 0.405 (0.400, 0.410) -> 0.405 (0.400, 0.410) |" in tables
+    )
+    assert "seeds disagree MORE than the arms" in tables and "arms differ more than the seeds" in tables
+    assert "| pos 0+ | pos 128+ |" in tables
