@@ -92,8 +92,8 @@ def test_gpu_tests_import_and_patch_names_that_exist(path):
 
 
 def test_the_check_finds_a_stale_patch_and_a_stale_import(tmp_path):
-    """The two rots seen on the GPU (2026-11-28): a patch of a function that had moved to another module, and an
-    import of a name that no longer exists."""
+    """A patch of a function that had moved to another module (seen on the GPU, 2026-11-28) and an import of a name
+    that does not exist."""
     stale = tmp_path / "test_stale_gpu.py"
     stale.write_text(
         "def test_a(monkeypatch):\n"
