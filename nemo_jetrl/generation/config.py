@@ -8,12 +8,13 @@ from pydantic import Field, model_validator
 
 from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import AutoBool, ByteCount, FiniteFloat, NonNegativeInt, PositiveInt, Section
+from nemo_jetrl.precision import recipe_defaults as D
 from nemo_jetrl.precision.config import Precision
 
 
 class KvCacheCalibrationConfig(Section):
-    percentile: Annotated[FiniteFloat, Field(gt=0, le=100)] = 99.9  # of per-micro-batch amax values
-    margin: Annotated[FiniteFloat, Field(ge=1)] = 1.05  # scale = amax * margin / 448
+    percentile: Annotated[FiniteFloat, Field(gt=0, le=100)] = D.KV_PERCENTILE  # of per-micro-batch amax values
+    margin: Annotated[FiniteFloat, Field(ge=1)] = D.KV_MARGIN  # scale = amax * margin / 448
 
 
 class GenerationConfig(Section):

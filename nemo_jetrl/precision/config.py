@@ -10,29 +10,30 @@ from typing import Literal
 from pydantic import field_validator
 
 from nemo_jetrl.config.section import NonNegativeInt, Section, StrictInt
+from nemo_jetrl.precision import recipe_defaults as D
 
 Precision = Literal["bf16", "fp8"]
-SUPPORTED_BLOCK_SIZE = 128
+SUPPORTED_BLOCK_SIZE = D.BLOCK_SIZE
 
 
 class Fp8Config(Section):
     # blockwise (Jet-RL: 1x128 activations / gradients, 128x128 weights) | rowwise (one scale per row along each
     # GEMM's contraction dim) | tensorwise (one scale per tensor, current scaling); NeMo-RL's
     # megatron_cfg.fp8_cfg.fp8_recipe maps here. The registered scale layouts (precision/recipes/), one name each:
-    fp8_recipe: Literal["blockwise", "rowwise", "tensorwise"] = "blockwise"
-    block_size: StrictInt = SUPPORTED_BLOCK_SIZE
-    num_first_layers_in_bf16: NonNegativeInt = 0  # one layer map: trainer AND rollout keep these layers BF16
-    num_last_layers_in_bf16: NonNegativeInt = 0
-    pow2_weight_scaling_factors: bool = False
-    pow2_activation_scaling_factors: bool = False
-    wgrad_x_blocks: Literal["1x128", "128x128"] = "1x128"  # 1x128 (exact Jet-RL layout) | 128x128 (faster WGrad)
-    train_kv_fake_quant: bool = False  # the trainer's attention sees the rollout's FP8 Q/K/V
+    fp8_recipe: Literal["blockwise", "rowwise", "tensorwise"] = D.GRANULARITY
+    block_size: StrictInt = D.BLOCK_SIZE
+    num_first_layers_in_bf16: NonNegativeInt = D.NUM_FIRST_LAYERS_IN_BF16  # one layer map: trainer AND rollout keep these layers BF16
+    num_last_layers_in_bf16: NonNegativeInt = D.NUM_LAST_LAYERS_IN_BF16
+    pow2_weight_scaling_factors: bool = D.POW2_WEIGHT_SCALES
+    pow2_activation_scaling_factors: bool = D.POW2_ACTIVATION_SCALES
+    wgrad_x_blocks: Literal["1x128", "128x128"] = D.WGRAD_X_BLOCKS  # 1x128 (exact Jet-RL layout) | 128x128 (faster WGrad)
+    train_kv_fake_quant: bool = D.TRAIN_KV_FAKE_QUANT  # the trainer's attention sees the rollout's FP8 Q/K/V
     # blockwise FProp / DGrad GEMMs of trainer AND rollout on DeepGEMM where it imports on an sm90 GPU (in cuBLAS's
     # place; otherwise said at start and left on cuBLAS / Triton); NeMo-RL's generation.vllm_cfg.use_deep_gemm maps here
-    use_deep_gemm: bool = False
+    use_deep_gemm: bool = D.USE_DEEP_GEMM
     # false: each backward makes the DGrad copy W^T of an FP8 weight (its bytes transposed) and frees it after its
     # GEMM; true: kept until the weight changes (1 byte per weight more for the whole run; docs/performance_history.md, "FP8 trainer memory")
-    cache_dgrad_weight: bool = False
+    cache_dgrad_weight: bool = D.CACHE_DGRAD_WEIGHT
 
     @field_validator("block_size")
     @classmethod

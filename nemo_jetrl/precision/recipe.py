@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_jetrl.config.typed import typed_section
+from nemo_jetrl.precision import recipe_defaults as D
 from nemo_jetrl.precision.recipes import BLOCKWISE, ScaleLayout, scale_layout
 
 Precision = Literal["bf16", "fp8"]
@@ -42,8 +43,8 @@ _FP8_CFG_FIELDS = {
 class KVCalibration:
     """How FP8 KV-cache scales are calibrated: `scale = percentile_over_microbatches(amax) * margin / 448`."""
 
-    percentile: float = 99.9
-    margin: float = 1.05
+    percentile: float = D.KV_PERCENTILE
+    margin: float = D.KV_MARGIN
 
 
 @dataclass(frozen=True)
@@ -51,24 +52,24 @@ class PrecisionRecipe:
     """Frozen FP8 recipe: which GEMMs run in FP8, block layout, scale options; one object for both sides.
 
     `train` covers FProp/DGrad/WGrad of the mapped linears, `rollout` the rollout engine's linears; with both
-    "fp8" the rollout runs on the trainer's own FP8 weight bits and scales (`unified`). The field defaults are
-    the presets' base; they equal the config sections' defaults (tests/unit/precision/test_recipe.py).
+    "fp8" the rollout runs on the trainer's own FP8 weight bits and scales (`unified`). The field defaults
+    (`recipe_defaults`, which the config sections read too) are the presets' base.
     """
 
     train: Precision = "fp8"
     rollout: Precision = "fp8"
     kv_cache_dtype: KVCacheDtype = "auto"
-    granularity: Granularity = "blockwise"
-    block_size: int = 128
-    num_first_layers_in_bf16: int = 0
-    num_last_layers_in_bf16: int = 0
-    pow2_weight_scales: bool = False
-    pow2_activation_scales: bool = False
-    wgrad_x_blocks: WGradXBlocks = "1x128"
+    granularity: Granularity = D.GRANULARITY
+    block_size: int = D.BLOCK_SIZE
+    num_first_layers_in_bf16: int = D.NUM_FIRST_LAYERS_IN_BF16
+    num_last_layers_in_bf16: int = D.NUM_LAST_LAYERS_IN_BF16
+    pow2_weight_scales: bool = D.POW2_WEIGHT_SCALES
+    pow2_activation_scales: bool = D.POW2_ACTIVATION_SCALES
+    wgrad_x_blocks: WGradXBlocks = D.WGRAD_X_BLOCKS  # type: ignore[assignment]
     kv_calibration: KVCalibration = field(default_factory=KVCalibration)
-    train_kv_fake_quant: bool = False
-    use_deep_gemm: bool = False  # blockwise FProp / DGrad on DeepGEMM where it runs (deep_gemm_adapter)
-    cache_dgrad_weight: bool = False  # DGrad's FP8 W^T kept between backwards (else made in each, then freed)
+    train_kv_fake_quant: bool = D.TRAIN_KV_FAKE_QUANT
+    use_deep_gemm: bool = D.USE_DEEP_GEMM  # blockwise FProp / DGrad on DeepGEMM where it runs (deep_gemm_adapter)
+    cache_dgrad_weight: bool = D.CACHE_DGRAD_WEIGHT  # DGrad's FP8 W^T kept between backwards (else made in each, then freed)
 
     # --- derived views -------------------------------------------------------------------------------------
     @property
