@@ -18,17 +18,8 @@ GPU_TESTS = sorted((Path(__file__).parents[1] / "gpu").glob("test_*.py"))
 PACKAGES = ("nemo_jetrl", "benchmarks")  # ours: a missing name there is a defect, not an optional dependency
 
 
-def _local_imports(tree: ast.Module) -> list[tuple[ast.FunctionDef, ast.AST]]:
-    """(function, import node) for every import inside a function body (module-level ones run at collection)."""
-    found = []
-    for func in ast.walk(tree):
-        if isinstance(func, ast.FunctionDef):
-            found += [(func, node) for node in ast.walk(func) if isinstance(node, ast.Import | ast.ImportFrom)]
-    return found
-
-
 def _aliases(nodes: list[ast.AST]) -> dict[str, str]:
-    """name -> dotted path of ours, for module-level imports (collection already checked that they resolve)."""
+    """name -> dotted path of ours, for the given import nodes."""
     out = {}
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and _ours(node.module):
@@ -46,26 +37,33 @@ def problems(path: Path) -> list[str]:
     """What in `path`'s functions imports or patches a name that does not exist."""
     tree = ast.parse(path.read_text())
     top = _aliases([n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)])
-    out = [p for f in tree.body if isinstance(f, ast.FunctionDef) for p in _patch_problems(path, f, top)]
-    for func, node in _local_imports(tree):
-        aliases: dict[str, str] = dict(top)
-        if isinstance(node, ast.ImportFrom) and node.module and _ours(node.module):
-            mod = importlib.import_module(node.module)
-            for alias in node.names:
-                if not hasattr(mod, alias.name):
-                    try:
-                        importlib.import_module(f"{node.module}.{alias.name}")
-                    except ImportError:
-                        out.append(f"{path.name}:{node.lineno} {func.name}: {node.module} has no {alias.name}")
-                        continue
-                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if _ours(alias.name):
-                    importlib.import_module(alias.name)
-                    aliases[alias.asname or alias.name] = alias.name
-        out += _patch_problems(path, func, aliases) if len(aliases) > len(top) else []
-    return sorted(set(out))
+    out = []
+    scopes = [*tree.body, *(m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body)]
+    for func in (f for f in scopes if isinstance(f, ast.FunctionDef)):  # a nested function is inside its parent's
+        local = [n for n in ast.walk(func) if isinstance(n, ast.Import | ast.ImportFrom)]
+        out += [p for node in local for p in _missing_names(path, func, node)]
+        out += _patch_problems(path, func, top | _aliases(local))
+    return out
+
+
+def _missing_names(path: Path, func: ast.FunctionDef, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The names an import inside `func` takes from our packages that do not exist (a module that does not is an
+    ImportError here, as it would be on the GPU)."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if _ours(alias.name):
+                importlib.import_module(alias.name)
+        return []
+    if not (node.module and _ours(node.module)):
+        return []
+    mod, out = importlib.import_module(node.module), []
+    for alias in node.names:
+        if not hasattr(mod, alias.name):
+            try:
+                importlib.import_module(f"{node.module}.{alias.name}")
+            except ImportError:
+                out.append(f"{path.name}:{node.lineno} {func.name}: {node.module} has no {alias.name}")
+    return out
 
 
 def _patch_problems(path: Path, func: ast.FunctionDef, aliases: dict[str, str]) -> list[str]:
