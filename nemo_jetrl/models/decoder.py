@@ -297,6 +297,8 @@ def decoder_forward(
         # bitwise (exact / matched kernels): with FP32 activations its sum of squares rounds unlike the trainer's norm
         norm_quant = grouped and not parts.any
         glue = (fused_ops if plan.fused else fused_train_ops if plan.fused_train else None) if triton_ok else None
+        if parts.any and glue is not None:
+            _check_glue_norms(backbone)
         shared = _LayerInputs(
             cos_sin, mask, kv_cache, cache_start, plan.compute_dtype, glue, grouped, key_valid, norm_quant
         )  # fmt: skip
@@ -306,6 +308,21 @@ def decoder_forward(
             run = functools.partial(_decoder_layer, shared, layer_idx, layer)
             x, delta = checkpoint_layer(run, x, delta, plan.attn_hook) if recompute else run(x, delta, plan.attn_hook)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
+
+
+def _check_glue_norms(backbone: nn.Module) -> None:
+    """Exact mode / matched kernels: every RMSNorm must run the per-row glue kernel, as torch's own mean rounds by
+    the batch's shape on CUDA (a decode step and the trainer's forward then differ in the last bit)."""
+    names = ("input_layernorm", "post_attention_layernorm")
+    attn_norms = [getattr(layer.self_attn, n, None) for layer in backbone.layers for n in ("q_norm", "k_norm")]
+    norms = [backbone.norm, *(getattr(layer, n) for layer in backbone.layers for n in names), *attn_norms]
+    odd = sorted({type(n).__name__ for n in norms if n is not None and not fused_ops.fusable_rms_norm(n)})
+    if odd:
+        raise ValueError(
+            f"decoder_forward: the exact mode has no batch-invariant kernel for {odd} (known: "
+            f"{sorted(fused_ops.RMS_NORM_CLASSES)}); add the class to models/fused_ops.RMS_NORM_CLASSES if its math "
+            "is HF's Llama/Qwen RMSNorm, or run without policy.generation.deterministic / matched_kernels"
+        )
 
 
 def _check_shapes(

@@ -26,7 +26,7 @@ from nemo_jetrl.precision.kernels.triton_quant import quant_vector_groups
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # HF norms computing exactly `rms_norm_ref` (weight * normalized, eps in `variance_epsilon`).
-RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm"})
 # Activation modules whose forward is `F.silu` (transformers 5 wraps it as `SiLUActivation`, not `nn.SiLU`).
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 

@@ -8,7 +8,8 @@ trainer and the rollout alike.
 
     logits = h W_gate^T                  FP32 on both sides (`RouterLinear`; batch-invariant in the exact mode and
                                          with matched kernels), never FP8 (the layer map keeps the router out)
-    p = softmax(logits); top-k of p      (renormalized over the k when `norm_topk_prob`), HF's routing exactly
+    p = softmax(logits); top-k of p      HF's routing (renormalized over the k when `norm_topk_prob`, the k summed
+                                         slot by slot)
     rows sorted by expert                (stable sort of the T*k choices, counts by scatter-add: no host sync)
     y_e = down_e(silu(gate_e(x)) * up_e(x))  per expert over its rows (`precision.expert_linear`)
     out[t] = sum_j p[t, j] * y_{e_j}[t]  in FP32, slot by slot in a fixed order (row-local: batch-invariant)
@@ -36,8 +37,11 @@ def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch
     """HF's top-k softmax routing: logits [T, E] -> (weights fp32 [T, k], experts long [T, k]), by probability."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [T, E]
     weights, experts = torch.topk(probs, top_k, dim=-1)  # [T, k] each
-    if norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if norm_topk_prob:  # summed slot by slot (elementwise adds): no reduction kernel whose order follows T
+        total = weights[:, :1]
+        for j in range(1, top_k):
+            total = total + weights[:, j : j + 1]
+        weights = weights / total
     return weights, experts
 
 
