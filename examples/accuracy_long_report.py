@@ -64,8 +64,17 @@ def find_stages(root: Path) -> list[Path]:
     return sorted(stages, key=lambda p: stage_sort_key(p.name))
 
 
+def sft_meta(stage: Path, seed: str) -> dict | None:
+    """The SFT metadata a stage's seed started from (a sweep variant `2k-t_T0.7` starts from `2k-t`'s SFT)."""
+    path = stage.parent / stage.name.split("_", 1)[0] / seed / "sft" / "sft_meta.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def _seeds_and_arms(stage: Path) -> tuple[list[str], list[str]]:
-    seeds = sorted(p.name for p in stage.glob("seed*") if (p / "arms").is_dir())
+    """The seeds with arms whose SFT passed its gate (arms started from a failed SFT measure nothing), and the arms
+    every one of them ran."""
+    candidates = sorted(p.name for p in stage.glob("seed*") if (p / "arms").is_dir())
+    seeds = [s for s in candidates if (sft_meta(stage, s) or {}).get("gate_passed", True)]
     arms = [a for a in ARM_LABELS if all((stage / s / "arms" / a / "metrics.jsonl").is_file() for s in seeds)]
     return seeds, arms
 
@@ -103,10 +112,7 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
         bins = sorted(set.intersection(*(set(rows[s][arm]["mismatch_by_position"]) for s in seeds)))
         mean[arm]["mismatch_by_position"] = {b: mean_of([rows[s][arm]["mismatch_by_position"][b] for s in seeds])
                                              for b in bins}  # fmt: skip
-    sft = {}
-    for s in seeds:  # a sweep variant (`2k-t_T0.7`) starts from its stage's SFT (`2k-t`)
-        meta_path = stage.parent / stage.name.split("_", 1)[0] / s / "sft" / "sft_meta.json"
-        sft[s] = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    sft = {p.name: sft_meta(stage, p.name) for p in sorted(stage.glob("seed*")) if (p / "arms").is_dir()}
     status_path = stage / "stage.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else None
     return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
@@ -192,7 +198,8 @@ def format_long_tables(summary: dict[str, Any]) -> str:
         for seed, meta in st["sft"].items():
             if meta:
                 lines.append(f"- SFT {seed}: {meta['steps']} steps, gate greedy {fmt(meta['gate_greedy_accuracy'])} "
-                             f"(passed: {meta['gate_passed']}), {meta['wall_time_s']} s")  # fmt: skip
+                             f"(passed: {meta['gate_passed']}), {meta['wall_time_s']} s"
+                             + ("" if seed in st["seeds"] else ": its arms are left out"))  # fmt: skip
 
         def cell(arm: str, key: str, digits: int, st: dict = st) -> str:
             return seed_cell(st["mean"][arm][key], [st["runs"][s][arm].get(key) for s in st["seeds"]], digits)

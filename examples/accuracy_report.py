@@ -65,8 +65,10 @@ def arm_summary(metrics_path: Path, max_step: int | None = None) -> dict[str, An
         out[f"heldout_{name}_start"] = float(s[key][1][0]) if key in s else None
         out[f"heldout_{name}_final"] = mean_tail(s.get(key), TAIL_VALIDATIONS)  # mean of the last validations
         out[f"heldout_{name}_final_steps"] = s[key][0][-TAIL_VALIDATIONS:].tolist() if key in s else None
-    out["reward_first"] = mean_tail(s.get("train/reward_mean"), head=True)
-    out["reward_last"] = mean_tail(s.get("train/reward_mean"))
+    reward = s.get("train/reward_mean")
+    window = min(TAIL_STEPS, max(1, len(steps) // 2))  # a short run's first and last windows do not overlap
+    out["reward_first"] = mean_tail(reward, window, head=True)
+    out["reward_last"] = mean_tail(reward, window)
     out["response_length_last"] = mean_tail(s.get("train/mean_response_length"))
     for key in MISMATCH_KEYS:
         series = s.get(f"train/{key}")

@@ -5,7 +5,9 @@ checkpoint every variant starts from); each variant's directory (the length's ow
 `2k`, or `2k_T0.7`) holds `seed<S>/arms/<arm>/` (one run_grpo.py log dir each) and `stage.json`, the status of its
 jobs (the length's also of the SFT jobs). `run_stage` does, within one deadline:
 
-1. the SFT of every seed that still has an arm to run and no checkpoint, in parallel (seed i on GPU i mod #GPUs);
+1. the SFT of every seed that still has an arm to run and no checkpoint that passed its held-out gate, in parallel
+   (seed i on GPU i mod #GPUs); a seed whose SFT fails the gate runs no arm (`sft_gate_failed`: RL from a model
+   that cannot yet do the task measures nothing) and redoes its SFT in the next call;
 2. then every pending arm of every variant and seed at once, one process each, spread round-robin over the GPUs
    (`CUDA_VISIBLE_DEVICES` per process), each told how many processes share its GPU (its memory preflight's
    share); arms still running at the deadline are stopped (SIGTERM) and keep the steps their metrics.jsonl holds;
@@ -66,6 +68,13 @@ def sft_dir(stage_dir: Path, seed: int) -> Path:
 def sft_done(stage_dir: Path, seed: int) -> bool:
     d = sft_dir(stage_dir, seed)
     return (d / "sft_meta.json").is_file() and (d / "config.json").is_file() and any(d.glob("*.safetensors"))
+
+
+def sft_passed(stage_dir: Path, seed: int) -> bool:
+    """A finished SFT whose held-out gate passed (sft_meta.json's `gate_passed`): the only start its arms take."""
+    if not sft_done(stage_dir, seed):
+        return False
+    return bool(json.loads((sft_dir(stage_dir, seed) / "sft_meta.json").read_text())["gate_passed"])
 
 
 def load_status(stage_dir: Path) -> dict:
@@ -179,13 +188,15 @@ def run_stage(
     done = [f"{d.name}/seed{s}/{a}" for d, s, a in runs if (d, s, a) not in pending]
     if done:
         print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
-    need = sorted({s for _, s, _ in pending if not sft_done(sft_root, s)})
+    need = sorted({s for _, s, _ in pending if not sft_passed(sft_root, s)})
+    for s in need:  # an SFT that failed its gate starts again (a longer --sft-max-time-s, say), from scratch
+        shutil.rmtree(sft_dir(sft_root, s), ignore_errors=True)
     sft_jobs = [sft_job(s, gpu_of(i, gpus)) for i, s in enumerate(need)]
     run_jobs(sft_jobs, deadline, inline, poll_s=poll_s)
     for job in sft_jobs:
         status[sft_root]["jobs"][job.name] = job.result
     save_status(sft_root, status[sft_root])
-    ready = [(d, s, a) for d, s, a in pending if sft_done(sft_root, s)]
+    ready = [(d, s, a) for d, s, a in pending if sft_passed(sft_root, s)]
     per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
     arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu) for i, (d, s, a) in enumerate(ready)]
     for d, s, a in ready:  # a failed or unfinished earlier run: start it afresh
@@ -195,7 +206,8 @@ def run_stage(
         status[d]["jobs"][f"seed{s}/{a}"] = {**job.result, "steps": metrics_steps(arm_dir(d, s, a) / "metrics.jsonl")}
     for d, s, a in pending:
         if (d, s, a) not in ready:
-            status[d]["jobs"][f"seed{s}/{a}"] = {"rc": None, "reason": "no_sft", "steps": 0}
+            reason = "sft_gate_failed" if sft_done(sft_root, s) else "no_sft"
+            status[d]["jobs"][f"seed{s}/{a}"] = {"rc": None, "reason": reason, "steps": 0}
     for d in arms_of:
         save_status(d, status[d])
     return status

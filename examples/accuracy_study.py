@@ -65,7 +65,7 @@ SFT_SETTINGS = {
 LONG_SFT = dict(shape="long", task_name="long_multiplication", lr=5e-4, max_steps=5000, warmup=100, eval_every=25,
                 gate=0.3, gate_size=64, max_time_s=240.0, precheck=True)  # fmt: skip
 QUICK_LONG_SFT = dict(shape="quick", task_name="long_multiplication", num_digits=2, batch_size=8, micro_batch_size=4,
-                      lr=3e-3, max_steps=2, warmup=1, eval_every=2, gate=1.01, gate_size=4, max_time_s=60.0,
+                      lr=3e-3, max_steps=2, warmup=1, eval_every=2, gate=0.0, gate_size=4, max_time_s=60.0,
                       precheck=True)  # fmt: skip
 QUICK_GRPO_OVERRIDES = (
     "data.num_digits=2", "data.val_size=16", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",

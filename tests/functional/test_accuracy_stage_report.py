@@ -22,9 +22,11 @@ out, kind = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "env.json"), "w") as f:
     json.dump({"gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "share": sys.argv[3]}, f)
-if kind == "sft":
-    for name in ("sft_meta.json", "config.json", "model.safetensors"):
+if kind.startswith("sft"):  # "sft_fail": a finished SFT whose held-out gate failed
+    for name in ("config.json", "model.safetensors"):
         open(os.path.join(out, name), "w").write("{}")
+    with open(os.path.join(out, "sft_meta.json"), "w") as f:
+        json.dump({"gate_passed": kind == "sft"}, f)
     sys.exit(0)
 if kind == "bad":
     sys.exit(3)
@@ -37,15 +39,15 @@ with open(os.path.join(out, "metrics.jsonl"), "w") as f:
 """
 
 
-def _stage_jobs(tmp_path: Path, stage_dir: Path):
+def _stage_jobs(tmp_path: Path, stage_dir: Path, gate_fails: tuple[int, ...] = ()):
     script = tmp_path / "fake.py"
     script.write_text(FAKE)
     made = []
 
     def sft_job(seed, gpu):
         made.append(("sft", seed, gpu))
-        out = stage.sft_dir(stage_dir, seed)
-        return stage.Job(f"sft/seed{seed}", script, [str(out), "sft", "-"], stage_dir / f"sft{seed}.log", gpu)
+        out, kind = stage.sft_dir(stage_dir, seed), "sft_fail" if seed in gate_fails else "sft"
+        return stage.Job(f"sft/seed{seed}", script, [str(out), kind, "-"], stage_dir / f"sft{seed}.log", gpu)
 
     def arm_job(variant, seed, arm, gpu, per_gpu):
         made.append((arm, seed, gpu))
@@ -85,6 +87,23 @@ def test_stage_spreads_arms_over_gpus_stops_at_the_deadline_and_resumes(tmp_path
                              poll_s=0.1)  # fmt: skip
     assert sorted(made) == [("bad", 0, "0"), ("bad", 1, "1")]
     assert status[stage_dir]["jobs"]["seed0/slow"]["reason"] == "time_limit"
+
+
+def test_a_seed_whose_sft_fails_its_gate_runs_no_arm_and_redoes_its_sft(tmp_path):
+    stage_dir = tmp_path / "1k"
+    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir, gate_fails=(1,))
+    status = stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0, 1], ["0"], time.monotonic() + 4.0, sft_job, arm_job,
+                             poll_s=0.1)  # fmt: skip
+    jobs = status[stage_dir]["jobs"]
+    assert jobs["seed0/fast"]["reason"] == "finished"
+    assert jobs["seed1/fast"] == {"rc": None, "reason": "sft_gate_failed", "steps": 0}
+    assert ("fast", 1, "0") not in made and not stage.arm_dir(stage_dir, 1, "fast").exists()
+    made.clear()  # the next call: seed 1's SFT again (now passing), then its arm; seed 0 is done
+    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir)
+    status = stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0, 1], ["0"], time.monotonic() + 4.0, sft_job, arm_job,
+                             poll_s=0.1)  # fmt: skip
+    assert sorted(made) == [("fast", 1, "0"), ("sft", 1, "0")]
+    assert status[stage_dir]["jobs"]["seed1/fast"]["reason"] == "finished"
 
 
 def test_run_jobs_honours_parallel_and_marks_jobs_not_started(tmp_path):
@@ -164,3 +183,12 @@ def test_long_report_compares_arms_at_common_steps_and_seeds_against_arms(synthe
     )
     assert "seeds disagree MORE than the arms" in tables and "arms differ more than the seeds" in tables
     assert "| pos 0+ | pos 128+ |" in tables
+
+
+def test_a_short_runs_first_and_last_reward_windows_do_not_overlap(tmp_path):
+    import accuracy_report
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "train/reward_mean": s / 20}) + "\n" for s in range(1, 21)))
+    summary = accuracy_report.arm_summary(path)  # 20 steps: the first 10 against the last 10
+    assert summary["reward_first"] == pytest.approx(0.275) and summary["reward_last"] == pytest.approx(0.775)
