@@ -133,10 +133,21 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
 
 
 def read_memory(log_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """({phase: its largest `memory/<phase>_peak_gib` over the steps}, {phase: the preflight's estimate in GiB})."""
+    """({phase: its largest `memory/<phase>_peak_gib` over the steps after the first}, {phase: the preflight's
+    estimate in GiB}). A run of one step is compared on step 1 against the estimate without the optimizer state
+    (`memory/estimate_optimizer_state_gib`: AdamW allocates it at step 1's optimizer step, after those peaks)."""
     series = read_metrics_jsonl(log_dir / "metrics.jsonl")
-    measured = {p: float(series[k][1].max()) for p in ESTIMATED if (k := f"memory/{p}_peak_gib") in series}
-    estimated = {p: float(series[k][1][0]) for p, e in ESTIMATED.items() if (k := f"memory/estimate_{e}_peak_gib") in series}
+    measured, first_only = {}, False
+    for phase in ESTIMATED:
+        if (key := f"memory/{phase}_peak_gib") in series:
+            steps, values = series[key]
+            later = values[steps >= 2]
+            first_only = first_only or not len(later)
+            measured[phase] = float((later if len(later) else values).max())
+    state = series.get("memory/estimate_optimizer_state_gib")
+    less = float(state[1][0]) if first_only and state is not None else 0.0
+    keys = {p: f"memory/estimate_{e}_peak_gib" for p, e in ESTIMATED.items()}
+    estimated = {p: float(series[k][1][0]) - less for p, k in keys.items() if k in series}
     return measured, estimated
 
 

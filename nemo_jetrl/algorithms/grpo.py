@@ -25,7 +25,7 @@ from nemo_jetrl.algorithms.grpo_checkpoint import (
 )
 from nemo_jetrl.algorithms.grpo_setup import GrpoSetup
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
-from nemo_jetrl.algorithms.memory_preflight import memory_preflight
+from nemo_jetrl.algorithms.memory_preflight import memory_estimates, memory_preflight
 from nemo_jetrl.algorithms.metric_names import nemo_rl_rollout_metrics, nemo_rl_timing
 from nemo_jetrl.algorithms.mismatch import step_mismatch_metrics
 from nemo_jetrl.algorithms.placement import place, start_ranks, sync_ranks
@@ -296,14 +296,14 @@ def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | 
         locks = lock_run_dirs(output_dirs(cfg))
     line = precision_line(cfg.policy)
     try:
-        return _run_locked(cfg, resolved, task, line, main, memory.peaks or {})
+        return _run_locked(cfg, resolved, task, line, main, memory_estimates(memory))
     finally:
         release_all(locks)
 
 
 def _run_locked(
     cfg: RunConfig, resolved: DictConfig | None, task: Any | None, line: str | None, main: bool,
-    memory: dict[str, int],
+    memory: dict[str, float],
 ) -> dict[str, Any]:
     resume = load_resume_state(cfg) if main else None  # rank 0 first: it may move an earlier run's outputs aside
     sync_ranks(cfg)
@@ -316,7 +316,7 @@ def _run_locked(
     run.logger.log_config(OmegaConf.to_container(resolved, resolve=True) if resolved is not None else cfg.model_dump())
     start_step = restore(run, resume) if resume is not None else 0
     if start_step == 0 and memory and run.device.type == "cuda":  # the estimate, beside memory/<phase>_peak_gib
-        run.logger.log_metrics({f"memory/estimate_{k}_peak_gib": v / 1024**3 for k, v in memory.items()}, step=0)
+        run.logger.log_metrics(memory, step=0)
     if resume is not None:  # an engine holding its own weight copy (vLLM) takes the restored ones
         run.engine.update_weights()
     for text in (line, run.startup):

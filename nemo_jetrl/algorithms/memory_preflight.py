@@ -50,6 +50,16 @@ class PreflightResult:
     peaks: dict[str, int] | None = None  # phase -> estimated peak bytes
 
 
+def memory_estimates(result: PreflightResult) -> dict[str, float]:
+    """The metrics a run logs at step 0 beside its measured `memory/<phase>_peak_gib`: each phase's estimated peak
+    and the optimizer state in it (AdamW allocates it at the first optimizer step, so step 1's earlier phases run
+    without it), in GiB; {} when nothing was estimated."""
+    if not result.peaks or result.estimate is None:
+        return {}
+    out = {f"memory/estimate_{phase}_peak_gib": peak / GIB for phase, peak in result.peaks.items()}
+    return out | {"memory/estimate_optimizer_state_gib": result.estimate.resident.get("adam", 0) / GIB}
+
+
 def model_shape(policy: PolicyConfig) -> ModelShape:
     """The shape of `policy.model_name` from its config.json (checked as the loader checks it)."""
     from nemo_jetrl.models.loading import check_model_dir, resolve_model_dir
@@ -143,7 +153,7 @@ def _plan(
     """(estimate, tokens per pass, peaks per phase, derived keys) under `settings` for one of `ranks` FSDP2 ranks,
     on a copy of `cfg`; raises MemoryPreflightError where the step cannot fit."""
     cfg = copy.deepcopy(cfg)
-    est = _estimate(cfg, shape, settings, capacity, ranks)
+    est = run_estimate(cfg, shape, settings, capacity, ranks)
     derived: dict[str, Any] = {}
     tokens = {kind: _pass_tokens(cfg, kind, est, usable, derived) for kind in PASSES}
     peaks = _peaks(est, tokens, settings)
@@ -152,7 +162,7 @@ def _plan(
     return est, tokens, peaks, derived
 
 
-def _estimate(
+def run_estimate(
     cfg: RunConfig, shape: ModelShape, s: TrainerMemorySettings, capacity: int | None, ranks: int = 1
 ) -> MemoryEstimate:
     """The estimate with the rollout's KV cache as the engine sizes it (generation/native/scheduler.py): the

@@ -67,7 +67,7 @@ def test_memory_against_the_estimate_and_mismatch_by_position(tmp_path, capsys):
     with open(log_dir / "metrics.jsonl", "a") as f:
         f.write("\n" + "\n".join(json.dumps(line) for line in extra) + "\n")
     s = report.summarize(log_dir, skip=1)
-    assert s["allocated_peak_gib"] == {"generation": 31.0, "training": 42.0}  # the largest over the steps
+    assert s["allocated_peak_gib"] == {"generation": 31.0, "training": 42.0}  # the largest over steps 2-4
     assert s["estimated_peak_gib"] == {"generation": 30.0, "training": 44.0}
     assert s["mismatch_by_position"] == {"0": 1.0, "8192": pytest.approx(1.03)}  # steps 2-4
     assert report.main([f"fp8_kv={log_dir}"]) == 0
@@ -76,3 +76,19 @@ def test_memory_against_the_estimate_and_mismatch_by_position(tmp_path, capsys):
     assert "| generation peak allocated (estimate) | 31.0 GiB (30.0, -3%) |" in out
     assert "| mismatch at position 8192+ | 1.0300 |" in out
     assert "| first step / median step | 2.50x |" in out  # 10 s against the median 4 s of steps 2-4
+
+
+def test_a_one_step_run_is_compared_without_the_optimizer_state(tmp_path):
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    lines = [{"step": 0, "memory/estimate_train_peak_gib": 121.7, "memory/estimate_logprob_peak_gib": 66.8,
+              "memory/estimate_optimizer_state_gib": 30.5},
+             {"step": 1, "memory/training_peak_gib": 79.3, "memory/logprobs_peak_gib": 81.8}]  # fmt: skip
+    (log_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    measured, estimated = report.read_memory(log_dir)  # AdamW's state is allocated only at step 1's optimizer step
+    assert measured == {"training": 79.3, "logprobs": 81.8}
+    assert estimated == {"training": pytest.approx(91.2), "logprobs": pytest.approx(36.3)}
+    lines.append({"step": 2, "memory/training_peak_gib": 109.0, "memory/logprobs_peak_gib": 112.0})
+    (log_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    steady = ({"training": 109.0, "logprobs": 112.0}, {"training": 121.7, "logprobs": 66.8})  # steps 2+: as estimated
+    assert report.read_memory(log_dir) == steady

@@ -1,0 +1,134 @@
+"""Where the trainer's logprob pass spends its memory, against the memory preflight's estimate of it.
+
+One `NativePolicy.get_logprobs` over `--rows` random sequences of `--seq` tokens at a model shape (random weights),
+with a shipped config and overrides as `run_grpo.py` takes them (the preflight first derives its token budgets into
+the config, as a run does). Prints the pass's measured peak over what was allocated before it, per token, next to
+the estimate's logprob term (`MemoryEstimate.logprob_per_token`, `logprob_fixed`); on CUDA with `--snapshot`, the
+largest allocations alive at the peak with the line of this package that made each (the allocator's trace).
+
+    python3 -m benchmarks.logprob_memory --shape qwen3-8b --rows 8 --seq 16896 \\
+        --config examples/configs/grpo_math_8B_fp8_kv.yaml policy.master_dtype=bfloat16 \\
+        policy.dtensor_cfg.activation_checkpointing=true --snapshot
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchmarks.common import build_model, device_info, write_json
+from nemo_jetrl.algorithms.memory_preflight import memory_preflight, run_estimate
+from nemo_jetrl.config import load_config
+from nemo_jetrl.models.random_checkpoint import SHAPES
+from nemo_jetrl.policy.interfaces import TrainBatch
+from nemo_jetrl.policy.memory_estimate import GIB, ModelShape, TrainerMemorySettings
+from nemo_jetrl.policy.native import NativePolicy
+from nemo_jetrl.precision import PrecisionRecipe
+from nemo_jetrl.schema import validate_config
+
+PACKAGE = "nemo_jetrl"
+TOP = 12  # allocations listed at the peak
+
+
+def random_batch(rows: int, seq: int, vocab: int, seed: int = 0) -> TrainBatch:
+    """rows x seq random tokens, every one real (the longest rows a step can hold)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (rows, seq), generator=gen)  # [rows, seq]
+    ones = torch.ones_like(ids)
+    return TrainBatch(ids, ones, ones, torch.zeros(rows), torch.zeros(rows, seq))
+
+
+def peak_allocations(snapshot: dict, device: int) -> tuple[int, list[tuple[int, str]]]:
+    """Replays the allocator's trace: the most bytes alive at once and the TOP largest blocks alive then, each with
+    the innermost frame of this package (or the innermost frame) that allocated it."""
+    trace = snapshot["device_traces"][device]
+    freed = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
+    live: dict[int, tuple[int, str]] = {}
+    total = best = 0
+    best_live: dict[int, tuple[int, str]] = {}
+    for event in trace:
+        action, addr, size = event["action"], event["addr"], event["size"]
+        if action == "alloc":
+            frames = event.get("frames") or []
+            ours = [f for f in frames if PACKAGE in f["filename"]] or frames
+            top = ours[0] if ours else None
+            where = f"{top['filename'].split(PACKAGE + '/')[-1]}:{top['line']} {top['name']}" if top else "?"
+            live[addr] = (size, where)
+            total += size
+            if total > best:
+                best, best_live = total, dict(live)
+        elif action == freed and addr in live:
+            total -= live.pop(addr)[0]
+    return best, sorted(best_live.values(), reverse=True)[:TOP]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
+    p.add_argument("--config", default="examples/configs/grpo_math_8B_fp8_kv.yaml")
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--seq", type=int, default=16896)
+    p.add_argument("--snapshot", action="store_true", help="CUDA: list the allocations alive at the peak")
+    p.add_argument("--out", default=None, help="JSON output path")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    fields = {**SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {})}
+    overrides = [f"policy.max_total_sequence_length={args.seq}", *args.overrides]
+    # one process on one device, as benchmarks/gpu_cli_run.sh runs a shipped recipe
+    cpu = device.type == "cpu"
+    overrides += ["cluster.device=cpu", "cluster.gpus_per_node=0"] if cpu else ["cluster.gpus_per_node=1"]
+    cfg = validate_config(load_config(args.config, overrides))
+    shape = ModelShape.from_config(fields)
+    capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    preflight = memory_preflight(cfg, shape=shape, capacity=capacity)  # derives the budgets as a run does
+    settings = TrainerMemorySettings.from_policy(cfg.policy, cuda=device.type == "cuda")
+    est = run_estimate(cfg, shape, settings, capacity)
+    dtype = torch.bfloat16 if cfg.policy.master_dtype == "bfloat16" else torch.float32
+    model = build_model(fields, args.layers, device, dtype).train()
+    policy = NativePolicy(cfg.policy, PrecisionRecipe.from_config(cfg.policy), device, model=model)
+    batch = random_batch(args.rows, args.seq, fields["vocab_size"])
+    warm = random_batch(1, min(256, args.seq), fields["vocab_size"], seed=1)
+    if policy.kv_calibrator is not None:  # an FP8 KV recipe's first K/V scales, as a run's first step makes them
+        policy.calibrate_kv_scales(warm)
+    policy.get_logprobs(warm)  # compilation, FP8 caches: not measured
+    result = {
+        **device_info(device), "shape": args.shape, "layers": fields["num_hidden_layers"], "rows": args.rows,
+        "seq": args.seq, "tokens": args.rows * args.seq, "preflight": preflight.line,
+        "estimate_logprob_per_token_bytes": est.logprob_per_token, "estimate_logprob_fixed_bytes": est.logprob_fixed,
+    }  # fmt: skip
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        if args.snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        policy.get_logprobs(batch)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+        result |= {"allocated_before_gib": before / GIB, "pass_peak_gib": peak / GIB,
+                   "pass_peak_per_token_bytes": peak / result["tokens"]}  # fmt: skip
+        if args.snapshot:
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            _, top = peak_allocations(snap, device.index or 0)
+            result["peak_allocations"] = [{"gib": size / GIB, "site": where} for size, where in top]
+    else:
+        policy.get_logprobs(batch)
+    est_pass = est.logprob_fixed + est.logprob_per_token * result["tokens"]
+    print(f"logprob pass on {result['device']}: {args.shape} x {result['layers']} layers, {args.rows} x {args.seq} "
+          f"tokens | estimate {est_pass / GIB:.2f} GiB ({est.logprob_per_token / 1024:.1f} KiB/token + "
+          f"{est.logprob_fixed / GIB:.2f} GiB)", flush=True)  # fmt: skip
+    if "pass_peak_gib" in result:
+        print(f"measured peak over the {result['allocated_before_gib']:.2f} GiB before it: "
+              f"{result['pass_peak_gib']:.2f} GiB ({result['pass_peak_per_token_bytes'] / 1024:.1f} KiB/token)", flush=True)  # fmt: skip
+    for row in result.get("peak_allocations", []):
+        print(f"  {row['gib']:8.3f} GiB  {row['site']}")
+    write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""benchmarks/logprob_memory.py: the allocator-trace replay that names what is alive at the peak, and the tool's CPU
+run (the estimate's logprob term for the config's settings, the batch it measures)."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import logprob_memory
+
+
+def _alloc(addr: int, size: int, where: str) -> dict:
+    return {"action": "alloc", "addr": addr, "size": size,
+            "frames": [{"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"},
+                       {"filename": f"/r/nemo_jetrl/{where}", "line": 7, "name": "f"}]}  # fmt: skip
+
+
+def _free(addr: int, size: int, action: str = "free_completed") -> dict:
+    return {"action": action, "addr": addr, "size": size}
+
+
+def test_the_replay_finds_the_peak_and_the_blocks_alive_then():
+    trace = [
+        _alloc(1, 100, "a.py"), _alloc(2, 50, "b.py"), _free(1, 100, "free_requested"), _free(1, 100),
+        _alloc(3, 300, "c.py"), _alloc(4, 20, "d.py"), _free(3, 300), _alloc(5, 10, "e.py"),
+    ]  # fmt: skip
+    peak, top = logprob_memory.peak_allocations({"device_traces": [trace]}, 0)
+    assert peak == 370  # blocks 2, 3, 4: freed only at `free_completed`
+    assert top == [(300, "c.py:7 f"), (50, "b.py:7 f"), (20, "d.py:7 f")]  # the package's frame, largest first
+    requested = [e for e in trace if e["action"] != "free_requested"]  # a trace that records requests only
+    requested = [{**e, "action": "free_requested"} if e["action"] == "free_completed" else e for e in requested]
+    assert logprob_memory.peak_allocations({"device_traces": [requested]}, 0)[0] == 370
+
+
+def test_the_cpu_run_reports_the_estimate_for_the_measured_batch(tmp_path):
+    out = tmp_path / "lm.json"
+    result = logprob_memory.main(["--shape", "tiny-test", "--config", "examples/configs/grpo_tiny.yaml", "--rows", "2",
+                                  "--seq", "64", "--out", str(out)])  # fmt: skip
+    assert result["tokens"] == 128 and "pass_peak_gib" not in result  # no allocator to read on the CPU
+    assert result["estimate_logprob_per_token_bytes"] > 0 and json.loads(out.read_text())["rows"] == 2
