@@ -114,3 +114,14 @@ def test_a_module_level_alias_is_checked_too(tmp_path):
         "    monkeypatch.setattr(native, 'metrics_to_floats', None)\n"
     )
     assert problems(stale) == ["test_top_gpu.py:3 test_a: nemo_jetrl.policy.native has no 'metrics_to_floats'"]
+
+
+def test_the_gpu_suite_runner_lists_every_gpu_test_file_once():
+    """benchmarks/gpu_suite.sh deals its FILES over the GPUs (+ the 2-GPU torchrun test): a new GPU test file not
+    listed there would never run in the one-call suite (the script also refuses to start then, on the GPU)."""
+    import re
+
+    script = (Path(__file__).parents[2] / "benchmarks" / "gpu_suite.sh").read_text()
+    listed = re.search(r"^FILES=\((.*?)\)", script, re.S | re.M).group(1).split() + ["test_torchrun_gpu"]
+    assert len(listed) == len(set(listed))
+    assert sorted(listed) == sorted(p.stem for p in GPU_TESTS)
