@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.precision import batch_invariant
+from nemo_jetrl.precision.axis_gemm import aligned_16
 from nemo_jetrl.precision.gemm import no_autocast
 from nemo_jetrl.precision.linear import (
     AUTO_GEMM,
@@ -119,11 +120,13 @@ def expert_linear(x2: torch.Tensor, w3: torch.Tensor, split: ExpertSplit, exact:
 
 def quantized_experts(qweight: QuantizedWeight) -> tuple[QuantizedWeight, ...]:
     """The per-expert views of an [E, N, K] FP8 weight (each a `QuantizedWeight` of data[e], scale[e]), cached on it:
-    expert e's FP8 weight is exactly the one an `Fp8Linear` with W[e] holds."""
+    expert e's FP8 weight is exactly the one an `Fp8Linear` with W[e] holds. A scale view that does not start on a
+    16-byte boundary (a tensorwise [E, 1, 1] scale: 4 bytes an expert) is copied once here, not at every GEMM
+    (cuBLASLt refuses such scale pointers: `axis_gemm.aligned_16`)."""
     views = qweight._cache.get("experts")
     if views is None:
         views = tuple(
-            QuantizedWeight(d, s, qweight.version, qweight.block, None, qweight.layout)
+            QuantizedWeight(d, aligned_16(s), qweight.version, qweight.block, None, qweight.layout)
             for d, s in zip(qweight.data.unbind(0), qweight.scale.unbind(0))
         )
         qweight._cache["experts"] = views

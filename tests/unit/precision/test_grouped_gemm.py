@@ -77,3 +77,17 @@ def test_grouped_kernel_in_the_interpreter(run_interpreted):
     assert r["configs_equal"]
     assert r["rel_twin"] < 1e-6
     assert r["dgrad_rel"] < 1e-6  # the grouped DGrad over the transposed tiles: the per-expert DGrad
+
+
+def test_per_expert_tensorwise_scales_are_copied_onto_16_byte_boundaries_once():
+    from nemo_jetrl.precision.expert_linear import quantized_experts
+    from nemo_jetrl.precision.quantized import QuantizedWeight
+
+    data = torch.zeros(4, 128, 128).to(torch.float8_e4m3fn)
+    scale = torch.arange(1.0, 5.0).reshape(4, 1, 1)  # [E, 1, 1]: expert e's scale 4 e bytes into the storage
+    qweight = QuantizedWeight(data, scale, 0)
+    experts = quantized_experts(qweight)
+    assert all(e.scale.data_ptr() % 16 == 0 for e in experts)  # cuBLASLt takes these scale pointers
+    assert [e.scale.item() for e in experts] == [1.0, 2.0, 3.0, 4.0]
+    assert experts[0].scale.data_ptr() == scale.data_ptr()  # an aligned view stays a view
+    assert quantized_experts(qweight) is experts  # made once per FP8 weight, not per GEMM
