@@ -284,8 +284,11 @@ def decoder_forward(
         right_padded = inputs.right_padded
         causal = causal and (_right_padded(attention_mask) if right_padded is None else right_padded)
         key_valid = attention_mask.bool() if parts.attention else None  # [B, S_total]
-        mask = None if causal or parts.attention else _attention_mask(attention_mask, seq, cache_start)  # [B,1,S,S_k]
-        mask = packed if packed is not None else mask
+        # packed rows attend by their segments (never a dense mask: [T, T] over a packed micro-batch is ~T^2 bytes,
+        # 18 GB at 135K tokens); causal and exact attention need none either
+        mask = packed if packed is not None else None
+        if mask is None and not (causal or parts.attention):
+            mask = _attention_mask(attention_mask, seq, cache_start)  # [B, 1, S, S_k]
         triton_ok = fused_ops is not None and fused_ops.fused_ops_supported(x)
         if parts.any and x.is_cuda and triton_ok and not (plan.fused or plan.fused_train):
             raise ValueError(
