@@ -301,7 +301,7 @@ def decoder_forward(
         norm_quant = grouped and not parts.any
         glue = (fused_ops if plan.fused else fused_train_ops if plan.fused_train else None) if triton_ok else None
         if parts.any and glue is not None:
-            _check_glue_norms(backbone)
+            _check_glue_norms(model)
         shared = _LayerInputs(
             cos_sin, mask, kv_cache, cache_start, plan.compute_dtype, glue, grouped, key_valid, norm_quant
         )  # fmt: skip
@@ -313,13 +313,20 @@ def decoder_forward(
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
 
 
-def _check_glue_norms(backbone: nn.Module) -> None:
-    """Exact mode / matched kernels: every RMSNorm must run the per-row glue kernel, as torch's own mean rounds by
-    the batch's shape on CUDA (a decode step and the trainer's forward then differ in the last bit)."""
+def unfused_norms(model: nn.Module) -> list[str]:
+    """The class names of the decoder's norms that the per-row glue kernels do not reproduce: the exact mode and the
+    matched kernels cannot take them (torch's own mean rounds by the batch's shape on CUDA, so a decode step and the
+    trainer's forward would differ in the last bit)."""
+    backbone = _backbone(model)
     names = ("input_layernorm", "post_attention_layernorm")
     attn_norms = [getattr(layer.self_attn, n, None) for layer in backbone.layers for n in ("q_norm", "k_norm")]
     norms = [backbone.norm, *(getattr(layer, n) for layer in backbone.layers for n in names), *attn_norms]
-    odd = sorted({type(n).__name__ for n in norms if n is not None and not fused_ops.fusable_rms_norm(n)})
+    return sorted({type(n).__name__ for n in norms if n is not None and not fused_ops.fusable_rms_norm(n)})
+
+
+def _check_glue_norms(model: nn.Module) -> None:
+    """Exact mode / matched kernels on the glue path: refuse a norm without a batch-invariant kernel, by name."""
+    odd = unfused_norms(model)
     if odd:
         raise ValueError(
             f"decoder_forward: the exact mode has no batch-invariant kernel for {odd} (known: "

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from nemo_jetrl.models import fused_ops
+from nemo_jetrl.models import fused_ops, matched_check
 from nemo_jetrl.models.batch_invariant import enable_batch_invariant
-from nemo_jetrl.models.decoder import decoder_forward
+from nemo_jetrl.models.decoder import decoder_forward, unfused_norms
 from nemo_jetrl.models.forward_plan import ForwardPlan
 from nemo_jetrl.models.loading import SUPPORTED_MODEL_TYPES
 from nemo_jetrl.models.tiny import random_tiny_qwen3
@@ -55,6 +55,19 @@ def test_the_exact_mode_refuses_a_norm_without_a_batch_invariant_kernel():
     before = decoder_forward(model, ids, pos, mask, eager)  # [1, 4, H]
     layer = model.model.layers[0]
     layer.post_attention_layernorm = OtherRMSNorm(layer.post_attention_layernorm.weight, 1e-6)
+    assert unfused_norms(model) == ["OtherRMSNorm"]
     with pytest.raises(ValueError, match=r"no batch-invariant kernel for \['OtherRMSNorm'\]"):
         decoder_forward(model, ids, pos, mask, plan)
     assert torch.equal(decoder_forward(model, ids, pos, mask, eager), before)  # the same math, by torch
+
+
+def test_the_matched_kernels_self_check_turns_them_off_for_such_a_norm_on_cuda(monkeypatch):
+    """`matched_kernels: auto` says no (one line) instead of a refusal at the first forward; the CPU's glue-free
+    path has no such norm problem."""
+    model = random_tiny_qwen3(0)
+    assert unfused_norms(model) == []
+    layer = model.model.layers[0]
+    layer.input_layernorm = OtherRMSNorm(layer.input_layernorm.weight, 1e-6)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # as the GPU's parameters are
+    problem = matched_check.matched_kernels_problem(model, None)
+    assert problem == "no batch-invariant kernel for the norms ['OtherRMSNorm']"
