@@ -235,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         from nemo_jetrl.utils.plots import plot_mismatch_position
 
         runs = {label: read_metrics_jsonl(Path(s["log_dir"]) / "metrics.jsonl") for label, s in summaries.items()}
-        print(f"position plot: {plot_mismatch_position(runs, args.position_plot, args.skip)}")
+        drawn = plot_mismatch_position(runs, args.position_plot, args.skip)
+        none = f"none (no train/mismatch_pos/* after step {args.skip}; a one-step run needs --skip 0)"
+        print(f"position plot: {drawn or none}")
     if args.json is not None:
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")
     return 0

@@ -92,3 +92,17 @@ def test_a_one_step_run_is_compared_without_the_optimizer_state(tmp_path):
     (log_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     steady = ({"training": 109.0, "logprobs": 112.0}, {"training": 121.7, "logprobs": 66.8})  # steps 2+: as estimated
     assert report.read_memory(log_dir) == steady
+
+
+def test_a_position_plot_of_a_one_step_run_needs_skip_0(tmp_path, capsys):
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    line = {"step": 1, "timing/total_step_time": 5.0, "train/mismatch_pos/00000": 1.01,
+            "train/mismatch_pos/02048": 1.02}  # fmt: skip
+    (log_dir / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    png = tmp_path / "position.png"
+    assert report.main([f"one={log_dir}", "--position-plot", str(png)]) == 0
+    none = "position plot: none (no train/mismatch_pos/* after step 1; a one-step run needs --skip 0)"
+    assert none in capsys.readouterr().out
+    assert report.main([f"one={log_dir}", "--position-plot", str(png), "--skip", "0"]) == 0
+    assert f"position plot: {png}" in capsys.readouterr().out and png.stat().st_size > 0
