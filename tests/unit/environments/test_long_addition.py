@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 from jetrl_testkit.accuracy import answer_corruptions
 
-from nemo_jetrl.data.config import DataConfig
-from nemo_jetrl.environments import LongAdditionTask, make_task
-from nemo_jetrl.environments.config import EnvConfig
+from nemo_jetrl.environments import LongAdditionTask
 from nemo_jetrl.environments.long_addition import (
     ALPHABET,
     VOCAB_SIZE,
@@ -46,16 +44,6 @@ def test_verifier_accepts_every_worked_solution_and_rejects_corruptions():
     # the steps are not checked: a wrong scratchpad with the right final answer scores (final answer exact)
     sol = solutions[0]
     assert task.reward("A0+0+0=00;" + sol[10:], problems[0].answer) == 1.0
-
-
-def test_rewards_follow_the_env_section():
-    task = make_task(
-        DataConfig(dataset_name="long_addition", num_digits=5, val_size=8, seed=1),
-        EnvConfig(arithmetic={"correct_reward": 2.0, "wrong_reward": -1.0}),
-    )
-    assert isinstance(task, LongAdditionTask) and task.num_digits == 5
-    p = task.validation(1)[0]
-    assert task.score([task.solution(p), "#1"], [p.answer, p.answer]).tolist() == [2.0, -1.0]
 
 
 def test_operands_have_exactly_num_digits_digits():

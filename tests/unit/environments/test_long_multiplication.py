@@ -8,9 +8,7 @@ import re
 import pytest
 from jetrl_testkit.accuracy import answer_corruptions
 
-from nemo_jetrl.data.config import DataConfig
-from nemo_jetrl.environments import LongMultiplicationTask, make_task
-from nemo_jetrl.environments.config import EnvConfig
+from nemo_jetrl.environments import LongMultiplicationTask
 from nemo_jetrl.environments.long_multiplication import (
     ALPHABET,
     VOCAB_SIZE,
@@ -103,18 +101,6 @@ def test_token_lengths_match_the_formula():
 def test_parse_prompt_refuses_other_text(bad):
     with pytest.raises(ValueError, match="not a long-multiplication prompt"):
         parse_prompt(bad)
-
-
-def test_registered_as_a_dataset_name_with_env_rewards():
-    task = make_task(
-        DataConfig(dataset_name="long_multiplication", num_digits=3, val_size=8, seed=1),
-        EnvConfig(arithmetic={"correct_reward": 2.0, "wrong_reward": -1.0}),
-    )
-    assert isinstance(task, LongMultiplicationTask) and task.num_digits == 3
-    p = task.validation(1)[0]
-    a, b = parse_prompt(p.prompt)
-    assert 100 <= a < 1000 and 100 <= b < 1000 and p.answer == str(a * b)
-    assert task.score([task.solution(p), "#1"], [p.answer, p.answer]).tolist() == [2.0, -1.0]
 
 
 @pytest.mark.parametrize(("kwargs", "key"), [({"num_digits": 14}, "data.num_digits"), ({"num_digits": 1}, "data.num_digits"),
