@@ -18,11 +18,11 @@ import argparse
 import torch
 
 from benchmarks.common import build_model, device_info, write_json
-from nemo_jetrl.algorithms.memory_preflight import memory_preflight, run_estimate
+from nemo_jetrl.algorithms.memory_preflight import memory_preflight
 from nemo_jetrl.config import load_config
 from nemo_jetrl.models.random_checkpoint import SHAPES
 from nemo_jetrl.policy.interfaces import TrainBatch
-from nemo_jetrl.policy.memory_estimate import GIB, ModelShape, TrainerMemorySettings
+from nemo_jetrl.policy.memory_estimate import GIB, ModelShape
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.schema import validate_config
@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> dict:
     shape = ModelShape.from_config(fields)
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     preflight = memory_preflight(cfg, shape=shape, capacity=capacity)  # derives the budgets as a run does
-    settings = TrainerMemorySettings.from_policy(cfg.policy, cuda=device.type == "cuda")
-    est = run_estimate(cfg, shape, settings, capacity)
+    est = preflight.estimate
+    if est is None:
+        p.error(f"no estimate to compare with: {preflight.line}")
     dtype = torch.bfloat16 if cfg.policy.master_dtype == "bfloat16" else torch.float32
     model = build_model(fields, args.layers, device, dtype).train()
     policy = NativePolicy(cfg.policy, PrecisionRecipe.from_config(cfg.policy), device, model=model)

@@ -70,11 +70,10 @@ def sft_meta(stage: Path, seed: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _seeds_and_arms(stage: Path) -> tuple[list[str], list[str]]:
-    """The seeds with arms whose SFT passed its gate (arms started from a failed SFT measure nothing), and the arms
-    every one of them ran."""
-    candidates = sorted(p.name for p in stage.glob("seed*") if (p / "arms").is_dir())
-    seeds = [s for s in candidates if (sft_meta(stage, s) or {}).get("gate_passed", True)]
+def _seeds_and_arms(stage: Path, sft: dict[str, dict | None]) -> tuple[list[str], list[str]]:
+    """Of the seeds with arms (`sft`: each one's SFT metadata), those whose SFT passed its gate (arms started from a
+    failed SFT measure nothing), and the arms every one of them ran."""
+    seeds = [s for s, meta in sft.items() if (meta or {}).get("gate_passed", True)]
     arms = [a for a in ARM_LABELS if all((stage / s / "arms" / a / "metrics.jsonl").is_file() for s in seeds)]
     return seeds, arms
 
@@ -98,7 +97,8 @@ def seeds_vs_arms(rows: dict[str, dict[str, dict]], arms: list[str]) -> dict[str
 
 def stage_summary(stage: Path) -> dict[str, Any] | None:
     """The stage's per-seed and mean figures at its common step (module docstring); None without arms."""
-    seeds, arms = _seeds_and_arms(stage)
+    sft = {p.name: sft_meta(stage, p.name) for p in sorted(stage.glob("seed*")) if (p / "arms").is_dir()}
+    seeds, arms = _seeds_and_arms(stage, sft)
     if not seeds or not arms:
         return None
     series = {s: {a: read_metrics_jsonl(stage / s / "arms" / a / "metrics.jsonl") for a in arms} for s in seeds}
@@ -112,7 +112,6 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
         bins = sorted(set.intersection(*(set(rows[s][arm]["mismatch_by_position"]) for s in seeds)))
         mean[arm]["mismatch_by_position"] = {b: mean_of([rows[s][arm]["mismatch_by_position"][b] for s in seeds])
                                              for b in bins}  # fmt: skip
-    sft = {p.name: sft_meta(stage, p.name) for p in sorted(stage.glob("seed*")) if (p / "arms").is_dir()}
     status_path = stage / "stage.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else None
     return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,

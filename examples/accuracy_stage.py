@@ -188,7 +188,8 @@ def run_stage(
     done = [f"{d.name}/seed{s}/{a}" for d, s, a in runs if (d, s, a) not in pending]
     if done:
         print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
-    need = sorted({s for _, s, _ in pending if not sft_passed(sft_root, s)})
+    seeds_pending = sorted({s for _, s, _ in pending})
+    need = [s for s in seeds_pending if not sft_passed(sft_root, s)]
     for s in need:  # an SFT that failed its gate starts again (a longer --sft-max-time-s, say), from scratch
         shutil.rmtree(sft_dir(sft_root, s), ignore_errors=True)
     sft_jobs = [sft_job(s, gpu_of(i, gpus)) for i, s in enumerate(need)]
@@ -196,7 +197,8 @@ def run_stage(
     for job in sft_jobs:
         status[sft_root]["jobs"][job.name] = job.result
     save_status(sft_root, status[sft_root])
-    ready = [(d, s, a) for d, s, a in pending if sft_passed(sft_root, s)]
+    passed = {s for s in seeds_pending if sft_passed(sft_root, s)}
+    ready = [(d, s, a) for d, s, a in pending if s in passed]
     per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
     arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu) for i, (d, s, a) in enumerate(ready)]
     for d, s, a in ready:  # a failed or unfinished earlier run: start it afresh

@@ -153,7 +153,7 @@ def _plan(
     """(estimate, tokens per pass, peaks per phase, derived keys) under `settings` for one of `ranks` FSDP2 ranks,
     on a copy of `cfg`; raises MemoryPreflightError where the step cannot fit."""
     cfg = copy.deepcopy(cfg)
-    est = run_estimate(cfg, shape, settings, capacity, ranks)
+    est = _estimate(cfg, shape, settings, capacity, ranks)
     derived: dict[str, Any] = {}
     tokens = {kind: _pass_tokens(cfg, kind, est, usable, derived) for kind in PASSES}
     peaks = _peaks(est, tokens, settings)
@@ -162,7 +162,7 @@ def _plan(
     return est, tokens, peaks, derived
 
 
-def run_estimate(
+def _estimate(
     cfg: RunConfig, shape: ModelShape, s: TrainerMemorySettings, capacity: int | None, ranks: int = 1
 ) -> MemoryEstimate:
     """The estimate with the rollout's KV cache as the engine sizes it (generation/native/scheduler.py): the
