@@ -7,7 +7,8 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_suite.sh OUT_DIR [DEADLINE_S]
 #
 # DEADLINE_S (default 560): every file still running then is stopped (reported as "timeout"). NCCL's NVLink
-# multicast stays off (docs/cluster.md).
+# multicast stays off (docs/cluster.md). GPU_SUITE_FILES="test_a test_b" runs only those files, in that order (a
+# device call too short for the whole suite on one GPU runs it in parts).
 set -u
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [DEADLINE_S]}
 DEADLINE=${2:-560}
@@ -25,6 +26,13 @@ present=$(ls tests/gpu | sed -n 's/^\(test_.*\)\.py$/\1/p' | sort)
 if [ "$listed" != "$present" ]; then
     echo "gpu_suite: the file list differs from tests/gpu:"; diff <(echo "$listed") <(echo "$present"); exit 2
 fi
+if [ -n "${GPU_SUITE_FILES:-}" ]; then
+    for f in $GPU_SUITE_FILES; do
+        [ -f "tests/gpu/$f.py" ] || { echo "gpu_suite: no tests/gpu/$f.py"; exit 2; }
+    done
+    read -r -a FILES <<< "${GPU_SUITE_FILES//test_torchrun_gpu/}"
+    [[ " $GPU_SUITE_FILES " == *" test_torchrun_gpu "* ]] || TORCHRUN=no
+fi
 t0=$(date +%s)
 run_file() {  # run_file GPU(S) NAME
     local left=$(( DEADLINE - ($(date +%s) - t0) ))
@@ -41,7 +49,9 @@ lane() {  # lane INDEX: every GPUS-th file from INDEX
     for (( i = $1; i < ${#FILES[@]}; i += GPUS )); do run_file "$1" "${FILES[$i]}"; done
 }
 for (( g = 0; g < GPUS; g++ )); do lane "$g" & pids[$g]=$!; done
-if [ "$GPUS" -ge 2 ]; then
+if [ "${TORCHRUN:-yes}" = no ]; then
+    :
+elif [ "$GPUS" -ge 2 ]; then
     wait "${pids[0]}" "${pids[1]}"
     run_file 0,1 test_torchrun_gpu
 else

@@ -8,7 +8,7 @@ Each phase's peak is the resident state plus what the phase adds:
   (kept for the backward); the captured micro-batches' pool (`train_cuda_graphs`) is the preflight's to add;
 - training: per micro-batch token, what the forward keeps for the backward (below), the backward's working set, the
   logits (all of them, or one chunk under activation checkpointing), and vocabulary-sized gradient transients;
-- logprobs (no grad): one layer's activations per token and a logits chunk;
+- logprobs (no grad): what one layer holds at once in its forward (`logprob_layer_bytes`) and a logits chunk;
 - rollout: the KV cache (the whole batch at its caps, or the `gpu_memory_utilization` pool) and sampling buffers.
 
 One rank of D data-parallel ranks (FSDP2, `policy/parallel/sharding.py` plan "fsdp"): the master weights, their
@@ -178,6 +178,23 @@ def layer_bytes(shape: ModelShape, s: TrainerMemorySettings, fp8: bool, grouped_
     return kept + 4 * f  # gate and up (SiLU*up's inputs)
 
 
+def logprob_layer_bytes(shape: ModelShape, s: TrainerMemorySettings, grouped_kv: bool = False) -> float:
+    """Bytes per token one decoder layer holds at once in a no-grad forward (the logprob, reference and calibration
+    passes; nothing is kept for a backward): the residual stream and its delta (FP32 under autocast with an FP32
+    master), four hidden-sized BF16 buffers (the normed input, the attention / FFN output, the next norm's two
+    outputs), and the larger of the FFN's working set (gate, up and SiLU*up; an MoE's gathered input rows and their
+    outputs) and attention's (q/k/v, its output, K/V repeated where the kernel takes no grouped K/V); the padded
+    path's additive mask, one at a time. Measured against an H200's allocator trace: docs/long_responses.md."""
+    h, q, kv, f = shape.hidden, shape.q_dim, shape.kv_dim, shape.ffn_rows * shape.ffn_intermediate
+    res = 4 if s.master_bytes == 4 else 2
+    moe_rows = 2 * 2 * shape.ffn_rows * h if shape.experts else 0  # gathered inputs + expert outputs
+    ffn = 3 * 2 * f + moe_rows
+    repeated = 0 if grouped_kv and s.packed else 2 * 2 * q
+    attention = 2 * (q + 2 * kv) + 2 * q + repeated
+    mask = 0 if s.packed else 2 * s.width
+    return 2 * res * h + 4 * 2 * h + max(ffn, attention) + mask
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes by part and per micro-batch token; each phase's peak at a micro-batch's tokens."""
@@ -243,7 +260,7 @@ def estimate(
     vocab_grads = (2 + 4) * v * h  # lm_head's BF16 weight gradient and its FP32 accumulation
     return MemoryEstimate(
         resident=resident, train_per_token=per_token, train_fixed=logits + vocab_grads,
-        logprob_per_token=one_layer + 2 * res * h, logprob_fixed=2 * chunk * v,
+        logprob_per_token=logprob_layer_bytes(shape, s, grouped_kv), logprob_fixed=2 * chunk * v,
         rollout_kv=rollout_kv_bytes + rollout_rows * v * SAMPLING_ROWS_BYTES, layer_bytes=int(one_layer),
         grads_kept=s.graphs,
     )  # fmt: skip

@@ -4,6 +4,7 @@ CPU run that only reports, and the CLI's refusal (exit 2, one line, nothing run)
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,19 @@ def test_the_cli_refuses_before_any_work(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: memory preflight: ") and "Traceback" not in proc.stderr
     assert "policy.master_dtype=bfloat16" in lines[0]
     assert not log_dir.exists()  # nothing ran: no log directory, no model loaded, no rollout
+
+
+def test_the_logprob_term_is_within_15_percent_of_the_pass_measured_on_an_h200():
+    """docs/assets/logprob_memory_8b_16k_h200.json: `benchmarks.logprob_memory` at the 8B shape, 8 x 16,896 packed
+    tokens, BF16 recipe with a BF16 master and checkpointing (its allocator trace: gate, up and SiLU*up plus six
+    hidden-sized buffers alive at the peak). The estimate before this test counted a training layer's saved
+    activations (+35%); before the packed-mask fix the pass itself was ~45 GiB larger."""
+    measured = json.loads((ROOT / "docs" / "assets" / "logprob_memory_8b_16k_h200.json").read_text())
+    overrides = [f"policy.max_total_sequence_length={measured['seq']}", "cluster.gpus_per_node=1",
+                 "policy.master_dtype=bfloat16", "policy.dtensor_cfg.activation_checkpointing=true",
+                 "policy.generation.max_new_tokens=16384"]  # fmt: skip
+    est = memory_preflight(_cfg("grpo_math_8B_bf16.yaml", overrides), shape=SHAPE_8B, capacity=H200).estimate
+    estimated = est.logprob_fixed + est.logprob_per_token * measured["tokens"]
+    assert abs(estimated / (measured["pass_peak_gib"] * GIB) - 1) <= 0.15
+    h, f = SHAPE_8B.hidden, SHAPE_8B.ffn_intermediate
+    assert est.logprob_per_token == 6 * 2 * h + 3 * 2 * f  # what the trace lists, per token
