@@ -164,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         "--causal-attention", action="store_true", help="policy.train_causal_attention: true (faster, not bit-exact)"
     )
     p.add_argument(
+        "--activation-checkpointing", action="store_true",
+        help="policy.dtensor_cfg.activation_checkpointing: true, FP8 weights transient where eager "
+        "(fp8_cfg.transient_train_weights; adds the variant 'fp8 cached weights' that keeps them through the step)",
+    )  # fmt: skip
+    p.add_argument(
         "--fp8-recipe", nargs="+", default=["blockwise"], choices=["blockwise", "rowwise", "tensorwise"],
         help="FP8 variants (policy.fp8_cfg.fp8_recipe); variant 'fp8' for blockwise, 'fp8_<recipe>' otherwise",
     )  # fmt: skip
@@ -213,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(("fp8+deep_gemm", PrecisionRecipe.preset("jetrl", use_deep_gemm=True)))
     if args.cached_dgrad_weight:
         variants.append(("fp8 W^T cached", PrecisionRecipe.preset("jetrl", cache_dgrad_weight=True)))
+    if args.activation_checkpointing and args.cuda_graphs != "on":
+        variants.append(("fp8 cached weights", PrecisionRecipe.preset("jetrl")))
     if args.wgrad_tiles:
         variants.append(("fp8 wgrad 128x128", PrecisionRecipe.preset("jetrl", wgrad_x_blocks="128x128")))
     graph_modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
@@ -225,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     def make_policy(name: str) -> NativePolicy:  # the same random weights (build_model seeds) for every variant
         recipe, graphs = recipes[name]
         cfg = policy_config(
-            train_causal_attention=args.causal_attention, train_cuda_graphs=graphs, train_micro_batch_size=args.micro_batch
-        )
+            train_causal_attention=args.causal_attention, train_cuda_graphs=graphs, train_micro_batch_size=args.micro_batch,
+            dtensor_cfg={"activation_checkpointing": args.activation_checkpointing},
+            fp8_cfg={"transient_train_weights": not name.startswith("fp8 cached weights")},  # the ablation: kept
+        )  # fmt: skip
         policy = NativePolicy(cfg, recipe, device, model=build_model(shape, args.layers, device, torch.bfloat16).train())
         if "per-linear" in name:
             for group in {id(m.weight_group): m.weight_group for m in policy.model.modules()

@@ -54,6 +54,7 @@ from nemo_jetrl.models.moe import is_hf_sparse_block
 from nemo_jetrl.models.packed import PackedRows, varlen_causal_attention
 from nemo_jetrl.models.recompute import checkpoint_layer, recomputes
 from nemo_jetrl.models.sdpa import sdpa
+from nemo_jetrl.precision.convert import release_fp8_weights
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype
 from nemo_jetrl.precision.shared_input import shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
@@ -309,7 +310,11 @@ def decoder_forward(
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
             run = functools.partial(_decoder_layer, shared, layer_idx, layer)
-            x, delta = checkpoint_layer(run, x, delta, plan.attn_hook) if recompute else run(x, delta, plan.attn_hook)
+            if recompute:  # a transient FP8 weight lives while its layer runs (precision/convert.py)
+                release = functools.partial(release_fp8_weights, layer)
+                x, delta = checkpoint_layer(run, x, delta, plan.attn_hook, release)
+            else:
+                x, delta = run(x, delta, plan.attn_hook)
         return _add_norm(x, delta, backbone.norm, glue)[1]  # [B, S, H]
 
 

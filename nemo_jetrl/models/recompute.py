@@ -6,8 +6,10 @@ layer's forward again to rebuild what its backward reads. With it on, the lm_hea
 too, so the [T, V] logits are not kept between the forward and the backward either.
 
 Same numbers, bit for bit: the recomputed forward runs the same kernels on the same inputs, and every FP8 linear
-reads the step's cached FP8 weight (`Fp8Linear.quantized_weight`, keyed by the master weight's version: nothing
-writes the weights between a forward and its backward), so the weights are not quantized a second time. The one
+reads the step's FP8 weight bits: cached (`Fp8Linear.quantized_weight`, keyed by the master weight's version:
+nothing writes the weights between a forward and its backward) or, for the trainer's transient linears
+(`precision.convert.use_transient_fp8_weights`), quantized again by the same deterministic cast and released after
+the layer's forward and after its recomputation (`release`), so one layer's FP8 weights are alive at a time. The one
 thing that must not run twice is an attention hook's side effect (the KV-scale calibrator observing Q/K/V): a hook
 may carry `replay`, the same transform without the side effect (None: no transform), which the recomputation calls.
 No RNG runs in the forward, so the RNG state is not saved (`preserve_rng_state=False`; also what a captured CUDA
@@ -39,22 +41,34 @@ def checkpoint_layer(
     x: torch.Tensor,
     delta: torch.Tensor | None,
     attn_hook: Callable | None,
+    release: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`layer_fn(x, delta, attn_hook) -> (x, delta)` with its activations recomputed in the backward, where it runs
-    with `replay_hook(attn_hook)`. x, delta: [B, S, H] (delta None before the first layer)."""
+    with `replay_hook(attn_hook)`. x, delta: [B, S, H] (delta None before the first layer). `release()` runs after
+    the forward and after the recomputation, also when torch stops a recomputation early (once it has every tensor
+    the backward needs)."""
     hooks = {"now": attn_hook}
+
+    @contextlib.contextmanager
+    def releasing():
+        try:
+            yield
+        finally:
+            if release is not None:
+                release()
 
     @contextlib.contextmanager
     def recomputing():
         hooks["now"] = replay_hook(attn_hook)
-        yield
+        with releasing():
+            yield
 
     def run(x_in: torch.Tensor, delta_in: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return layer_fn(x_in, delta_in, hooks["now"])
 
     return checkpoint(
         run, x, delta, use_reentrant=False, preserve_rng_state=False,
-        context_fn=lambda: (contextlib.nullcontext(), recomputing()),
+        context_fn=lambda: (releasing(), recomputing()),
     )  # fmt: skip
 
 

@@ -120,6 +120,7 @@ class TrainerMemorySettings:
     width: int  # policy.max_total_sequence_length
     reference: bool  # a frozen reference copy (KL penalty)
     graphs: bool  # train_cuda_graphs: gradients kept between steps, one micro-batch's activations reserved
+    transient_fp8: bool = False  # fp8_cfg.transient_train_weights
 
     @classmethod
     def from_policy(cls, policy: Any, reference: bool = False, cuda: bool = True) -> TrainerMemorySettings:
@@ -137,7 +138,7 @@ class TrainerMemorySettings:
             dgrad_cache=fp8.cache_dgrad_weight, kv_bytes=1 if gen.kv_cache_dtype == "fp8" else 2,
             checkpointing=policy.dtensor_cfg.activation_checkpointing,
             packed=policy.sequence_packing.enabled, width=policy.max_total_sequence_length,
-            reference=reference, graphs=bool(graphs),
+            reference=reference, graphs=bool(graphs), transient_fp8=fp8.transient_train_weights,
         )  # fmt: skip
 
     def fp8_layer(self, shape: ModelShape, layer: int) -> bool:
@@ -207,10 +208,13 @@ class MemoryEstimate:
     rollout_kv: int  # the KV cache and sampling buffers
     layer_bytes: int  # one decoder layer's activations per token (the largest)
     grads_kept: bool  # gradients stay allocated between steps (captured micro-batches)
+    train_released: int = 0  # resident bytes the training pass does not hold (transient FP8 weights, less a layer's)
 
     def resident_total(self, phase: str = "train") -> int:
         total = sum(self.resident.values())
-        return total if phase == "train" or self.grads_kept else total - self.resident["gradients"]
+        if phase == "train":
+            return total - self.train_released
+        return total if self.grads_kept else total - self.resident["gradients"]
 
     def peak(self, phase: str, tokens: int = 0) -> int:
         """Peak bytes of phase "train" | "logprob" (a micro-batch of `tokens`) | "rollout"."""
@@ -262,8 +266,19 @@ def estimate(
         resident=resident, train_per_token=per_token, train_fixed=logits + vocab_grads,
         logprob_per_token=logprob_layer_bytes(shape, s, grouped_kv), logprob_fixed=2 * chunk * v,
         rollout_kv=rollout_kv_bytes + rollout_rows * v * SAMPLING_ROWS_BYTES, layer_bytes=int(one_layer),
-        grads_kept=s.graphs,
+        grads_kept=s.graphs, train_released=_transient_fp8_bytes(shape, s, resident, ranks),
     )  # fmt: skip
+
+
+def _transient_fp8_bytes(shape: ModelShape, s: TrainerMemorySettings, resident: dict, ranks: int) -> int:
+    """What the training pass does not hold of the FP8 weight cache when its linears are transient (eager,
+    checkpointed FP8 training in one process, `fp8_cfg.transient_train_weights`): all of it but two
+    layers' (the recomputed layer's, kept for its backward, and the one the recomputation quantizes next)."""
+    if not (s.transient_fp8 and s.fp8_train and s.checkpointing and not s.graphs and ranks == 1):
+        return 0
+    if "fp8_weights" not in resident:
+        return 0
+    return max(0, resident["fp8_weights"] - 2 * int(shape.layer_linear_params() * (1 + 4 / 128**2)))
 
 
 def _rank_resident(shape: ModelShape, s: TrainerMemorySettings, ranks: int, fp8_params: int, fp8_bytes: int) -> dict:

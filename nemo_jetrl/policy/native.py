@@ -34,7 +34,13 @@ from nemo_jetrl.policy.parallel.sharding import full_state, lay_out_trainer, loa
 from nemo_jetrl.policy.train_graphs import MicroBatchGraphs
 from nemo_jetrl.policy.trainer_core import TrainerCore
 from nemo_jetrl.policy.trainer_setup import DTYPES, build_optimizer, trainer_kernels
-from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, fp8_layers, invalidate_fp8_caches
+from nemo_jetrl.precision import (
+    PrecisionRecipe,
+    convert_to_fp8,
+    fp8_layers,
+    invalidate_fp8_caches,
+    use_transient_fp8_weights,
+)
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator
 
 if TYPE_CHECKING:  # the section type imports pydantic: the trainer imports without it (the GPU box)
@@ -121,6 +127,9 @@ class NativePolicy(TrainerCore, PolicyInterface):
         announce(line)  # auto: on one CUDA device where correct
         if graphs:
             self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
+        elif cfg.dtensor_cfg.activation_checkpointing and cfg.fp8_cfg.transient_train_weights:
+            use_transient_fp8_weights(self.model)  # one layer's FP8 weights alive at a time in training (captured
+            # micro-batches read them where they lie: there the cache is kept)
         self._fp8_stale = self.refitter is not None  # the replica's FP8 bits predate the master weights
         self._refit_bytes = 0  # bytes the refits assembled since the last prepare_refit report
         self._fp8_gathered(count=False)

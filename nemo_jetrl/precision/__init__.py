@@ -7,6 +7,8 @@ _EXPORTS = {
     "fp8_layers": "convert",
     "invalidate_fp8_caches": "convert",
     "is_fp8_layer": "convert",
+    "release_fp8_weights": "convert",
+    "use_transient_fp8_weights": "convert",
     "fp8_blockwise_mm": "gemm",
     "fp8_wgrad_mm": "gemm",
     "gemm_backend": "gemm",

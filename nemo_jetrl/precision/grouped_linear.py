@@ -28,7 +28,7 @@ import torch
 
 from nemo_jetrl.precision.gemm import no_autocast
 from nemo_jetrl.precision.linear import Fp8Linear, local_tensor, output_dtype
-from nemo_jetrl.precision.quantized import QuantizedWeight
+from nemo_jetrl.precision.quantized import QuantizedWeight, weight_for_backward, weight_in_backward
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 from nemo_jetrl.precision.recipes.gemm_choice import choose_gemm, linear_gemm
 from nemo_jetrl.utils.columns import join_columns
@@ -38,27 +38,30 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
     """(Y_1, ..., Y_n), the column views [..., N_i] of Y [..., sum N_i] = Q(X) Q(W_group)^T + concat(b_i); FP8
     DGrad / WGrad over the whole group.
 
-    Inputs after x: the group's `QuantizedWeight`, the member widths, the recipe, the output dtype, then the members'
-    master weights and (when they have them) their biases, so that each member's parameters get their gradients.
+    Inputs after x: the group's `QuantizedWeight`, the member widths, the recipe, the output dtype, `transient` (the
+    buffer kept as saved tensors: `quantized.weight_for_backward`), then the members' master weights and (when they have them) their biases, so that each member's parameters get their gradients.
     """
 
     @staticmethod
-    def forward(ctx, x, qweight: QuantizedWeight, splits, recipe: PrecisionRecipe, out_dtype, *params):
+    def forward(ctx, x, qweight: QuantizedWeight, splits, recipe: PrecisionRecipe, out_dtype, transient, *params):
         # x: [..., K]; params: weights [N_i, K] (values in qweight) then biases [N_i] (or none)
         n = len(splits)
         weights, biases = params[:n], params[n:]
         layout, gemm = recipe.layout, choose_gemm(recipe)
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
-        need_dw = any(ctx.needs_input_grad[5 : 5 + n])
+        need_dw = any(ctx.needs_input_grad[6 : 6 + n])
+        saved: tuple[torch.Tensor, ...] = ()
         with no_autocast(x.device.type):
             if need_dw:  # X [M, K] 1x128 along K (FProp) + X^T [K, MP] along the tokens (WGrad), read once
                 x_fp8, x_scale, xt_fp8, xt_scale = layout.input_quant_train(x2, recipe)
-                ctx.save_for_backward(xt_fp8, xt_scale)
+                saved = (xt_fp8, xt_scale)
             else:
                 x_fp8, x_scale = layout.input_quant(x2, recipe)
             bias = torch.cat([b.detach() for b in biases]) if biases else None  # [sum N_i], read live each call
             y2 = layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, sum N_i]
-        ctx.qweight, ctx.recipe, ctx.splits, ctx.n = qweight, recipe, tuple(splits), n
+        ctx.save_for_backward(*saved, *weight_for_backward(ctx, qweight, transient))
+        ctx.n_input_saved = len(saved)
+        ctx.recipe, ctx.splits, ctx.n = recipe, tuple(splits), n
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight_dtypes = [w.dtype for w in weights]
         ctx.bias_dtypes = [b.dtype for b in biases]
@@ -66,10 +69,11 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outs):
-        qweight, recipe, splits, n = ctx.qweight, ctx.recipe, ctx.splits, ctx.n
+        recipe, splits, n, saved = ctx.recipe, ctx.splits, ctx.n, ctx.saved_tensors
+        qweight = weight_in_backward(ctx, saved[ctx.n_input_saved :])
         layout, gemm = recipe.layout, choose_gemm(recipe)
         need_dx = ctx.needs_input_grad[0]
-        need_dw = any(ctx.needs_input_grad[5 : 5 + n])
+        need_dw = any(ctx.needs_input_grad[6 : 6 + n])
         grad_out = join_columns(grad_outs)  # [..., sum N_i]: a view when the members' gradients lie side by side
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, sum N_i]
         grad_x, grad_ws, grad_bs = None, [None] * n, [None] * len(ctx.bias_dtypes)
@@ -80,13 +84,13 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
                 wt = layout.dgrad_weight(qweight, None, recipe)  # [K, sum N_i], the buffer's tiles transposed
                 grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, gemm.dgrad).reshape(ctx.x_shape)
             if need_dw:  # WGrad: dW_group [sum N_i, K] = Q(dY^T) [sum N_i, MP] @ Q(X^T)^T [MP, K]
-                xt_fp8, xt_scale = ctx.saved_tensors
+                xt_fp8, xt_scale = saved[:2]
                 dw = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtypes[0], recipe)
-                grad_ws = [g if ctx.needs_input_grad[5 + i] else None for i, g in enumerate(dw.split(splits))]
-            if ctx.bias_dtypes and any(ctx.needs_input_grad[5 + n :]):  # plain FP32 reductions over the tokens
+                grad_ws = [g if ctx.needs_input_grad[6 + i] else None for i, g in enumerate(dw.split(splits))]
+            if ctx.bias_dtypes and any(ctx.needs_input_grad[6 + n :]):  # plain FP32 reductions over the tokens
                 db = dy2.float().sum(0)  # [sum N_i]
                 grad_bs = [g.to(dt) for g, dt in zip(db.split(splits), ctx.bias_dtypes)]
-        return (grad_x, None, None, None, None, *grad_ws, *grad_bs)
+        return (grad_x, None, None, None, None, None, *grad_ws, *grad_bs)
 
 
 def trains_grouped(x: torch.Tensor, linears: Sequence[Fp8Linear], group) -> bool:
@@ -116,5 +120,8 @@ def grouped_train_projections(x: torch.Tensor, group) -> list[torch.Tensor] | No
     members = group.members
     weights = [local_tensor(m.weight) for m in members]
     biases = [local_tensor(m.bias) for m in members] if members[0].bias is not None else []
-    ys = GroupedFp8LinearFunction.apply(x, qweight, group.splits, members[0].recipe, output_dtype(x), *weights, *biases)
+    transient = members[0].transient_weight
+    ys = GroupedFp8LinearFunction.apply(
+        x, qweight, group.splits, members[0].recipe, output_dtype(x), transient, *weights, *biases
+    )
     return list(ys)

@@ -17,7 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_jetrl.precision.gemm import no_autocast
-from nemo_jetrl.precision.quantized import QuantizedInput, QuantizedWeight
+from nemo_jetrl.precision.quantized import (
+    QuantizedInput,
+    QuantizedWeight,
+    weight_for_backward,
+    weight_in_backward,
+)
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 from nemo_jetrl.precision.recipes.gemm_choice import (  # noqa: F401  (fprop_backend, library_backend: public)
     FpropBackend,
@@ -96,19 +101,26 @@ class Fp8LinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, qweight: QuantizedWeight, recipe: PrecisionRecipe, out_dtype, gemm=AUTO_GEMM):
-        # x: [..., K]; weight: [N, K] master (its FProp bits live in qweight); bias: [N] or None
+    def forward(
+        ctx, x, weight, bias, qweight: QuantizedWeight, recipe: PrecisionRecipe, out_dtype, gemm=AUTO_GEMM,
+        transient: bool = False,
+    ):  # fmt: skip
+        # x: [..., K]; weight: [N, K] master (its FProp bits live in qweight); bias: [N] or None;
+        # transient: qweight kept as saved tensors (`quantized.weight_for_backward`)
         layout = recipe.layout
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
+        saved: tuple[torch.Tensor, ...] = ()
         with no_autocast(x.device.type):
             if ctx.needs_input_grad[1]:
                 # X: [M, K] (FProp) + X^T: [K, MP] along the M tokens, zero-padded (WGrad), one read of x
                 x_fp8, x_scale, xt_fp8, xt_scale = layout.input_quant_train(x2, recipe)
-                ctx.save_for_backward(xt_fp8, xt_scale)
+                saved = (xt_fp8, xt_scale)
             else:
                 x_fp8, x_scale = layout.input_quant(x2, recipe)
             y2 = qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, N]
-        ctx.qweight, ctx.recipe, ctx.gemm, ctx.master = qweight, recipe, gemm, weight
+        ctx.save_for_backward(*saved, *weight_for_backward(ctx, qweight, transient))
+        ctx.n_input_saved = len(saved)
+        ctx.recipe, ctx.gemm, ctx.master = recipe, gemm, weight
         ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return y2.reshape(*x.shape[:-1], y2.shape[-1])
@@ -120,21 +132,23 @@ class Fp8LinearFunction(torch.autograd.Function):
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, N]
         grad_x = grad_w = grad_b = None
+        saved = ctx.saved_tensors
         with no_autocast(grad_out.device.type):
             # dY read once: [M, N] along N (DGrad) and, when WGrad runs, dY^T: [N, MP] along the tokens
             dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2, recipe, need_dx, need_dw)
             # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W^T) [K, N]^T
             if need_dx:
-                wt = layout.dgrad_weight(ctx.qweight, ctx.master, recipe)  # W^T [K, N]: the layout's DGrad operand
+                qweight = weight_in_backward(ctx, saved[ctx.n_input_saved :])
+                wt = layout.dgrad_weight(qweight, ctx.master, recipe)  # W^T [K, N]: the layout's DGrad operand
                 grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, ctx.gemm.dgrad).reshape(ctx.x_shape)
             # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T) [K, MP]^T, contraction over the tokens
             if need_dw:
-                xt_fp8, xt_scale = ctx.saved_tensors
+                xt_fp8, xt_scale = saved[:2]
                 grad_w = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, recipe)
             # grad_bias: plain FP32 reduction over tokens
             if ctx.bias_dtype is not None and need_db:
                 grad_b = dy2.float().sum(0).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 class Fp8Linear(FpropKernelSwitch, nn.Module):
@@ -162,6 +176,9 @@ class Fp8Linear(FpropKernelSwitch, nn.Module):
         self.recipe = recipe if recipe is not None else PrecisionRecipe.preset("jetrl")
         self.train_fp8, self.rollout_fp8 = bool(train_fp8), bool(rollout_fp8)
         self.mode = "train"
+        # the trainer quantizes this layer's FP8 weight as the layer runs and drops it after (activation
+        # checkpointing: `convert.use_transient_fp8_weights`); its backward keeps the bits as saved tensors
+        self.transient_weight = False
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
         self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
@@ -309,7 +326,7 @@ class Fp8Linear(FpropKernelSwitch, nn.Module):
         if self.weight_source is not None:  # the whole weight's stand-in; its gradient goes to this rank's shard
             weight = self.weight_source.autograd_weight(weight)
         out_dtype = self.partial_dtype or out_dtype
-        return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, gemm)
+        return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, gemm, self.transient_weight)
 
     def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)

@@ -79,6 +79,26 @@ class QuantizedWeight:
         return wd.t() if transposed else wd
 
 
+def weight_for_backward(ctx, qweight: QuantizedWeight, transient: bool) -> tuple[torch.Tensor, ...]:
+    """Keep `qweight` for an autograd function's backward: the object on `ctx` (its cached W^T with it), or, where
+    `transient` (the trainer's layers quantized as they run: `Fp8Linear.transient_weight`), only its data and
+    scale, returned for `save_for_backward`: under activation checkpointing saved tensors are recomputed with the
+    layer in the backward instead of held from the forward, so one layer's FP8 weights are alive, not every one's."""
+    if not transient:
+        ctx.qweight = qweight
+        return ()
+    ctx.qweight, ctx.qweight_fields = None, (qweight.version, qweight.block, qweight.nonfinite, qweight.layout)
+    return (qweight.data, qweight.scale)
+
+
+def weight_in_backward(ctx, saved: tuple[torch.Tensor, ...]) -> QuantizedWeight:
+    """The `QuantizedWeight` `weight_for_backward` kept; `saved`: its part of `ctx.saved_tensors` (data, scale)."""
+    if ctx.qweight is not None:
+        return ctx.qweight
+    data, scale = saved
+    return QuantizedWeight(data, scale, *ctx.qweight_fields)
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedInput:
     """An activation quantized once for several rollout-mode FP8 linears that read it (q/k/v, gate/up).

@@ -202,3 +202,21 @@ def test_the_logprob_term_is_within_15_percent_of_the_pass_measured_on_an_h200()
     assert abs(estimated / (measured["pass_peak_gib"] * GIB) - 1) <= 0.15
     h, f = SHAPE_8B.hidden, SHAPE_8B.ffn_intermediate
     assert est.logprob_per_token == 6 * 2 * h + 3 * 2 * f  # what the trace lists, per token
+
+
+def test_eager_checkpointed_fp8_training_holds_two_layers_of_fp8_weights_not_all():
+    """`fp8_cfg.transient_train_weights` (eager FP8 training with checkpointing): the training pass's resident state has
+    two layers' FP8 weights, not the whole cache; the rollout and the logprob pass keep it; captured: all kept."""
+    overrides = [*LONG_16K, "policy.master_dtype=bfloat16", "policy.dtensor_cfg.activation_checkpointing=true"]
+    kept = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", overrides), shape=SHAPE_8B, capacity=H200).estimate
+    assert kept.train_released == 0  # the default: the cache held through the step
+    overrides.append("policy.fp8_cfg.transient_train_weights=true")
+    eager = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", overrides), shape=SHAPE_8B, capacity=H200).estimate
+    layer = int(SHAPE_8B.layer_linear_params() * (1 + 4 / 128**2))
+    cache = eager.resident["fp8_weights"]
+    assert cache == 36 * layer and eager.train_released == cache - 2 * layer
+    assert eager.resident_total("train") == sum(eager.resident.values()) - cache + 2 * layer
+    assert eager.resident_total("logprob") == sum(eager.resident.values()) - eager.resident["gradients"]
+    captured = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", [*overrides, "policy.train_cuda_graphs=true"]),
+                                shape=SHAPE_8B, capacity=None).estimate  # fmt: skip
+    assert captured.train_released == 0

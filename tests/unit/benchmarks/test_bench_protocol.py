@@ -62,6 +62,28 @@ def test_train_step_benchmark_runs_every_fp8_recipe_side_by_side(tmp_path):
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in payload["results"])
 
 
+def test_checkpointed_train_step_benchmark_adds_the_cached_weights_ablation(tmp_path, monkeypatch):
+    """--activation-checkpointing: the trainers checkpoint, the FP8 one with transient weights, and the ablation
+    'fp8 cached weights' keeps its cache (the only difference between the two FP8 variants)."""
+    bench = _load("bench_train_step")
+    seen = {}
+    step = bench.NativePolicy.train
+
+    def record(self, *args, **kwargs):
+        transient = frozenset(m.transient_weight for m in self.model.modules() if isinstance(m, bench.Fp8Linear))
+        seen.setdefault(self.recipe.train, []).append((self.kernels["activation_checkpointing"], transient))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(bench.NativePolicy, "train", record)
+    assert bench.main(["--quick", "--activation-checkpointing", "--out", str(tmp_path / "t.json")]) == 0
+    import json
+
+    results = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert [r["variant"] for r in results] == ["bf16", "fp8", "fp8 cached weights"]
+    assert set(seen["bf16"]) == {(True, frozenset())}
+    assert set(seen["fp8"]) == {(True, frozenset({False})), (True, frozenset({True}))}  # one transient, one cached
+
+
 def test_one_resident_variant_at_a_time_alternates_rounds_and_adds_up_timed_steps(tmp_path, monkeypatch):
     bench = _load("bench_train_step")
     built = []

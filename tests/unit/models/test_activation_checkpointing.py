@@ -7,6 +7,8 @@ measured on CUDA: tests/gpu/test_activation_checkpointing_gpu.py.)"""
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from nemo_jetrl.config import load_config
 from nemo_jetrl.models.scoring import sequence_logprobs
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.policy.native import NativePolicy
-from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, fp8_layers
+from nemo_jetrl.precision import Fp8Linear, PrecisionRecipe, convert_to_fp8, fp8_layers, use_transient_fp8_weights
 from nemo_jetrl.precision.kv import QKVCalibrator, make_attn_hook
 from nemo_jetrl.schema import validate_config
 
@@ -91,8 +93,9 @@ def test_checkpointed_fp8_step_is_bitwise_the_plain_one(pack_round, monkeypatch)
     assert (plain["backward_forwards"], ckpt["backward_forwards"]) == (0, 1)  # recomputed in the backward
 
 
-def _policy(checkpointing: bool, packed: bool) -> NativePolicy:
+def _policy(checkpointing: bool, packed: bool, transient: bool = False) -> NativePolicy:
     overrides = [
+        f"policy.fp8_cfg.transient_train_weights={str(transient).lower()}",
         f"policy.dtensor_cfg.activation_checkpointing={str(checkpointing).lower()}",
         f"policy.sequence_packing.enabled={str(packed).lower()}",
         "policy.train_micro_batch_size=3",
@@ -112,12 +115,16 @@ def _policy(checkpointing: bool, packed: bool) -> NativePolicy:
     return policy
 
 
-def test_the_trainer_honours_the_key_with_the_same_step():
+@pytest.mark.parametrize("transient", [False, True], ids=["cached", "transient"])
+def test_the_trainer_honours_the_key_with_the_same_step(transient):
     """The NeMo-RL key reaches the trainer (packed, train_forward prev_logprobs, fused KV calibration, 2
-    micro-batches): prev_logprobs, metrics, updated weights and the next KV scales equal the plain trainer's."""
+    micro-batches): prev_logprobs, metrics, updated weights and the next KV scales equal the plain trainer's; also
+    with `fp8_cfg.transient_train_weights` (which switches the checkpointed trainer's FP8 linears only)."""
     loss_fn = ClippedPGLossFn(validate_config(load_config(CONFIG)).loss_fn)
-    policies = {flag: _policy(flag, packed=True) for flag in (False, True)}
+    policies = {flag: _policy(flag, packed=True, transient=transient) for flag in (False, True)}
     assert [p.kernels["activation_checkpointing"] for p in policies.values()] == [False, True]
+    switched = [{m.transient_weight for _, m in fp8_layers(p.model)} for p in policies.values()]
+    assert switched == [{False}, {transient}]
     out = {}
     for flag, policy in policies.items():
         batch = _batch()
@@ -130,3 +137,53 @@ def test_the_trainer_honours_the_key_with_the_same_step():
         assert torch.equal(sd1[name], value), name
     for part in ("q", "k", "v"):
         assert torch.equal(getattr(kv0, part), getattr(kv1, part)), part
+
+
+@pytest.mark.parametrize("pack_round", [None, 8], ids=["padded", "packed"])
+def test_transient_fp8_weights_are_bitwise_the_cached_ones_and_live_one_layer_at_a_time(pack_round, monkeypatch):
+    """`use_transient_fp8_weights` (`fp8_cfg.transient_train_weights`, checkpointed eager training): the step's loss, gradients and
+    FP8 bits equal the cached run's; no FP8 weight quantized in the forward outlives it (neither the layers nor the
+    autograd graph hold one: the backward keeps the bits as saved tensors, which checkpointing recomputes), and
+    while the backward runs at most one layer's linears (7) hold theirs."""
+    made, held_at_quantization = [], []
+    base = _fp8_model()
+    original = Fp8Linear.set_quantized_weight
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(weakref.ref(self._qweight))
+        held_at_quantization.append(sum(m.cached_quantized_weight is not None for _, m in fp8_layers(self_model[0])))
+
+    monkeypatch.setattr(Fp8Linear, "set_quantized_weight", record)
+    self_model: list = [None]
+    runs = {}
+    for transient in (False, True):
+        model = copy.deepcopy(base)
+        self_model[0] = model
+        switched = use_transient_fp8_weights(model) if transient else 0
+        made.clear(), held_at_quantization.clear()
+        batch = _batch()
+        logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, compute_dtype=torch.bfloat16,
+                                 pack_round=pack_round, activation_checkpointing=True)  # fmt: skip
+        loss = (logp * batch.response_mask * batch.advantages[:, None]).sum()
+        gc.collect()
+        alive_after_forward = sum(r() is not None for r in made)
+        forward_made = len(made)
+        loss.backward()
+        runs[transient] = {
+            "switched": switched, "loss": loss.detach(), "alive": alive_after_forward, "forward_made": forward_made,
+            "held_in_backward": max(held_at_quantization[forward_made:], default=0),
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+            "bits": {n: (m.quantized_weight().data.view(torch.uint8).clone(), m.quantized_weight().scale.clone())
+                     for n, m in fp8_layers(model)},  # fmt: skip
+        }
+    cached, transient = runs[False], runs[True]
+    assert (cached["switched"], transient["switched"]) == (0, 14)
+    assert torch.equal(transient["loss"], cached["loss"]) and cached["loss"].abs() > 0
+    for name, grad in cached["grads"].items():
+        assert torch.equal(transient["grads"][name], grad), name
+    for name, (data, scale) in cached["bits"].items():
+        assert torch.equal(transient["bits"][name][0], data) and torch.equal(transient["bits"][name][1], scale), name
+    assert cached["forward_made"] == transient["forward_made"] == 14  # each weight quantized once in the forward
+    assert cached["alive"] == 14 and transient["alive"] == 0  # the cache, or nothing, holds them after the forward
+    assert 1 <= transient["held_in_backward"] <= 7  # the recomputed layer's own, released after it

@@ -122,3 +122,44 @@ def test_which_linears_the_trainer_groups():
     assert not trains_grouped(cuda_x, ms, group)  # the rollout's grouped forward is its own path
     rowwise = members(PrecisionRecipe.preset("jetrl", granularity="rowwise"), bias=False)
     assert not trains_grouped(cuda_x, rowwise, Fp8WeightGroup(rowwise))
+
+
+def test_transient_group_weights_under_checkpointing_give_the_cached_gradients():
+    """Transient members (`use_transient_fp8_weights`) under activation checkpointing: the grouped pass keeps its
+    buffer as saved tensors, which the recomputation rebuilds, so once the layer released it nothing holds the
+    forward's buffer; outputs and gradients are bitwise the cached run's."""
+    import gc
+    import weakref
+
+    from torch import nn
+
+    from nemo_jetrl.models.recompute import checkpoint_layer
+    from nemo_jetrl.precision import release_fp8_weights, use_transient_fp8_weights
+
+    recipe = PrecisionRecipe.preset("jetrl")
+    gen = torch.Generator().manual_seed(2)
+    x0 = torch.randn(2, M // 2, K, generator=gen)
+    dy = torch.randn(2, M // 2, sum(SPLITS), generator=gen)
+    runs = {}
+    for transient in (False, True):
+        ms = members(recipe, bias=True)
+        group, layer = Fp8WeightGroup(ms), nn.ModuleList(ms)
+        assert use_transient_fp8_weights(layer, on=transient) == 3
+        made = []
+
+        def run(x_in, delta_in, hook, group=group, made=made):
+            ys = grouped_train_projections(x_in, group)
+            made.append(weakref.ref(group.cached_quantized_weight))
+            return torch.cat(ys, -1), ys[0].sum()  # [2, M/2, sum N_i], a scalar
+
+        x = x0.clone().requires_grad_(True)
+        out, extra = checkpoint_layer(run, x, None, None, lambda layer=layer: release_fp8_weights(layer))
+        gc.collect()
+        alive = made[0]() is not None
+        torch.autograd.backward([out, extra], [dy, torch.zeros(())])
+        runs[transient] = (out.detach(), x.grad, [m.weight.grad for m in ms], [m.bias.grad for m in ms], alive)
+    (y0, dx0, dw0, db0, alive0), (y1, dx1, dw1, db1, alive1) = runs[False], runs[True]
+    assert (alive0, alive1) == (True, False)  # cached: the group holds it; transient: released, not on the graph
+    assert torch.equal(y1, y0) and torch.equal(dx1, dx0) and dx0.abs().sum() > 0
+    for a, b in zip([*dw1, *db1], [*dw0, *db0]):
+        assert torch.equal(a, b)
