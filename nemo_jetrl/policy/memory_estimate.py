@@ -239,7 +239,7 @@ def estimate(
     p, m, v, h = shape.params(), s.master_bytes, shape.vocab, shape.hidden
     fp8_layers = [s.fp8_layer(shape, i) for i in range(shape.layers)]
     fp8_params = sum(fp8_layers) * shape.layer_linear_params()
-    fp8_bytes = int(fp8_params * (1 + 4 / 128**2))  # e4m3 bits + an fp32 scale per 128x128 tile
+    fp8_bytes = fp8_weight_bytes(fp8_params)
     if ranks > 1:
         resident = _rank_resident(shape, s, ranks, fp8_params, fp8_bytes)
     else:
@@ -274,11 +274,15 @@ def _transient_fp8_bytes(shape: ModelShape, s: TrainerMemorySettings, resident: 
     """What the training pass does not hold of the FP8 weight cache when its linears are transient (eager,
     checkpointed FP8 training in one process, `fp8_cfg.transient_train_weights`): all of it but two
     layers' (the recomputed layer's, kept for its backward, and the one the recomputation quantizes next)."""
-    if not (s.transient_fp8 and s.fp8_train and s.checkpointing and not s.graphs and ranks == 1):
+    transient = s.transient_fp8 and s.fp8_train and s.checkpointing and not s.graphs and ranks == 1
+    if not transient or "fp8_weights" not in resident:
         return 0
-    if "fp8_weights" not in resident:
-        return 0
-    return max(0, resident["fp8_weights"] - 2 * int(shape.layer_linear_params() * (1 + 4 / 128**2)))
+    return max(0, resident["fp8_weights"] - 2 * fp8_weight_bytes(shape.layer_linear_params()))
+
+
+def fp8_weight_bytes(params: int) -> int:
+    """FP8 weight bytes of `params` weights: the e4m3 bits and an fp32 scale per 128x128 tile."""
+    return int(params * (1 + 4 / 128**2))
 
 
 def _rank_resident(shape: ModelShape, s: TrainerMemorySettings, ranks: int, fp8_params: int, fp8_bytes: int) -> dict:

@@ -28,7 +28,7 @@ import torch
 
 from nemo_jetrl.precision.gemm import no_autocast
 from nemo_jetrl.precision.linear import Fp8Linear, local_tensor, output_dtype
-from nemo_jetrl.precision.quantized import QuantizedWeight, weight_for_backward, weight_in_backward
+from nemo_jetrl.precision.quantized import QuantizedWeight, save_with_weight, saved_with_weight
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 from nemo_jetrl.precision.recipes.gemm_choice import choose_gemm, linear_gemm
 from nemo_jetrl.utils.columns import join_columns
@@ -39,7 +39,8 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
     DGrad / WGrad over the whole group.
 
     Inputs after x: the group's `QuantizedWeight`, the member widths, the recipe, the output dtype, `transient` (the
-    buffer kept as saved tensors: `quantized.weight_for_backward`), then the members' master weights and (when they have them) their biases, so that each member's parameters get their gradients.
+    buffer kept as saved tensors: `quantized.save_with_weight`), then the members' master weights and (when they
+    have them) their biases, so that each member's parameters get their gradients.
     """
 
     @staticmethod
@@ -59,8 +60,7 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
                 x_fp8, x_scale = layout.input_quant(x2, recipe)
             bias = torch.cat([b.detach() for b in biases]) if biases else None  # [sum N_i], read live each call
             y2 = layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, sum N_i]
-        ctx.save_for_backward(*saved, *weight_for_backward(ctx, qweight, transient))
-        ctx.n_input_saved = len(saved)
+        save_with_weight(ctx, saved, qweight, transient)
         ctx.recipe, ctx.splits, ctx.n = recipe, tuple(splits), n
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight_dtypes = [w.dtype for w in weights]
@@ -69,8 +69,8 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outs):
-        recipe, splits, n, saved = ctx.recipe, ctx.splits, ctx.n, ctx.saved_tensors
-        qweight = weight_in_backward(ctx, saved[ctx.n_input_saved :])
+        recipe, splits, n = ctx.recipe, ctx.splits, ctx.n
+        saved, qweight = saved_with_weight(ctx)
         layout, gemm = recipe.layout, choose_gemm(recipe)
         need_dx = ctx.needs_input_grad[0]
         need_dw = any(ctx.needs_input_grad[6 : 6 + n])
@@ -84,7 +84,7 @@ class GroupedFp8LinearFunction(torch.autograd.Function):
                 wt = layout.dgrad_weight(qweight, None, recipe)  # [K, sum N_i], the buffer's tiles transposed
                 grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, gemm.dgrad).reshape(ctx.x_shape)
             if need_dw:  # WGrad: dW_group [sum N_i, K] = Q(dY^T) [sum N_i, MP] @ Q(X^T)^T [MP, K]
-                xt_fp8, xt_scale = saved[:2]
+                xt_fp8, xt_scale = saved
                 dw = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtypes[0], recipe)
                 grad_ws = [g if ctx.needs_input_grad[6 + i] else None for i, g in enumerate(dw.split(splits))]
             if ctx.bias_dtypes and any(ctx.needs_input_grad[6 + n :]):  # plain FP32 reductions over the tokens

@@ -20,8 +20,8 @@ from nemo_jetrl.precision.gemm import no_autocast
 from nemo_jetrl.precision.quantized import (
     QuantizedInput,
     QuantizedWeight,
-    weight_for_backward,
-    weight_in_backward,
+    save_with_weight,
+    saved_with_weight,
 )
 from nemo_jetrl.precision.recipe import PrecisionRecipe
 from nemo_jetrl.precision.recipes.gemm_choice import (  # noqa: F401  (fprop_backend, library_backend: public)
@@ -106,7 +106,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         transient: bool = False,
     ):  # fmt: skip
         # x: [..., K]; weight: [N, K] master (its FProp bits live in qweight); bias: [N] or None;
-        # transient: qweight kept as saved tensors (`quantized.weight_for_backward`)
+        # transient: qweight kept as saved tensors (`quantized.save_with_weight`)
         layout = recipe.layout
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
         saved: tuple[torch.Tensor, ...] = ()
@@ -118,8 +118,7 @@ class Fp8LinearFunction(torch.autograd.Function):
             else:
                 x_fp8, x_scale = layout.input_quant(x2, recipe)
             y2 = qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, N]
-        ctx.save_for_backward(*saved, *weight_for_backward(ctx, qweight, transient))
-        ctx.n_input_saved = len(saved)
+        save_with_weight(ctx, saved, qweight, transient)
         ctx.recipe, ctx.gemm, ctx.master = recipe, gemm, weight
         ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -132,18 +131,17 @@ class Fp8LinearFunction(torch.autograd.Function):
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, N]
         grad_x = grad_w = grad_b = None
-        saved = ctx.saved_tensors
+        saved, qweight = saved_with_weight(ctx)
         with no_autocast(grad_out.device.type):
             # dY read once: [M, N] along N (DGrad) and, when WGrad runs, dY^T: [N, MP] along the tokens
             dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2, recipe, need_dx, need_dw)
             # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W^T) [K, N]^T
             if need_dx:
-                qweight = weight_in_backward(ctx, saved[ctx.n_input_saved :])
                 wt = layout.dgrad_weight(qweight, ctx.master, recipe)  # W^T [K, N]: the layout's DGrad operand
                 grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, ctx.gemm.dgrad).reshape(ctx.x_shape)
             # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T) [K, MP]^T, contraction over the tokens
             if need_dw:
-                xt_fp8, xt_scale = saved[:2]
+                xt_fp8, xt_scale = saved
                 grad_w = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, recipe)
             # grad_bias: plain FP32 reduction over tokens
             if ctx.bias_dtype is not None and need_db:

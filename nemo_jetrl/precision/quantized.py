@@ -79,24 +79,28 @@ class QuantizedWeight:
         return wd.t() if transposed else wd
 
 
-def weight_for_backward(ctx, qweight: QuantizedWeight, transient: bool) -> tuple[torch.Tensor, ...]:
-    """Keep `qweight` for an autograd function's backward: the object on `ctx` (its cached W^T with it), or, where
-    `transient` (the trainer's layers quantized as they run: `Fp8Linear.transient_weight`), only its data and
-    scale, returned for `save_for_backward`: under activation checkpointing saved tensors are recomputed with the
-    layer in the backward instead of held from the forward, so one layer's FP8 weights are alive, not every one's."""
-    if not transient:
+def save_with_weight(ctx, inputs: tuple[torch.Tensor, ...], qweight: QuantizedWeight, transient: bool) -> None:
+    """`ctx.save_for_backward(*inputs)` and keep `qweight` for the backward: the object on `ctx` (its cached W^T with
+    it), or, where `transient` (the trainer's layers quantized as they run: `Fp8Linear.transient_weight`), only its
+    data and scale as saved tensors too: under activation checkpointing saved tensors are recomputed with the layer
+    in the backward instead of held from the forward, so one layer's FP8 weights are alive, not every one's."""
+    ctx.n_inputs_saved = len(inputs)
+    if transient:
+        ctx.qweight, ctx.qweight_fields = None, (qweight.version, qweight.block, qweight.nonfinite, qweight.layout)
+        ctx.save_for_backward(*inputs, qweight.data, qweight.scale)
+    else:
         ctx.qweight = qweight
-        return ()
-    ctx.qweight, ctx.qweight_fields = None, (qweight.version, qweight.block, qweight.nonfinite, qweight.layout)
-    return (qweight.data, qweight.scale)
+        ctx.save_for_backward(*inputs)
 
 
-def weight_in_backward(ctx, saved: tuple[torch.Tensor, ...]) -> QuantizedWeight:
-    """The `QuantizedWeight` `weight_for_backward` kept; `saved`: its part of `ctx.saved_tensors` (data, scale)."""
+def saved_with_weight(ctx) -> tuple[tuple[torch.Tensor, ...], QuantizedWeight]:
+    """What `save_with_weight` kept: (the saved inputs, the `QuantizedWeight`)."""
+    saved = ctx.saved_tensors
+    inputs = saved[: ctx.n_inputs_saved]
     if ctx.qweight is not None:
-        return ctx.qweight
-    data, scale = saved
-    return QuantizedWeight(data, scale, *ctx.qweight_fields)
+        return inputs, ctx.qweight
+    data, scale = saved[ctx.n_inputs_saved :]
+    return inputs, QuantizedWeight(data, scale, *ctx.qweight_fields)
 
 
 @dataclass(frozen=True, eq=False)

@@ -38,6 +38,12 @@ def _fp8_model():
     return model
 
 
+def _fp8_bits(model) -> dict:
+    """Each FP8 linear's weight bits (as bytes) and scales, quantized now."""
+    return {n: (m.quantized_weight().data.view(torch.uint8).clone(), m.quantized_weight().scale.clone())
+            for n, m in fp8_layers(model)}  # fmt: skip
+
+
 def _step(model, checkpointing: bool, pack_round: int | None, calls: list[str]) -> dict:
     """One forward + backward of a weighted logprob sum with the FP8 KV fake-quant and a calibrator on."""
     batch = _batch()
@@ -59,8 +65,7 @@ def _step(model, checkpointing: bool, pack_round: int | None, calls: list[str]) 
     return {
         "loss": loss.detach(),
         "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-        "bits": {n: (m.quantized_weight().data.view(torch.uint8).clone(), m.quantized_weight().scale.clone())
-                 for n, m in fp8_layers(model)},  # fmt: skip
+        "bits": _fp8_bits(model),
         "records": [r.clone() for r in calibrator._records],
     }
 
@@ -174,8 +179,7 @@ def test_transient_fp8_weights_are_bitwise_the_cached_ones_and_live_one_layer_at
             "switched": switched, "loss": loss.detach(), "alive": alive_after_forward, "forward_made": forward_made,
             "held_in_backward": max(held_at_quantization[forward_made:], default=0),
             "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-            "bits": {n: (m.quantized_weight().data.view(torch.uint8).clone(), m.quantized_weight().scale.clone())
-                     for n, m in fp8_layers(model)},  # fmt: skip
+            "bits": _fp8_bits(model),
         }
     cached, transient = runs[False], runs[True]
     assert (cached["switched"], transient["switched"]) == (0, 14)
