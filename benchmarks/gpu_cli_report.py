@@ -27,7 +27,8 @@ from pathlib import Path
 
 from nemo_jetrl.utils.metrics_jsonl import position_curve, read_metrics_jsonl
 
-PHASES = ("generation", "logprobs", "training", "refit", "reward", "kv_bootstrap", "total_step_time")
+PHASES = ("generation", "generation/cuda_graph_capture", "generation/admission", "logprobs", "training", "refit", "reward",
+          "kv_bootstrap", "total_step_time")  # generation/...: device time inside the generation phase
 MEMORY_FILE = "gpu_memory.csv"
 ESTIMATED = {"generation": "rollout", "logprobs": "logprob", "training": "train"}  # phase -> the preflight's name
 
@@ -126,20 +127,22 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     summary["refit_gather_s"] = _steady_median(read_metric(log_dir, "train/refit/seconds"), skip)
     summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
     summary["allocated_peak_gib"], summary["estimated_peak_gib"] = read_memory(log_dir)
+    summary["reserved_peak_gib"] = read_memory(log_dir, "reserved_peak")[0]
     curve = position_curve(read_metrics_jsonl(log_dir / "metrics.jsonl"), skip)
     summary["mismatch_by_position"] = {str(k): v for k, v in curve.items()}
     summary["per_step"] = read_mismatch(log_dir)
     return summary
 
 
-def read_memory(log_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """({phase: its largest `memory/<phase>_peak_gib` over the steps after the first}, {phase: the preflight's
-    estimate in GiB}). A run of one step is compared on step 1 against the estimate without the optimizer state
-    (`memory/estimate_optimizer_state_gib`: AdamW allocates it at step 1's optimizer step, after those peaks)."""
+def read_memory(log_dir: Path, kind: str = "peak") -> tuple[dict[str, float], dict[str, float]]:
+    """({phase: its largest `memory/<phase>_<kind>_gib` over the steps after the first}, {phase: the preflight's
+    estimate in GiB}); kind "peak" (allocated) or "reserved_peak". A run of one step is compared on step 1 against the
+    estimate without the optimizer state (`memory/estimate_optimizer_state_gib`: AdamW allocates it at step 1's
+    optimizer step, after those peaks)."""
     series = read_metrics_jsonl(log_dir / "metrics.jsonl")
     measured, first_only = {}, False
     for phase in ESTIMATED:
-        if (key := f"memory/{phase}_peak_gib") in series:
+        if (key := f"memory/{phase}_{kind}_gib") in series:
             steps, values = series[key]
             later = values[steps >= 2]
             first_only = first_only or not len(later)
@@ -189,6 +192,10 @@ def format_table(summaries: dict[str, dict]) -> str:
         cells = [_memory_cell(summaries[label], phase) for label in labels]
         if any(c != "—" for c in cells):
             rows.append(f"| {phase} peak allocated (estimate) | " + " | ".join(cells) + " |")
+    for phase in ESTIMATED:  # the caching allocator's footprint per phase (runs that logged it)
+        cells = [_fmt(summaries[label].get("reserved_peak_gib", {}).get(phase), "{:.1f} GiB") for label in labels]
+        if any(c != "—" for c in cells):
+            rows.append(f"| {phase} peak reserved | " + " | ".join(cells) + " |")
     bins = sorted({int(b) for s in summaries.values() for b in s["mismatch_by_position"]})
     for b in bins:  # token_mult_prob_error per response-position bin
         cells = [f"{v:.4f}" if (v := summaries[label]["mismatch_by_position"].get(str(b))) is not None else "—"

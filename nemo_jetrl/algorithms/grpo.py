@@ -122,6 +122,10 @@ def _generate_batch(run: GrpoSetup, batch_index: int, num_prompts: int, timer: T
         prompt_ids = [ids for ids in encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
         answers = [p.answer for p in problems for _ in range(group)]
         out = run.engine.generate(prompt_ids, generator=step_generator(g.seed, batch_index, run.device))
+    stats = getattr(run.engine, "last_rollout_stats", None)  # the native engine's continuous rollout
+    if stats is not None:  # device time inside the generation phase: graph captures, admissions (prefills)
+        timer.add("generation/cuda_graph_capture", stats.capture_s)
+        timer.add("generation/admission", stats.admission_s)
     with timer.time("reward"):
         raw = run.task.score(decode_responses(tok, out), answers)  # [B]
         num_bad = int((~torch.isfinite(raw)).sum())

@@ -42,6 +42,7 @@ from nemo_jetrl.precision import (
     use_transient_fp8_weights,
 )
 from nemo_jetrl.precision.kv import KVScales, QKVCalibrator
+from nemo_jetrl.utils.device_memory import release_cached_memory
 
 if TYPE_CHECKING:  # the section type imports pydantic: the trainer imports without it (the GPU box)
     from nemo_jetrl.policy.config import PolicyConfig
@@ -255,6 +256,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
             if self._kv_fused():
                 self.kv_calibrator.reset()
             self.routing.counts.clear()
+        release_cached_memory(self.device)  # the logprob pass's cached blocks: the training pass's sizes differ
         per_step = [self._optimizer_step(b, loss_fn) for b in steps]
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

@@ -13,6 +13,6 @@ WGRAD_X_BLOCKS = "1x128"
 TRAIN_KV_FAKE_QUANT = False
 USE_DEEP_GEMM = False
 CACHE_DGRAD_WEIGHT = False
-TRANSIENT_TRAIN_WEIGHTS = False
+TRANSIENT_TRAIN_WEIGHTS = True  # checkpointed eager training: one layer's FP8 weights alive, not the cache
 KV_PERCENTILE = 99.9  # of the per-micro-batch amax values
 KV_MARGIN = 1.05  # scale = amax * margin / 448

@@ -11,7 +11,9 @@ timer.reset()
 
 `Timer(memory_device=cuda_device)` also records each name's peak allocated device memory while it runs
 (`torch.cuda.max_memory_allocated`, nested names included: an inner start resets the counter after folding it into
-the names still running), as `memory/<name>_peak_gib` in `get_memory_metrics()`; other devices record nothing.
+the names still running), as `memory/<name>_peak_gib` in `get_memory_metrics()`, and its peak reserved memory (the
+caching allocator's footprint, what nvidia-smi sees less the CUDA context) as `memory/<name>_reserved_peak_gib`;
+other devices record nothing.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class Timer:
         self.memory_device = memory if memory is not None and memory.type == "cuda" else None
         self._durations: dict[str, list[float]] = {}
         self._started: dict[str, float] = {}
-        self._peak_now: dict[str, int] = {}  # running names: their peak bytes so far
-        self._peaks: dict[str, int] = {}  # finished names: their largest peak since the last reset
+        self._peak_now: dict[str, tuple[int, int]] = {}  # running names: their peak (allocated, reserved) bytes so far
+        self._peaks: dict[str, tuple[int, int]] = {}  # finished names: their largest peaks since the last reset
 
     def _sync(self) -> None:
         if self.device is not None and self.device.type == "cuda":
@@ -58,7 +60,8 @@ class Timer:
         if self.memory_device is not None:
             self._fold_peak()
             torch.cuda.reset_peak_memory_stats(self.memory_device)
-            self._peak_now[name] = torch.cuda.memory_allocated(self.memory_device)
+            dev = self.memory_device
+            self._peak_now[name] = (torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev))
         self._started[name] = time.perf_counter()
 
     def stop(self, name: str) -> float:
@@ -70,18 +73,28 @@ class Timer:
         self._durations.setdefault(name, []).append(elapsed)
         if self.memory_device is not None:
             self._fold_peak()
-            self._peaks[name] = max(self._peaks.get(name, 0), self._peak_now.pop(name))
+            self._peaks[name] = _larger(self._peaks.get(name, (0, 0)), self._peak_now.pop(name))
         return elapsed
 
     def _fold_peak(self) -> None:
-        """The device's peak since the last reset, into every running name's."""
-        peak = torch.cuda.max_memory_allocated(self.memory_device)
+        """The device's peaks since the last reset, into every running name's."""
+        dev = self.memory_device
+        peak = (torch.cuda.max_memory_allocated(dev), torch.cuda.max_memory_reserved(dev))
         for running in self._peak_now:
-            self._peak_now[running] = max(self._peak_now[running], peak)
+            self._peak_now[running] = _larger(self._peak_now[running], peak)
 
     def get_memory_metrics(self) -> dict[str, float]:
-        """`{"memory/<name>_peak_gib": GiB}`: each finished name's peak allocated memory (with a CUDA memory_device)."""
-        return {f"memory/{name}_peak_gib": peak / 1024**3 for name, peak in self._peaks.items()}
+        """`{"memory/<name>_peak_gib": GiB, "memory/<name>_reserved_peak_gib": GiB}`: each finished name's peak
+        allocated and reserved memory (with a CUDA memory_device)."""
+        out = {}
+        for name, (allocated, reserved) in self._peaks.items():
+            out[f"memory/{name}_peak_gib"] = allocated / 1024**3
+            out[f"memory/{name}_reserved_peak_gib"] = reserved / 1024**3
+        return out
+
+    def add(self, name: str, seconds: float) -> None:
+        """Record an interval measured elsewhere (e.g. device time from CUDA events) as one of `name`."""
+        self._durations.setdefault(name, []).append(float(seconds))
 
     @contextmanager
     def time(self, name: str) -> Iterator[None]:
@@ -111,3 +124,8 @@ class Timer:
         else:
             self._durations.pop(name, None)
             self._peaks.pop(name, None)
+
+
+def _larger(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """Element-wise max of two (allocated, reserved) byte pairs."""
+    return max(a[0], b[0]), max(a[1], b[1])

@@ -25,6 +25,10 @@ def test_budgeted_rollout_gives_the_unbudgeted_run(tmp_path):
         for key in CLOSE:
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-3, abs=1e-5), (step, key)
     assert any(a[s]["train/reward_mean"] != a[1]["train/reward_mean"] for s in a)  # the rewards are not constant
+    for step in b:  # the continuous rollout's admissions (its prefills) inside the generation phase; no graphs on CPU
+        admission = b[step]["timing/generation/admission"]
+        assert 0 < admission < b[step]["timing/generation"] and b[step]["timing/generation/cuda_graph_capture"] == 0
+        assert "timing/generation/admission" not in a[step]  # the whole-batch rollout has no admissions
 
 
 def test_exact_mode_with_a_kv_budget_stays_bitwise_on_policy(tmp_path):

@@ -31,14 +31,24 @@ def step_batch(step: int, rows: int = 4, seq: int = 128):
     return batch
 
 
-def steps(preset: str, checkpointing: bool, graphs: bool, packed: bool, from_forward: bool, n: int = 4):
-    """`n` GRPO trainer steps (logprob pass or prev_logprobs from the training forward, train, refit)."""
+def steps(
+    preset: str,
+    checkpointing: bool,
+    graphs: bool,
+    packed: bool,
+    from_forward: bool,
+    n: int = 4,
+    transient: bool = False,
+):
+    """`n` GRPO trainer steps (logprob pass or prev_logprobs from the training forward, train, refit);
+    `transient`: fp8_cfg.transient_train_weights."""
     model = build_model(TINY, None, DEV, torch.bfloat16).train()
     cfg = policy_config(
         optimizer=OPT, train_cuda_graphs=graphs, logprob_batch_size=2, max_total_sequence_length=128,
         prev_logprobs_source="train_forward" if from_forward else "logprob_forward",
         sequence_packing=PACKED if packed else {}, dtensor_cfg={"tensor_parallel_size": 1,
                                                                   "activation_checkpointing": checkpointing},
+        fp8_cfg={"transient_train_weights": transient},
     )  # fmt: skip
     policy = NativePolicy(cfg, PrecisionRecipe.preset(preset), DEV, model=model)
     if policy.kv_calibrator is not None:
@@ -63,6 +73,22 @@ def test_checkpointed_steps_equal_plain_steps(preset, graphs, packed, from_forwa
     plain, out_plain = steps(preset, False, graphs, packed, from_forward)
     ckpt, out_ckpt = steps(preset, True, graphs, packed, from_forward)
     assert ckpt.kernels["activation_checkpointing"] and not plain.kernels["activation_checkpointing"]
+    assert_same_steps(plain, out_plain, ckpt, out_ckpt, graphs)
+
+
+@pytest.mark.parametrize("preset,packed", [("jetrl", False), ("jetrl_kv", True)])
+def test_transient_fp8_weights_equal_cached_steps(preset, packed):
+    """fp8_cfg.transient_train_weights (eager, checkpointed): each FP8 weight quantized as its layer runs and released
+    after it; the steps are bit for bit the plain steps' (fused kernels, flash varlen when packed)."""
+    plain, out_plain = steps(preset, False, False, packed, False)
+    transient, out_transient = steps(preset, True, False, packed, False, transient=True)
+    switched = {m.transient_weight for _, m in fp8_layers(transient.model)}
+    assert switched == {True} and {m.transient_weight for _, m in fp8_layers(plain.model)} == {False}
+    assert_same_steps(plain, out_plain, transient, out_transient, graphs=False)
+
+
+def assert_same_steps(plain, out_plain, ckpt, out_ckpt, graphs: bool) -> None:
+    """Metrics, prev_logprobs, master weights, FP8 bits and KV scales of two policies' steps are bitwise equal."""
     if graphs:  # the checkpointed micro-batches were captured and replayed too
         assert ckpt.train_graphs.captures >= 1 and ckpt.train_graphs.replays >= 4
     for (m_p, lp_p), (m_c, lp_c) in zip(out_plain, out_ckpt):
@@ -122,3 +148,17 @@ def test_the_step_timer_records_each_phases_allocated_peak():
     assert gib["memory/generation_peak_gib"] == pytest.approx(256 << 20, abs=4 << 20)
     assert gib["memory/training_peak_gib"] == pytest.approx(64 << 20, abs=4 << 20)
     assert gib["memory/total_step_time_peak_gib"] == pytest.approx(256 << 20, abs=4 << 20)
+    for phase in ("generation", "training", "total_step_time"):  # the footprint holds what was allocated
+        assert gib[f"memory/{phase}_reserved_peak_gib"] >= gib[f"memory/{phase}_peak_gib"]
+
+
+def test_released_cached_blocks_leave_the_footprint():
+    """A freed 256 MiB buffer stays reserved (cached) until release_cached_memory gives it back to the driver."""
+    from nemo_jetrl.utils.device_memory import release_cached_memory
+
+    release_cached_memory(DEV)
+    before = torch.cuda.memory_reserved(DEV)
+    big = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    del big
+    assert torch.cuda.memory_reserved(DEV) >= before + (256 << 20)
+    assert release_cached_memory(DEV) and torch.cuda.memory_reserved(DEV) <= before

@@ -39,6 +39,7 @@ from nemo_jetrl.models.logits import compute_logits
 from nemo_jetrl.models.moe import decode_syncs_host
 from nemo_jetrl.models.moe_routing import RoutingRecord, observing
 from nemo_jetrl.precision import rollout_mode
+from nemo_jetrl.utils.device_memory import release_cached_memory
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str | torch.dtype | None, attention_dtype: torch.dtype) -> torch.dtype:
@@ -159,7 +160,9 @@ class NativeGenerationEngine(GenerationInterface):
         return True
 
     def finish_generation(self) -> bool:
-        """Nothing to release: the per-call KV cache is freed when `generate` returns."""
+        """The per-call KV cache and decode graphs are freed when `generate` returns; their cached blocks go back to
+        the driver here (CUDA), before the logprob and training passes."""
+        release_cached_memory(self.device)
         return True
 
     def update_weights(

@@ -205,12 +205,12 @@ def test_the_logprob_term_is_within_15_percent_of_the_pass_measured_on_an_h200()
 
 
 def test_eager_checkpointed_fp8_training_holds_two_layers_of_fp8_weights_not_all():
-    """`fp8_cfg.transient_train_weights` (eager FP8 training with checkpointing): the training pass's resident state has
-    two layers' FP8 weights, not the whole cache; the rollout and the logprob pass keep it; captured: all kept."""
+    """`fp8_cfg.transient_train_weights` (the default; eager FP8 training with checkpointing): the training pass's
+    resident state has two layers' FP8 weights, not the whole cache; the rollout and the logprob pass keep it; captured: all kept."""
     overrides = [*LONG_16K, "policy.master_dtype=bfloat16", "policy.dtensor_cfg.activation_checkpointing=true"]
-    kept = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", overrides), shape=SHAPE_8B, capacity=H200).estimate
-    assert kept.train_released == 0  # the default: the cache held through the step
-    overrides.append("policy.fp8_cfg.transient_train_weights=true")
+    kept_cfg = _cfg("grpo_math_8B_fp8_kv.yaml", [*overrides, "policy.fp8_cfg.transient_train_weights=false"])
+    kept = memory_preflight(kept_cfg, shape=SHAPE_8B, capacity=H200).estimate
+    assert kept.train_released == 0  # opted out: the cache held through the step
     eager = memory_preflight(_cfg("grpo_math_8B_fp8_kv.yaml", overrides), shape=SHAPE_8B, capacity=H200).estimate
     layer = int(SHAPE_8B.layer_linear_params() * (1 + 4 / 128**2))
     cache = eager.resident["fp8_weights"]

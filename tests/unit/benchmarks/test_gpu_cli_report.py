@@ -63,17 +63,20 @@ def test_memory_against_the_estimate_and_mismatch_by_position(tmp_path, capsys):
     extra = [{"step": 0, "memory/estimate_train_peak_gib": 44.0, "memory/estimate_rollout_peak_gib": 30.0}]
     for step in (1, 2, 3, 4):
         extra.append({"step": step, "memory/training_peak_gib": 38.0 + step, "memory/generation_peak_gib": 31.0,
+                      "memory/training_reserved_peak_gib": 45.0 - step,
                       "train/mismatch_pos/00000": 1.0, "train/mismatch_pos/08192": 1.0 + 0.01 * step})  # fmt: skip
     with open(log_dir / "metrics.jsonl", "a") as f:
         f.write("\n" + "\n".join(json.dumps(line) for line in extra) + "\n")
     s = report.summarize(log_dir, skip=1)
     assert s["allocated_peak_gib"] == {"generation": 31.0, "training": 42.0}  # the largest over steps 2-4
     assert s["estimated_peak_gib"] == {"generation": 30.0, "training": 44.0}
+    assert s["reserved_peak_gib"] == {"training": 43.0}  # the largest over steps 2-4 (step 1's 44 skipped)
     assert s["mismatch_by_position"] == {"0": 1.0, "8192": pytest.approx(1.03)}  # steps 2-4
     assert report.main([f"fp8_kv={log_dir}"]) == 0
     out = capsys.readouterr().out
     assert "| training peak allocated (estimate) | 42.0 GiB (44.0, +5%) |" in out
     assert "| generation peak allocated (estimate) | 31.0 GiB (30.0, -3%) |" in out
+    assert "| training peak reserved | 43.0 GiB |" in out and "generation peak reserved" not in out
     assert "| mismatch at position 8192+ | 1.0300 |" in out
     assert "| first step / median step | 2.50x |" in out  # 10 s against the median 4 s of steps 2-4
 

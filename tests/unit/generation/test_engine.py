@@ -66,10 +66,13 @@ def check_layout(out: GenerationOutput, prompts, stop_ids, max_new=MAX_NEW) -> N
     assert torch.isfinite(lp).all() and (lp[out.response_mask == 1] < 0).all()
 
 
-def test_is_a_generation_interface(tiny_model):
+def test_is_a_generation_interface(tiny_model, monkeypatch):
+    released = []  # finish_generation gives the rollout's cached blocks back (CUDA: empty_cache)
+    monkeypatch.setattr("nemo_jetrl.generation.native.engine.release_cached_memory", released.append)
     eng = engine(tiny_model)
     assert isinstance(eng, GenerationInterface)
-    assert eng.prepare_for_generation() and eng.finish_generation()
+    assert eng.prepare_for_generation() and released == []
+    assert eng.finish_generation() and released == [eng.device]
     assert eng.model is tiny_model  # weights by reference
 
 

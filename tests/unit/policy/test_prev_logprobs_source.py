@@ -142,3 +142,15 @@ def test_fp8_weights_follow_a_fused_optimizer_step(tiny):
         qw = m.quantized_weight()
         data, scale = weight_quant(m.weight.detach(), 128)
         assert torch.equal(qw.data.view(torch.uint8), data.view(torch.uint8)) and torch.equal(qw.scale, scale)
+
+
+def test_train_releases_the_cached_blocks_of_the_pass_before_once(tiny, monkeypatch):
+    """train() starts by giving the logprob pass's cached blocks back (CUDA: empty_cache), once per call."""
+    released = []
+    monkeypatch.setattr("nemo_jetrl.policy.native.release_cached_memory", released.append)
+    policy = _policy(tiny, "logprob_forward", 4)
+    batch = _batch()
+    batch.prev_logprobs = policy.get_logprobs(batch)
+    assert released == []
+    policy.train([batch.select(slice(0, 4)), batch.select(slice(4, 8))], LOSS_FN)
+    assert released == [policy.device]

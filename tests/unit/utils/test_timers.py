@@ -81,3 +81,62 @@ def test_memory_peaks_are_recorded_on_cuda_only():
         pass
     assert timer.memory_device is None and timer.get_memory_metrics() == {}
     assert list(timer.get_timing_metrics()) == ["timing/training"]
+
+
+class FakeAllocator:
+    """torch.cuda's allocator counters, driven by hand: `alloc` / `free` bytes, `cache` (reserved, not allocated)."""
+
+    def __init__(self, monkeypatch):
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        for name, fn in {
+            "memory_allocated": lambda d=None: self.allocated,
+            "memory_reserved": lambda d=None: self.reserved,
+            "max_memory_allocated": lambda d=None: self.peak_allocated,
+            "max_memory_reserved": lambda d=None: self.peak_reserved,
+            "reset_peak_memory_stats": lambda d=None: self.reset(),
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+    def reset(self):
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+    def alloc(self, n: int, cached: int = 0):
+        self.allocated += n
+        self.reserved = max(self.reserved, self.allocated + cached)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, n: int, release: bool = False):
+        self.allocated -= n
+        if release:  # empty_cache
+            self.reserved = self.allocated
+
+
+def test_allocated_and_reserved_peaks_per_phase_nested_included(monkeypatch):
+    gib = 1024**3
+    fake = FakeAllocator(monkeypatch)
+    timer = Timer(memory_device="cuda")
+    with timer.time("total_step_time"):
+        with timer.time("generation"):
+            fake.alloc(10 * gib, cached=4 * gib)  # the KV pool, and 4 GiB the allocator keeps cached
+            fake.free(10 * gib)  # freed, still reserved
+        with timer.time("training"):
+            fake.alloc(6 * gib)
+            fake.free(6 * gib, release=True)
+    m = timer.get_memory_metrics()
+    assert m["memory/generation_peak_gib"] == 10 and m["memory/generation_reserved_peak_gib"] == 14
+    assert m["memory/training_peak_gib"] == 6 and m["memory/training_reserved_peak_gib"] == 14  # the cache stayed
+    assert m["memory/total_step_time_peak_gib"] == 10 and m["memory/total_step_time_reserved_peak_gib"] == 14
+    timer.reset()
+    with timer.time("training"):  # after the release: the footprint is the phase's own
+        fake.alloc(6 * gib)
+    assert timer.get_memory_metrics() == {"memory/training_peak_gib": 6, "memory/training_reserved_peak_gib": 6}
+
+
+def test_added_intervals_reduce_with_the_timed_ones():
+    timer = Timer()
+    timer.add("generation/cuda_graph_capture", 0.25)
+    timer.add("generation/cuda_graph_capture", 0.5)
+    assert timer.durations("generation/cuda_graph_capture") == [0.25, 0.5]
+    assert timer.get_timing_metrics()["timing/generation/cuda_graph_capture"] == 0.75
+    assert timer.get_timing_metrics("max")["timing/generation/cuda_graph_capture"] == 0.5
