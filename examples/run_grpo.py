@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate_only:
         return 0
     from nemo_jetrl.algorithms.memory_preflight import memory_preflight
+    from nemo_jetrl.utils.process_env import apply_trainer_env
+
+    for line in apply_trainer_env(master_cfg.policy.dtensor_cfg.env_vars):  # before the preflight starts CUDA
+        print(line)
 
     try:  # before the trainer's imports: a config the device cannot run is refused at once (run_grpo reports it)
         memory_preflight(master_cfg.model_copy(deep=True))  # run_grpo derives the budgets into its own

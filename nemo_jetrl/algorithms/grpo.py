@@ -50,6 +50,7 @@ from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, Non
 from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.precision.recipes.gemm_choice import deep_gemm_status
 from nemo_jetrl.utils.logger import Logger, NullLogger
+from nemo_jetrl.utils.process_env import apply_trainer_env
 from nemo_jetrl.utils.progress import RunProgress, run_summary
 from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
 from nemo_jetrl.utils.timers import Timer
@@ -122,10 +123,8 @@ def _generate_batch(run: GrpoSetup, batch_index: int, num_prompts: int, timer: T
         prompt_ids = [ids for ids in encode_prompts(tok, [p.prompt for p in problems]) for _ in range(group)]
         answers = [p.answer for p in problems for _ in range(group)]
         out = run.engine.generate(prompt_ids, generator=step_generator(g.seed, batch_index, run.device))
-    stats = getattr(run.engine, "last_rollout_stats", None)  # the native engine's continuous rollout
-    if stats is not None:  # device time inside the generation phase: graph captures, admissions (prefills)
-        timer.add("generation/cuda_graph_capture", stats.capture_s)
-        timer.add("generation/admission", stats.admission_s)
+    for part, seconds in run.engine.rollout_timings().items():  # device time inside the generation phase
+        timer.add(f"generation/{part}", seconds)
     with timer.time("reward"):
         raw = run.task.score(decode_responses(tok, out), answers)  # [B]
         num_bad = int((~torch.isfinite(raw)).sum())
@@ -289,9 +288,12 @@ def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | 
     that step) and saves one every `save_period` steps.
     """
     cfg = run_config(cfg, "run_grpo")
+    env_lines = apply_trainer_env(cfg.policy.dtensor_cfg.env_vars)  # before this process starts CUDA where it can
     main = start_ranks(cfg)  # torchrun: this rank's process group; rank 0 alone writes and prints
     for out in (console, checkpoint_console):
         out.quiet = out.quiet or not main
+    for env_line in env_lines:
+        console.print(env_line, highlight=False, soft_wrap=True)
     memory = memory_preflight(cfg)  # may derive token budgets into cfg (every rank alike), or refuse
     console.print(memory.line, highlight=False, soft_wrap=True)
     locks = []

@@ -92,8 +92,9 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.automodel_kwargs*": no_effect("NeMo Automodel loading options; models load from HF files"),
     "policy.dtensor_cfg.lora_cfg.enabled": only([False], "LoRA", "set false (full fine-tuning)"),
     "policy.dtensor_cfg.lora_cfg.*": no_effect("read only with lora_cfg.enabled: true"),
-    "policy.dtensor_cfg.clear_cache_every_n_steps": no_effect(MEMORY),
-    "policy.dtensor_cfg.env_vars*": no_effect("environment of NeMo-RL's workers"),
+    "policy.dtensor_cfg.clear_cache_every_n_steps": no_effect(
+        "the allocator's cached blocks go back to the driver after every rollout and before every training pass here"
+    ),
     # megatron_cfg (schema/nemo_rl_megatron.py): with enabled: true these are mapped; the FP8 switches always
     "policy.megatron_cfg.enabled": megatron("trained by the FSDP2 trainer as the lines below say (start-up lines)"),
     "policy.megatron_cfg.tensor_model_parallel_size": megatron("-> `policy.dtensor_cfg.tensor_parallel_size`"),
@@ -101,6 +102,7 @@ POLICY_RULES: dict[str, Rule] = {
     "policy.megatron_cfg.sequence_parallel": megatron("TP without sequence parallelism (activation memory only)"),
     "policy.megatron_cfg.activation_checkpointing": megatron("-> `policy.dtensor_cfg.activation_checkpointing`"),
     "policy.megatron_cfg.recompute_*": megatron("per-layer activation checkpointing whatever the granularity"),
+    "policy.megatron_cfg.env_vars*": megatron("-> `policy.dtensor_cfg.env_vars` (the trainer's environment)"),
     "policy.megatron_cfg.optimizer.optimizer": megatron("`adam` -> AdamW; other values refused"),
     "policy.megatron_cfg.optimizer.lr": megatron("-> `policy.optimizer.lr` and the scheduler's max_lr"),
     "policy.megatron_cfg.optimizer.min_lr": megatron("the scheduler's min_lr"),

@@ -153,7 +153,7 @@ def build_ray_policy_and_engine(
         from nemo_jetrl.policy.parallel.tensor_parallel import check_tp_model
 
         check_tp_model(policy_cfg.model_name, spec.tensor_parallel_size)
-    group = RayWorkerGroup(spec)
+    group = RayWorkerGroup(spec, env_vars=policy_cfg.dtensor_cfg.env_vars)  # the trainer's environment, as NeMo-RL's workers
     payload = group.put(worker_setup_payload(policy_cfg, spec, seed))
     info = group.run("setup", "setup", common=(payload, init_reference_model))[0]
     return RayPolicy(group, policy_cfg, info, init_reference_model=init_reference_model), RayGeneration(group)

@@ -75,10 +75,11 @@ def _release(actors: list, pg: Any, owns_ray: bool) -> None:
 class RayWorkerGroup:
     """`spec.num_workers` `PolicyWorker` actors forming one torch.distributed group (gloo on CPU, NCCL on GPU).
 
-    Released by `shutdown()`, on the first worker failure, or when the group is garbage-collected.
+    Released by `shutdown()`, on the first worker failure, or when the group is garbage-collected. `env_vars`: the
+    workers' environment (`policy.dtensor_cfg.env_vars`, set before each actor's process starts: Ray's runtime_env).
     """
 
-    def __init__(self, spec: ClusterSpec) -> None:
+    def __init__(self, spec: ClusterSpec, env_vars: Mapping[str, str] | None = None) -> None:
         self.spec = spec
         owns_ray = ensure_ray(spec)
         self.actors: list[Any] = []
@@ -119,6 +120,7 @@ class RayWorkerGroup:
                     scheduling_strategy=strategy,
                     max_restarts=0,
                     max_task_retries=0,
+                    **({"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}),
                 ).remote(rank, spec.num_workers, use_gpu=spec.uses_gpus, num_cpu_threads=spec.num_cpu_threads)
             )
         self.infos = self.run("start", "info")

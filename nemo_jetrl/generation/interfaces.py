@@ -74,6 +74,11 @@ class GenerationInterface(ABC):
     def kv_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The FP8 KV scales (k [L], v [L]) the next rollout uses, or None."""
 
+    def rollout_timings(self) -> dict[str, float]:
+        """Device seconds inside the last `generate` call, by part (`cuda_graph_capture`, `admission`); engines
+        that do not measure them return {}."""
+        return {}
+
     @abstractmethod
     def replace(self, **changes) -> GenerationInterface:
         """The engine with some settings changed for the calls made through the result; `kv_cache_dtype=None` is

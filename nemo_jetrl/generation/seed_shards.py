@@ -168,6 +168,11 @@ class ShardedGeneration(GenerationInterface):
             outs = generate_seed_shards(self.engine, shards, greedy=greedy, device=device)
         return merge_generation_outputs(outs, self.pad_token_id)
 
+    def rollout_timings(self) -> dict[str, float]:
+        """The engine's, where the rollout was its one call (one shard, one process); else not measured: {}."""
+        single = self.num_seed_shards == 1 and not (self.plan is not None and self.plan.distributed)
+        return self.engine.rollout_timings() if single else {}
+
     def prepare_for_generation(self) -> bool:
         return self.engine.prepare_for_generation()
 

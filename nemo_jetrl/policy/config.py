@@ -59,6 +59,20 @@ class DTensorConfig(Section):
     # each decoder layer keeps only its inputs and recomputes its activations in the backward (models/recompute.py):
     # same loss and gradients bit for bit, about one forward more per training pass, far less activation memory
     activation_checkpointing: bool = False
+    # environment variables of the trainer's process (NeMo-RL: its policy workers'), e.g. PYTORCH_CUDA_ALLOC_CONF:
+    # expandable_segments:True against the allocator's fragmentation at long sequences (utils/process_env.py)
+    env_vars: dict[str, str] | None = None
+
+    @field_validator("env_vars", mode="before")
+    @classmethod
+    def _env_values_as_text(cls, value: Any) -> Any:
+        """YAML scalars (1, true) become the strings an environment holds ('1', 'true'); nested values are refused."""
+        if not isinstance(value, dict):
+            return value
+        bad = [k for k, v in value.items() if isinstance(v, (dict, list)) or v is None]
+        if bad:
+            raise KeyedValueError(f"policy.dtensor_cfg.env_vars.{bad[0]}: an environment variable takes one value")
+        return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
 
 
 class DynamicBatchingConfig(Section):

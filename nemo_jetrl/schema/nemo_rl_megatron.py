@@ -28,6 +28,7 @@ CONSUMED = {
         "enabled", "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
         "activation_checkpointing", "recompute_granularity", "recompute_modules", "recompute_method",
         "recompute_num_layers", "freeze_moe_router", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
+        "env_vars",
     ),
     "optimizer": ("optimizer", "lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad"),
     "scheduler": (
@@ -56,6 +57,8 @@ def map_megatron(tree: dict) -> tuple[dict, list[str], list[str]]:
     dtensor = {"tensor_parallel_size": tp}
     if recompute:  # policy.dtensor_cfg.activation_checkpointing: the trainer's own switch (issue 43)
         dtensor["activation_checkpointing"] = True
+    if mcfg.get("env_vars"):  # NeMo-RL: the Megatron workers' environment; here the trainer's (utils/process_env.py)
+        dtensor["env_vars"] = mcfg["env_vars"]
     mapped = {k: v for k, v in policy.items() if k not in ("dtensor_cfg", "optimizer", "scheduler", "max_grad_norm")}
     mapped.update(dtensor_cfg=dtensor, optimizer=optimizer, scheduler=scheduler, max_grad_norm=clip)
     mapped.update(_moe_router(mcfg, policy, errors))

@@ -193,3 +193,20 @@ def test_a_dead_worker_is_named_with_its_phase(ray_cluster):
     ):
         group.run("ping", "info")
     assert group.actors == []
+
+
+def test_workers_run_with_the_trainers_environment(ray_cluster):
+    """policy.dtensor_cfg.env_vars reach every worker's process before it starts (Ray's runtime_env), as NeMo-RL's
+    policy workers get them; a group without them leaves the environment alone."""
+    spec = ClusterSpec.from_config(ClusterConfig(backend="ray", cpu_workers_per_node=2, num_cpu_threads=1))
+    group = RayWorkerGroup(spec, env_vars={"JETRL_TRAINER_ENV": "7"})
+    try:
+        seen = ray.get([a.__ray_call__.remote(lambda _: os.environ.get("JETRL_TRAINER_ENV")) for a in group.actors])
+    finally:
+        group.shutdown()
+    assert seen == ["7", "7"]
+    plain = RayWorkerGroup(spec)
+    try:
+        assert ray.get(plain.actors[0].__ray_call__.remote(lambda _: os.environ.get("JETRL_TRAINER_ENV"))) is None
+    finally:
+        plain.shutdown()

@@ -181,6 +181,11 @@ class NativeGenerationEngine(GenerationInterface):
             k_scales, v_scales = kv_scales
             self._kv_scales = (k_scales.detach().float().clone(), v_scales.detach().float().clone())
 
+    def rollout_timings(self) -> dict[str, float]:
+        """The last continuous-batching rollout's graph captures and admissions (prefills), in device seconds."""
+        stats = self.last_rollout_stats
+        return {} if stats is None else {"cuda_graph_capture": stats.capture_s, "admission": stats.admission_s}
+
     def replace(self, **changes) -> NativeGenerationEngine:
         """A new engine over the same model with some constructor arguments changed (e.g. `kv_cache_dtype=None`
         for a high-precision calibration rollout); KV scales are carried over."""

@@ -109,6 +109,9 @@ class _RecordingEngine(GenerationInterface):
 
     kv_scales = None
 
+    def rollout_timings(self):
+        return {"admission": float(len(self.calls))}
+
     def replace(self, **changes):
         engine = _RecordingEngine()
         engine.changes = changes
@@ -136,3 +139,13 @@ def test_sharded_generation_replace_keeps_the_sharding():
     replaced = ShardedGeneration(_RecordingEngine(), 2, pad_token_id=0).replace(kv_cache_dtype=None)
     assert isinstance(replaced, ShardedGeneration) and replaced.num_seed_shards == 2
     assert replaced.engine.changes == {"kv_cache_dtype": None}
+
+
+def test_rollout_timings_pass_through_only_where_the_rollout_was_one_engine_call():
+    engine = _RecordingEngine()
+    one = ShardedGeneration(engine, 1, pad_token_id=0)
+    one.generate([[1], [2]], generator=torch.Generator().manual_seed(1))
+    assert one.rollout_timings() == {"admission": 1.0}
+    two = ShardedGeneration(engine, 2, pad_token_id=0)
+    two.generate([[1], [2]], generator=torch.Generator().manual_seed(1))
+    assert two.rollout_timings() == {}  # the engine's would be its last shard's alone
