@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_jetrl.algorithms.memory_preflight import memory_preflight
     from nemo_jetrl.utils.process_env import apply_trainer_env
 
-    for line in apply_trainer_env(master_cfg.policy.dtensor_cfg.env_vars):  # before the preflight starts CUDA
+    for line in apply_trainer_env(master_cfg.policy.dtensor_cfg):  # before the preflight starts CUDA
         print(line)
 
     try:  # before the trainer's imports: a config the device cannot run is refused at once (run_grpo reports it)

@@ -288,7 +288,7 @@ def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | 
     that step) and saves one every `save_period` steps.
     """
     cfg = run_config(cfg, "run_grpo")
-    env_lines = apply_trainer_env(cfg.policy.dtensor_cfg.env_vars)  # before this process starts CUDA where it can
+    env_lines = apply_trainer_env(cfg.policy.dtensor_cfg)  # before this process starts CUDA where it can
     main = start_ranks(cfg)  # torchrun: this rank's process group; rank 0 alone writes and prints
     for out in (console, checkpoint_console):
         out.quiet = out.quiet or not main

@@ -21,6 +21,7 @@ from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBat
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError
 from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.kv import KVScales
+from nemo_jetrl.utils.process_env import trainer_env
 
 _ERRORS = {cls.__name__: cls for cls in (NonFiniteError, NonFiniteStateError)}
 
@@ -153,7 +154,7 @@ def build_ray_policy_and_engine(
         from nemo_jetrl.policy.parallel.tensor_parallel import check_tp_model
 
         check_tp_model(policy_cfg.model_name, spec.tensor_parallel_size)
-    group = RayWorkerGroup(spec, env_vars=policy_cfg.dtensor_cfg.env_vars)  # the trainer's environment, as NeMo-RL's workers
+    group = RayWorkerGroup(spec, env_vars=trainer_env(policy_cfg.dtensor_cfg)[0])  # as NeMo-RL's policy workers'
     payload = group.put(worker_setup_payload(policy_cfg, spec, seed))
     info = group.run("setup", "setup", common=(payload, init_reference_model))[0]
     return RayPolicy(group, policy_cfg, info, init_reference_model=init_reference_model), RayGeneration(group)

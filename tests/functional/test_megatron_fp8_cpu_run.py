@@ -28,12 +28,16 @@ TINY = [  # the tiny model on one CPU process: no tensor / pipeline parallel ran
 @pytest.mark.slow
 def test_megatron_fp8_recipe_runs_three_steps_with_its_megatron_lr(tmp_path, monkeypatch):
     monkeypatch.setenv("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0")  # restored after the run sets the recipe's "1"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "unset")  # recorded, then absent: the run derives it
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     main = load_script(ROOT / "examples" / "run_grpo.py", "run_grpo_megatron_cpu").main
     rc, out, err = run_main(main, ["--config", str(CONFIG), *TINY, f"logger.log_dir={tmp_path}"])
     assert rc == 0, err
     assert out.count("megatron_cfg: trained by nemo-jetrl's FSDP2 trainer: TP 1 -> DTensor TP 1") == 1
     # megatron_cfg.env_vars: the trainer's environment, one line
     assert out.count("policy.dtensor_cfg.env_vars: the trainer runs with NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1") == 1
+    # its recompute -> activation checkpointing -> the allocator on expandable segments (the user set none)
+    assert out.count("derived PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (activation checkpointing") == 1
     assert "precision: train=fp8 rollout=fp8 kv=fp8" in out
     rows: dict[int, dict] = {}
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():

@@ -1,8 +1,10 @@
 """policy.dtensor_cfg.env_vars (NeMo-RL's key; megatron_cfg.env_vars maps onto it): the trainer's environment. Set in
 the process with one start-up line; the allocator takes PYTORCH_CUDA_ALLOC_CONF at once where CUDA has started;
-YAML scalars become strings; megatron_cfg's variables land on the same key."""
+activation checkpointing derives expandable segments unless the user chose; YAML scalars become strings;
+megatron_cfg's variables land on the same key."""
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,12 +26,37 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
+def dtensor(env_vars=None, checkpointing=False):
+    return SimpleNamespace(env_vars=env_vars, activation_checkpointing=checkpointing)
+
+
 def test_variables_are_set_with_one_line_and_only_when_they_change(clean_env):
     clean_env.setattr(torch.cuda, "is_initialized", lambda: False)  # a CPU box: nothing to tell the allocator
-    assert process_env.apply_trainer_env(None) == [] and process_env.apply_trainer_env({}) == []
-    lines = process_env.apply_trainer_env({NAME: "1"})
+    assert process_env.apply_trainer_env(dtensor()) == [] and process_env.apply_trainer_env(dtensor({})) == []
+    lines = process_env.apply_trainer_env(dtensor({NAME: "1"}))
     assert lines == [f"policy.dtensor_cfg.env_vars: the trainer runs with {NAME}=1"] and os.environ[NAME] == "1"
-    assert process_env.apply_trainer_env({NAME: "1"}) == []  # already so (a torchrun rank, the API after the CLI)
+    assert process_env.apply_trainer_env(dtensor({NAME: "1"})) == []  # already so (a torchrun rank, the API after the CLI)
+    assert process_env.ALLOC_CONF not in os.environ  # nothing derived without activation checkpointing
+
+
+def test_checkpointing_derives_expandable_segments_unless_the_user_chose(clean_env):
+    clean_env.setattr(torch.cuda, "is_initialized", lambda: False)
+    lines = process_env.apply_trainer_env(dtensor({NAME: "2"}, checkpointing=True))
+    assert lines == [
+        f"policy.dtensor_cfg.env_vars: the trainer runs with {NAME}=2",
+        "derived PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (activation checkpointing: long passes fragment the "
+        "allocator's blocks); set policy.dtensor_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF to choose",
+    ]
+    assert os.environ[process_env.ALLOC_CONF] == "expandable_segments:True"
+    # Ray workers get the driver's setting, whoever made it
+    assert process_env.trainer_env(dtensor(checkpointing=True)) == ({process_env.ALLOC_CONF: "expandable_segments:True"}, False)
+    clean_env.setenv(process_env.ALLOC_CONF, "max_split_size_mb:512")  # exported by the user: kept, no line
+    assert process_env.apply_trainer_env(dtensor(checkpointing=True)) == []
+    assert os.environ[process_env.ALLOC_CONF] == "max_split_size_mb:512"
+    chosen = dtensor({process_env.ALLOC_CONF: "expandable_segments:False"}, checkpointing=True)  # in the config: wins
+    assert process_env.apply_trainer_env(chosen) == [
+        "policy.dtensor_cfg.env_vars: the trainer runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
+    ]
 
 
 def test_a_started_allocator_takes_the_new_settings(clean_env):
@@ -37,9 +64,9 @@ def test_a_started_allocator_takes_the_new_settings(clean_env):
     clean_env.setattr(torch.cuda, "is_available", lambda: True)
     clean_env.setattr(torch.cuda, "is_initialized", lambda: True)
     clean_env.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
-    process_env.apply_trainer_env({NAME: "x"})
+    process_env.apply_trainer_env(dtensor({NAME: "x"}))
     assert calls == []  # other variables are only the environment's
-    process_env.apply_trainer_env({process_env.ALLOC_CONF: "expandable_segments:True"})
+    process_env.apply_trainer_env(dtensor({process_env.ALLOC_CONF: "expandable_segments:True"}))
     assert calls == ["expandable_segments:True"]
     assert os.environ[process_env.ALLOC_CONF] == "expandable_segments:True"
 
