@@ -154,14 +154,22 @@ class ShardedGeneration(GenerationInterface):
         """The wrapped engine's `replace(**changes)`, sharded the same way (e.g. the KV calibration rollout)."""
         return ShardedGeneration(self.engine.replace(**changes), self.num_seed_shards, self.pad_token_id, self.plan)
 
+    @property
+    def _distributed(self) -> bool:
+        return self.plan is not None and self.plan.distributed
+
+    @property
+    def _passes_through(self) -> bool:
+        """One shard in one process: the rollout is the engine's one call, with the caller's generator."""
+        return self.num_seed_shards == 1 and not self._distributed
+
     def generate(self, prompt_ids, *, greedy=False, generator=None) -> GenerationOutput:
-        distributed = self.plan is not None and self.plan.distributed
-        if self.num_seed_shards == 1 and not distributed:
+        if self._passes_through:
             return self.engine.generate(prompt_ids, greedy=greedy, generator=generator)
         base = generator.initial_seed() if generator is not None else torch.initial_seed()
         device = generator.device if generator is not None else torch.device("cpu")
         shards = seed_shards(prompt_ids, self.num_seed_shards, base)
-        if distributed:
+        if self._distributed:
             mine, _ = self.plan.share(shards)
             outs = self.plan.gather(generate_seed_shards(self.engine, mine, greedy=greedy, device=device))
         else:
@@ -170,8 +178,7 @@ class ShardedGeneration(GenerationInterface):
 
     def rollout_timings(self) -> dict[str, float]:
         """The engine's, where the rollout was its one call (one shard, one process); else not measured: {}."""
-        single = self.num_seed_shards == 1 and not (self.plan is not None and self.plan.distributed)
-        return self.engine.rollout_timings() if single else {}
+        return self.engine.rollout_timings() if self._passes_through else {}
 
     def prepare_for_generation(self) -> bool:
         return self.engine.prepare_for_generation()

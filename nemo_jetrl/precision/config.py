@@ -35,8 +35,8 @@ class Fp8Config(Section):
     # GEMM; true: kept until the weight changes (1 byte per weight more for the whole run; docs/performance_history.md, "FP8 trainer memory")
     cache_dgrad_weight: bool = D.CACHE_DGRAD_WEIGHT
     # true: with activation checkpointing and an eager trainer, each FP8 weight is quantized when its layer runs and
-    # released after it (one layer's alive in training, not the whole cache; the same bits); opt-in until measured
-    # on the GPU (docs/long_responses.md)
+    # released after it (one layer's alive in training, not the whole cache; the same bits); on by default since its
+    # H200 measurement (docs/long_responses.md), false keeps the cache
     transient_train_weights: bool = D.TRANSIENT_TRAIN_WEIGHTS
 
     @field_validator("block_size")

@@ -47,14 +47,11 @@ def apply_trainer_env(dtensor_cfg: Any) -> list[str]:
     if ALLOC_CONF in changed and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.memory._set_allocator_settings(changed[ALLOC_CONF])
     given = {k: v for k, v in changed.items() if not (derived and k == ALLOC_CONF)}
-    lines = [f"policy.dtensor_cfg.env_vars: the trainer runs with {_listed(given)}"] if given else []
+    listed = " ".join(f"{k}={v}" for k, v in given.items())
+    lines = [f"policy.dtensor_cfg.env_vars: the trainer runs with {listed}"] if given else []
     if derived and ALLOC_CONF in changed:
         lines.append(
             f"derived {ALLOC_CONF}={EXPANDABLE} (activation checkpointing: long passes fragment the allocator's "
             f"blocks); set policy.dtensor_cfg.env_vars.{ALLOC_CONF} to choose"
         )
     return lines
-
-
-def _listed(env: dict[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in env.items())

@@ -70,7 +70,7 @@ class Timer:
             raise ValueError(f"timer {name!r} was not started")
         self._sync()
         elapsed = time.perf_counter() - self._started.pop(name)
-        self._durations.setdefault(name, []).append(elapsed)
+        self.add(name, elapsed)
         if self.memory_device is not None:
             self._fold_peak()
             self._peaks[name] = _larger(self._peaks.get(name, (0, 0)), self._peak_now.pop(name))
