@@ -27,8 +27,9 @@ from pathlib import Path
 
 from nemo_jetrl.utils.metrics_jsonl import position_curve, read_metrics_jsonl
 
-PHASES = ("generation", "generation/cuda_graph_capture", "generation/admission", "logprobs", "training", "refit", "reward",
-          "kv_bootstrap", "total_step_time")  # generation/...: device time inside the generation phase
+PHASES = ("generation", "generation/prefill", "generation/admission", "generation/cuda_graph_capture",
+          "generation/decode", "logprobs", "training", "refit", "reward", "kv_bootstrap",
+          "total_step_time")  # generation/...: device time inside the generation phase
 MEMORY_FILE = "gpu_memory.csv"
 ESTIMATED = {"generation": "rollout", "logprobs": "logprob", "training": "train"}  # phase -> the preflight's name
 
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the medians (default 1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the summaries as JSON here")
     parser.add_argument("--position-plot", type=Path, default=None, help="draw the mismatch per position bin here")
+    parser.add_argument("--step-plot", type=Path, default=None, help="draw each phase's seconds per step here")
     args = parser.parse_args(argv)
     summaries = {}
     for spec in args.runs:
@@ -245,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         drawn = plot_mismatch_position(runs, args.position_plot, args.skip)
         none = f"none (no train/mismatch_pos/* after step {args.skip}; a one-step run needs --skip 0)"
         print(f"position plot: {drawn or none}")
+    if args.step_plot is not None:  # the runs overlaid, one panel per phase: spikes and warm-up step by step
+        from nemo_jetrl.utils.plots import plot_comparison
+
+        runs = {label: Path(s["log_dir"]) / "metrics.jsonl" for label, s in summaries.items()}
+        keys = [f"timing/{phase}" for phase in PHASES]
+        print(f"step plot: {plot_comparison(runs, args.step_plot, keys, smoothing=0.0, title='Seconds per step')}")
     if args.json is not None:
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")
     return 0

@@ -52,6 +52,7 @@ from nemo_jetrl.precision.recipes.gemm_choice import deep_gemm_status
 from nemo_jetrl.utils.logger import Logger, NullLogger
 from nemo_jetrl.utils.process_env import apply_trainer_env
 from nemo_jetrl.utils.progress import RunProgress, run_summary
+from nemo_jetrl.utils.python_gc import startup_objects_frozen
 from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
 from nemo_jetrl.utils.timers import Timer
 
@@ -338,7 +339,8 @@ def _run_locked(
     val_history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     try:
-        _train_loop(run, start_step, history, val_history)
+        with startup_objects_frozen():  # collections during the steps skip start-up's objects
+            _train_loop(run, start_step, history, val_history)
     except NonFiniteError:
         console.print("[red]run stopped on non-finite values; saved checkpoints are untouched[/]")
         raise

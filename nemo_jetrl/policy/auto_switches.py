@@ -1,7 +1,11 @@
 """The `auto` values of two trainer switches, resolved once at start-up, with one line where `auto` says no:
 
 - `policy.train_cuda_graphs: auto` (the default): the trainer's micro-batches captured in CUDA graphs
-  (`policy/train_graphs.py`) wherever they are correct: a CUDA device, the local backend, not the exact mode.
+  (`policy/train_graphs.py`) wherever they are correct and pay: a CUDA device, the local backend, not the exact
+  mode, sequences of at most `LONGEST_CAPTURED_SEQUENCE` tokens. Each captured micro-batch layout keeps its own
+  activations reserved in the graphs' pool (a larger layout's tensors do not fit a smaller one's freed blocks), which
+  at long micro-batches fills the device, while the kernel launches the graphs save are a small share of such a
+  micro-batch's time (docs/long_responses.md).
 - `policy.generation.matched_kernels: auto`: the batch-invariant attention and log-sum-exp on both sides with the
   FP8 forward GEMMs on cuBLAS at every M (`models.batch_invariant.match_kernels`), kept only where the start-up
   self-check (`models.matched_check`) finds every product row-invariant on this device at this model's shapes,
@@ -23,6 +27,7 @@ from nemo_jetrl.precision import PrecisionRecipe
 from nemo_jetrl.precision.recipes.base import layouts_with, scale_layout
 
 AUTO = "auto"
+LONGEST_CAPTURED_SEQUENCE = 8192  # tokens: `train_cuda_graphs: auto` captures up to this max_total_sequence_length
 
 
 def announce(line: str | None) -> None:
@@ -46,14 +51,27 @@ def resolve_train_cuda_graphs(
         if value and device.type != "cuda":
             raise ValueError(f"policy.train_cuda_graphs: true needs a CUDA device, the trainer runs on {device}")
         return bool(value), None
-    reason = None
-    if moe:
-        reason = "an MoE model (its experts' row counts are read on the host)"
-    elif device.type != "cuda":
-        reason = f"the trainer runs on {device}"
-    elif policy_cfg.generation.deterministic:
-        reason = "policy.generation.deterministic: true (the exact mode's trainer runs eagerly)"
+    reason = train_graphs_auto_blocker(policy_cfg, device, moe)
     return reason is None, None if reason is None else f"policy.train_cuda_graphs: auto -> off: {reason}"
+
+
+def train_graphs_auto_blocker(policy_cfg: Any, device: torch.device | str, moe: bool = False) -> str | None:
+    """Why `train_cuda_graphs: auto` does not capture under a `PolicyConfig` for a trainer on `device` (None: it
+    captures). The memory preflight counts the captured pool by the same rule."""
+    longest = policy_cfg.max_total_sequence_length
+    if moe:
+        return "an MoE model (its experts' row counts are read on the host)"
+    if torch.device(device).type != "cuda":
+        return f"the trainer runs on {device}"
+    if policy_cfg.generation.deterministic:
+        return "policy.generation.deterministic: true (the exact mode's trainer runs eagerly)"
+    if longest > LONGEST_CAPTURED_SEQUENCE:
+        return (
+            f"policy.max_total_sequence_length {longest} > {LONGEST_CAPTURED_SEQUENCE}: each captured micro-batch "
+            "layout would keep its own activations reserved, and micro-batches this long spend little of their time "
+            "launching kernels (true forces it)"
+        )
+    return None
 
 
 def matched_kernels_blocker(policy_cfg: Any, backend: str = "local") -> str | None:

@@ -124,13 +124,15 @@ class TrainerMemorySettings:
 
     @classmethod
     def from_policy(cls, policy: Any, reference: bool = False, cuda: bool = True) -> TrainerMemorySettings:
-        """From a `PolicyConfig`. `cuda`: the trainer runs on a CUDA device (where `train_cuda_graphs: auto`
-        captures, outside the exact mode: policy/auto_switches.py)."""
+        """From a `PolicyConfig`. `cuda`: the trainer runs on a CUDA device (where `train_cuda_graphs: auto` may
+        capture: policy/auto_switches.py)."""
         policy = typed_section(policy, "PolicyConfig", "TrainerMemorySettings.from_policy")
         fp8, gen = policy.fp8_cfg, policy.generation
         graphs = policy.train_cuda_graphs
         if graphs == "auto":
-            graphs = cuda and not gen.deterministic
+            from nemo_jetrl.policy.auto_switches import train_graphs_auto_blocker
+
+            graphs = train_graphs_auto_blocker(policy, "cuda" if cuda else "cpu") is None
         return cls(
             master_bytes=4 if policy.master_dtype == "float32" else 2, fp8_train=policy.precision == "fp8",
             fp8_weights=policy.precision == "fp8" or gen.precision == "fp8",

@@ -70,6 +70,9 @@ def test_cuda_graph_greedy_equals_eager_greedy(variant):
     print(f"{variant}: graph vs eager max |logprob diff| = {diff:.3g}")
     assert diff <= 1e-5
     assert a.finished.any() and a.response_lengths.min() < a.response_lengths.max()  # rows stop at different steps
+    captured, eager_parts = graphed.rollout_timings(), eager.rollout_timings()
+    assert captured["cuda_graph_capture"] > 0 and eager_parts["cuda_graph_capture"] == 0.0
+    assert min(captured["prefill"], captured["decode"], eager_parts["prefill"], eager_parts["decode"]) > 0
 
 
 def test_cuda_graph_sampling_and_deterministic_replay():

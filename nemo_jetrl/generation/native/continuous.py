@@ -24,8 +24,9 @@ prompt: with every part exact, the rollout's logprobs equal the trainer's forwar
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -69,6 +70,10 @@ class RolloutStats:
         """Device time of the decode steps and the host syncs between windows (the rest of `rollout_s`)."""
         return self.rollout_s - self.admission_s - self.capture_s
 
+    def timings(self) -> dict[str, float]:
+        """The parts of the rollout's device time `GenerationInterface.rollout_timings` reports."""
+        return {"cuda_graph_capture": self.capture_s, "admission": self.admission_s, "decode": self.decode_s}
+
     @property
     def occupancy(self) -> float:
         """Mean fraction of the rows holding a running sequence per decode step."""
@@ -77,11 +82,12 @@ class RolloutStats:
 
 class StreamClock:
     """Marks on the current stream, read after the rollout's final sync: CUDA events (no host sync when set), the
-    host clock elsewhere (CPU ops run in order)."""
+    host clock elsewhere (CPU ops run in order). A span between two marks includes the time the device waited for
+    the host (e.g. the garbage collection before a graph capture)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.spans: dict[str, list] = {"admission": [], "capture": []}
+        self.spans: dict[str, list] = defaultdict(list)  # name -> [(begin, end) marks]
 
     def mark(self):
         if not self.cuda:
@@ -95,6 +101,13 @@ class StreamClock:
 
     def total(self, span: str) -> float:
         return sum(self.seconds(a, b) for a, b in self.spans[span])
+
+    @contextlib.contextmanager
+    def span(self, name: str):
+        """Marks the block's begin and end as one more span of `name`."""
+        begin = self.mark()
+        yield
+        self.spans[name].append((begin, self.mark()))
 
 
 class ContinuousRollout:
@@ -205,10 +218,8 @@ class ContinuousRollout:
             )
         if n in self._graphs.steps:
             return self._graphs(n, tokens, positions, cols)
-        begin = self.clock.mark()  # this bucket's first call captures its graph
-        logits = self._graphs(n, tokens, positions, cols)
-        self.clock.spans["capture"].append((begin, self.clock.mark()))
-        return logits
+        with self.clock.span("capture"):  # this bucket's first call captures its graph
+            return self._graphs(n, tokens, positions, cols)
 
     def _static_inputs(self, bucket: int) -> tuple[torch.Tensor, ...]:
         """A bucket's captured inputs: tokens [b, 1], positions [b, 1], cols [b]."""
@@ -235,9 +246,8 @@ class ContinuousRollout:
         admitted = sched.admit()
         for row, seq in enumerate(sched.rows):
             seq.row = row
-        begin = self.clock.mark()
-        self._compact(kept, admitted)
-        self.clock.spans["admission"].append((begin, self.clock.mark()))
+        with self.clock.span("admission"):
+            self._compact(kept, admitted)
         self._finish_stats()
         return False
 

@@ -231,8 +231,11 @@ def _define_kernels():
         ]
         return triton.autotune(configs, key=["D", "N_REP", "NUM_SPLITS", "DOT"])(kernel)
 
+    # s_max and the key mask's row stride (= s_max in the static path) follow each batch's longest prompt: left to
+    # Triton's divisibility-by-16 specialization they recompiled the kernel in the steps where that class changed
+    # (a 0.6 s graph-capture spike, BF16, docs/gpu_cli_run.md); they only bound and offset the mask's byte loads
     @autotuned
-    @triton.jit
+    @triton.jit(do_not_specialize=["s_max", "svalb"])
     def decode_kernel(
         q_ptr, k_ptr, v_ptr, valid_ptr, kv_len_ptr, k_scale_ptr, v_scale_ptr, out_ptr, lse_ptr, table_ptr,
         sm_scale, kv_heads, s_max,

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
-from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutStats
+from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutStats, StreamClock
 from nemo_jetrl.generation.native.cuda_graph import rollout_decoder
 from nemo_jetrl.generation.native.decode_attention import triton_decode_available
 from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
@@ -152,6 +152,7 @@ class NativeGenerationEngine(GenerationInterface):
         if self.kv_block_size < 1:
             raise ValueError(f"kv_block_size must be >= 1, got {kv_block_size}")
         self.last_rollout_stats: RolloutStats | None = None  # of the last continuous-batching generate
+        self.last_rollout_timings: dict[str, float] = {}  # device seconds by part, of the last generate
         self._kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ GenerationInterface
@@ -182,9 +183,10 @@ class NativeGenerationEngine(GenerationInterface):
             self._kv_scales = (k_scales.detach().float().clone(), v_scales.detach().float().clone())
 
     def rollout_timings(self) -> dict[str, float]:
-        """The last continuous-batching rollout's graph captures and admissions (prefills), in device seconds."""
-        stats = self.last_rollout_stats
-        return {} if stats is None else {"cuda_graph_capture": stats.capture_s, "admission": stats.admission_s}
+        """The last rollout's device seconds by part: `cuda_graph_capture` (with the garbage collection before it
+        and the first replay), `decode`, and `prefill` (one static batch) or `admission` (continuous batching:
+        prefills, prompt sharing, row compaction)."""
+        return dict(self.last_rollout_timings)
 
     def replace(self, **changes) -> NativeGenerationEngine:
         """A new engine over the same model with some constructor arguments changed (e.g. `kv_cache_dtype=None`
@@ -215,14 +217,19 @@ class NativeGenerationEngine(GenerationInterface):
             rollout = ContinuousRollout(self, prompt_ids, budget, caps)
             with torch.no_grad(), rollout_mode(self.model):
                 out = rollout.run(greedy, generator)
-            self.last_rollout_stats = rollout.stats
+            self.last_rollout_stats, self.last_rollout_timings = rollout.stats, rollout.stats.timings()
             return out
         self.last_rollout_stats = None
         prompt_len, num_steps = max(len(p) for p in prompt_ids), max(caps)
         ids, mask = left_pad(prompt_ids, prompt_len + num_steps, self.pad_token_id, self.device)
         limits = torch.tensor([len(p) + c for p, c in zip(prompt_ids, caps)], device=self.device)  # [B] real tokens
+        clock = StreamClock(self.device)
         with torch.no_grad(), rollout_mode(self.model):
-            return self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, limits=limits)
+            out = self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, limits=limits, clock=clock)
+        prefill, capture = clock.total("prefill"), clock.total("capture")  # _run's last sync followed every mark
+        decode = clock.total("rollout") - prefill - capture
+        self.last_rollout_timings = {"prefill": prefill, "cuda_graph_capture": capture, "decode": decode}
+        return out
 
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
         """Logprobs [B, S] float32 of a `generate` output's tokens, recomputed by replaying the rollout (same batch,
@@ -323,23 +330,28 @@ class NativeGenerationEngine(GenerationInterface):
         forced: tuple[torch.Tensor, torch.Tensor] | None = None,
         limits: torch.Tensor | None = None,
         num_steps: int | None = None,
+        clock: StreamClock | None = None,
     ) -> GenerationOutput:
         """The rollout loop over ids/mask [B, S_max] (prompts in [0, P)), `num_steps` (default S_max - P) steps at
         most; `limits` [B]: each row's cap on real tokens (prompt + response). With `forced` (ids, mask [B, S_max])
-        the tokens are taken from it instead of sampled (`score`), for exactly `num_steps` steps."""
+        the tokens are taken from it instead of sampled (`score`), for exactly `num_steps` steps. `clock` takes the
+        spans `rollout`, `prefill` and `capture` (the first, capturing decode call of a graphed engine)."""
         batch, max_len = ids.shape
         num_steps = max_len - prompt_len if num_steps is None else num_steps
         cache = self._new_cache(batch, max_len)
         hook = self.attn_hook_factory() if self.attn_hook_factory is not None else None
         record = RoutingRecord.for_model(self.model, batch, max_len, self.device)  # MoE: the experts each token took
+        clock = clock if clock is not None else StreamClock(self.device)
         with observing(self.model, record):
-            out = self._loop(ids, mask, prompt_len, num_steps, cache, hook, record, greedy, generator, forced, limits)
+            out = self._loop(
+                ids, mask, prompt_len, num_steps, cache, hook, record, greedy, generator, forced, limits, clock
+            )
         if record is not None:
             out.routed_experts = record.choices[:, : out.input_ids.shape[1]].contiguous()  # [B, S, L, k]
         return out
 
     def _loop(
-        self, ids, mask, prompt_len, num_steps, cache, hook, record, greedy, generator, forced, limits
+        self, ids, mask, prompt_len, num_steps, cache, hook, record, greedy, generator, forced, limits, clock
     ) -> GenerationOutput:
         """`_run`'s prefill and decode steps (its docstring), routing recorded into `record` (an MoE model)."""
         batch = ids.shape[0]
@@ -353,7 +365,9 @@ class NativeGenerationEngine(GenerationInterface):
 
         if record is not None:
             record.start = 0  # the prompt's tokens at columns 0 .. P-1
-        logits = self._prefill(cache, plan, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
+        start = clock.mark()
+        with clock.span("prefill"):
+            logits = self._prefill(cache, plan, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
         lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)  # [B]
         steps = 0
@@ -381,8 +395,13 @@ class NativeGenerationEngine(GenerationInterface):
                 break
             if forced is None and steps % self.sync_every == 0 and bool((finished | (lengths >= limits)).all()):
                 break
-            logits = decode(tokens, positions, col)
+            if steps == 1 and self.cuda_graphs:
+                with clock.span("capture"):  # the first call captures the step's graph
+                    logits = decode(tokens, positions, col)
+            else:
+                logits = decode(tokens, positions, col)
 
+        clock.spans["rollout"].append((start, clock.mark()))  # read after the sync below (a sampled rollout)
         response_lengths = mask[:, prompt_len : prompt_len + steps].sum(-1)  # [B]
         width = prompt_len + (int(response_lengths.max()) if forced is None else steps)
         response_mask = torch.zeros_like(mask[:, :width])  # [B, S]

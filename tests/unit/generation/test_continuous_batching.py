@@ -1,6 +1,8 @@
 """Continuous batching on CPU: the block pool and scheduler, the KV budget, equal tokens with and without continuous
 batching, paging and preemption, prefix sharing on blocks."""
 
+import time
+
 import pytest
 import torch
 
@@ -149,6 +151,23 @@ def test_stats_count_the_keys_each_decode_step_read_and_split_the_rollout_time(t
     assert stats.key_reads == expected > 0
     assert 0 < stats.admission_s < stats.rollout_s and stats.capture_s == 0.0  # no CUDA graphs on CPU
     assert stats.decode_s == pytest.approx(stats.rollout_s - stats.admission_s) and stats.decode_s > 0
+    assert eng.rollout_timings() == {"cuda_graph_capture": 0.0, "admission": stats.admission_s, "decode": stats.decode_s}
+
+
+def test_one_static_batch_splits_its_rollout_time_into_prefill_and_decode(tiny_model, queue):
+    """The whole-batch path reports its parts too: prefill and decode add up to the rollout, inside the call's
+    wall time; a later continuous rollout replaces them with its own parts."""
+    eng = engine(tiny_model)
+    begin = time.perf_counter()
+    eng.generate(queue, greedy=True)
+    wall = time.perf_counter() - begin
+    timings = eng.rollout_timings()
+    assert eng.last_rollout_stats is None and set(timings) == {"prefill", "cuda_graph_capture", "decode"}
+    assert timings["prefill"] > 0 and timings["decode"] > 0 and timings["cuda_graph_capture"] == 0.0
+    assert timings["prefill"] + timings["decode"] < wall
+    queued = engine(tiny_model, max_num_seqs=3)
+    queued.generate(queue, greedy=True)
+    assert set(queued.rollout_timings()) == {"cuda_graph_capture", "admission", "decode"}
 
 
 def test_rows_are_compacted_into_smaller_buckets_as_the_queue_drains(tiny_model, queue):

@@ -11,12 +11,14 @@ from nemo_jetrl.models import matched_check
 from nemo_jetrl.models.batch_invariant import MATCHED_PARTS, NO_EXACT_PARTS, exact_parts
 from nemo_jetrl.models.tiny import random_tiny_qwen3
 from nemo_jetrl.policy.auto_switches import (
+    LONGEST_CAPTURED_SEQUENCE,
     apply_matched_kernels,
     matched_kernels_blocker,
     resolve_train_cuda_graphs,
     worker_switch_lines,
 )
 from nemo_jetrl.policy.config import PolicyConfig
+from nemo_jetrl.policy.memory_estimate import TrainerMemorySettings
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import Fp8Linear, FpropKernel, PrecisionRecipe, convert_to_fp8
 
@@ -41,6 +43,20 @@ def test_train_cuda_graphs_auto_is_on_where_captured_micro_batches_are_correct()
         "policy.train_cuda_graphs: auto -> off: policy.generation.deterministic: true (the exact mode's trainer runs "
         "eagerly)",
     )
+    cfg.generation.deterministic = False
+    cfg.max_total_sequence_length = LONGEST_CAPTURED_SEQUENCE + 512  # 8K-token responses
+    assert resolve_train_cuda_graphs(cfg, CUDA) == (
+        False,
+        "policy.train_cuda_graphs: auto -> off: policy.max_total_sequence_length 8704 > 8192: each captured "
+        "micro-batch layout would keep its own activations reserved, and micro-batches this long spend little of "
+        "their time launching kernels (true forces it)",
+    )
+    settings = TrainerMemorySettings.from_policy(cfg, cuda=True)
+    assert not settings.graphs  # the preflight counts no captured pool there
+    cfg.max_total_sequence_length = LONGEST_CAPTURED_SEQUENCE
+    assert resolve_train_cuda_graphs(cfg, CUDA) == (True, None)
+    assert TrainerMemorySettings.from_policy(cfg, cuda=True).graphs
+    cfg.max_total_sequence_length = 8704
     # model_copy: past the section's validators (true with the exact mode is refused there), as code can build it
     assert resolve_train_cuda_graphs(cfg.model_copy(update={"train_cuda_graphs": False}), CUDA) == (False, None)
     assert resolve_train_cuda_graphs(cfg.model_copy(update={"train_cuda_graphs": True}), CUDA) == (True, None)
