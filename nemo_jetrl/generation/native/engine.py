@@ -29,7 +29,7 @@ from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutp
 from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutStats, StreamClock
 from nemo_jetrl.generation.native.cuda_graph import rollout_decoder
 from nemo_jetrl.generation.native.decode_attention import triton_decode_available
-from nemo_jetrl.generation.native.kv_cache import FP8_KV_DTYPE, KVCache
+from nemo_jetrl.generation.native.kv_cache import KVCache, resolve_kv_cache_dtype
 from nemo_jetrl.generation.native.prompts import check_prompts, left_pad, length_caps
 from nemo_jetrl.generation.native.sampler import SamplingParams, sample, seed_of, sequence_keys, token_logprobs
 from nemo_jetrl.generation.native.scheduler import DEFAULT_BLOCK_SIZE, engine_kv_budget
@@ -40,17 +40,6 @@ from nemo_jetrl.models.moe import decode_syncs_host
 from nemo_jetrl.models.moe_routing import RoutingRecord, observing
 from nemo_jetrl.precision import rollout_mode
 from nemo_jetrl.utils.device_memory import release_cached_memory
-
-
-def resolve_kv_cache_dtype(kv_cache_dtype: str | torch.dtype | None, attention_dtype: torch.dtype) -> torch.dtype:
-    """None / "auto" -> the attention dtype; "fp8" / float8_e4m3fn -> FP8; any floating torch dtype as given."""
-    if kv_cache_dtype is None or kv_cache_dtype == "auto":
-        return attention_dtype
-    if kv_cache_dtype in ("fp8", FP8_KV_DTYPE):
-        return FP8_KV_DTYPE
-    if isinstance(kv_cache_dtype, torch.dtype) and kv_cache_dtype.is_floating_point:
-        return kv_cache_dtype
-    raise ValueError(f"kv_cache_dtype must be None, 'auto', 'fp8' or a floating torch dtype, got {kv_cache_dtype!r}")
 
 
 class NativeGenerationEngine(GenerationInterface):

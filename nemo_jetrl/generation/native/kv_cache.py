@@ -280,3 +280,14 @@ class KVCache(LayerKvScales):
         k_buf[:, :, start:end] = self._encode(k, k_scale)
         v_buf[:, :, start:end] = self._encode(v, v_scale)
         return k_scale, v_scale
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str | torch.dtype | None, attention_dtype: torch.dtype) -> torch.dtype:
+    """None / "auto" -> the attention dtype; "fp8" / float8_e4m3fn -> FP8; any floating torch dtype as given."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return attention_dtype
+    if kv_cache_dtype in ("fp8", FP8_KV_DTYPE):
+        return FP8_KV_DTYPE
+    if isinstance(kv_cache_dtype, torch.dtype) and kv_cache_dtype.is_floating_point:
+        return kv_cache_dtype
+    raise ValueError(f"kv_cache_dtype must be None, 'auto', 'fp8' or a floating torch dtype, got {kv_cache_dtype!r}")
