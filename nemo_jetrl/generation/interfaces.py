@@ -75,8 +75,8 @@ class GenerationInterface(ABC):
         """The FP8 KV scales (k [L], v [L]) the next rollout uses, or None."""
 
     def rollout_timings(self) -> dict[str, float]:
-        """Device seconds inside the last `generate` call, by part (`cuda_graph_capture`, `admission`); engines
-        that do not measure them return {}."""
+        """Device seconds inside the last `generate` call, by part (the native engine: `prefill` or `admission`,
+        `cuda_graph_capture`, `decode`); engines that do not measure them return {}."""
         return {}
 
     @abstractmethod

@@ -2,10 +2,11 @@
 
 - `policy.train_cuda_graphs: auto` (the default): the trainer's micro-batches captured in CUDA graphs
   (`policy/train_graphs.py`) wherever they are correct and pay: a CUDA device, the local backend, not the exact
-  mode, sequences of at most `LONGEST_CAPTURED_SEQUENCE` tokens. Each captured micro-batch layout keeps its own
-  activations reserved in the graphs' pool (a larger layout's tensors do not fit a smaller one's freed blocks), which
-  at long micro-batches fills the device, while the kernel launches the graphs save are a small share of such a
-  micro-batch's time (docs/long_responses.md).
+  mode, sequences of at most `LONGEST_CAPTURED_SEQUENCE` tokens. The graphs' pool keeps a captured micro-batch's
+  activations reserved while a micro-batch of a shape not captured yet runs eagerly beside it: at long micro-batches
+  that is two activation sets (the FP8+KV 1.7B recipe at 8K tokens ran out of memory on an H200 with 87 GiB in the
+  pool, docs/long_responses.md), while the kernel launches the graphs save are a small share of such a
+  micro-batch's time.
 - `policy.generation.matched_kernels: auto`: the batch-invariant attention and log-sum-exp on both sides with the
   FP8 forward GEMMs on cuBLAS at every M (`models.batch_invariant.match_kernels`), kept only where the start-up
   self-check (`models.matched_check`) finds every product row-invariant on this device at this model's shapes,
