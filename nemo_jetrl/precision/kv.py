@@ -78,21 +78,43 @@ def kv_dequant(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
     return (q.float() * scale).to(dtype)
 
 
+# Elements per slice of the fake-quant's FP32 round trip: its temporaries stay at a few 64-MiB slices instead of
+# three FP32 copies of a long micro-batch's K and V (at 16K tokens, more than the FP8 trainer saves over BF16's).
+FAKE_QUANT_SLICE_ELEMENTS = 1 << 24
+
+
+def _fake_quant_by_slices(x: torch.Tensor, scale: torch.Tensor, slice_elements: int) -> torch.Tensor:
+    """`kv_dequant(kv_quant(x, scale), scale, x.dtype)` for x [..., S, D], computed over slices of S into one output
+    with x's layout; elementwise, so bitwise the whole-tensor round trip."""
+    if x.dim() < 2 or x.numel() <= slice_elements:
+        return kv_dequant(kv_quant(x, scale), scale, x.dtype)
+    out = torch.empty_like(x)  # x's strides (the trainer's [B, H, S, D] views of [B, S, H, D] buffers)
+    seq = x.shape[-2]
+    step = max(1, slice_elements // (x.numel() // seq))
+    for start in range(0, seq, step):
+        part = x[..., start:start + step, :]
+        out[..., start:start + step, :] = kv_dequant(kv_quant(part, scale), scale, x.dtype)
+    return out
+
+
 class _KVFakeQuant(torch.autograd.Function):
-    """Forward: the FP8 cache round trip; backward: identity (straight-through estimator)."""
+    """Forward: the FP8 cache round trip, by slices; backward: identity (straight-through estimator)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return kv_dequant(kv_quant(x, scale), scale, x.dtype)
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, slice_elements: int) -> torch.Tensor:
+        return _fake_quant_by_slices(x, scale, slice_elements)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        return grad_out, None
+        return grad_out, None, None
 
 
-def kv_fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """`kv_dequant(kv_quant(x, scale), scale, x.dtype)`, bitwise, with a straight-through gradient."""
-    return _KVFakeQuant.apply(x, scale)
+def kv_fake_quant(
+    x: torch.Tensor, scale: torch.Tensor, slice_elements: int = FAKE_QUANT_SLICE_ELEMENTS
+) -> torch.Tensor:
+    """`kv_dequant(kv_quant(x, scale), scale, x.dtype)`, bitwise, with a straight-through gradient; x [..., S, D] is
+    converted `slice_elements` at a time along S (the FP32 temporaries' bound)."""
+    return _KVFakeQuant.apply(x, scale, int(slice_elements))
 
 
 class QKVCalibrator:

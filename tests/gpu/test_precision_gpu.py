@@ -220,8 +220,22 @@ def test_cuda_and_cpu_fp8_linear_agree():
     assert act_dequant(*act_quant(x)).equal(act_dequant(*act_quant(x.to(CUDA))).cpu())
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", "-s"]))
+def test_kv_fake_quant_memory_is_its_output_plus_one_slice():
+    """The trainer's K/V fake-quant at a long micro-batch (64K tokens x 8 KV heads x 128): what it allocates beyond
+    its input is its BF16 output and one slice's FP32 temporaries, not whole-tensor FP32 copies."""
+    from nemo_jetrl.precision.kv import FAKE_QUANT_SLICE_ELEMENTS, kv_dequant, kv_fake_quant, kv_quant
+
+    k = torch.randn(1, 65536, 8, 128, device=CUDA, dtype=torch.bfloat16).transpose(1, 2)  # [1, H_kv, S, D]
+    scale = torch.tensor(0.01, device=CUDA)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = kv_fake_quant(k, scale)
+    torch.cuda.synchronize()
+    excess = torch.cuda.max_memory_allocated() - before
+    out_bytes = out.numel() * out.element_size()
+    assert excess <= out_bytes + 3 * 4 * FAKE_QUANT_SLICE_ELEMENTS, (excess, out_bytes)
+    assert torch.equal(out, kv_dequant(kv_quant(k, scale), scale, k.dtype))
 
 
 @pytest.mark.parametrize("shape", [(200, 300), (6144, 4096), (4096, 12288)])
@@ -246,3 +260,7 @@ def test_triton_transpose_is_the_byte_transpose(shape):
     assert torch.equal(transpose_fp8(w).view(torch.uint8), ref)
     out = torch.zeros(shape[1], shape[0], dtype=torch.float8_e4m3fn, device=CUDA)
     assert transpose_fp8(w, out=out) is out and torch.equal(out.view(torch.uint8), ref)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-s"]))

@@ -132,6 +132,22 @@ def test_fake_quant_error_bound_and_straight_through_gradient():
     assert torch.equal(kv_dequant(kv_quant(x.detach(), scale), scale, torch.float32), y.detach())
 
 
+def test_fake_quant_by_slices_is_the_whole_round_trip_bitwise_with_the_input_layout():
+    """Slicing along S bounds the FP32 temporaries; the bits, the layout and the gradient stay the whole tensor's."""
+    torch.manual_seed(2)
+    base = (torch.randn(2, 37, 3, 16) * 3).bfloat16().requires_grad_()  # [B, S, H, D]
+    k = base.transpose(1, 2)  # [B, H, S, D] view, as the decoder hands it over
+    scale = torch.tensor(0.01)
+    whole = kv_dequant(kv_quant(k.detach(), scale), scale, k.dtype)
+    for slice_elements in (1, 96, 2 * 3 * 16 * 5 + 7, k.numel()):
+        sliced = kv_fake_quant(k, scale, slice_elements=slice_elements)
+        assert torch.equal(sliced.detach().view(torch.int16), whole.view(torch.int16)), slice_elements
+        assert sliced.stride() == k.stride()
+    grad = torch.randn_like(sliced)
+    (sliced.float() * grad.float()).sum().backward()
+    assert torch.equal(base.grad.transpose(1, 2), grad)
+
+
 def test_make_attn_hook_observes_raw_then_quantizes():
     calib = QKVCalibrator(1)
     scales = KVScales(torch.tensor([0.01]), torch.tensor([0.01]), torch.tensor([0.01]))
