@@ -129,6 +129,7 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
     summary["allocated_peak_gib"], summary["estimated_peak_gib"] = read_memory(log_dir)
     summary["reserved_peak_gib"] = read_memory(log_dir, "reserved_peak")[0]
+    summary["graph_pool_gib"] = read_memory(log_dir, "graph_pool")[0]
     curve = position_curve(read_metrics_jsonl(log_dir / "metrics.jsonl"), skip)
     summary["mismatch_by_position"] = {str(k): v for k, v in curve.items()}
     summary["per_step"] = read_mismatch(log_dir)
@@ -137,7 +138,8 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
 
 def read_memory(log_dir: Path, kind: str = "peak") -> tuple[dict[str, float], dict[str, float]]:
     """({phase: its largest `memory/<phase>_<kind>_gib` over the steps after the first}, {phase: the preflight's
-    estimate in GiB}); kind "peak" (allocated) or "reserved_peak". A run of one step is compared on step 1 against the
+    estimate in GiB}); kind "peak" (allocated), "reserved_peak" or "graph_pool" (the free bytes of CUDA graphs' private
+pools at the phase's end: allocated + these is what the phase held of the device). A run of one step is compared on step 1 against the
     estimate without the optimizer state (`memory/estimate_optimizer_state_gib`: AdamW allocates it at step 1's
     optimizer step, after those peaks)."""
     series = read_metrics_jsonl(log_dir / "metrics.jsonl")
@@ -193,6 +195,10 @@ def format_table(summaries: dict[str, dict]) -> str:
         cells = [_memory_cell(summaries[label], phase) for label in labels]
         if any(c != "—" for c in cells):
             rows.append(f"| {phase} peak allocated (estimate) | " + " | ".join(cells) + " |")
+    for phase in ESTIMATED:  # captured runs: what the phase held (allocated + the graphs' pools) against the estimate
+        cells = [_memory_cell(summaries[label], phase, held=True) for label in labels]
+        if any(summaries[label].get("graph_pool_gib", {}).get(phase) for label in labels):
+            rows.append(f"| {phase} peak allocated + graph pools (estimate) | " + " | ".join(cells) + " |")
     for phase in ESTIMATED:  # the caching allocator's footprint per phase (runs that logged it)
         cells = [_fmt(summaries[label].get("reserved_peak_gib", {}).get(phase), "{:.1f} GiB") for label in labels]
         if any(c != "—" for c in cells):
@@ -209,10 +215,13 @@ def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "—" if value is None else spec.format(value * scale)
 
 
-def _memory_cell(summary: dict, phase: str) -> str:
+def _memory_cell(summary: dict, phase: str, held: bool = False) -> str:
+    """"measured GiB (estimate, estimate / measured - 1)"; held: measured is the allocated peak + the graph pools."""
     measured, estimated = summary["allocated_peak_gib"].get(phase), summary["estimated_peak_gib"].get(phase)
     if measured is None:
         return "—"
+    if held:
+        measured += summary.get("graph_pool_gib", {}).get(phase) or 0.0
     if estimated is None:
         return f"{measured:.1f} GiB"
     return f"{measured:.1f} GiB ({estimated:.1f}, {estimated / measured - 1:+.0%})"

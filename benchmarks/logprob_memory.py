@@ -1,6 +1,7 @@
-"""Where the trainer's logprob pass spends its memory, against the memory preflight's estimate of it.
+"""Where the trainer's logprob pass (or training pass) spends its memory, against the memory preflight's estimate.
 
-One `NativePolicy.get_logprobs` over `--rows` random sequences of `--seq` tokens at a model shape (random weights),
+One `NativePolicy.get_logprobs` (`--pass train`: one `NativePolicy.train` step, its optimizer update included) over
+`--rows` random sequences of `--seq` tokens at a model shape (random weights),
 with a shipped config and overrides as `run_grpo.py` takes them (the preflight first derives its token budgets into
 the config, as a run does). Prints the pass's measured peak over what was allocated before it, per token, next to
 the estimate's logprob term (`MemoryEstimate.logprob_per_token`, `logprob_fixed`); on CUDA with `--snapshot`, the
@@ -9,6 +10,9 @@ largest allocations alive at the peak with the line of this package that made ea
     python3 -m benchmarks.logprob_memory --shape qwen3-8b --rows 8 --seq 16896 \\
         --config examples/configs/grpo_math_8B_fp8_kv.yaml policy.master_dtype=bfloat16 \\
         policy.dtensor_cfg.activation_checkpointing=true --snapshot
+
+With `--pass train` the estimate printed is the training term (`train_per_token`, `train_fixed`, the micro-batch's
+activations and working set over the resident state); the peak sites then show what an FP8 recipe holds beside BF16's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import torch
 
 from benchmarks.common import build_model, device_info, write_json
+from nemo_jetrl.algorithms.loss import ClippedPGLossFn
 from nemo_jetrl.algorithms.memory_preflight import memory_preflight
 from nemo_jetrl.config import load_config
 from nemo_jetrl.models.random_checkpoint import SHAPES
@@ -36,7 +41,8 @@ def random_batch(rows: int, seq: int, vocab: int, seed: int = 0) -> TrainBatch:
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, vocab, (rows, seq), generator=gen)  # [rows, seq]
     ones = torch.ones_like(ids)
-    return TrainBatch(ids, ones, ones, torch.zeros(rows), torch.zeros(rows, seq))
+    advantages = torch.linspace(-1.0, 1.0, rows)  # [rows]: a nonzero loss and gradient
+    return TrainBatch(ids, ones, ones, advantages, torch.zeros(rows, seq))
 
 
 def peak_allocations(snapshot: dict, device: int) -> tuple[int, list[tuple[int, str]]]:
@@ -70,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--config", default="examples/configs/grpo_math_8B_fp8_kv.yaml")
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--seq", type=int, default=16896)
+    p.add_argument("--pass", dest="pass_", choices=("logprob", "train"), default="logprob", help="which pass")
     p.add_argument("--snapshot", action="store_true", help="CUDA: list the allocations alive at the peak")
     p.add_argument("--out", default=None, help="JSON output path")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -95,10 +102,17 @@ def main(argv: list[str] | None = None) -> dict:
     if policy.kv_calibrator is not None:  # an FP8 KV recipe's first K/V scales, as a run's first step makes them
         policy.calibrate_kv_scales(warm)
     policy.get_logprobs(warm)  # compilation, FP8 caches: not measured
+    loss_fn = ClippedPGLossFn(cfg.loss_fn)
+    if args.pass_ == "train" and cfg.policy.prev_logprobs_source != "train_forward":
+        batch.prev_logprobs = batch.generation_logprobs.clone()  # [rows, seq] (a separate logprob pass's, unmeasured)
+    run = (lambda: policy.get_logprobs(batch)) if args.pass_ == "logprob" else (lambda: policy.train([batch], loss_fn))
+    per_token, fixed = (
+        (est.logprob_per_token, est.logprob_fixed) if args.pass_ == "logprob" else (est.train_per_token, est.train_fixed)
+    )
     result = {
         **device_info(device), "shape": args.shape, "layers": fields["num_hidden_layers"], "rows": args.rows,
-        "seq": args.seq, "tokens": args.rows * args.seq, "preflight": preflight.line,
-        "estimate_logprob_per_token_bytes": est.logprob_per_token, "estimate_logprob_fixed_bytes": est.logprob_fixed,
+        "seq": args.seq, "tokens": args.rows * args.seq, "pass": args.pass_, "preflight": preflight.line,
+        "estimate_per_token_bytes": per_token, "estimate_fixed_bytes": fixed,
     }  # fmt: skip
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -106,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         if args.snapshot:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
-        policy.get_logprobs(batch)
+        run()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
         result |= {"allocated_before_gib": before / GIB, "pass_peak_gib": peak / GIB,
@@ -117,11 +131,11 @@ def main(argv: list[str] | None = None) -> dict:
             _, top = peak_allocations(snap, device.index or 0)
             result["peak_allocations"] = [{"gib": size / GIB, "site": where} for size, where in top]
     else:
-        policy.get_logprobs(batch)
-    est_pass = est.logprob_fixed + est.logprob_per_token * result["tokens"]
-    print(f"logprob pass on {result['device']}: {args.shape} x {result['layers']} layers, {args.rows} x {args.seq} "
-          f"tokens | estimate {est_pass / GIB:.2f} GiB ({est.logprob_per_token / 1024:.1f} KiB/token + "
-          f"{est.logprob_fixed / GIB:.2f} GiB)", flush=True)  # fmt: skip
+        run()
+    est_pass = fixed + per_token * result["tokens"]
+    print(f"{args.pass_} pass on {result['device']}: {args.shape} x {result['layers']} layers, {args.rows} x "
+          f"{args.seq} tokens | estimate {est_pass / GIB:.2f} GiB ({per_token / 1024:.1f} KiB/token + "
+          f"{fixed / GIB:.2f} GiB)", flush=True)  # fmt: skip
     if "pass_peak_gib" in result:
         print(f"measured peak over the {result['allocated_before_gib']:.2f} GiB before it: "
               f"{result['pass_peak_gib']:.2f} GiB ({result['pass_peak_per_token_bytes'] / 1024:.1f} KiB/token)", flush=True)  # fmt: skip

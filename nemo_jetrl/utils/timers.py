@@ -12,8 +12,10 @@ timer.reset()
 `Timer(memory_device=cuda_device)` also records each name's peak allocated device memory while it runs
 (`torch.cuda.max_memory_allocated`, nested names included: an inner start resets the counter after folding it into
 the names still running), as `memory/<name>_peak_gib` in `get_memory_metrics()`, and its peak reserved memory (the
-caching allocator's footprint, what nvidia-smi sees less the CUDA context) as `memory/<name>_reserved_peak_gib`;
-other devices record nothing.
+caching allocator's footprint, what nvidia-smi sees less the CUDA context) as `memory/<name>_reserved_peak_gib`,
+and the largest free bytes in CUDA graphs' private pools at its stops as `memory/<name>_graph_pool_gib`
+(`device_memory.graph_pool_free_bytes`: allocated + this is what the phase needed of the device); other devices
+record nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+
+from nemo_jetrl.utils.device_memory import graph_pool_free_bytes
 
 REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
     "sum": lambda xs: float(sum(xs)),
@@ -46,6 +50,7 @@ class Timer:
         self._started: dict[str, float] = {}
         self._peak_now: dict[str, tuple[int, int]] = {}  # running names: their peak (allocated, reserved) bytes so far
         self._peaks: dict[str, tuple[int, int]] = {}  # finished names: their largest peaks since the last reset
+        self._pools: dict[str, int] = {}  # finished names: the most graph-pool bytes free at their stops
 
     def _sync(self) -> None:
         if self.device is not None and self.device.type == "cuda":
@@ -74,6 +79,7 @@ class Timer:
         if self.memory_device is not None:
             self._fold_peak()
             self._peaks[name] = _larger(self._peaks.get(name, (0, 0)), self._peak_now.pop(name))
+            self._pools[name] = max(self._pools.get(name, 0), graph_pool_free_bytes(self.memory_device))
         return elapsed
 
     def _fold_peak(self) -> None:
@@ -84,12 +90,14 @@ class Timer:
             self._peak_now[running] = _larger(self._peak_now[running], peak)
 
     def get_memory_metrics(self) -> dict[str, float]:
-        """`{"memory/<name>_peak_gib": GiB, "memory/<name>_reserved_peak_gib": GiB}`: each finished name's peak
-        allocated and reserved memory (with a CUDA memory_device)."""
+        """`{"memory/<name>_peak_gib": GiB, "memory/<name>_reserved_peak_gib": GiB, "memory/<name>_graph_pool_gib":
+        GiB}`: each finished name's peak allocated and reserved memory and its graph pools' free bytes (with a CUDA
+        memory_device)."""
         out = {}
         for name, (allocated, reserved) in self._peaks.items():
             out[f"memory/{name}_peak_gib"] = allocated / 1024**3
             out[f"memory/{name}_reserved_peak_gib"] = reserved / 1024**3
+            out[f"memory/{name}_graph_pool_gib"] = self._pools.get(name, 0) / 1024**3
         return out
 
     def add(self, name: str, seconds: float) -> None:
@@ -121,9 +129,11 @@ class Timer:
         if name is None:
             self._durations.clear()
             self._peaks.clear()
+            self._pools.clear()
         else:
             self._durations.pop(name, None)
             self._peaks.pop(name, None)
+            self._pools.pop(name, None)
 
 
 def _larger(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:

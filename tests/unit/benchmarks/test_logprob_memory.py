@@ -36,4 +36,14 @@ def test_the_cpu_run_reports_the_estimate_for_the_measured_batch(tmp_path):
     result = logprob_memory.main(["--shape", "tiny-test", "--config", "examples/configs/grpo_tiny.yaml", "--rows", "2",
                                   "--seq", "64", "--out", str(out)])  # fmt: skip
     assert result["tokens"] == 128 and "pass_peak_gib" not in result  # no allocator to read on the CPU
-    assert result["estimate_logprob_per_token_bytes"] > 0 and json.loads(out.read_text())["rows"] == 2
+    assert result["estimate_per_token_bytes"] > 0 and json.loads(out.read_text())["rows"] == 2
+    assert result["pass"] == "logprob"
+
+
+def test_the_training_pass_runs_one_step_and_reports_the_training_term(tmp_path):
+    result = logprob_memory.main(["--shape", "tiny-test", "--config", "examples/configs/grpo_tiny.yaml", "--rows", "2",
+                                  "--seq", "64", "--pass", "train"])  # fmt: skip
+    logprob = logprob_memory.main(["--shape", "tiny-test", "--config", "examples/configs/grpo_tiny.yaml", "--rows", "2",
+                                   "--seq", "64"])  # fmt: skip
+    assert result["pass"] == "train" and result["tokens"] == 128
+    assert result["estimate_per_token_bytes"] > logprob["estimate_per_token_bytes"] > 0  # training keeps more

@@ -88,7 +88,10 @@ class FakeAllocator:
 
     def __init__(self, monkeypatch):
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        self.segments: list[dict] = []  # torch.cuda.memory_snapshot()'s segments (device 0)
         for name, fn in {
+            "memory_snapshot": lambda *a, **k: list(self.segments),
+            "current_device": lambda: 0,
             "memory_allocated": lambda d=None: self.allocated,
             "memory_reserved": lambda d=None: self.reserved,
             "max_memory_allocated": lambda d=None: self.peak_allocated,
@@ -120,6 +123,10 @@ def test_allocated_and_reserved_peaks_per_phase_nested_included(monkeypatch):
         with timer.time("generation"):
             fake.alloc(10 * gib, cached=4 * gib)  # the KV pool, and 4 GiB the allocator keeps cached
             fake.free(10 * gib)  # freed, still reserved
+            graphs = {"device": 0, "segment_pool_id": (1, 0), "total_size": 3 * gib, "allocated_size": gib}
+            other_device = {**graphs, "device": 1}
+            default_pool = {"device": 0, "segment_pool_id": (0, 0), "total_size": 4 * gib, "allocated_size": 0}
+            fake.segments = [graphs, other_device, default_pool]  # decode graphs: 2 GiB of their pool free
         with timer.time("training"):
             fake.alloc(6 * gib)
             fake.free(6 * gib, release=True)
@@ -127,10 +134,14 @@ def test_allocated_and_reserved_peaks_per_phase_nested_included(monkeypatch):
     assert m["memory/generation_peak_gib"] == 10 and m["memory/generation_reserved_peak_gib"] == 14
     assert m["memory/training_peak_gib"] == 6 and m["memory/training_reserved_peak_gib"] == 14  # the cache stayed
     assert m["memory/total_step_time_peak_gib"] == 10 and m["memory/total_step_time_reserved_peak_gib"] == 14
+    assert m["memory/generation_graph_pool_gib"] == 2 and m["memory/training_graph_pool_gib"] == 2  # still captured
+    fake.segments = []  # the graphs released
     timer.reset()
     with timer.time("training"):  # after the release: the footprint is the phase's own
         fake.alloc(6 * gib)
-    assert timer.get_memory_metrics() == {"memory/training_peak_gib": 6, "memory/training_reserved_peak_gib": 6}
+    assert timer.get_memory_metrics() == {
+        "memory/training_peak_gib": 6, "memory/training_reserved_peak_gib": 6, "memory/training_graph_pool_gib": 0
+    }
 
 
 def test_added_intervals_reduce_with_the_timed_ones():
