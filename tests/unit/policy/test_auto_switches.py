@@ -47,9 +47,9 @@ def test_train_cuda_graphs_auto_is_on_where_captured_micro_batches_are_correct()
     cfg.max_total_sequence_length = LONGEST_CAPTURED_SEQUENCE + 512  # 8K-token responses
     assert resolve_train_cuda_graphs(cfg, CUDA) == (
         False,
-        "policy.train_cuda_graphs: auto -> off: policy.max_total_sequence_length 8704 > 8192: each captured "
-        "micro-batch layout would keep its own activations reserved, and micro-batches this long spend little of "
-        "their time launching kernels (true forces it)",
+        "policy.train_cuda_graphs: auto -> off: policy.max_total_sequence_length 8704 > 8192: the captured pool "
+        "keeps a micro-batch's activations reserved beside the eager passes' (a captured FP8+KV run at 8K ran out of "
+        "memory), and micro-batches this long spend little of their time launching kernels (true forces it)",
     )
     settings = TrainerMemorySettings.from_policy(cfg, cuda=True)
     assert not settings.graphs  # the preflight counts no captured pool there
