@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> dict:
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         if args.snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=200_000)
+            # Python frames only: with C++ stacks too (the default), the training pass's recomputation raised a
+            # SystemError in an autograd Function on torch 2.11 (docs/long_responses.md)
+            torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
         run()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before

@@ -65,19 +65,20 @@ class RolloutStats:
     admission_s: float = 0.0  # of which admissions: prefills, prompt sharing, row compaction
     capture_s: float = 0.0  # of which CUDA-graph captures (one per bucket the rollout meets)
 
-    @property
-    def decode_s(self) -> float:
-        """Device time of the decode steps and the host syncs between windows (the rest of `rollout_s`)."""
-        return self.rollout_s - self.admission_s - self.capture_s
-
     def timings(self) -> dict[str, float]:
         """The parts of the rollout's device time `GenerationInterface.rollout_timings` reports."""
-        return {"cuda_graph_capture": self.capture_s, "admission": self.admission_s, "decode": self.decode_s}
+        return rollout_time_parts(self.rollout_s, cuda_graph_capture=self.capture_s, admission=self.admission_s)
 
     @property
     def occupancy(self) -> float:
         """Mean fraction of the rows holding a running sequence per decode step."""
         return self.row_steps_live / max(1, self.decode_steps * self.num_rows)
+
+
+def rollout_time_parts(whole: float, **parts: float) -> dict[str, float]:
+    """A rollout's device time `whole` (s) in its named parts and "decode": the rest (the decode steps and the host
+    syncs between windows)."""
+    return {**parts, "decode": whole - sum(parts.values())}
 
 
 class StreamClock:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
-from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutStats, StreamClock
+from nemo_jetrl.generation.native.continuous import ContinuousRollout, RolloutStats, StreamClock, rollout_time_parts
 from nemo_jetrl.generation.native.cuda_graph import rollout_decoder
 from nemo_jetrl.generation.native.decode_attention import triton_decode_available
 from nemo_jetrl.generation.native.kv_cache import KVCache, resolve_kv_cache_dtype
@@ -215,9 +215,9 @@ class NativeGenerationEngine(GenerationInterface):
         clock = StreamClock(self.device)
         with torch.no_grad(), rollout_mode(self.model):
             out = self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, limits=limits, clock=clock)
-        prefill, capture = clock.total("prefill"), clock.total("capture")  # _run's last sync followed every mark
-        decode = clock.total("rollout") - prefill - capture
-        self.last_rollout_timings = {"prefill": prefill, "cuda_graph_capture": capture, "decode": decode}
+        self.last_rollout_timings = rollout_time_parts(  # _run's last sync followed every mark
+            clock.total("rollout"), prefill=clock.total("prefill"), cuda_graph_capture=clock.total("capture")
+        )
         return out
 
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
