@@ -9,6 +9,10 @@ the largest spread between the two seeds of one arm against the spread between t
 
 Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.png, by_stage.png}` (one panel per
 stage; curves are the mean over seeds) and, with `assets`, copies them there with the packed stages.
+
+`combine` ({name: [stage, ...]}) makes one stage of the seeds that several calls ran apart (one GPU runs a stage
+once per seed, each call with its own `--tag`): `ROOT/<name>/seed<S>` links to the listed stage whose seed S passed
+its SFT gate (the last such; else the first that has seed S), and the report compares its seeds as one stage's.
 """
 
 from __future__ import annotations
@@ -51,6 +55,30 @@ def unpack_stages(root: Path) -> None:
             tops = {Path(name).parts[0] for name in tar.getnames()}
             if not all((root / top).is_dir() for top in tops):
                 tar.extractall(root, filter="data")
+
+
+def combine_stages(root: Path, name: str, stages: list[str]) -> Path:
+    """`root/name`: one stage of the seeds of `stages` (module docstring); its seed directories link to theirs."""
+    combined = root / name
+    if combined.exists() and not combined.is_dir():
+        raise ValueError(f"--combine {name}: {combined} exists and is not a directory")
+    chosen: dict[str, Path] = {}
+    for stage in stages:
+        if not (root / stage).is_dir():
+            raise FileNotFoundError(f"--combine {name}: no stage {stage!r} under {root}")
+        for seed_dir in sorted((root / stage).glob("seed*")):
+            passed = (sft_meta(root / stage, seed_dir.name) or {}).get("gate_passed", True)
+            if passed or seed_dir.name not in chosen:
+                chosen[seed_dir.name] = seed_dir
+    combined.mkdir(exist_ok=True)
+    for seed, target in chosen.items():
+        link = combined / seed
+        if link.is_symlink():
+            link.unlink()
+        elif link.exists():
+            raise ValueError(f"--combine {name}: {link} exists and is not a link of an earlier --combine")
+        link.symlink_to(target.resolve(), target_is_directory=True)
+    return combined
 
 
 def stage_sort_key(name: str) -> tuple:
@@ -171,9 +199,14 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
-def write_long_report(root: Path, assets: Path | None = None) -> dict[str, Any]:
-    """Summaries and plots of every stage under `root` (module docstring); returns the summary."""
+def write_long_report(
+    root: Path, assets: Path | None = None, combine: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
+    """Summaries and plots of every stage under `root` and of the `combine` stages (module docstring); returns the
+    summary."""
     unpack_stages(root)
+    for name, stages in (combine or {}).items():
+        combine_stages(root, name, stages)
     stages = [st for st in (stage_summary(p) for p in find_stages(root)) if st is not None]
     if not stages:
         raise FileNotFoundError(f"no stage with arm metrics under {root}: run `accuracy_study.py stage --study long`")

@@ -130,6 +130,15 @@ def _tag(text: str) -> str:
     return text
 
 
+def _combine(text: str) -> tuple[str, list[str]]:
+    """`NAME=STAGE,STAGE,...` (`report --study long --combine`)."""
+    name, sep, stages = text.partition("=")
+    parts = [p for p in stages.split(",") if p]
+    if not sep or not parts or not re.fullmatch(r"[A-Za-z0-9-]+", name) or any("/" in p for p in parts):
+        raise argparse.ArgumentTypeError(f"NAME=STAGE,STAGE,... (e.g. 1k-seeds=1k,1k-s0), got {text!r}")
+    return name, parts
+
+
 def stage_root_name(args: argparse.Namespace) -> str:
     """The directory of a stage's SFT and base variant: the length (or `quick`) and the --tag, e.g. `4k-temp`."""
     return ("quick" if args.quick else args.length) + (f"-{args.tag}" if args.tag else "")
@@ -176,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit-s", type=float, default=None, help="arms / stage: stop what still runs then")
     p.add_argument("--assets", type=Path, default=None, help="report stage: also copy plots + raw files here")
     p.add_argument("--also", type=Path, action="append", default=[], help="report stage: another seed's study dir")
+    p.add_argument("--combine", type=_combine, action="append", default=[],
+                   help="long report: NAME=STAGE,STAGE: one stage of the seeds several calls ran apart")  # fmt: skip
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
     p.add_argument("--sft-gate", type=float, default=None, help="SFT held-out greedy accuracy gate")
     p.add_argument("overrides", nargs="*", help="run_grpo.py overrides for every arm (key=value ...)")
@@ -356,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = stage_arms(args) if args.stage in ("arms", "all") else 0
     if args.stage in ("report", "all"):
         if args.study == "long":  # every stage directory under --out
-            summary = accuracy_long_report.write_long_report(args.out, args.assets)
+            summary = accuracy_long_report.write_long_report(args.out, args.assets, dict(args.combine))
             print(accuracy_long_report.format_long_tables(summary))
         else:
             summary = accuracy_report.write_report([args.out, *args.also], args.assets)

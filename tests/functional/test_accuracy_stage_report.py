@@ -5,6 +5,7 @@ over the GPUs with their memory share, stopped at the deadline, skipped when don
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
 import accuracy_long_report as long_report  # noqa: E402
 import accuracy_stage as stage  # noqa: E402
+import accuracy_study  # noqa: E402
 
 FAKE = """
 import json, os, sys, time
@@ -183,6 +185,30 @@ def test_long_report_compares_arms_at_common_steps_and_seeds_against_arms(synthe
     )
     assert "seeds disagree MORE than the arms" in tables and "arms differ more than the seeds" in tables
     assert "| pos 0+ | pos 128+ |" in tables
+
+
+def test_combine_makes_one_stage_of_the_seeds_two_calls_ran(synthetic_root, tmp_path):
+    """One GPU runs a stage once per seed: 1k holds seed 0 (its SFT missed the gate) and seed 1, 1k-s0 seed 0 run
+    again. The combined stage takes 1k-s0's seed 0 (passed) and 1k's seed 1, and compares them as one stage's."""
+    again = synthetic_root / "1k-s0" / "seed0"
+    shutil.copytree(synthetic_root / "1k" / "seed0", again)
+    for arm in ("bf16", "fp8_rollout_only", "fp8"):
+        _write_metrics(again / "arms" / arm, 14, 0.2, 1.0001)  # the rerun's reward: 0.2 in every arm
+    failed = synthetic_root / "1k" / "seed0" / "sft" / "sft_meta.json"
+    failed.write_text(json.dumps({"steps": 390, "gate_greedy_accuracy": None, "gate_passed": False}))
+    summary = long_report.write_long_report(synthetic_root, None, {"1k-seeds": ["1k", "1k-s0"]})
+    by_name = {st["stage"]: st for st in summary["stages"]}
+    combined = by_name["1k-seeds"]
+    assert combined["seeds"] == ["seed0", "seed1"] and combined["sft"]["seed0"]["gate_passed"] is True
+    assert combined["runs"]["seed0"]["bf16"]["reward_last"] == pytest.approx(0.2)  # 1k-s0's, not 1k's failed seed
+    assert combined["runs"]["seed1"]["bf16"]["reward_last"] == pytest.approx(0.51)
+    assert by_name["1k"]["seeds"] == ["seed1"]  # the stage as it was: its failed seed left out
+    assert (synthetic_root / "1k-seeds" / "seed0").resolve() == again.resolve()
+    long_report.write_long_report(synthetic_root, None, {"1k-seeds": ["1k", "1k-s0"]})  # again: links replaced
+    with pytest.raises(FileNotFoundError, match="no stage 'absent'"):
+        long_report.write_long_report(synthetic_root, None, {"x": ["1k", "absent"]})
+    with pytest.raises(SystemExit):
+        accuracy_study.build_parser().parse_args(["report", "--combine", "1k-seeds"])  # no '='
 
 
 def test_a_short_runs_first_and_last_reward_windows_do_not_overlap(tmp_path):
