@@ -152,6 +152,34 @@ def test_the_step_timer_records_each_phases_allocated_peak():
         assert gib[f"memory/{phase}_reserved_peak_gib"] >= gib[f"memory/{phase}_peak_gib"]
 
 
+def test_graph_pool_free_bytes_count_a_live_captures_temporaries():
+    """A captured graph's temporary (64 MiB, freed inside the capture) stays in its private pool: reserved, not
+    allocated, counted by graph_pool_free_bytes while the graph lives; gone once the graph is and the cache released."""
+    from nemo_jetrl.utils.device_memory import graph_pool_free_bytes, release_cached_memory
+
+    release_cached_memory(DEV)
+    before = graph_pool_free_bytes(DEV)
+    x = torch.ones(1024, device=DEV)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph):
+            tmp = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
+            tmp.fill_(1)
+            y = x * float(tmp[:1].numel())
+            del tmp
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    torch.cuda.synchronize()
+    held = graph_pool_free_bytes(DEV) - before
+    assert held >= 64 << 20, held
+    assert float(y[0]) == 1.0
+    del graph, y
+    release_cached_memory(DEV)
+    assert graph_pool_free_bytes(DEV) - before < 64 << 20
+
+
 def test_released_cached_blocks_leave_the_footprint():
     """A freed 256 MiB buffer stays reserved (cached) until release_cached_memory gives it back to the driver."""
     from nemo_jetrl.utils.device_memory import release_cached_memory
