@@ -160,16 +160,13 @@ def test_graph_pool_free_bytes_count_a_live_captures_temporaries():
     release_cached_memory(DEV)
     before = graph_pool_free_bytes(DEV)
     x = torch.ones(1024, device=DEV)
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        with torch.cuda.graph(graph):
-            tmp = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
-            tmp.fill_(1)
-            y = x * float(tmp[:1].numel())
-            del tmp
-    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):  # its own capture stream and private pool
+        tmp = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
+        tmp.fill_(1)
+        y = x * tmp[:1].float()  # [1024]
+        del tmp
     graph.replay()
     torch.cuda.synchronize()
     held = graph_pool_free_bytes(DEV) - before
