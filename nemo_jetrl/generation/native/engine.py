@@ -19,6 +19,7 @@ itself; the GRPO loop never takes prev_logprobs from it (they come from the trai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
@@ -354,43 +355,41 @@ class NativeGenerationEngine(GenerationInterface):
 
         if record is not None:
             record.start = 0  # the prompt's tokens at columns 0 .. P-1
-        start = clock.mark()
-        with clock.span("prefill"):
-            logits = self._prefill(cache, plan, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
-        lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
-        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)  # [B]
-        steps = 0
-        for step in range(num_steps):
-            col = prompt_len + step
-            if forced is None:
-                tokens, token_logprobs_ = sample(
-                    logits, self.sampling, greedy=greedy, keys=keys, counters=step, batch_invariant=exact_logsumexp
-                )  # [B] each
-                active = ~finished & (lengths < limits)  # rows at their cap stop (truncated, not finished)
-            else:
-                tokens, active = forced[0][:, col], forced[1][:, col].bool()
-                token_logprobs_ = token_logprobs(
-                    logits, tokens, self.sampling.temperature, batch_invariant=exact_logsumexp
-                )
-            tokens = torch.where(active, tokens, pad)
-            ids[:, col] = tokens
-            mask[:, col] = active.long()
-            logprobs[:, col] = torch.where(active, token_logprobs_, torch.zeros_like(token_logprobs_))
-            finished = finished | (active & torch.isin(tokens, stop_ids))
-            positions = lengths.clone()  # [B]
-            lengths = lengths + active.long()
-            steps = step + 1
-            if steps == num_steps:
-                break
-            if forced is None and steps % self.sync_every == 0 and bool((finished | (lengths >= limits)).all()):
-                break
-            if steps == 1 and self.cuda_graphs:
-                with clock.span("capture"):  # the first call captures the step's graph
+        with clock.span("rollout"):  # read after the sync below (a sampled rollout)
+            with clock.span("prefill"):
+                logits = self._prefill(cache, plan, ids[:, :prompt_len], mask[:, :prompt_len])  # [B, V]
+            lengths = mask.sum(-1)  # [B] real tokens so far = position of the next token
+            finished = torch.zeros(batch, dtype=torch.bool, device=self.device)  # [B]
+            steps = 0
+            for step in range(num_steps):
+                col = prompt_len + step
+                if forced is None:
+                    tokens, token_logprobs_ = sample(
+                        logits, self.sampling, greedy=greedy, keys=keys, counters=step,
+                        batch_invariant=exact_logsumexp,
+                    )  # [B] each
+                    active = ~finished & (lengths < limits)  # rows at their cap stop (truncated, not finished)
+                else:
+                    tokens, active = forced[0][:, col], forced[1][:, col].bool()
+                    token_logprobs_ = token_logprobs(
+                        logits, tokens, self.sampling.temperature, batch_invariant=exact_logsumexp
+                    )
+                tokens = torch.where(active, tokens, pad)
+                ids[:, col] = tokens
+                mask[:, col] = active.long()
+                logprobs[:, col] = torch.where(active, token_logprobs_, torch.zeros_like(token_logprobs_))
+                finished = finished | (active & torch.isin(tokens, stop_ids))
+                positions = lengths.clone()  # [B]
+                lengths = lengths + active.long()
+                steps = step + 1
+                if steps == num_steps:
+                    break
+                if forced is None and steps % self.sync_every == 0 and bool((finished | (lengths >= limits)).all()):
+                    break
+                capturing = steps == 1 and self.cuda_graphs  # the first call captures the step's graph
+                with clock.span("capture") if capturing else contextlib.nullcontext():
                     logits = decode(tokens, positions, col)
-            else:
-                logits = decode(tokens, positions, col)
 
-        clock.spans["rollout"].append((start, clock.mark()))  # read after the sync below (a sampled rollout)
         response_lengths = mask[:, prompt_len : prompt_len + steps].sum(-1)  # [B]
         width = prompt_len + (int(response_lengths.max()) if forced is None else steps)
         response_mask = torch.zeros_like(mask[:, :width])  # [B, S]
