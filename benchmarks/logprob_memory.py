@@ -102,13 +102,13 @@ def main(argv: list[str] | None = None) -> dict:
     if policy.kv_calibrator is not None:  # an FP8 KV recipe's first K/V scales, as a run's first step makes them
         policy.calibrate_kv_scales(warm)
     policy.get_logprobs(warm)  # compilation, FP8 caches: not measured
-    loss_fn = ClippedPGLossFn(cfg.loss_fn)
-    if args.pass_ == "train" and cfg.policy.prev_logprobs_source != "train_forward":
-        batch.prev_logprobs = batch.generation_logprobs.clone()  # [rows, seq] (a separate logprob pass's, unmeasured)
-    run = (lambda: policy.get_logprobs(batch)) if args.pass_ == "logprob" else (lambda: policy.train([batch], loss_fn))
-    per_token, fixed = (
-        (est.logprob_per_token, est.logprob_fixed) if args.pass_ == "logprob" else (est.train_per_token, est.train_fixed)
-    )
+    if args.pass_ == "train":
+        loss_fn = ClippedPGLossFn(cfg.loss_fn)
+        if cfg.policy.prev_logprobs_source != "train_forward":  # a separate logprob pass's (unmeasured)
+            batch.prev_logprobs = batch.generation_logprobs.clone()  # [rows, seq]
+        run, per_token, fixed = (lambda: policy.train([batch], loss_fn)), est.train_per_token, est.train_fixed
+    else:
+        run, per_token, fixed = (lambda: policy.get_logprobs(batch)), est.logprob_per_token, est.logprob_fixed
     result = {
         **device_info(device), "shape": args.shape, "layers": fields["num_hidden_layers"], "rows": args.rows,
         "seq": args.seq, "tokens": args.rows * args.seq, "pass": args.pass_, "preflight": preflight.line,
