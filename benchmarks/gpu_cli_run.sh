@@ -22,8 +22,9 @@
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
 # RECIPE: the config family (default grpo_math_random_1p7B: <RECIPE>_bf16.yaml, <RECIPE>_fp8_kv.yaml, <RECIPE>.yaml for
 # fp8); another shipped family (e.g. RECIPE=grpo_math_8B) also gets what the random-weight one-GPU run needs and
-# grpo_math_random_1p7B.yaml sets: no validation or checkpoints, zero-advantage groups trained, the byte
-# tokenizer's eos, NPROC GPUs, no plots (docs/long_responses.md).
+# grpo_math_random_1p7B.yaml sets: no validation or checkpoints, coin-flip rewards (env.coin_flip_rewards: the
+# trainer's gradients are not all zero) with every group trained, the byte tokenizer's eos, NPROC GPUs, no plots
+# (docs/long_responses.md).
 set -euo pipefail
 
 OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched report]}
@@ -46,7 +47,7 @@ RECIPE=${RECIPE:-grpo_math_random_1p7B}
 RANDOM_RUN=()
 [ "$RECIPE" != grpo_math_random_1p7B ] && RANDOM_RUN=(checkpointing.enabled=false grpo.val_period=0
     grpo.val_at_start=false grpo.drop_zero_advantage_groups=false policy.generation.stop_token_ids=null
-    logger.plot_period=null logger.tensorboard_enabled=false)
+    logger.plot_period=null logger.tensorboard_enabled=false env.coin_flip_rewards=true)
 [ "$RECIPE" != grpo_math_random_1p7B ] && [ "$NPROC" -eq 1 ] && RANDOM_RUN+=(cluster.gpus_per_node=1)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs"

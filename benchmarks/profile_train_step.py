@@ -16,7 +16,6 @@ import argparse
 import gc
 import gzip
 import json
-import re
 import shutil
 import sys
 import time
@@ -30,22 +29,7 @@ from benchmarks.common import build_model, policy_config
 from nemo_jetrl.models.random_checkpoint import SHAPES
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
-
-FAMILIES = [  # (family, regex on the kernel name), first match wins
-    ("attention", r"flash|fmha|attention|cudnn|sdpa"),
-    ("fp8 gemm", r"qqtst|sm90_xmma_gemm.*e4m3|f8f6f4|fp8.*gemm|gemm.*e4m3|cutlass.*float_e4m3|blockwise"),
-    ("bf16 gemm", r"gemm|cutlass|xmma|nvjet|ampere|sm90"),
-    ("quantize", r"_quant_groups|_quant_tiles|quant|_amax_kernel|_row_cast"),
-    ("glue", r"rms_norm|qk_norm|rope|silu"),
-    ("optimizer", r"adam|multi_tensor|foreach"),
-    ("reduce/finite", r"reduce|isfinite|all_kernel|norm"),
-    ("copy/cat", r"copy|cat|Copy|elementwise_kernel.*direct_copy|transpose"),
-    ("elementwise", r"elementwise|vectorized|unrolled"),
-]
-
-
-def family(name: str) -> str:
-    return next((f for f, pat in FAMILIES if re.search(pat, name, re.I)), "other")
+from nemo_jetrl.utils.phase_profile import family_totals, kernel_rows
 
 
 def recipe_from_spec(spec: str) -> PrecisionRecipe:
@@ -89,12 +73,7 @@ def profile_variant(preset: str, layers: int, args, device) -> tuple[list[dict],
         for _ in range(args.profile_steps):
             step()
         torch.cuda.synchronize()
-    rows = []  # per step: the profiled steps' totals divided by their number
-    for e in prof.key_averages():
-        dev = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
-        if dev > 0 and e.device_type == torch.autograd.DeviceType.CUDA and "#" not in e.key:  # no annotations
-            rows.append({"name": e.key, "ms": dev / 1e3 / args.profile_steps, "calls": e.count / args.profile_steps})
-    rows.sort(key=lambda r: -r["ms"])
+    rows = kernel_rows(prof, divide=args.profile_steps)  # per step: the profiled steps' totals / their number
     if args.trace:  # the step's timeline, and the device's idle gaps charged to the host ops that ran in them
         path = Path(args.trace) / f"trace_{args.shape}_l{layers}_{preset}.json"
         prof.export_chrome_trace(str(path))
@@ -114,20 +93,11 @@ def profile_variant(preset: str, layers: int, args, device) -> tuple[list[dict],
     return rows, wall_s
 
 
-def families(rows: list[dict]) -> dict[str, float]:
-    """{kernel family: ms} of one profiled step."""
-    fams: dict[str, float] = {}
-    for r in rows:
-        fam = family(r["name"])
-        fams[fam] = fams.get(fam, 0.0) + r["ms"]
-    return fams
-
-
 def summarize(name: str, rows: list[dict], wall_s: float, top: int) -> None:
     """Kernel families and the top kernels; kernel time well below the wall time means the host is the bound."""
     total = sum(r["ms"] for r in rows)
     print(f"\n=== {name}: {total:.1f} ms of kernels in a {wall_s * 1e3:.1f} ms step (unprofiled) ===")
-    for f, ms in sorted(families(rows).items(), key=lambda kv: -kv[1]):
+    for f, ms in sorted(family_totals(rows).items(), key=lambda kv: -kv[1]):
         print(f"  {f:<16} {ms:8.1f} ms")
     for r in rows[:top]:
         print(f"  {r['ms']:8.2f} ms {r['calls']:5g}x  {r['name'][:110]}")
@@ -163,7 +133,7 @@ def main(argv=None) -> int:
         print(f"{record['device']}: {args.shape} x {layers} layers, {args.batch} x {args.seq_len} tokens")
         for v, (rows, wall_s) in result.items():
             summarize(v, rows, wall_s, args.top)
-        profiles[layers] = {v: families(rows) for v, (rows, _) in result.items()}
+        profiles[layers] = {v: family_totals(rows) for v, (rows, _) in result.items()}
         record["depths"][layers] = {
             "wall_s": {v: wall_s for v, (_, wall_s) in result.items()},
             "kernels": {v: rows for v, (rows, _) in result.items()},

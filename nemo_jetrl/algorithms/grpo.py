@@ -50,6 +50,7 @@ from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, Non
 from nemo_jetrl.precision.config import precision_line
 from nemo_jetrl.precision.recipes.gemm_choice import deep_gemm_status
 from nemo_jetrl.utils.logger import Logger, NullLogger
+from nemo_jetrl.utils.phase_profile import ProfileRequest
 from nemo_jetrl.utils.process_env import apply_trainer_env
 from nemo_jetrl.utils.progress import RunProgress, run_summary
 from nemo_jetrl.utils.python_gc import startup_objects_frozen
@@ -358,6 +359,7 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
     cfg, g = run.cfg, run.cfg.grpo
     max_steps, val_period = g.max_num_steps, g.val_period
     skip_limit, skipped_in_a_row = g.max_consecutive_nonfinite_skips, 0
+    profile = ProfileRequest.from_env(run.logger.log_dir) if run.is_main else None  # NEMO_JETRL_PROFILE
     with RunProgress(max_steps, enabled=None if run.is_main else False) as progress:
         progress.advance(step=start_step)
         if g.val_at_start and val_period > 0 and start_step == 0:
@@ -366,7 +368,8 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             val_history.append(val)
             run.logger.log_metrics(val, step=0, prefix="validation/")
         for step in range(start_step, max_steps):
-            timer = Timer(memory_device=run.device)  # CUDA: each phase's peak allocated memory too
+            profiler = profile.for_step(step + 1) if profile is not None else None
+            timer = Timer(memory_device=run.device, profile=profiler)  # CUDA: each phase's peak memory too
             with timer.time("total_step_time"):
                 metrics = grpo_step(run, step, timer, progress)
             logged = run.logger.log_metrics(metrics, step=step + 1, prefix="train/")

@@ -30,3 +30,6 @@ class MathEnvConfig(Section):
 class EnvConfig(Section):
     arithmetic: ArithmeticEnvConfig = ArithmeticEnvConfig()
     math: MathEnvConfig = MathEnvConfig()
+    # speed runs on random weights: seeded coin-flip rewards (the task's correct / wrong values) so that groups
+    # have reward variance and the trainer's gradients are not all zero (environments/coin_flip.py); timing only
+    coin_flip_rewards: bool = False

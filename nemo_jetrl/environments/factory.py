@@ -7,6 +7,7 @@ from typing import Any
 from nemo_jetrl.config.typed import typed_section
 from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.environments.arithmetic import ArithmeticTask
+from nemo_jetrl.environments.coin_flip import CoinFlipRewards
 from nemo_jetrl.environments.config import EnvConfig
 from nemo_jetrl.environments.interfaces import VerifiableTask
 from nemo_jetrl.environments.long_addition import LongAdditionTask
@@ -34,10 +35,19 @@ def make_task(
     row-by-row one of 1K-4K tokens, environments/long_*.py); any other
     value is a dataset (a .jsonl / .json / .parquet file, a local datasets directory or a cached HF datasets name) scored by
     the math environment (env.math, math-verify). `tokenizer` renders chat templates and measures prompt lengths;
-    `max_prompt_tokens` is the prompt-length limit when `data.max_input_seq_length` is null.
+    `max_prompt_tokens` is the prompt-length limit when `data.max_input_seq_length` is null. `env.coin_flip_rewards`
+    keeps the task's prompts and replaces its rewards by seeded coin flips (speed runs on random weights).
     """
     data = typed_section(data, "DataConfig", "make_task")
     env = EnvConfig() if env is None else typed_section(env, "EnvConfig", "make_task")
+    task = _task(data, env, tokenizer, max_prompt_tokens)
+    if not env.coin_flip_rewards:
+        return task
+    rewards = env.arithmetic if data.dataset_name in BUILTIN_TASKS else env.math
+    return CoinFlipRewards(task, data.seed, rewards.correct_reward, rewards.wrong_reward)
+
+
+def _task(data: DataConfig, env: EnvConfig, tokenizer: Any | None, max_prompt_tokens: int | None) -> VerifiableTask:
     name = data.dataset_name
     if name not in BUILTIN_TASKS:
         # imported here: the math environment (math-verify) and the dataset readers load for dataset runs only

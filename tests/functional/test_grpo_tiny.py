@@ -66,7 +66,8 @@ def _merged_by_step(lines: list[dict]) -> dict[int, dict]:
         ("grpo_tiny_fp8_rollout_only.yaml", 1.2, 1.005, "blockwise"),
     ],
 )
-def test_two_grpo_steps_write_finite_metrics(config, max_tmpe, min_tmpe, recipe, tmp_path):
+def test_two_grpo_steps_write_finite_metrics(config, max_tmpe, min_tmpe, recipe, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEMO_JETRL_PROFILE", "training@2")  # a kernel profile of step 2's training phase
     overrides = ("grpo.max_num_steps=2", "grpo.val_period=2", f"policy.fp8_cfg.fp8_recipe={recipe}")
     result, lines = _run(config, tmp_path, *overrides)
     steps = _merged_by_step(lines)
@@ -84,6 +85,9 @@ def test_two_grpo_steps_write_finite_metrics(config, max_tmpe, min_tmpe, recipe,
     val_correct = steps[2]["validation/accuracy"] * 64
     assert val_correct == round(val_correct) and 0 < val_correct < 64
     assert len(result["history"]) == 2
+    profile = json.loads((tmp_path / "profile" / "step2_training.json").read_text())
+    assert [p.name for p in (tmp_path / "profile").iterdir()] == ["step2_training.json"]
+    assert profile["wall_ms"] == pytest.approx(steps[2]["timing/training"] * 1e3)  # the logged phase, profiled
     assert (tmp_path / "config.yaml").is_file()
     assert list((tmp_path / "tensorboard").iterdir())
     assert (tmp_path / "plots" / "reward_accuracy.png").stat().st_size > 10_000

@@ -87,7 +87,7 @@ class FakeAllocator:
     """torch.cuda's allocator counters, driven by hand: `alloc` / `free` bytes, `cache` (reserved, not allocated)."""
 
     def __init__(self, monkeypatch):
-        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = self.retries = 0
         self.segments: list[dict] = []  # torch.cuda.memory_snapshot()'s segments (device 0)
         for name, fn in {
             "memory_snapshot": lambda *a, **k: list(self.segments),
@@ -97,6 +97,7 @@ class FakeAllocator:
             "max_memory_allocated": lambda d=None: self.peak_allocated,
             "max_memory_reserved": lambda d=None: self.peak_reserved,
             "reset_peak_memory_stats": lambda d=None: self.reset(),
+            "memory_stats": lambda d=None: {"num_alloc_retries": self.retries},
         }.items():
             monkeypatch.setattr(torch.cuda, name, fn)
 
@@ -129,18 +130,24 @@ def test_allocated_and_reserved_peaks_per_phase_nested_included(monkeypatch):
             fake.segments = [graphs, other_device, default_pool]  # decode graphs: 2 GiB of their pool free
         with timer.time("training"):
             fake.alloc(6 * gib)
+            fake.retries += 2  # the allocator freed its cache and retried twice
             fake.free(6 * gib, release=True)
     m = timer.get_memory_metrics()
     assert m["memory/generation_peak_gib"] == 10 and m["memory/generation_reserved_peak_gib"] == 14
     assert m["memory/training_peak_gib"] == 6 and m["memory/training_reserved_peak_gib"] == 14  # the cache stayed
     assert m["memory/total_step_time_peak_gib"] == 10 and m["memory/total_step_time_reserved_peak_gib"] == 14
     assert m["memory/generation_graph_pool_gib"] == 2 and m["memory/training_graph_pool_gib"] == 2  # still captured
+    assert m["memory/generation_alloc_retries"] == 0 and m["memory/training_alloc_retries"] == 2
+    assert m["memory/total_step_time_alloc_retries"] == 2  # nested phases' retries count in the outer one
     fake.segments = []  # the graphs released
     timer.reset()
     with timer.time("training"):  # after the release: the footprint is the phase's own
         fake.alloc(6 * gib)
     assert timer.get_memory_metrics() == {
-        "memory/training_peak_gib": 6, "memory/training_reserved_peak_gib": 6, "memory/training_graph_pool_gib": 0
+        "memory/training_peak_gib": 6,
+        "memory/training_reserved_peak_gib": 6,
+        "memory/training_graph_pool_gib": 0,
+        "memory/training_alloc_retries": 0,  # the retries before the reset are not this phase's
     }
 
 

@@ -1,0 +1,99 @@
+"""The trainer's 1x128 quantizer (`triton_quant.quant_groups`) at the shapes one training micro-batch of the Qwen3-8B
+shape feeds it, row-major and through the transposed WGrad view, against a plain e4m3 cast of the same tensor (the
+bandwidth reference: the same bytes read and written, no scales) and, on request, its tile / warp alternatives.
+GPU only.
+
+    python3 -m benchmarks.bench_quantizers --tokens 10752 --data randn,zeros --out quantizers.json
+
+`--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
+train on), or "masked" (random, 30% of the rows zero): the quantizer's IEEE division (`div_rn`) is slower on zeros.
+Variants: the quantizer as it runs, the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a CUDA graph over inputs cycled out of L2;
+the variants alternate over `--rounds` rounds of 7 replays each: median and min-max of the rounds' medians, and the
+bandwidth (bf16 read + e4m3 write + fp32 scales). Every quantizer variant's bits and scales are checked equal first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from benchmarks.common import parse_gpu_bench, print_table, write_json
+
+WIDTHS = [("hidden", 4096), ("qkv out", 6144), ("ffn", 12288), ("gate+up out", 24576)]
+TILES = [(16, 4), (32, 4), (64, 4), (32, 8), (64, 8), (128, 8)]  # (ROWS, num_warps) alternatives
+DATA = ("randn", "zeros", "masked")
+
+
+def make_input(kind: str, tokens: int, width: int, device: torch.device) -> torch.Tensor:
+    """bf16 [tokens, width] of the named kind (`DATA`)."""
+    if kind == "zeros":
+        return torch.zeros(tokens, width, device=device, dtype=torch.bfloat16)
+    x = torch.randn(tokens, width, device=device, dtype=torch.bfloat16)
+    if kind == "masked":
+        x *= (torch.rand(tokens, 1, device=device) > 0.3).to(x.dtype)
+    return x
+
+
+def quantizer_variants(tiles: bool) -> dict:
+    from nemo_jetrl.precision.kernels.triton_quant import quant_groups
+
+    variants = {"quant_groups": lambda x: quant_groups(x, 128, False)}
+    if tiles:
+        variants |= {f"rows {rows}, {w} warps": (lambda x, rows=rows, w=w: quant_groups(x, 128, False, rows, w))
+                     for rows, w in TILES}  # fmt: skip
+    return variants
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=10752, help="tokens of one micro-batch")
+    p.add_argument("--data", default="randn,zeros", help=f"comma-separated, of {', '.join(DATA)}")
+    p.add_argument("--tiles", action="store_true", help="also time the (ROWS, num_warps) alternatives")
+    p.add_argument("--rounds", type=int, default=5)
+    parsed = parse_gpu_bench(p, argv)
+    if parsed is None:
+        return 2
+    args, dev, info = parsed
+    kinds = args.data.split(",")
+    if not set(kinds) <= set(DATA):
+        p.error(f"--data: unknown {sorted(set(kinds) - set(DATA))}; choose from {DATA}")
+    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
+
+    quantizers = quantizer_variants(args.tiles)
+    variants = {**quantizers, "e4m3 cast (reference)": lambda x: x.to(torch.float8_e4m3fn)}
+    results = []
+    for kind in kinds:
+        for name, width in WIDTHS:
+            for layout in ("rows", "transposed"):
+                copies = cold_copies(args.tokens * width * 2, dev)
+                base = [make_input(kind, args.tokens, width, dev) for _ in range(copies)]
+                inputs = base if layout == "rows" else [x.t() for x in base]  # [T, W] or its [W, T] view
+                r, c = inputs[0].shape
+                want_q, want_s = quantizers["quant_groups"](inputs[0])
+                for v, fn in quantizers.items():
+                    q, s = fn(inputs[0])
+                    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s), v
+                rounds = {v: [] for v in variants}
+                for i in range(args.rounds):
+                    for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:
+                        calls = [lambda x=x, f=variants[v]: f(x) for x in inputs]
+                        rounds[v].append(1e3 * time_in_graph(calls))  # us per call
+                moved = r * c * 3 + r * (c // 128) * 4  # bf16 read + e4m3 write + scales
+                for v, times in rounds.items():
+                    med = statistics.median(times)
+                    results.append({"data": kind, "input": f"{name} {layout} [{r}, {c}]", "variant": v, "us": med,
+                                    "min_max_us": f"{min(times):.1f}-{max(times):.1f}", "tb_s": moved / med / 1e6})  # fmt: skip
+                del base, inputs
+    title = (f"1x128 quantizer, {args.tokens} tokens, cold in L2, on {info['device']}: {args.rounds} alternating "
+             f"rounds, median (min-max)")  # fmt: skip
+    keys = ["data", "input", "variant", "us", "min_max_us", "tb_s"]
+    header = ["data", "input", "variant", "us", "min-max us", "TB/s"]
+    table = print_table(title, header, [[r[k] for k in keys] for r in results])
+    write_json(args.out, {**info, "args": vars(args), "results": results, "table": table})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
