@@ -10,7 +10,9 @@ from nemo_jetrl.environments.config import EnvConfig
 
 
 def test_rewards_are_seeded_coin_flips_of_the_response_text():
-    task = CoinFlipRewards(ArithmeticTask(num_digits=2, val_size=8, seed=3), seed=5, correct_reward=1.0, wrong_reward=-0.5)
+    task = CoinFlipRewards(
+        ArithmeticTask(num_digits=2, val_size=8, seed=3), seed=5, correct_reward=1.0, wrong_reward=-0.5
+    )
     texts = [f"garbage {i}" for i in range(2000)]
     rewards = task.score(texts, ["0"] * len(texts))
     assert rewards.dtype == torch.float32 and set(rewards.tolist()) == {1.0, -0.5}
