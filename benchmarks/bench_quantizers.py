@@ -7,7 +7,8 @@ GPU only.
 
 `--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
 train on), or "masked" (random, 30% of the rows zero): the quantizer's IEEE division (`div_rn`) is slower on zeros.
-Variants: the quantizer as it runs, the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a CUDA graph over inputs cycled out of L2;
+Variants: the quantizer as it runs, its `reciprocal=True` form (one division per group, then products and FMAs:
+the same bits), the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a CUDA graph over inputs cycled out of L2;
 the variants alternate over `--rounds` rounds of 7 replays each: median and min-max of the rounds' medians, and the
 bandwidth (bf16 read + e4m3 write + fp32 scales). Every quantizer variant's bits and scales are checked equal first.
 """
@@ -39,7 +40,10 @@ def make_input(kind: str, tokens: int, width: int, device: torch.device) -> torc
 def quantizer_variants(tiles: bool) -> dict:
     from nemo_jetrl.precision.kernels.triton_quant import quant_groups
 
-    variants = {"quant_groups": lambda x: quant_groups(x, 128, False)}
+    variants = {
+        "quant_groups": lambda x: quant_groups(x, 128, False),
+        "quant_groups, reciprocal": lambda x: quant_groups(x, 128, False, reciprocal=True),
+    }
     if tiles:
         variants |= {f"rows {rows}, {w} warps": (lambda x, rows=rows, w=w: quant_groups(x, 128, False, rows, w))
                      for rows, w in TILES}  # fmt: skip

@@ -2,8 +2,8 @@
 
 A random-weight model (examples/build_random_checkpoint.py) answers nothing right: every reward is the wrong reward,
 every advantage is 0, and the trainer's backward runs on gradients that are exactly zero. Real runs do not, and the
-kernels notice: the FP8 quantizer's IEEE division takes its slow path on zeros (2.2x slower at the Qwen3-8B
-shape, docs/performance_history.md). With this switch each response's reward is `correct_reward` or
+kernels notice: the FP8 quantizer's IEEE division takes its slow path on zeros (docs/performance_history.md, "The
+FP8 trainer at the 8B shape"). With this switch each response's reward is `correct_reward` or
 `wrong_reward` by a coin flip seeded by `data.seed` and the response text (SHA-256: the same text, the same reward,
 on every rank and in every run), so groups have reward variance and the trainer does a real step's work. For timing
 only: the rewards say nothing about the answers.

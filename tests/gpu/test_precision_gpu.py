@@ -79,6 +79,25 @@ def test_triton_act_quant_bitwise(shape, dtype, pow2):
 
 
 @pytest.mark.parametrize("pow2", [False, True])
+def test_triton_reciprocal_quantizer_bitwise(pow2):
+    """`quant_groups(..., reciprocal=True)` (one division per group, products and FMAs) against the reference
+    quantizer, bitwise: the e4m3 midpoints times non-power-of-two scales, values over 60 decades with zeros of both
+    signs, NaN, inf and denormals (fp32 and bf16, rows and the transposed view), and a gradient-sized bf16 tensor."""
+    from jetrl_testkit.quant_cases import scaled_midpoints, wide_values
+
+    from nemo_jetrl.precision.kernels.triton_quant import quant_groups
+
+    wide = wide_values()
+    gen = torch.Generator().manual_seed(11)
+    grad = (torch.randn(4096, 6144, generator=gen) * 1e-4).to(torch.bfloat16)
+    grad[::3] = 0.0  # zero rows, as a zero-advantage sequence's
+    for x in (scaled_midpoints(), boundary_values(64), wide, wide.to(torch.bfloat16), grad):
+        for view in (x, x.t()):
+            want = act_quant(view.contiguous(), pow2=pow2)
+            assert_bitwise(quant_groups(view.to(CUDA), 128, pow2, reciprocal=True), want)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
 def test_triton_rounding_boundaries_bitwise(pow2):
     x = boundary_values(64)
     want = act_quant(x, pow2=pow2)

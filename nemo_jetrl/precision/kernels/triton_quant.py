@@ -40,16 +40,35 @@ def _scale_from_amax(amax, POW2: tl.constexpr):
 
 
 @triton.jit
-def _to_e4m3(x, scale):
-    q = tl.math.div_rn(x, scale)
-    q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX))
-    return q.to(tl.float8e4nv)
+def _clamp_e4m3(q):
+    return tl.where(q != q, q, tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX))  # NaN kept
 
 
 @triton.jit
-def _quant_rows(x, POW2: tl.constexpr):
+def _to_e4m3(x, scale):
+    return _clamp_e4m3(tl.math.div_rn(x, scale)).to(tl.float8e4nv)
+
+
+@triton.jit
+def _to_e4m3_by_reciprocal(x, scale):
+    """The bits of `_to_e4m3(x, scale)` (x [R, G], scale [R, 1]) with one IEEE division per row, not per value:
+    r = rn(1 / scale), q0 = rn(x * r), then the exact residual x - q0 * scale (an FMA) corrects q0 to rn(x / scale)
+    (Markstein's division by a correctly rounded reciprocal; tests/unit/precision/test_quant.py checks it against
+    the division on 4M value pairs). Zeros (both signs) and infinities take x * r. The division's slow path, which
+    an all-zero group (a zero-advantage sequence's gradient) sends every lane down, is not used."""
+    r = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)  # r: [R, 1]
+    q0 = x * r
+    q = tl.math.fma(tl.math.fma(-q0, scale, x), r, q0)
+    q = tl.where((x == 0.0) | (tl.abs(x) == float("inf")), q0, q)
+    return _clamp_e4m3(q).to(tl.float8e4nv)
+
+
+@triton.jit
+def _quant_rows(x, POW2: tl.constexpr, RECIPROCAL: tl.constexpr = False):
     """x [R, G] fp32, one quantization group per row -> (e4m3 [R, G], fp32 scales [R])."""
     scale = _scale_from_amax(tl.max(_finite_abs(x), axis=1), POW2)  # scale: [R]
+    if RECIPROCAL:
+        return _to_e4m3_by_reciprocal(x, scale[:, None]), scale
     return _to_e4m3(x, scale[:, None]), scale
 
 
@@ -64,7 +83,7 @@ def quant_vector_groups(x, N: tl.constexpr, BLOCK: tl.constexpr, POW2: tl.conste
 @triton.jit
 def _quant_groups_kernel(
     x_ptr, y_ptr, s_ptr, R, C, stride_r, stride_c, stride_sr, stride_sg,
-    BLOCK: tl.constexpr, ROWS: tl.constexpr, POW2: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, POW2: tl.constexpr, RECIPROCAL: tl.constexpr,
 ):  # fmt: skip
     # One program: ROWS rows x one group of BLOCK columns of the logical [R, C] input (any strides).
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows: [ROWS]
@@ -72,7 +91,7 @@ def _quant_groups_kernel(
     rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(x_ptr + rows64[:, None] * stride_r + cols64[None, :] * stride_c, mask=mask, other=0.0)
-    q, scale = _quant_rows(x.to(tl.float32), POW2)  # q: [ROWS, BLOCK] e4m3, scale: [ROWS]
+    q, scale = _quant_rows(x.to(tl.float32), POW2, RECIPROCAL)  # q: [ROWS, BLOCK] e4m3, scale: [ROWS]
     tl.store(y_ptr + rows64[:, None] * C + cols[None, :], q, mask=mask)
     tl.store(s_ptr + rows64 * stride_sr + tl.program_id(1) * stride_sg, scale, mask=rows < R)
 
@@ -106,11 +125,13 @@ def _check(x: torch.Tensor) -> None:
 
 
 def quant_groups(
-    x: torch.Tensor, block: int, pow2: bool, rows: int | None = None, num_warps: int = 4
+    x: torch.Tensor, block: int, pow2: bool, rows: int | None = None, num_warps: int = 4, reciprocal: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """1x`block` groups along dim 1 of a 2-D view x [R, C] (any strides) -> (e4m3 [R, C], fp32 [R, ceil(C/b)]).
 
     The scale is stored R-major (column-major, `stride(0) == 1`): the layout scaled_mm takes without a copy.
+    `reciprocal=True`: one division per group, then products and FMAs (`_to_e4m3_by_reciprocal`), the same bits;
+    under evaluation, not yet used by the trainer: its GPU speed is unmeasured (benchmarks/bench_quantizers.py).
     """
     _check(x)
     r, c = x.shape
@@ -125,7 +146,7 @@ def quant_groups(
     with on_device(x):
         _quant_groups_kernel[grid](
             x, y, s, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
-            BLOCK=block, ROWS=rows, POW2=pow2, num_warps=num_warps,
+            BLOCK=block, ROWS=rows, POW2=pow2, RECIPROCAL=reciprocal, num_warps=num_warps,
         )  # fmt: skip
     return y, s
 
