@@ -130,6 +130,8 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     summary["allocated_peak_gib"], summary["estimated_peak_gib"] = read_memory(log_dir)
     summary["reserved_peak_gib"] = read_memory(log_dir, "reserved_peak")[0]
     summary["graph_pool_gib"] = read_memory(log_dir, "graph_pool")[0]
+    retries = read_metric(log_dir, "memory/total_step_time_alloc_retries")  # the caching allocator's, every step
+    summary["alloc_retries"] = sum(v for _, v in retries) if retries else None
     curve = position_curve(read_metrics_jsonl(log_dir / "metrics.jsonl"), skip)
     summary["mismatch_by_position"] = {str(k): v for k, v in curve.items()}
     summary["per_step"] = read_mismatch(log_dir)
@@ -138,9 +140,9 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
 
 def read_memory(log_dir: Path, kind: str = "peak") -> tuple[dict[str, float], dict[str, float]]:
     """({phase: its largest `memory/<phase>_<kind>_gib` over the steps after the first}, {phase: the preflight's
-    estimate in GiB}); kind "peak" (allocated), "reserved_peak" or "graph_pool" (the free bytes of CUDA graphs' private
-pools at the phase's end: allocated + these is what the phase held of the device). A run of one step is compared on step 1 against the
-    estimate without the optimizer state (`memory/estimate_optimizer_state_gib`: AdamW allocates it at step 1's
+    estimate in GiB}); kind "peak" (allocated), "reserved_peak" or "graph_pool" (the free bytes of CUDA graphs'
+    private pools at the phase's end: allocated + these is what the phase held of the device). A run of one step is
+    compared on step 1 against the estimate without the optimizer state (`memory/estimate_optimizer_state_gib`: AdamW allocates it at step 1's
     optimizer step, after those peaks)."""
     series = read_metrics_jsonl(log_dir / "metrics.jsonl")
     measured, first_only = {}, False
@@ -178,6 +180,7 @@ def format_table(summaries: dict[str, dict]) -> str:
         "peak GPU memory": lambda s: (
             "—" if s["peak_gpu_memory_mib"] is None else f"{s['peak_gpu_memory_mib'] / 1024:.1f} GiB"
         ),
+        "allocator retries, all steps": lambda s: _fmt(s.get("alloc_retries"), "{:.0f}"),
         "steps logged": lambda s: str(s["steps"]),
         "first step / median step": lambda s: (
             "—" if not s["median_s"].get("total_step_time") else

@@ -127,6 +127,8 @@ class PhaseProfiler:
         _, prof = self._running
         self._running = None
         wall_ms = wall_s * 1e3
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the phase's queued kernels finish inside the profile
         prof.__exit__(None, None, None)
         rows = kernel_rows(prof)
         kernels_ms = sum(row["ms"] for row in rows)

@@ -64,7 +64,7 @@ def test_memory_against_the_estimate_and_mismatch_by_position(tmp_path, capsys):
     for step in (1, 2, 3, 4):
         extra.append({"step": step, "memory/training_peak_gib": 38.0 + step, "memory/generation_peak_gib": 31.0,
                       "memory/training_reserved_peak_gib": 45.0 - step, "memory/training_graph_pool_gib": 1.0,
-                      "memory/generation_graph_pool_gib": 0.0,
+                      "memory/generation_graph_pool_gib": 0.0, "memory/total_step_time_alloc_retries": step % 2,
                       "train/mismatch_pos/00000": 1.0, "train/mismatch_pos/08192": 1.0 + 0.01 * step})  # fmt: skip
     with open(log_dir / "metrics.jsonl", "a") as f:
         f.write("\n" + "\n".join(json.dumps(line) for line in extra) + "\n")
@@ -82,6 +82,7 @@ def test_memory_against_the_estimate_and_mismatch_by_position(tmp_path, capsys):
     assert "| training peak allocated + graph pools (estimate) | 43.0 GiB (44.0, +2%) |" in out  # 42 + 1
     assert "generation peak allocated + graph pools" not in out  # no pool held in any run
     assert "| mismatch at position 8192+ | 1.0300 |" in out
+    assert s["alloc_retries"] == 2 and "| allocator retries, all steps | 2 |" in out  # steps 1 and 3 retried once
     assert "| first step / median step | 2.50x |" in out  # 10 s against the median 4 s of steps 2-4
 
 
