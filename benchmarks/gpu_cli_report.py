@@ -142,8 +142,8 @@ def read_memory(log_dir: Path, kind: str = "peak") -> tuple[dict[str, float], di
     """({phase: its largest `memory/<phase>_<kind>_gib` over the steps after the first}, {phase: the preflight's
     estimate in GiB}); kind "peak" (allocated), "reserved_peak" or "graph_pool" (the free bytes of CUDA graphs'
     private pools at the phase's end: allocated + these is what the phase held of the device). A run of one step is
-    compared on step 1 against the estimate without the optimizer state (`memory/estimate_optimizer_state_gib`: AdamW allocates it at step 1's
-    optimizer step, after those peaks)."""
+    compared on step 1 against the estimate without the optimizer state (`memory/estimate_optimizer_state_gib`:
+    AdamW allocates it at step 1's optimizer step, after those peaks)."""
     series = read_metrics_jsonl(log_dir / "metrics.jsonl")
     measured, first_only = {}, False
     for phase in ESTIMATED:
