@@ -8,7 +8,8 @@ kernels by device time (`rows`: name, ms, calls) and their sum per kernel family
 per phase (kernel time against wall time: far below it means the host or the allocator is the bound). The JSON also
 lists the host ops by self CPU time (`host_rows`); `NEMO_JETRL_PROFILE_TRACE=1` writes the chrome trace beside it
 (`step3_<phase>.trace.json.gz`; `python3 -m benchmarks.trace_gaps FILE` charges the device's idle gaps to the host
-ops that ran in them). Only rank 0 profiles. The profiled step runs slower than the others (the profiler's own overhead); its timings are logged
+ops that ran in them). Only rank 0 profiles: under torchrun its own GPU's kernels; under Ray the driver, whose
+phases run in the workers (no kernels in the file). The profiled step runs slower than the others (the profiler's own overhead); its timings are logged
 like any step's.
 """
 
