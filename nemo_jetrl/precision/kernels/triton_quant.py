@@ -53,8 +53,8 @@ def _to_e4m3(x, scale):
 def _to_e4m3_by_reciprocal(x, scale):
     """The bits of `_to_e4m3(x, scale)` (x [R, G], scale [R, 1]) with one IEEE division per row, not per value:
     r = rn(1 / scale), q0 = rn(x * r), then the exact residual x - q0 * scale (an FMA) corrects q0 to rn(x / scale)
-    (Markstein's division by a correctly rounded reciprocal; tests/unit/precision/test_quant.py checks it against
-    the division on 4M value pairs). Zeros (both signs) and infinities take x * r. The division's slow path, which
+    (Markstein's division by a correctly rounded reciprocal; tests/unit/precision/test_reciprocal_division.py checks
+    it against the division). Zeros (both signs) and infinities take x * r. The division's slow path, which
     an all-zero group (a zero-advantage sequence's gradient) sends every lane down, is not used."""
     r = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)  # r: [R, 1]
     q0 = x * r
