@@ -64,7 +64,7 @@ def _to_e4m3_by_reciprocal(x, scale):
 
 
 @triton.jit
-def _quant_rows(x, POW2: tl.constexpr, RECIPROCAL: tl.constexpr = False):
+def _quant_rows(x, POW2: tl.constexpr, RECIPROCAL: tl.constexpr):
     """x [R, G] fp32, one quantization group per row -> (e4m3 [R, G], fp32 scales [R])."""
     scale = _scale_from_amax(tl.max(_finite_abs(x), axis=1), POW2)  # scale: [R]
     if RECIPROCAL:
@@ -76,7 +76,7 @@ def _quant_rows(x, POW2: tl.constexpr, RECIPROCAL: tl.constexpr = False):
 def quant_vector_groups(x, N: tl.constexpr, BLOCK: tl.constexpr, POW2: tl.constexpr):
     """Inside a kernel: x [N] fp32 -> (e4m3 [N], fp32 scales [N // BLOCK]), the 1xBLOCK groups of
     `_quant_groups_kernel` through the same `_quant_rows` (so a fused producer writes the bits `act_quant` would)."""
-    q, scale = _quant_rows(tl.reshape(x, (N // BLOCK, BLOCK)), POW2)
+    q, scale = _quant_rows(tl.reshape(x, (N // BLOCK, BLOCK)), POW2, False)
     return tl.reshape(q, (N,)), scale
 
 
