@@ -8,9 +8,10 @@ GPU only.
 `--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
 train on), or "masked" (random, 30% of the rows zero): the quantizer's IEEE division (`div_rn`) is slower on zeros.
 Variants: the quantizer as it runs, its `reciprocal=True` form (one division per group, then products and FMAs:
-the same bits), the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a CUDA graph over inputs cycled out of L2;
-the variants alternate over `--rounds` rounds of 7 replays each: median and min-max of the rounds' medians, and the
-bandwidth (bf16 read + e4m3 write + fp32 scales). Every quantizer variant's bits and scales are checked equal first.
+the same bits), the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a
+CUDA graph over inputs cycled out of L2; the variants alternate over `--rounds` rounds of 7 replays each: median and
+min-max of the rounds' medians, and the bandwidth (bf16 read + e4m3 write + fp32 scales). Every quantizer variant's
+bits and scales are checked equal first.
 """
 
 from __future__ import annotations
@@ -87,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                 moved = r * c * 3 + r * (c // 128) * 4  # bf16 read + e4m3 write + scales
                 for v, times in rounds.items():
                     med = statistics.median(times)
-                    results.append({"data": kind, "input": f"{name} {layout} [{r}, {c}]", "variant": v, "us": med,
-                                    "min_max_us": f"{min(times):.1f}-{max(times):.1f}", "tb_s": moved / med / 1e6})  # fmt: skip
+                    spread = f"{min(times):.1f}-{max(times):.1f}"
+                    where = f"{name} {layout} [{r}, {c}]"
+                    results.append({"data": kind, "input": where, "variant": v, "us": med, "min_max_us": spread,
+                                    "tb_s": moved / med / 1e6})  # fmt: skip
                 del base, inputs
     title = (f"1x128 quantizer, {args.tokens} tokens, cold in L2, on {info['device']}: {args.rounds} alternating "
              f"rounds, median (min-max)")  # fmt: skip

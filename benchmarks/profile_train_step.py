@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ from benchmarks.common import build_model, policy_config
 from nemo_jetrl.models.random_checkpoint import SHAPES
 from nemo_jetrl.policy.native import NativePolicy
 from nemo_jetrl.precision import PrecisionRecipe
-from nemo_jetrl.utils.phase_profile import family_totals, kernel_rows
+from nemo_jetrl.utils.phase_profile import family_totals, host_rows, kernel_rows, write_trace_gz
 
 
 def recipe_from_spec(spec: str) -> PrecisionRecipe:
@@ -73,20 +71,16 @@ def profile_variant(preset: str, layers: int, args, device) -> tuple[list[dict],
         for _ in range(args.profile_steps):
             step()
         torch.cuda.synchronize()
-    rows = kernel_rows(prof, divide=args.profile_steps)  # per step: the profiled steps' totals / their number
+    events = prof.key_averages()
+    rows = kernel_rows(events, divide=args.profile_steps)  # per step: the profiled steps' totals / their number
     if args.trace:  # the step's timeline, and the device's idle gaps charged to the host ops that ran in them
-        path = Path(args.trace) / f"trace_{args.shape}_l{layers}_{preset}.json"
-        prof.export_chrome_trace(str(path))
-        with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        path.unlink()
-        print(f"\n--- {preset}: device idle gaps (trace {path}.gz) ---")
-        trace_gaps.report(f"{path}.gz", top=args.top)
+        gz = write_trace_gz(prof, Path(args.trace) / f"trace_{args.shape}_l{layers}_{preset}.json")
+        print(f"\n--- {preset}: device idle gaps (trace {gz}) ---")
+        trace_gaps.report(str(gz), top=args.top)
     if args.cpu_top:  # the host side: where the Python of the step spends its time (self CPU time per op)
-        host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.cpu_top]
         print(f"\n--- {preset}: top host ops by self CPU time ---")
-        for e in host:
-            print(f"  {e.self_cpu_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:100]}")
+        for r in host_rows(events, args.cpu_top):
+            print(f"  {r['ms']:8.2f} ms {r['calls']:6d}x  {r['name'][:100]}")
     del policy, model, step
     gc.collect()
     torch.cuda.empty_cache()

@@ -9,8 +9,8 @@ per phase (kernel time against wall time: far below it means the host or the all
 lists the host ops by self CPU time (`host_rows`); `NEMO_JETRL_PROFILE_TRACE=1` writes the chrome trace beside it
 (`step3_<phase>.trace.json.gz`; `python3 -m benchmarks.trace_gaps FILE` charges the device's idle gaps to the host
 ops that ran in them). Only rank 0 profiles: under torchrun its own GPU's kernels; under Ray the driver, whose
-phases run in the workers (no kernels in the file). The profiled step runs slower than the others (the profiler's own overhead); its timings are logged
-like any step's.
+phases run in the workers (no kernels in the file). The profiled step runs slower than the others (the profiler's
+own overhead and a device sync at each profiled phase's ends); its timings are logged like any step's.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,12 +56,13 @@ def family_totals(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def kernel_rows(prof: torch.profiler.profile, divide: int = 1) -> list[dict]:
-    """The CUDA kernels (and memcpys / memsets) of a finished profile by device time: [{"name", "ms", "calls"}],
-    largest first, totals divided by `divide` (the number of profiled repetitions). User annotations are left out;
-    kernel names with '#' (PyTorch's `{lambda()#1}` elementwise and copy kernels) are kept."""
+def kernel_rows(events: Sequence, divide: int = 1) -> list[dict]:
+    """The CUDA kernels (and memcpys / memsets) of a finished profile's `key_averages()` by device time: [{"name",
+    "ms", "calls"}], largest first, totals divided by `divide` (the number of profiled repetitions). User
+    annotations are left out; kernel names with '#' (PyTorch's `{lambda()#1}` elementwise and copy kernels) are
+    kept."""
     rows = []
-    for event in prof.key_averages():
+    for event in events:
         device_us = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
         annotation = getattr(event, "is_user_annotation", False) or event.key.startswith("ProfilerStep#")
         if device_us > 0 and event.device_type == torch.autograd.DeviceType.CUDA and not annotation:
@@ -68,10 +70,26 @@ def kernel_rows(prof: torch.profiler.profile, divide: int = 1) -> list[dict]:
     return sorted(rows, key=lambda row: -row["ms"])
 
 
-def host_rows(prof: torch.profiler.profile, top: int = 40) -> list[dict]:
-    """The host ops of a finished profile by self CPU time: [{"name", "ms", "calls"}], the `top` largest."""
-    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
-    return [{"name": e.key, "ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in events]
+def host_rows(events: Sequence, top: int = 40) -> list[dict]:
+    """The host ops of a finished profile's `key_averages()` by self CPU time: [{"name", "ms", "calls"}], the `top`
+    largest."""
+    largest = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    return [{"name": e.key, "ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in largest]
+
+
+def write_trace_gz(prof: torch.profiler.profile, path: str | os.PathLike) -> Path:
+    """A finished profile's chrome trace, gzipped, as `path` + ".gz" (the form `benchmarks.trace_gaps` reads)."""
+    raw = Path(path)
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return Path(f"{raw}.gz")
+
+
+def _sync_device() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 @dataclass(frozen=True)
@@ -103,8 +121,9 @@ class ProfileRequest:
 
 
 class PhaseProfiler:
-    """Profiles the requested phases of one step; a `Timer` calls `start` / `stop` with every phase name (the
-    device already synchronized), and only the requested ones are profiled, one at a time."""
+    """Profiles the requested phases of one step; a `Timer` calls `start` / `stop` with every phase name, and only
+    the requested ones are profiled, one at a time, between device syncs (the kernels queued before the phase stay
+    out of its profile, its own finish inside it)."""
 
     def __init__(self, request: ProfileRequest):
         self.request = request
@@ -113,6 +132,7 @@ class PhaseProfiler:
     def start(self, name: str) -> None:
         if name not in self.request.phases or self._running is not None:
             return
+        _sync_device()
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -128,10 +148,10 @@ class PhaseProfiler:
         _, prof = self._running
         self._running = None
         wall_ms = wall_s * 1e3
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()  # the phase's queued kernels finish inside the profile
+        _sync_device()
         prof.__exit__(None, None, None)
-        rows = kernel_rows(prof)
+        events = prof.key_averages()  # computed once: slow on a long phase's events
+        rows = kernel_rows(events)
         kernels_ms = sum(row["ms"] for row in rows)
         record = {
             "phase": name,
@@ -141,17 +161,13 @@ class PhaseProfiler:
             "kernels_ms": kernels_ms,
             "families": dict(sorted(family_totals(rows).items(), key=lambda kv: -kv[1])),
             "rows": rows[:300],
-            "host_rows": host_rows(prof),
+            "host_rows": host_rows(events),
         }
         self.request.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.request.out_dir / f"step{self.request.step}_{name.replace('/', '_')}.json"
         path.write_text(json.dumps(record, indent=1))
         if self.request.trace:
-            raw = path.with_suffix(".trace.json")
-            prof.export_chrome_trace(str(raw))
-            with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            raw.unlink()
+            write_trace_gz(prof, path.with_suffix(".trace.json"))
         top = ", ".join(f"{fam} {ms:.0f}" for fam, ms in list(record["families"].items())[:5])
         step = self.request.step
         print(f"profile: step {step} {name}: {kernels_ms:.0f} ms of kernels in {wall_ms:.0f} ms ({top}) -> {path}")

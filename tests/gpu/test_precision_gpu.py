@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from jetrl_testkit.quant_cases import e4m3_midpoints, scaled_midpoints, wide_values
 from torch import nn
 
 from nemo_jetrl.precision import (
@@ -53,9 +54,7 @@ def sqnr_db(ref, approx):
 
 def boundary_values(rows: int) -> torch.Tensor:
     """Blocks of e4m3 rounding midpoints (and their neighbours) with amax 300, so a pow2 scale is exactly 1."""
-    grid = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
-    grid = torch.unique(grid[torch.isfinite(grid) & (grid >= 0)])  # sorted non-negative e4m3 values
-    mids = (grid[1:] + grid[:-1]) / 2
+    mids = e4m3_midpoints()
     vals = torch.cat([mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9))])
     vals = torch.cat([vals, -vals])
     x = vals[torch.arange(rows * 128) % vals.numel()].reshape(rows, 128)
@@ -83,7 +82,6 @@ def test_triton_reciprocal_quantizer_bitwise(pow2):
     """`quant_groups(..., reciprocal=True)` (one division per group, products and FMAs) against the reference
     quantizer, bitwise: the e4m3 midpoints times non-power-of-two scales, values over 60 decades with zeros of both
     signs, NaN, inf and denormals (fp32 and bf16, rows and the transposed view), and a gradient-sized bf16 tensor."""
-    from jetrl_testkit.quant_cases import scaled_midpoints, wide_values
 
     from nemo_jetrl.precision.kernels.triton_quant import quant_groups
 

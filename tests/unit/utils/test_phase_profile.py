@@ -74,7 +74,7 @@ def test_kernel_rows_keep_lambda_named_kernels_and_drop_annotations():
         event("## training ##", 4000.0, annotation=True),
         event("aten::mm", 0.0, device=cpu),
     ]
-    rows = kernel_rows(SimpleNamespace(key_averages=lambda: events), divide=2)
+    rows = kernel_rows(events, divide=2)
     assert rows == [
         {"name": "gemm", "ms": 1.5, "calls": 1.0},
         {"name": "elementwise_kernel<direct_copy_kernel_cuda(...)::{lambda()#3}>", "ms": 0.5, "calls": 1.0},
