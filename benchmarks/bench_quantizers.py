@@ -7,8 +7,9 @@ GPU only.
 
 `--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
 train on), or "masked" (random, 30% of the rows zero): the quantizer's IEEE division (`div_rn`) is slower on zeros.
-Variants: the quantizer as it runs, its `reciprocal=True` form (one division per group, then products and FMAs:
-the same bits), the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a
+Variants: the quantizer's two divisions (`triton_quant.DIVISIONS`, the same bits): "plain" (`div_rn` on every
+value; what row-major activations get) and "reciprocal" (one division per group, then products and FMAs; what the
+transposed view and gradients get: `triton_quant.division_for`), the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a
 CUDA graph over inputs cycled out of L2; the variants alternate over `--rounds` rounds of 7 replays each: median and
 min-max of the rounds' medians, and the bandwidth (bf16 read + e4m3 write + fp32 scales). Every quantizer variant's
 bits and scales are checked equal first.
@@ -42,11 +43,11 @@ def quantizer_variants(tiles: bool) -> dict:
     from nemo_jetrl.precision.kernels.triton_quant import quant_groups
 
     variants = {
-        "quant_groups": lambda x: quant_groups(x, 128, False),
-        "quant_groups, reciprocal": lambda x: quant_groups(x, 128, False, reciprocal=True),
+        "quant_groups, plain": lambda x: quant_groups(x, 128, False, division="plain"),
+        "quant_groups, reciprocal": lambda x: quant_groups(x, 128, False, division="reciprocal"),
     }
     if tiles:
-        variants |= {f"rows {rows}, {w} warps": (lambda x, rows=rows, w=w: quant_groups(x, 128, False, rows, w))
+        variants |= {f"rows {rows}, {w} warps": (lambda x, rows=rows, w=w: quant_groups(x, 128, False, rows, w, "plain"))
                      for rows, w in TILES}  # fmt: skip
     return variants
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 base = [make_input(kind, args.tokens, width, dev) for _ in range(copies)]
                 inputs = base if layout == "rows" else [x.t() for x in base]  # [T, W] or its [W, T] view
                 r, c = inputs[0].shape
-                want_q, want_s = quantizers["quant_groups"](inputs[0])
+                want_q, want_s = quantizers["quant_groups, plain"](inputs[0])
                 for v, fn in quantizers.items():
                     q, s = fn(inputs[0])
                     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s), v

@@ -43,15 +43,18 @@ _BACKENDS = ("auto", "torch", "triton")
 # public API
 # ----------------------------------------------------------------------------------------------------------------
 def act_quant(
-    x: torch.Tensor, block: int = 128, pow2: bool = False, backend: QuantBackend = "auto"
+    x: torch.Tensor, block: int = 128, pow2: bool = False, backend: QuantBackend = "auto", zero_rows: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """1x`block` groups along the last dim. x: [..., K] -> (e4m3 [..., K], fp32 scale [..., ceil(K/block)])."""
+    """1x`block` groups along the last dim. x: [..., K] -> (e4m3 [..., K], fp32 scale [..., ceil(K/block)]).
+
+    `zero_rows`: x may hold all-zero rows (a gradient): the Triton kernel then divides in the form that keeps its
+    speed on zeros (`triton_quant.division_for`); the bits are the same."""
     _check_input(x, block, "act_quant", min_dim=1)
     if _use_triton(x, block, backend):
         from nemo_jetrl.precision.kernels import triton_quant
 
         x2 = x.reshape(-1, x.shape[-1])  # x2: [R, K]
-        q, s = triton_quant.quant_groups(x2, block, pow2)
+        q, s = triton_quant.quant_groups(x2, block, pow2, zero_rows=zero_rows)
         return q.view(x.shape), s.view(*x.shape[:-1], s.shape[-1])
     return _act_quant_ref(x, block, pow2)
 
@@ -80,6 +83,7 @@ def act_quant_dual(
     pow2: bool = False,
     t_blocks: Literal["1x128", "128x128"] = "1x128",
     backend: QuantBackend = "auto",
+    zero_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both training layouts of x [M, K]: the FProp/DGrad operand and the WGrad operand.
 
@@ -87,7 +91,7 @@ def act_quant_dual(
     operand (qt [K, MP], st) for x zero-padded to MP = round_up(M, block) tokens: bitwise
     `act_quant_t(x_padded)` (st [K, MP/b], `t_blocks="1x128"`) or `weight_quant(x_padded.t())`
     (st [ceil(K/b), MP/b], `"128x128"`). On CUDA these are two Triton kernels (a fused single-read kernel
-    measured slower: docs/precision.md, "Measured figures").
+    measured slower: docs/precision.md, "Measured figures"). `zero_rows`: as `act_quant`'s.
     """
     _check_input(x, block, "act_quant_dual", min_dim=2)
     if x.dim() != 2:
@@ -99,7 +103,7 @@ def act_quant_dual(
     if _use_triton(x, block, backend):
         from nemo_jetrl.precision.kernels import triton_quant
 
-        q, s = triton_quant.quant_groups(x, block, pow2)
+        q, s = triton_quant.quant_groups(x, block, pow2, zero_rows=zero_rows)
         tiles = t_blocks == "128x128"
         qt, st = (triton_quant.quant_tiles if tiles else triton_quant.quant_groups)(xp.t(), block, pow2)
         return q, s, qt, st

@@ -77,10 +77,12 @@ def test_triton_act_quant_bitwise(shape, dtype, pow2):
     assert_bitwise(act_quant(x.to(CUDA), pow2=pow2, backend="torch"), want)  # reference on CUDA == on CPU
 
 
+@pytest.mark.parametrize("division", ["plain", "reciprocal"])
 @pytest.mark.parametrize("pow2", [False, True])
-def test_triton_reciprocal_quantizer_bitwise(pow2):
-    """`quant_groups(..., reciprocal=True)` (one division per group, products and FMAs) against the reference
-    quantizer, bitwise: the e4m3 midpoints times non-power-of-two scales, values over 60 decades with zeros of both
+def test_triton_quantizer_divisions_bitwise(pow2, division):
+    """Every `quant_groups` division (`triton_quant.DIVISIONS`: `div_rn` on every value; one division per group, then
+    products and FMAs) against the reference quantizer, bitwise: the e4m3 midpoints times non-power-of-two scales,
+    values over 60 decades with zeros of both
     signs, NaN, inf and denormals (fp32 and bf16, rows and the transposed view), and a gradient-sized bf16 tensor."""
 
     from nemo_jetrl.precision.kernels.triton_quant import quant_groups
@@ -92,7 +94,7 @@ def test_triton_reciprocal_quantizer_bitwise(pow2):
     for x in (scaled_midpoints(), boundary_values(64), wide, wide.to(torch.bfloat16), grad):
         for view in (x, x.t()):
             want = act_quant(view.contiguous(), pow2=pow2)
-            assert_bitwise(quant_groups(view.to(CUDA), 128, pow2, reciprocal=True), want)
+            assert_bitwise(quant_groups(view.to(CUDA), 128, pow2, division=division), want)
 
 
 @pytest.mark.parametrize("pow2", [False, True])

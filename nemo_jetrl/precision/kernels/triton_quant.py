@@ -21,6 +21,7 @@ _EPS = tl.constexpr(SCALE_EPS)
 _INV_MAX = tl.constexpr(INV_E4M3_MAX)
 _FLT_MAX = tl.constexpr(FLT_MAX)
 _FP8_MAX = tl.constexpr(448.0)
+DIVISIONS = ("plain", "reciprocal")  # how `quant_groups` divides by the scale (`division_for`): the same bits
 
 
 @triton.jit
@@ -53,7 +54,7 @@ def _to_e4m3(x, scale):
 def _to_e4m3_by_reciprocal(x, scale):
     """The bits of `_to_e4m3(x, scale)` (x [R, G], scale [R, 1]) with one IEEE division per row, not per value:
     r = rn(1 / scale), q0 = rn(x * r), then the exact residual x - q0 * scale (an FMA) corrects q0 to rn(x / scale)
-    (Markstein's division by a correctly rounded reciprocal; tests/unit/precision/test_reciprocal_division.py checks
+    (Markstein's division by a correctly rounded reciprocal; tests/unit/precision/test_quantizer_division.py checks
     it against the division). Zeros (both signs) and infinities take x * r. The division's slow path, which
     an all-zero group (a zero-advantage sequence's gradient) sends every lane down, is not used."""
     r = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)  # r: [R, 1]
@@ -64,10 +65,11 @@ def _to_e4m3_by_reciprocal(x, scale):
 
 
 @triton.jit
-def _quant_rows(x, POW2: tl.constexpr, RECIPROCAL: tl.constexpr):
-    """x [R, G] fp32, one quantization group per row -> (e4m3 [R, G], fp32 scales [R])."""
+def _quant_rows(x, POW2: tl.constexpr, DIVISION: tl.constexpr):
+    """x [R, G] fp32, one quantization group per row -> (e4m3 [R, G], fp32 scales [R]). DIVISION: one of
+    `DIVISIONS` (the same bits)."""
     scale = _scale_from_amax(tl.max(_finite_abs(x), axis=1), POW2)  # scale: [R]
-    if RECIPROCAL:
+    if DIVISION == "reciprocal":
         return _to_e4m3_by_reciprocal(x, scale[:, None]), scale
     return _to_e4m3(x, scale[:, None]), scale
 
@@ -76,14 +78,14 @@ def _quant_rows(x, POW2: tl.constexpr, RECIPROCAL: tl.constexpr):
 def quant_vector_groups(x, N: tl.constexpr, BLOCK: tl.constexpr, POW2: tl.constexpr):
     """Inside a kernel: x [N] fp32 -> (e4m3 [N], fp32 scales [N // BLOCK]), the 1xBLOCK groups of
     `_quant_groups_kernel` through the same `_quant_rows` (so a fused producer writes the bits `act_quant` would)."""
-    q, scale = _quant_rows(tl.reshape(x, (N // BLOCK, BLOCK)), POW2, False)
+    q, scale = _quant_rows(tl.reshape(x, (N // BLOCK, BLOCK)), POW2, "plain")
     return tl.reshape(q, (N,)), scale
 
 
 @triton.jit
 def _quant_groups_kernel(
     x_ptr, y_ptr, s_ptr, R, C, stride_r, stride_c, stride_sr, stride_sg,
-    BLOCK: tl.constexpr, ROWS: tl.constexpr, POW2: tl.constexpr, RECIPROCAL: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, POW2: tl.constexpr, DIVISION: tl.constexpr,
 ):  # fmt: skip
     # One program: ROWS rows x one group of BLOCK columns of the logical [R, C] input (any strides).
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows: [ROWS]
@@ -91,7 +93,7 @@ def _quant_groups_kernel(
     rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(x_ptr + rows64[:, None] * stride_r + cols64[None, :] * stride_c, mask=mask, other=0.0)
-    q, scale = _quant_rows(x.to(tl.float32), POW2, RECIPROCAL)  # q: [ROWS, BLOCK] e4m3, scale: [ROWS]
+    q, scale = _quant_rows(x.to(tl.float32), POW2, DIVISION)  # q: [ROWS, BLOCK] e4m3, scale: [ROWS]
     tl.store(y_ptr + rows64[:, None] * C + cols[None, :], q, mask=mask)
     tl.store(s_ptr + rows64 * stride_sr + tl.program_id(1) * stride_sg, scale, mask=rows < R)
 
@@ -124,29 +126,47 @@ def _check(x: torch.Tensor) -> None:
         raise ValueError(f"triton quantizers take a 2-D CUDA tensor, got {tuple(x.shape)} on {x.device}")
 
 
+def _transposed(x: torch.Tensor) -> bool:
+    """x [R, C] is a transposed view (rows contiguous in memory: the WGrad operands along the tokens)."""
+    return x.stride(0) == 1 and x.shape[1] > 1
+
+
+def division_for(x: torch.Tensor, zero_rows: bool) -> str:
+    """How `quant_groups` divides a 2-D view x [R, C] by its scales (`DIVISIONS`; the bits are the same either way):
+    "plain" (`div_rn` on every value) where the rows are contiguous and the data has no all-zero rows (activations:
+    the reciprocal form is ~10% slower there), "reciprocal" (one division per group, then products and FMAs) on the
+    transposed view (as fast on random data) and where rows may be all zero (`zero_rows`: gradients, whose
+    zero-advantage sequences' and prompt tokens' rows are zero; `div_rn` takes its slow path on a zero dividend,
+    2x the time). Measured: docs/performance_history.md, "The quantizer's division"."""
+    return "reciprocal" if zero_rows or _transposed(x) else "plain"
+
+
 def quant_groups(
-    x: torch.Tensor, block: int, pow2: bool, rows: int | None = None, num_warps: int = 4, reciprocal: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor, block: int, pow2: bool, rows: int | None = None, num_warps: int = 4, division: str | None = None,
+    zero_rows: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """1x`block` groups along dim 1 of a 2-D view x [R, C] (any strides) -> (e4m3 [R, C], fp32 [R, ceil(C/b)]).
 
     The scale is stored R-major (column-major, `stride(0) == 1`): the layout scaled_mm takes without a copy.
-    `reciprocal=True`: one division per group, then products and FMAs (`_to_e4m3_by_reciprocal`), the same bits;
-    under evaluation, not yet used by the trainer: its GPU speed is unmeasured (benchmarks/bench_quantizers.py).
+    `division`: one of `DIVISIONS` (the same bits), by default `division_for(x, zero_rows)`.
     """
     _check(x)
+    division = division_for(x, zero_rows) if division is None else division
+    if division not in DIVISIONS:
+        raise ValueError(f"quant_groups: division must be one of {DIVISIONS}, got {division!r}")
     r, c = x.shape
     n_groups = triton.cdiv(c, block)
     y = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((n_groups, r), dtype=torch.float32, device=x.device).t()  # s: [R, n_groups], R-major
     if y.numel() == 0:
         return y, s
-    if rows is None:  # rows contiguous in memory (the transposed WGrad operand): taller tiles, longer reads
-        rows = 64 if x.stride(0) == 1 and c > 1 else 32
+    if rows is None:  # the transposed WGrad operand: taller tiles, longer reads
+        rows = 64 if _transposed(x) else 32
     grid = (triton.cdiv(r, rows), n_groups)
     with on_device(x):
         _quant_groups_kernel[grid](
             x, y, s, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
-            BLOCK=block, ROWS=rows, POW2=pow2, RECIPROCAL=reciprocal, num_warps=num_warps,
+            BLOCK=block, ROWS=rows, POW2=pow2, DIVISION=division, num_warps=num_warps,
         )  # fmt: skip
     return y, s
 

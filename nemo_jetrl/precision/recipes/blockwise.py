@@ -73,12 +73,13 @@ class BlockwiseLayout(ScaleLayout):
         return act_quant_dual(x2, recipe.block_size, recipe.pow2_activation_scales, recipe.wgrad_x_blocks)
 
     def grad_quant(self, dy2, recipe, need_dx, need_dw):
-        # dY: [M, N] 1x128 along N (DGrad) + dY^T: [N, M'] 1x128 along the tokens (WGrad), one read
+        # dY: [M, N] 1x128 along N (DGrad) + dY^T: [N, M'] 1x128 along the tokens (WGrad), one read; a zero-advantage
+        # sequence's and the prompt's rows of dY are zero (`zero_rows`: the kernel form that stays fast on them)
         block, pow2 = recipe.block_size, recipe.pow2_activation_scales
         if need_dw:
-            return act_quant_dual(dy2, block, pow2, "1x128")
+            return act_quant_dual(dy2, block, pow2, "1x128", zero_rows=True)
         if need_dx:
-            return (*act_quant(dy2, block, pow2), None, None)
+            return (*act_quant(dy2, block, pow2, zero_rows=True), None, None)
         return None, None, None, None
 
     def fprop(self, x, x_scale, qweight, bias, out_dtype, backend="auto") -> torch.Tensor:
@@ -116,7 +117,7 @@ class BlockwiseLayout(ScaleLayout):
         wt, wt_scale = qweight._cache.get("experts_t") or transposed_experts(qweight.data, qweight.scale)
         if recipe.cache_dgrad_weight:  # kept until the weight changes, as a linear's W^T
             qweight._cache["experts_t"] = wt, wt_scale
-        dy_fp8, dy_scale = act_quant(dy2, recipe.block_size, recipe.pow2_activation_scales)  # [M, N], [M, N/128]
+        dy_fp8, dy_scale = act_quant(dy2, recipe.block_size, recipe.pow2_activation_scales, zero_rows=True)  # [M, N]
         return grouped_fp8_gemm(dy_fp8, dy_scale, wt, wt_scale, counts, out_dtype)
 
     def fused_input_cast(self, recipe):

@@ -1,4 +1,5 @@
-"""The Triton quantizer's division by a reciprocal (`triton_quant._to_e4m3_by_reciprocal`): r = rn(1 / s),
+"""How the Triton quantizer divides by the scale (`triton_quant.DIVISIONS`, chosen by `division_for`), each giving
+the same bits. The division by a reciprocal (`triton_quant._to_e4m3_by_reciprocal`): r = rn(1 / s),
 q0 = rn(x r), q = rn(q0 + rn-exact(x - q0 s) r) equals rn(x / s), checked here in numpy with a correctly rounded
 FMA (jetrl_testkit.exact_fma, itself checked against exact rationals), and in the kernel under Triton's
 interpreter with that FMA (the interpreter's own rounds twice). tests/gpu/test_precision_gpu.py checks the kernel's
@@ -77,20 +78,60 @@ out = {}
 for name, x in (("wide", wide), ("bf16", wide.to(torch.bfloat16)), ("transposed", wide.t()),
                 ("scaled", scaled_midpoints())):
     for pow2 in (False, True):
-        q0, s0 = triton_quant.quant_groups(x, 128, pow2)
-        q1, s1 = triton_quant.quant_groups(x, 128, pow2, reciprocal=True)
-        out[f"{name}/{pow2}"] = torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s0, s1)
-q = triton_quant.quant_groups(wide, 128, False, reciprocal=True)[0].view(torch.uint8)
-out["signs"] = [int(q[0, 0]), int(q[8, 0])]
+        want_q, want_s = triton_quant.quant_groups(x, 128, pow2, division="plain")  # the interpreter's division
+        for division in ("reciprocal",):
+            q, s = triton_quant.quant_groups(x, 128, pow2, division=division)
+            same = torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+            out[f"{name}/{pow2}/{division}"] = same
+out["signs"] = {d: [int(b) for b in triton_quant.quant_groups(wide, 128, False, division=d)[0].view(torch.uint8)[::8, 0][:2]]
+                for d in triton_quant.DIVISIONS}
 print(json.dumps(out))
 """
 
 
-def test_triton_reciprocal_quantizer_gives_the_divisions_bits(run_interpreted):
-    """`quant_groups(..., reciprocal=True)` against the division kernel: values over 60 decades, zeros of both
-    signs, NaN, inf, denormals, bf16, the transposed view, e4m3 rounding midpoints times a scale (where the FMA's
-    correction decides the byte), with and without power-of-two scales."""
+def test_triton_quantizer_divisions_give_the_reference_bits(run_interpreted):
+    """The division by the reciprocal against the plain one (`div_rn` on every value;
+    the interpreter's `div_rn` is not IEEE on denormal quotients, so not against the reference quantizer: the GPU
+    test is): values over 60 decades, zeros of both signs, NaN, inf, denormals, bf16, the transposed view, e4m3
+    rounding midpoints times a scale (where the reciprocal's FMA correction decides the byte), with and without
+    power-of-two scales; +0 and -0 keep their signs."""
     out = run_interpreted(CHILD)
     signs = out.pop("signs")
     assert out == {k: True for k in out} and len(out) == 8, json.dumps(out)
-    assert signs == [0x00, 0x80]
+    assert signs == {d: [0x00, 0x80] for d in ("plain", "reciprocal")}
+
+
+def test_the_division_follows_the_layout_and_the_gradients(monkeypatch):
+    """`division_for`: plain on row-major activations, by the reciprocal on the transposed view and wherever rows may
+    be all zero; the blockwise recipe asks for the latter on every gradient it quantizes (DGrad and WGrad operands,
+    the grouped experts' DGrad) and not on activations."""
+    import torch
+
+    from nemo_jetrl.precision import quant
+    from nemo_jetrl.precision.kernels import triton_quant
+    from nemo_jetrl.precision.recipe import PrecisionRecipe
+    from nemo_jetrl.precision.recipes.blockwise import BlockwiseLayout
+
+    x = torch.zeros(256, 512)
+    assert triton_quant.division_for(x, zero_rows=False) == "plain"
+    assert triton_quant.division_for(x.t(), zero_rows=False) == "reciprocal"
+    assert triton_quant.division_for(x, zero_rows=True) == "reciprocal"
+    assert triton_quant.division_for(x[:, :1], zero_rows=False) == "plain"  # one column: not a transposed view
+
+    asked = []
+
+    def recording(x2, block, pow2, zero_rows=False, **kw):
+        asked.append(triton_quant.division_for(x2, zero_rows))
+        return quant._act_quant_ref(x2, block, pow2)
+
+    monkeypatch.setattr(quant, "_use_triton", lambda *a: True)
+    monkeypatch.setattr(triton_quant, "quant_groups", recording)
+    scaling, recipe = BlockwiseLayout(), PrecisionRecipe(wgrad_x_blocks="1x128")
+    scaling.grad_quant(torch.randn(200, 256), recipe, need_dx=True, need_dw=True)
+    assert asked == ["reciprocal", "reciprocal"]  # dY rows, dY^T
+    asked.clear()
+    scaling.grad_quant(torch.randn(200, 256), recipe, need_dx=True, need_dw=False)
+    assert asked == ["reciprocal"]
+    asked.clear()
+    scaling.input_quant_train(torch.randn(200, 256), recipe)
+    assert asked == ["plain", "reciprocal"]  # X rows, X^T (1x128 WGrad blocks)
