@@ -7,7 +7,8 @@ loop's own timers: generation, reward, logprobs, training, refit, kv_bootstrap, 
 `config.yaml` the samples per step; `gpu_memory.csv` (optional, written by benchmarks/gpu_cli_run.sh with
 `nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -i 0 -lms 500`: one GPU, every
 process on it) the peak device memory in MiB.
-The table shows the median over the steps after the first `--skip` (warm-up: Triton JIT, CUDA graph capture) and
+The table shows the median over the steps after the first `--skip` (warm-up: Triton JIT, CUDA graph capture),
+leaving out the steps that ran a phase under the profiler (`NEMO_JETRL_PROFILE`: `LOG_DIR/profile/step<N>_*.json`), and
 the first step on its own, then the rollout's and the whole step's token rates (useful tokens/s: the step's real
 tokens, `train/total_num_tokens`, per GRPO step second), the bytes each rank all-gathered per step (sharded runs:
 `train/refit/allgather_bytes`) and the refit's gather time; where the run logged them, each phase's peak allocated
@@ -26,6 +27,7 @@ import sys
 from pathlib import Path
 
 from nemo_jetrl.utils.metrics_jsonl import position_curve, read_metrics_jsonl
+from nemo_jetrl.utils.phase_profile import profiled_steps
 
 PHASES = ("generation", "generation/prefill", "generation/admission", "generation/cuda_graph_capture",
           "generation/decode", "logprobs", "training", "refit", "reward", "kv_bootstrap",
@@ -77,8 +79,8 @@ def read_metric(log_dir: Path, key: str) -> list[tuple[int, float]]:
     return list(zip(series[key][0].tolist(), series[key][1].tolist())) if key in series else []
 
 
-def _steady_median(pairs: list[tuple[int, float]], skip: int) -> float | None:
-    steady = [v for s, v in pairs if s > skip]
+def _steady_median(pairs: list[tuple[int, float]], timed: set[int]) -> float | None:
+    steady = [v for s, v in pairs if s in timed]
     return statistics.median(steady) if steady else None
 
 
@@ -110,22 +112,25 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     """Median seconds per phase over steps > `skip`, the first step's seconds, steps, peak memory, rollout tok/s."""
     timings = read_timings(log_dir)
     steps = sorted({s for series in timings.values() for s, _ in series})
-    summary: dict = {"log_dir": str(log_dir), "steps": len(steps), "median_s": {}, "first_step_s": {}}
+    profiled = profiled_steps(log_dir)
+    timed = {s for s in steps if s > skip and s not in profiled}
+    summary: dict = {"log_dir": str(log_dir), "steps": len(steps), "median_s": {}, "first_step_s": {},
+                     "profiled_steps": sorted(profiled & set(steps))}  # fmt: skip
     for phase, series in timings.items():
-        steady = [v for s, v in series if s > skip]  # kv_bootstrap runs in the first step only: no median
+        steady = [v for s, v in series if s in timed]  # kv_bootstrap runs in the first step only: no median
         summary["median_s"][phase] = statistics.median(steady) if steady else None
         summary["first_step_s"][phase] = min(series)[1]
     gen = dict(timings.get("generation", []))
-    rates = [tokens / gen[s] for s, tokens in read_gen_tokens(log_dir) if s > skip and gen.get(s)]
+    rates = [tokens / gen[s] for s, tokens in read_gen_tokens(log_dir) if s in timed and gen.get(s)]
     summary["rollout_tokens_per_s"] = statistics.median(rates) if rates else None
     # useful tokens/s: the step's real tokens (prompts + responses, `train/total_num_tokens`) per GRPO step second
     total = dict(timings.get("total_step_time", []))
     useful = [(s, v / total[s]) for s, v in read_metric(log_dir, "train/total_num_tokens") if total.get(s)]
-    summary["useful_tokens_per_s"] = _steady_median(useful, skip)
+    summary["useful_tokens_per_s"] = _steady_median(useful, timed)
     # bytes each rank all-gathered in the step (sharded trainers: FSDP2's forwards + the FP8 refit) and the refit's
     # own seconds (the FP8 bits + scales and the rest into the rollout replica)
-    summary["allgather_bytes"] = _steady_median(read_metric(log_dir, "train/refit/allgather_bytes"), skip)
-    summary["refit_gather_s"] = _steady_median(read_metric(log_dir, "train/refit/seconds"), skip)
+    summary["allgather_bytes"] = _steady_median(read_metric(log_dir, "train/refit/allgather_bytes"), timed)
+    summary["refit_gather_s"] = _steady_median(read_metric(log_dir, "train/refit/seconds"), timed)
     summary["peak_gpu_memory_mib"] = peak_memory_mib(log_dir)
     summary["allocated_peak_gib"], summary["estimated_peak_gib"] = read_memory(log_dir)
     summary["reserved_peak_gib"] = read_memory(log_dir, "reserved_peak")[0]
@@ -182,6 +187,7 @@ def format_table(summaries: dict[str, dict]) -> str:
         ),
         "allocator retries, all steps": lambda s: _fmt(s.get("alloc_retries"), "{:.0f}"),
         "steps logged": lambda s: str(s["steps"]),
+        "profiled steps (not in the medians)": lambda s: ", ".join(map(str, s.get("profiled_steps", []))) or "—",
         "first step / median step": lambda s: (
             "—" if not s["median_s"].get("total_step_time") else
             f"{s['first_step_s']['total_step_time'] / s['median_s']['total_step_time']:.2f}x"

@@ -28,6 +28,7 @@ import torch
 
 ENV = "NEMO_JETRL_PROFILE"
 TRACE_ENV = "NEMO_JETRL_PROFILE_TRACE"
+PROFILE_DIR = "profile"  # under logger.log_dir: step<N>_<phase>.json per profiled phase
 
 FAMILIES = (  # (family, regex on the kernel name), first match wins
     ("attention", r"flash|fmha|attention|cudnn|sdpa"),
@@ -87,6 +88,17 @@ def write_trace_gz(prof: torch.profiler.profile, path: str | os.PathLike) -> Pat
     return Path(f"{raw}.gz")
 
 
+def profiled_steps(log_dir: str | os.PathLike) -> set[int]:
+    """The steps of a run's log directory that ran a phase under the profiler (their times are not step times:
+    the profiler's launches, syncs and record writing are in them)."""
+    steps = set()
+    for path in (Path(log_dir) / PROFILE_DIR).glob("step*_*.json"):
+        head = path.name.removeprefix("step").partition("_")[0]
+        if head.isdigit():
+            steps.add(int(head))
+    return steps
+
+
 def _sync_device() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -113,7 +125,7 @@ class ProfileRequest:
         if not sep or not names or not step.strip().isdigit() or int(step) < 1:
             raise ValueError(f'{ENV}={spec!r}: expected "phase[,phase...]@step", e.g. "training,logprobs@3"')
         trace = environ.get(TRACE_ENV, "").strip().lower() in ("1", "true", "yes")
-        return cls(names, int(step), Path(log_dir) / "profile", trace)
+        return cls(names, int(step), Path(log_dir) / PROFILE_DIR, trace)
 
     def for_step(self, step: int) -> PhaseProfiler | None:
         """A profiler for logged step `step` when it is the requested one."""

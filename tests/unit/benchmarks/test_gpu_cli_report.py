@@ -5,6 +5,7 @@ without stopping the others."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,17 @@ def test_a_position_plot_of_a_one_step_run_needs_skip_0(tmp_path, capsys):
     assert none in capsys.readouterr().out
     assert report.main([f"one={log_dir}", "--position-plot", str(png), "--skip", "0"]) == 0
     assert f"position plot: {png}" in capsys.readouterr().out and png.stat().st_size > 0
+
+
+def test_a_profiled_step_is_left_out_of_the_medians(tmp_path, capsys):
+    """A step with `LOG_DIR/profile/step<N>_<phase>.json` (NEMO_JETRL_PROFILE) is not a timed step: steps 2-4 have
+    generation 2, 4, 3 s; with step 3 profiled the median is that of 2 and 3 s."""
+    log_dir = _write_run(tmp_path / "fp8_kv")
+    (log_dir / "profile").mkdir()
+    (log_dir / "profile" / "step3_training.json").write_text("{}")
+    (log_dir / "profile" / "notes.json").write_text("{}")  # not a profile record: ignored
+    s = report.summarize(log_dir, skip=1)
+    assert s["median_s"]["generation"] == 2.5 and s["profiled_steps"] == [3]
+    assert s["useful_tokens_per_s"] == pytest.approx(statistics.median([2000 / 3.0, 4000 / 4.0]))
+    assert report.main([f"fp8_kv={log_dir}"]) == 0
+    assert "| profiled steps (not in the medians) | 3 |" in capsys.readouterr().out
