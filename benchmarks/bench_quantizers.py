@@ -5,7 +5,8 @@ GPU only.
 
     python3 -m benchmarks.bench_quantizers --tokens 10752 --data randn,zeros --out quantizers.json
 
-`--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
+With `--tokens` not a multiple of 128 the transposed view also times the WGrad operand's padding to the block: in
+the kernel (`width`) against a zero-padded copy first. `--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
 train on), or "masked" (random, 30% of the rows zero): the quantizer's IEEE division (`div_rn`) is slower on zeros.
 Variants: the quantizer's two divisions (`triton_quant.DIVISIONS`, the same bits): "plain" (`div_rn` on every
 value; what row-major activations get) and "reciprocal" (one division per group, then products and FMAs; what the
@@ -52,6 +53,20 @@ def quantizer_variants(tiles: bool) -> dict:
     return variants
 
 
+def padding_variants(tokens: int) -> dict:
+    """The transposed view's two ways to the WGrad operand of `tokens` (not a multiple of 128) padded to the block:
+    zero tokens from the kernel's masked loads (`width`, what `act_quant_dual` does), or a zero-padded copy first."""
+    import torch.nn.functional as F
+
+    from nemo_jetrl.precision.kernels.triton_quant import quant_groups
+
+    pad = -tokens % 128
+    return {
+        "padded in the kernel": lambda xt: quant_groups(xt, 128, False, width=tokens + pad),
+        "F.pad copy, then quant_groups": lambda xt: quant_groups(F.pad(xt.t(), (0, 0, 0, pad)).t(), 128, False),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=10752, help="tokens of one micro-batch")
@@ -68,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
 
     quantizers = quantizer_variants(args.tiles)
-    variants = {**quantizers, "e4m3 cast (reference)": lambda x: x.to(torch.float8_e4m3fn)}
+    cast = lambda x: x.to(torch.float8_e4m3fn)  # noqa: E731
     results = []
     for kind in kinds:
         for name, width in WIDTHS:
@@ -77,10 +92,13 @@ def main(argv: list[str] | None = None) -> int:
                 base = [make_input(kind, args.tokens, width, dev) for _ in range(copies)]
                 inputs = base if layout == "rows" else [x.t() for x in base]  # [T, W] or its [W, T] view
                 r, c = inputs[0].shape
-                want_q, want_s = quantizers["quant_groups, plain"](inputs[0])
-                for v, fn in quantizers.items():
-                    q, s = fn(inputs[0])
-                    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s), v
+                padding = padding_variants(args.tokens) if layout == "transposed" and args.tokens % 128 else {}
+                for group in (quantizers, padding):
+                    want_q, want_s = next(iter(group.values()))(inputs[0]) if group else (None, None)
+                    for v, fn in group.items():
+                        q, s = fn(inputs[0])
+                        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s), v
+                variants = {**quantizers, **padding, "e4m3 cast (reference)": cast}
                 rounds = {v: [] for v in variants}
                 for i in range(args.rounds):
                     for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:

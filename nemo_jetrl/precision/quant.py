@@ -99,14 +99,16 @@ def act_quant_dual(
     if t_blocks not in ("1x128", "128x128"):
         raise ValueError(f"act_quant_dual: t_blocks must be '1x128' or '128x128', got {t_blocks!r}")
     pad = -x.shape[0] % block
-    xp = F.pad(x, (0, 0, 0, pad)) if pad else x  # xp: [MP, K], zero tokens
     if _use_triton(x, block, backend):
         from nemo_jetrl.precision.kernels import triton_quant
 
         q, s = triton_quant.quant_groups(x, block, pow2, zero_rows=zero_rows)
-        tiles = t_blocks == "128x128"
-        qt, st = (triton_quant.quant_tiles if tiles else triton_quant.quant_groups)(xp.t(), block, pow2)
+        if t_blocks == "1x128":  # the zero tokens come from the kernel's masked loads: no padded copy of x
+            qt, st = triton_quant.quant_groups(x.t(), block, pow2, zero_rows=zero_rows, width=x.shape[0] + pad)
+        else:
+            qt, st = triton_quant.quant_tiles((F.pad(x, (0, 0, 0, pad)) if pad else x).t(), block, pow2)
         return q, s, qt, st
+    xp = F.pad(x, (0, 0, 0, pad)) if pad else x  # xp: [MP, K], zero tokens
     q, s = _act_quant_ref(x, block, pow2)
     qt, st = _act_quant_ref_t(xp, block, pow2) if t_blocks == "1x128" else _weight_quant_ref(xp.t(), block, pow2)
     return q, s, qt, st

@@ -84,17 +84,18 @@ def quant_vector_groups(x, N: tl.constexpr, BLOCK: tl.constexpr, POW2: tl.conste
 
 @triton.jit
 def _quant_groups_kernel(
-    x_ptr, y_ptr, s_ptr, R, C, stride_r, stride_c, stride_sr, stride_sg,
+    x_ptr, y_ptr, s_ptr, R, C, C_OUT, stride_r, stride_c, stride_sr, stride_sg,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, POW2: tl.constexpr, DIVISION: tl.constexpr,
 ):  # fmt: skip
-    # One program: ROWS rows x one group of BLOCK columns of the logical [R, C] input (any strides).
+    # One program: ROWS rows x one group of BLOCK columns of the logical [R, C_OUT] output: the [R, C] input (any
+    # strides) with columns C..C_OUT-1 zero.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows: [ROWS]
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # cols: [BLOCK]
     rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(x_ptr + rows64[:, None] * stride_r + cols64[None, :] * stride_c, mask=mask, other=0.0)
     q, scale = _quant_rows(x.to(tl.float32), POW2, DIVISION)  # q: [ROWS, BLOCK] e4m3, scale: [ROWS]
-    tl.store(y_ptr + rows64[:, None] * C + cols[None, :], q, mask=mask)
+    tl.store(y_ptr + rows64[:, None] * C_OUT + cols[None, :], q, mask=(rows[:, None] < R) & (cols[None, :] < C_OUT))
     tl.store(s_ptr + rows64 * stride_sr + tl.program_id(1) * stride_sg, scale, mask=rows < R)
 
 
@@ -143,20 +144,25 @@ def division_for(x: torch.Tensor, zero_rows: bool) -> str:
 
 def quant_groups(
     x: torch.Tensor, block: int, pow2: bool, rows: int | None = None, num_warps: int = 4, division: str | None = None,
-    zero_rows: bool = False,
+    zero_rows: bool = False, width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """1x`block` groups along dim 1 of a 2-D view x [R, C] (any strides) -> (e4m3 [R, C], fp32 [R, ceil(C/b)]).
+    """1x`block` groups along dim 1 of a 2-D view x [R, C] (any strides) -> (e4m3 [R, W], fp32 [R, ceil(W/b)]).
 
     The scale is stored R-major (column-major, `stride(0) == 1`): the layout scaled_mm takes without a copy.
-    `division`: one of `DIVISIONS` (the same bits), by default `division_for(x, zero_rows)`.
+    `division`: one of `DIVISIONS` (the same bits), by default `division_for(x, zero_rows)`. `width` W >= C (default
+    C): the output as if x were zero-padded to W columns (the WGrad operand's tokens padded to the block), with no
+    padded copy of x made.
     """
     _check(x)
     division = division_for(x, zero_rows) if division is None else division
     if division not in DIVISIONS:
         raise ValueError(f"quant_groups: division must be one of {DIVISIONS}, got {division!r}")
     r, c = x.shape
-    n_groups = triton.cdiv(c, block)
-    y = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
+    width = c if width is None else width
+    if width < c:
+        raise ValueError(f"quant_groups: width {width} < the input's {c} columns")
+    n_groups = triton.cdiv(width, block)
+    y = torch.empty((r, width), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((n_groups, r), dtype=torch.float32, device=x.device).t()  # s: [R, n_groups], R-major
     if y.numel() == 0:
         return y, s
@@ -165,7 +171,7 @@ def quant_groups(
     grid = (triton.cdiv(r, rows), n_groups)
     with on_device(x):
         _quant_groups_kernel[grid](
-            x, y, s, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
+            x, y, s, r, c, width, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
             BLOCK=block, ROWS=rows, POW2=pow2, DIVISION=division, num_warps=num_warps,
         )  # fmt: skip
     return y, s

@@ -264,3 +264,35 @@ def test_triton_weight_quant_counts_nonfinite_in_the_same_pass(run_interpreted):
     out = run_interpreted(CHECKED_CHILD)
     assert out["rows"] == [True, 0] and out["strided"] == [True, 0]
     assert out["bad_rows"] == 4 and out["bad_strided"] == 4
+
+
+WIDTH_CHILD = """
+import json, torch
+import torch.nn.functional as F
+from nemo_jetrl.precision.kernels import triton_quant
+from nemo_jetrl.precision.quant import _act_quant_ref_t
+
+x = (torch.randn(300, 256, generator=torch.Generator().manual_seed(3)) * 3).to(torch.bfloat16)
+x[5, 7] = float("nan")
+out = {}
+for pow2 in (False, True):
+    for zero_rows in (False, True):
+        q, s = triton_quant.quant_groups(x.t(), 128, pow2, zero_rows=zero_rows, width=384)  # no padded copy
+        qp, sp = triton_quant.quant_groups(F.pad(x, (0, 0, 0, 84)).t(), 128, pow2)  # the padded input
+        same = torch.equal(q.view(torch.uint8), qp.view(torch.uint8)) and torch.equal(s, sp)
+        out[f"{pow2}/{zero_rows}"] = [same, list(q.shape), list(s.shape), int(q.view(torch.uint8)[:, 300:].sum())]
+try:
+    triton_quant.quant_groups(x.t(), 128, False, width=299)
+except ValueError as e:
+    out["narrow"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_triton_wgrad_operand_pads_the_tokens_without_a_copy(run_interpreted):
+    """`quant_groups(x.t(), width=MP)` (the WGrad operand of `act_quant_dual`, tokens padded to the block by the
+    kernel's masked loads) == the quantizer on the zero-padded copy: values, scales, zero bytes in the padding."""
+    out = run_interpreted(WIDTH_CHILD)
+    narrow = out.pop("narrow")
+    assert out == {k: [True, [256, 384], [256, 3], 0] for k in ("False/False", "False/True", "True/False", "True/True")}
+    assert "width 299 < the input's 300 columns" in narrow
