@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_jetrl.precision.quant import E4M3_MAX, FP8_DTYPE, INV_E4M3_MAX, SCALE_EPS
+from nemo_jetrl.precision.quant import E4M3_MAX, FP8_DTYPE, INV_E4M3_MAX, SCALE_EPS, triton_available
 from nemo_jetrl.precision.recipe import KVCalibration
 
 QKV = ("q", "k", "v")
@@ -83,9 +83,30 @@ def kv_dequant(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
 FAKE_QUANT_SLICE_ELEMENTS = 1 << 24
 
 
+def _dense_storage(x: torch.Tensor) -> torch.Tensor | None:
+    """x's elements as the [N] contiguous run of memory they fill, when they fill one without gaps or overlaps (a
+    contiguous tensor or a permutation of one, as the trainer's [B, H, S, D] views of [B, S, H, D] buffers); else
+    None."""
+    dims = sorted((st, n) for st, n in zip(x.stride(), x.shape) if n != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return None
+        expected *= size
+    return x.as_strided((x.numel(),), (1,))
+
+
 def _fake_quant_by_slices(x: torch.Tensor, scale: torch.Tensor, slice_elements: int) -> torch.Tensor:
     """`kv_dequant(kv_quant(x, scale), scale, x.dtype)` for x [..., S, D], computed over slices of S into one output
-    with x's layout; elementwise, so bitwise the whole-tensor round trip."""
+    with x's layout; elementwise, so bitwise the whole-tensor round trip. On CUDA with Triton, one kernel over x's
+    memory (`triton_quant.kv_round_trip`: no FP32 temporaries, one read and one write)."""
+    flat = _dense_storage(x) if x.is_cuda and scale.numel() == 1 and triton_available() else None
+    if flat is not None:
+        from nemo_jetrl.precision.kernels.triton_quant import kv_round_trip
+
+        out = torch.empty_like(x)  # x's strides, so its memory is the same dense run
+        kv_round_trip(flat, scale.float().reshape(1), out=_dense_storage(out))
+        return out
     if x.dim() < 2 or x.numel() <= slice_elements:
         return kv_dequant(kv_quant(x, scale), scale, x.dtype)
     out = torch.empty_like(x)  # x's strides (the trainer's [B, H, S, D] views of [B, S, H, D] buffers)

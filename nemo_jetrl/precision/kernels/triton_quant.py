@@ -196,3 +196,29 @@ def quant_tiles(
             BLOCK=block, POW2=pow2, COUNT=nonfinite is not None, num_warps=8,
         )  # fmt: skip
     return y, s
+
+
+@triton.jit
+def _kv_round_trip_kernel(x_ptr, y_ptr, scale_ptr, N, BLOCK: tl.constexpr):
+    # One program: BLOCK consecutive elements; the scale is one FP32 value read on the device (no host sync).
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr)
+    q = _to_e4m3(x, scale)  # `kv_quant`: IEEE division, saturating clamp (NaN kept), e4m3 round to nearest even
+    tl.store(y_ptr + offs, (q.to(tl.float32) * scale).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def kv_round_trip(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`kv_dequant(kv_quant(x, scale), scale, x.dtype)` (precision/kv.py) in one pass: x [N] contiguous, scale a
+    one-element FP32 tensor on x's device -> `out` (or a new [N] tensor) in x's dtype, bitwise the torch round trip."""
+    if x.dim() != 1 or not x.is_contiguous() or scale.numel() != 1 or scale.dtype != torch.float32:
+        raise ValueError(f"kv_round_trip takes a contiguous [N] tensor and one FP32 scale, got {tuple(x.shape)}")
+    _check(x.view(1, -1))
+    y = torch.empty_like(x) if out is None else out
+    if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
+        raise ValueError(f"kv_round_trip: out must be a contiguous {tuple(x.shape)} {x.dtype} tensor")
+    if x.numel():
+        with on_device(x):
+            _kv_round_trip_kernel[(triton.cdiv(x.numel(), 4096),)](x, y, scale, x.numel(), BLOCK=4096, num_warps=8)
+    return y

@@ -176,3 +176,52 @@ def test_kv_scales_validation_and_metrics():
         KVScales(torch.ones(2, dtype=torch.float64), torch.ones(2), torch.ones(2))
     with pytest.raises(ValueError, match="lengths differ"):
         KVScales(torch.ones(2), torch.ones(3), torch.ones(2))
+
+
+def test_dense_storage_is_the_memory_run_of_a_permuted_contiguous_tensor():
+    """The one-pass CUDA fake-quant runs over a tensor's memory: a contiguous tensor or a permutation of one gives
+    its elements in memory order; a slice (gaps) or an expanded view (overlaps) gives None."""
+    from nemo_jetrl.precision.kv import _dense_storage
+
+    base = torch.arange(2 * 5 * 3 * 4, dtype=torch.float32).view(2, 5, 3, 4)  # [B, S, H, D]
+    view = base.transpose(1, 2)  # [B, H, S, D]
+    assert torch.equal(_dense_storage(view), base.reshape(-1))
+    assert torch.equal(_dense_storage(base[1:]), base[1:].reshape(-1))  # a leading slice is still one run
+    assert _dense_storage(base[:, :4]) is None and _dense_storage(base[..., :2]) is None
+    assert _dense_storage(torch.zeros(3, 1).expand(3, 4)) is None
+    assert _dense_storage(torch.zeros(0, 4)).numel() == 0
+
+
+ROUND_TRIP_CHILD = """
+import json, torch
+from nemo_jetrl.precision.kernels import triton_quant
+
+scale = torch.tensor([0.0123], dtype=torch.float32)
+x = torch.cat([torch.randn(5000, generator=torch.Generator().manual_seed(4)), torch.tensor([0.0, -0.0])])
+out = {}
+for dtype in (torch.bfloat16, torch.float32):
+    xd = x.to(dtype)
+    buf = torch.empty_like(xd)
+    got = triton_quant.kv_round_trip(xd, scale, out=buf)
+    out[str(dtype)] = [got is buf, str(got.dtype), list(got.shape), [str(float(v)) for v in got[-2:]]]
+for name, bad in (("2d", lambda: triton_quant.kv_round_trip(x[:5000].view(50, -1), scale)),
+                  ("scales", lambda: triton_quant.kv_round_trip(x, torch.ones(2))),
+                  ("out", lambda: triton_quant.kv_round_trip(x, scale, out=torch.empty(3)))):
+    try:
+        bad()
+    except ValueError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_triton_kv_round_trip_layout_and_refusals(run_interpreted):
+    """`triton_quant.kv_round_trip` (the trainer's one-pass K/V fake-quant on CUDA) under Triton's interpreter:
+    the dtype and length kept, `out` written, signed zeros kept, bad inputs refused. The interpreter's e4m3 casts do
+    not round as the GPU's (it halves some values), so the values' parity with `kv_dequant(kv_quant(...))`, bitwise,
+    is the GPU test's (tests/gpu/test_precision_gpu.py, test_kv_fake_quant_one_pass_is_bitwise_the_round_trip)."""
+    out = run_interpreted(ROUND_TRIP_CHILD)
+    for dtype in ("torch.bfloat16", "torch.float32"):
+        assert out[dtype] == [True, dtype, [5002], ["0.0", "-0.0"]]
+    assert "contiguous [N] tensor" in out["2d"] and "one FP32 scale" in out["scales"]
+    assert "out must be a contiguous (5002,)" in out["out"]
