@@ -100,7 +100,8 @@ def _fake_quant_by_slices(x: torch.Tensor, scale: torch.Tensor, slice_elements: 
     """`kv_dequant(kv_quant(x, scale), scale, x.dtype)` for x [..., S, D], computed over slices of S into one output
     with x's layout; elementwise, so bitwise the whole-tensor round trip. On CUDA with Triton, one kernel over x's
     memory (`triton_quant.kv_round_trip`: no FP32 temporaries, one read and one write)."""
-    flat = _dense_storage(x) if x.is_cuda and scale.numel() == 1 and triton_available() else None
+    on_gpu = x.is_cuda and scale.device == x.device and scale.numel() == 1 and triton_available()
+    flat = _dense_storage(x) if on_gpu else None
     if flat is not None:
         from nemo_jetrl.precision.kernels.triton_quant import kv_round_trip
 
