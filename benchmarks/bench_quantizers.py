@@ -5,15 +5,17 @@ GPU only.
 
     python3 -m benchmarks.bench_quantizers --tokens 10752 --data randn,zeros --out quantizers.json
 
-With `--tokens` not a multiple of 128 the transposed view also times the WGrad operand's padding to the block: in
-the kernel (`width`) against a zero-padded copy first. `--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
+`--data`: random normal values, or zeros (a zero-advantage sequence's gradient, what the random-weight CLI runs
 train on), or "masked" (random, 30% of the rows zero): the quantizer's IEEE division (`div_rn`) is slower on zeros.
-Variants: the quantizer's two divisions (`triton_quant.DIVISIONS`, the same bits): "plain" (`div_rn` on every
-value; what row-major activations get) and "reciprocal" (one division per group, then products and FMAs; what the
-transposed view and gradients get: `triton_quant.division_for`), the cast reference, and with `--tiles` the (ROWS, num_warps) alternatives. Each call runs inside a
-CUDA graph over inputs cycled out of L2; the variants alternate over `--rounds` rounds of 7 replays each: median and
-min-max of the rounds' medians, and the bandwidth (bf16 read + e4m3 write + fp32 scales). Every quantizer variant's
-bits and scales are checked equal first.
+Variants: the quantizer's two divisions (`triton_quant.DIVISIONS`, the same bits): "plain" (`div_rn` on every value;
+what row-major activations get) and "reciprocal" (one division per group, then products and FMAs; what the
+transposed view and gradients get: `triton_quant.division_for`), the cast reference, and with `--tiles` the
+(ROWS, num_warps) alternatives. With `--tokens` not a multiple of 128 the transposed view also times the WGrad
+operand's padding to the block: in the kernel (`width`) against a zero-padded copy first. `--kv` also times the
+trainer's K/V fake-quant on a [1, 8, T, 128] view: the one Triton pass against the torch ops (bits checked equal).
+Each call runs inside a CUDA graph over inputs cycled out of L2; the variants alternate over `--rounds` rounds of
+7 replays each: median and min-max of the rounds' medians, and the bandwidth (bf16 read + e4m3 write + fp32
+scales). Every quantizer variant's bits and scales are checked equal first.
 """
 
 from __future__ import annotations
@@ -67,12 +69,26 @@ def padding_variants(tokens: int) -> dict:
     }
 
 
+def alternate(variants: dict, inputs: list, rounds: int) -> dict[str, list[float]]:
+    """us per call of each variant over `inputs` (cycled in a CUDA graph), the variants' order reversed every other
+    round."""
+    from nemo_jetrl.precision.kernels.device import time_in_graph
+
+    times = {v: [] for v in variants}
+    for i in range(rounds):
+        for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:
+            calls = [lambda x=x, f=variants[v]: f(x) for x in inputs]
+            times[v].append(1e3 * time_in_graph(calls))
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=10752, help="tokens of one micro-batch")
     p.add_argument("--data", default="randn,zeros", help=f"comma-separated, of {', '.join(DATA)}")
     p.add_argument("--tiles", action="store_true", help="also time the (ROWS, num_warps) alternatives")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--kv", action="store_true", help="also time the trainer's K/V fake-quant (one pass vs torch ops)")
     parsed = parse_gpu_bench(p, argv)
     if parsed is None:
         return 2
@@ -80,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = args.data.split(",")
     if not set(kinds) <= set(DATA):
         p.error(f"--data: unknown {sorted(set(kinds) - set(DATA))}; choose from {DATA}")
-    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
+    from nemo_jetrl.precision.kernels.device import cold_copies
 
     quantizers = quantizer_variants(args.tiles)
     cast = lambda x: x.to(torch.float8_e4m3fn)  # noqa: E731
@@ -99,11 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                         q, s = fn(inputs[0])
                         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s), v
                 variants = {**quantizers, **padding, "e4m3 cast (reference)": cast}
-                rounds = {v: [] for v in variants}
-                for i in range(args.rounds):
-                    for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:
-                        calls = [lambda x=x, f=variants[v]: f(x) for x in inputs]
-                        rounds[v].append(1e3 * time_in_graph(calls))  # us per call
+                rounds = alternate(variants, inputs, args.rounds)
                 moved = r * c * 3 + r * (c // 128) * 4  # bf16 read + e4m3 write + scales
                 for v, times in rounds.items():
                     med = statistics.median(times)
@@ -112,6 +124,21 @@ def main(argv: list[str] | None = None) -> int:
                     results.append({"data": kind, "input": where, "variant": v, "us": med, "min_max_us": spread,
                                     "tb_s": moved / med / 1e6})  # fmt: skip
                 del base, inputs
+    if args.kv:  # the trainer's K/V fake-quant: one Triton pass against the torch round trip, [1, 8, T, 128] views
+        from nemo_jetrl.precision.kv import kv_dequant, kv_fake_quant, kv_quant
+
+        scale = torch.tensor(0.01, device=dev)
+        copies = cold_copies(args.tokens * 8 * 128 * 2, dev)
+        inputs = [torch.randn(1, args.tokens, 8, 128, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+                  for _ in range(copies)]  # fmt: skip
+        variants = {"kv fake-quant, one pass": lambda k: kv_fake_quant(k, scale),
+                    "kv fake-quant, torch ops": lambda k: kv_dequant(kv_quant(k, scale), scale, k.dtype)}  # fmt: skip
+        a, b = (f(inputs[0]) for f in variants.values())
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        for v, times in alternate(variants, inputs, args.rounds).items():
+            med = statistics.median(times)
+            results.append({"data": "randn", "input": f"K [1, 8, {args.tokens}, 128] view", "variant": v, "us": med,
+                            "min_max_us": f"{min(times):.1f}-{max(times):.1f}", "tb_s": inputs[0].numel() * 4 / med / 1e6})  # fmt: skip
     title = (f"1x128 quantizer, {args.tokens} tokens, cold in L2, on {info['device']}: {args.rounds} alternating "
              f"rounds, median (min-max)")  # fmt: skip
     keys = ["data", "input", "variant", "us", "min_max_us", "tb_s"]
