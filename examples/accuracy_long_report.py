@@ -177,7 +177,7 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
                 excess = [max(v - 1.0, 1e-9) for v in by_pos.values()]
                 ax.plot([int(b) for b in by_pos], excess, marker="o", markersize=2, label=ARM_LABELS[arm])
         ax.set_yscale("log")
-        ax.set(xlabel="response position (bin start)", ylabel="token_mult_prob_error - 1", title=st["stage"])
+        ax.set(xlabel="response position (bin start)", ylabel="token_mult_prob_error - 1 (1e-9: exactly 0)", title=st["stage"])
     paths.append(save_figure(fig, axes, out_dir / "mismatch_position.png"))
     fig = new_figure(2)
     ax_m, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
@@ -193,7 +193,7 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
         if not np.all(np.isnan(delta)):
             ax_r.plot(names, delta, marker="o", label=ARM_LABELS[arm])
     ax_m.set_yscale("log")
-    ax_m.set(xlabel="stage", ylabel="token_mult_prob_error - 1 (mean over steps)", title="mismatch by stage")
+    ax_m.set(xlabel="stage", ylabel="token_mult_prob_error - 1, mean over steps (1e-9: exactly 0)", title="mismatch by stage")
     ax_r.set(xlabel="stage", ylabel="train reward, last steps: arm - BF16", title="reward vs BF16 by stage")
     paths.append(save_figure(fig, [ax_m, ax_r], out_dir / "by_stage.png"))
     return paths
