@@ -25,7 +25,7 @@ import statistics
 
 import torch
 
-from benchmarks.common import parse_gpu_bench, print_table, write_json
+from benchmarks.common import alternating_cold_times, parse_gpu_bench, print_table, write_json
 
 WIDTHS = [("hidden", 4096), ("qkv out", 6144), ("ffn", 12288), ("gate+up out", 24576)]
 TILES = [(16, 4), (32, 4), (64, 4), (32, 8), (64, 8), (128, 8)]  # (ROWS, num_warps) alternatives
@@ -69,17 +69,14 @@ def padding_variants(tokens: int) -> dict:
     }
 
 
-def alternate(variants: dict, inputs: list, rounds: int) -> dict[str, list[float]]:
-    """us per call of each variant over `inputs` (cycled in a CUDA graph), the variants' order reversed every other
-    round."""
-    from nemo_jetrl.precision.kernels.device import time_in_graph
-
-    times = {v: [] for v in variants}
-    for i in range(rounds):
-        for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:
-            calls = [lambda x=x, f=variants[v]: f(x) for x in inputs]
-            times[v].append(1e3 * time_in_graph(calls))
-    return times
+def result_rows(data: str, where: str, times: dict[str, list[float]], moved: int) -> list[dict]:
+    """One result row per variant: median and min-max of its rounds' us, and the bandwidth of `moved` bytes."""
+    rows = []
+    for v, t in times.items():
+        med = statistics.median(t)
+        rows.append({"data": data, "input": where, "variant": v, "us": med, "min_max_us": f"{min(t):.1f}-{max(t):.1f}",
+                     "tb_s": moved / med / 1e6})  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,14 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                         q, s = fn(inputs[0])
                         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s), v
                 variants = {**quantizers, **padding, "e4m3 cast (reference)": cast}
-                rounds = alternate(variants, inputs, args.rounds)
+                calls = {v: [lambda x=x, f=f: f(x) for x in inputs] for v, f in variants.items()}
                 moved = r * c * 3 + r * (c // 128) * 4  # bf16 read + e4m3 write + scales
-                for v, times in rounds.items():
-                    med = statistics.median(times)
-                    spread = f"{min(times):.1f}-{max(times):.1f}"
-                    where = f"{name} {layout} [{r}, {c}]"
-                    results.append({"data": kind, "input": where, "variant": v, "us": med, "min_max_us": spread,
-                                    "tb_s": moved / med / 1e6})  # fmt: skip
+                times = alternating_cold_times(calls, args.rounds)
+                results += result_rows(kind, f"{name} {layout} [{r}, {c}]", times, moved)
                 del base, inputs
     if args.kv:  # the trainer's K/V fake-quant: one Triton pass against the torch round trip, [1, 8, T, 128] views
         from nemo_jetrl.precision.kv import kv_dequant, kv_fake_quant, kv_quant
@@ -135,10 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                     "kv fake-quant, torch ops": lambda k: kv_dequant(kv_quant(k, scale), scale, k.dtype)}  # fmt: skip
         a, b = (f(inputs[0]) for f in variants.values())
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-        for v, times in alternate(variants, inputs, args.rounds).items():
-            med = statistics.median(times)
-            results.append({"data": "randn", "input": f"K [1, 8, {args.tokens}, 128] view", "variant": v, "us": med,
-                            "min_max_us": f"{min(times):.1f}-{max(times):.1f}", "tb_s": inputs[0].numel() * 4 / med / 1e6})  # fmt: skip
+        calls = {v: [lambda k=k, f=f: f(k) for k in inputs] for v, f in variants.items()}
+        times = alternating_cold_times(calls, args.rounds)  # bytes moved: bf16 read + bf16 write
+        results += result_rows("randn", f"K [1, 8, {args.tokens}, 128] view", times, inputs[0].numel() * 4)
     title = (f"1x128 quantizer, {args.tokens} tokens, cold in L2, on {info['device']}: {args.rounds} alternating "
              f"rounds, median (min-max)")  # fmt: skip
     keys = ["data", "input", "variant", "us", "min_max_us", "tb_s"]

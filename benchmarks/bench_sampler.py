@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from benchmarks.common import parse_gpu_bench, print_table, write_json
+from benchmarks.common import alternating_cold_times, parse_gpu_bench, print_table, write_json
 
 VOCAB = 151936
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args, dev, info = parsed
     from nemo_jetrl.generation.native.sampler import SamplingParams, sample, sequence_keys
-    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
+    from nemo_jetrl.precision.kernels.device import cold_copies
 
     variants = {"torch sampler + fused logprob": SamplingParams(top_k=VOCAB), "fused sampling kernel": SamplingParams()}
     results = []
@@ -39,11 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         logits = [torch.randn(rows, VOCAB, device=dev).mul_(3).to(torch.bfloat16) for _ in range(copies)]
         keys = sequence_keys(0, torch.arange(rows, device=dev))
         counters = torch.zeros(rows, dtype=torch.long, device=dev)
-        times = {v: [] for v in variants}
-        for i in range(args.rounds):
-            for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:
-                calls = [lambda x=x, sp=variants[v], k=keys, c=counters: sample(x, sp, keys=k, counters=c) for x in logits]
-                times[v].append(1e3 * time_in_graph(calls))
+        calls = {v: [lambda x=x, sp=sp, k=keys, c=counters: sample(x, sp, keys=k, counters=c) for x in logits]
+                 for v, sp in variants.items()}  # fmt: skip
+        times = alternating_cold_times(calls, args.rounds)
         for v, t in times.items():
             results.append({"rows": rows, "variant": v, "us": statistics.median(t),
                             "min_max_us": f"{min(t):.1f}-{max(t):.1f}"})  # fmt: skip

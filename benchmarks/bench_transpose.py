@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from benchmarks.common import parse_gpu_bench, print_table, write_json
+from benchmarks.common import alternating_cold_times, parse_gpu_bench, print_table, write_json
 
 SHAPES = [("q/o", 4096, 4096), ("qkv", 6144, 4096), ("gate+up", 24576, 4096), ("down", 4096, 12288)]
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if parsed is None:
         return 2
     args, dev, info = parsed
-    from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
+    from nemo_jetrl.precision.kernels.device import cold_copies
     from nemo_jetrl.precision.transpose import transpose_fp8
 
     variants = {
@@ -42,11 +42,8 @@ def main(argv: list[str] | None = None) -> int:
                    for _ in range(copies)]  # fmt: skip
         outs = [torch.empty(k, n, dtype=torch.float8_e4m3fn, device=dev) for _ in range(copies)]
         assert all(torch.equal(transpose_fp8(w).view(torch.uint8), w.view(torch.uint8).t()) for w in weights[:1])
-        rounds = {v: [] for v in variants}
-        for i in range(args.rounds):
-            for v in list(variants) if i % 2 == 0 else list(variants)[::-1]:
-                calls = [lambda w=w, o=o, f=variants[v]: f(w, o) for w, o in zip(weights, outs)]
-                rounds[v].append(1e3 * time_in_graph(calls))  # us per call
+        calls = {v: [lambda w=w, o=o, f=f: f(w, o) for w, o in zip(weights, outs)] for v, f in variants.items()}
+        rounds = alternating_cold_times(calls, args.rounds)  # us per call
         for v, times in rounds.items():
             med = statistics.median(times)
             results.append({"shape": name, "N": n, "K": k, "variant": v, "us": med,

@@ -158,6 +158,19 @@ def alternating_graph_times(variants: dict[str, list[Callable[[], object]]], rep
     }
 
 
+def alternating_cold_times(variants: dict[str, list[Callable[[], object]]], rounds: int) -> dict[str, list[float]]:
+    """Microseconds per call of each variant's calls (one per input copy, cycled out of L2 in a CUDA graph:
+    `kernels.device.time_in_graph`), one figure per round over `rounds` rounds whose order alternates (A, B, then
+    B, A, ...)."""
+    from nemo_jetrl.precision.kernels.device import time_in_graph
+
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _, order in alternating_rounds(list(variants), rounds):
+        for name in order:
+            times[name].append(1e3 * time_in_graph(variants[name]))
+    return times
+
+
 def us_range(t: dict) -> str:
     """'median (min-max)' of an `alternating_graph_times` entry, in us."""
     return f"{t['us']:.1f} ({t['min_us']:.1f}-{t['max_us']:.1f})"

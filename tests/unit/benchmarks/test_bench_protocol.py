@@ -144,3 +144,22 @@ def test_rounds_alternate_the_variant_order():
     common = _load("common")
     rounds = list(common.alternating_rounds(["a", "b", "c"], 3))
     assert rounds == [(0, ["a", "b", "c"]), (1, ["c", "b", "a"]), (2, ["a", "b", "c"])]
+
+
+def test_cold_graph_timings_alternate_and_give_us_per_call(monkeypatch):
+    """`alternating_cold_times` (bench_quantizers / bench_sampler / bench_transpose): each round times every
+    variant's whole call list, the order alternating (A, B, then B, A), in us (time_in_graph's ms x 1e3)."""
+    from nemo_jetrl.precision.kernels import device
+
+    common = _load("common")
+    seen = []
+
+    def fake_time_in_graph(calls):
+        seen.append(calls[0]())
+        return 0.001 * len(calls)
+
+    monkeypatch.setattr(device, "time_in_graph", fake_time_in_graph)
+    variants = {"a": [lambda: "a"] * 2, "b": [lambda: "b"] * 3}
+    times = common.alternating_cold_times(variants, 3)
+    assert seen == ["a", "b", "b", "a", "a", "b"]
+    assert times == {"a": [pytest.approx(2.0)] * 3, "b": [pytest.approx(3.0)] * 3}
