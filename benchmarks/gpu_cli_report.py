@@ -15,7 +15,9 @@ tokens, `train/total_num_tokens`, per GRPO step second), the bytes each rank all
 memory (`memory/<phase>_peak_gib`, the largest over the steps) against the start-up estimate
 (`memory/estimate_<phase>_peak_gib`, algorithms/memory_preflight.py), and the mismatch per bin of response positions
 (`train/mismatch_pos/<start>`, mean over the steps after `--skip`; `--position-plot PNG` draws it, which needs
-matplotlib). Needs numpy (+ PyYAML for the rollout tokens/s row).
+matplotlib). `--baseline LABEL` adds each run's speed-up over that run per phase (the baseline's median over the
+run's, both medians as in the table) and the whole step's speed-up step by step over the steps both timed.
+Needs numpy (+ PyYAML for the rollout tokens/s row).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ def summarize(log_dir: Path, skip: int = 1) -> dict:
     timed = {s for s in steps if s > skip and s not in profiled}
     summary: dict = {"log_dir": str(log_dir), "steps": len(steps), "median_s": {}, "first_step_s": {},
                      "profiled_steps": sorted(profiled & set(steps))}  # fmt: skip
+    summary["timed_step_s"] = {str(s): v for s, v in timings.get("total_step_time", []) if s in timed}
     for phase, series in timings.items():
         steady = [v for s, v in series if s in timed]  # kv_bootstrap runs in the first step only: no median
         summary["median_s"][phase] = statistics.median(steady) if steady else None
@@ -164,8 +167,32 @@ def read_memory(log_dir: Path, kind: str = "peak") -> tuple[dict[str, float], di
     return measured, estimated
 
 
-def format_table(summaries: dict[str, dict]) -> str:
-    """Markdown table: one row per phase (median s, first step s in brackets), one column per run."""
+def speedup_rows(summaries: dict[str, dict], baseline: str) -> list[str]:
+    """Rows of each run's speed-up over `baseline`: per phase (median over median) and the whole step per step
+    (the steps both runs timed, in step order)."""
+    base, labels = summaries[baseline], list(summaries)
+    rows = []
+    for phase in PHASES:
+        ref = base["median_s"].get(phase)
+        cells = [_ratio(ref, summaries[label]["median_s"].get(phase)) for label in labels]
+        if ref and any(c != "—" for c, label in zip(cells, labels) if label != baseline):
+            rows.append(f"| {phase}: x {baseline} | " + " | ".join(cells) + " |")
+    cells = []
+    for label in labels:
+        run = summaries[label].get("timed_step_s", {})
+        steps = sorted(set(run) & set(base.get("timed_step_s", {})), key=int)
+        cells.append(" ".join(_ratio(base["timed_step_s"][k], run[k]) for k in steps) or "—")
+    rows.append(f"| total_step_time by step: x {baseline} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _ratio(reference: float | None, value: float | None) -> str:
+    return "—" if not reference or not value else f"{reference / value:.2f}x"
+
+
+def format_table(summaries: dict[str, dict], baseline: str | None = None) -> str:
+    """Markdown table: one row per phase (median s, first step s in brackets), one column per run; with a
+    `baseline` label, the speed-up rows (`speedup_rows`) after the phases."""
     labels = list(summaries)
     phases = [p for p in PHASES if any(p in s["first_step_s"] for s in summaries.values())]
     rows = ["| phase | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
@@ -177,6 +204,8 @@ def format_table(summaries: dict[str, dict]) -> str:
             median = "—" if m is None else f"{m:.2f} s"
             cells.append("—" if f is None else f"{median} (1st {f:.2f})")
         rows.append(f"| {phase} | " + " | ".join(cells) + " |")
+    if baseline is not None:
+        rows += speedup_rows(summaries, baseline)
     extra = {
         "rollout tokens/s": lambda s: "—" if s["rollout_tokens_per_s"] is None else f"{s['rollout_tokens_per_s']:,.0f}",
         "useful tokens/s": lambda s: _fmt(s.get("useful_tokens_per_s"), "{:,.0f}"),
@@ -187,6 +216,7 @@ def format_table(summaries: dict[str, dict]) -> str:
         ),
         "allocator retries, all steps": lambda s: _fmt(s.get("alloc_retries"), "{:.0f}"),
         "steps logged": lambda s: str(s["steps"]),
+        "timed steps (s)": lambda s: " ".join(f"{v:.2f}" for v in s.get("timed_step_s", {}).values()) or "—",
         "profiled steps (not in the medians)": lambda s: ", ".join(map(str, s.get("profiled_steps", []))) or "—",
         "first step / median step": lambda s: (
             "—" if not s["median_s"].get("total_step_time") else
@@ -243,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the summaries as JSON here")
     parser.add_argument("--position-plot", type=Path, default=None, help="draw the mismatch per position bin here")
     parser.add_argument("--step-plot", type=Path, default=None, help="draw each phase's seconds per step here")
+    parser.add_argument("--baseline", default=None, metavar="LABEL", help="add every run's speed-up over this run")
     args = parser.parse_args(argv)
     summaries = {}
     for spec in args.runs:
@@ -257,7 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     if not summaries:
         print("error: no run had a metrics.jsonl", file=sys.stderr)
         return 1
-    print(format_table(summaries))
+    if args.baseline is not None and args.baseline not in summaries:
+        print(f"error: --baseline {args.baseline}: no run has that label (labels: {', '.join(summaries)})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    print(format_table(summaries, args.baseline))
     if args.position_plot is not None:
         from nemo_jetrl.utils.plots import plot_mismatch_position
 

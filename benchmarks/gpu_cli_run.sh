@@ -143,7 +143,9 @@ stage_report() {
         [ -f "$OUT/logs/$v$SUFFIX/metrics.jsonl" ] && runs+=("$v$SUFFIX=$OUT/logs/$v$SUFFIX")
     done
     [ ${#runs[@]} -gt 0 ] || { echo "error: no run of layout '$SUFFIX' in $OUT/logs" >&2; exit 1; }
-    "$PY" -m benchmarks.gpu_cli_report "${runs[@]}" --json "$OUT/summary.json"
+    local baseline=()  # every run's speed-up over BF16 where BF16 ran
+    [ -f "$OUT/logs/bf16$SUFFIX/metrics.jsonl" ] && baseline=(--baseline "bf16$SUFFIX")
+    "$PY" -m benchmarks.gpu_cli_report "${runs[@]}" "${baseline[@]}" --json "$OUT/summary.json"
     echo "summary: $OUT/summary.json"
 }
 
