@@ -50,6 +50,7 @@ def test_torchrun_sub_starts_every_rank_on_one_rendezvous(tmp_path):
         "OMP_NUM_THREADS": "1",
     }
     env.pop("NCCL_NVLS_ENABLE", None)
+    env.pop("PYTHONFAULTHANDLER", None)
     proc = subprocess.run(["bash", str(ROOT / "torchrun.sub")], env=env, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "1 node(s) [localhost] x 2 process(es) = 2 rank(s), rendezvous" in proc.stdout
@@ -57,7 +58,7 @@ def test_torchrun_sub_starts_every_rank_on_one_rendezvous(tmp_path):
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r, seen in enumerate(ranks):
         assert seen == {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "NCCL_NVLS_ENABLE": "0",
-                        "sum": 3, "argv": ["--config", "x.yaml", "a.b=1"]}  # fmt: skip
+                        "PYTHONFAULTHANDLER": "1", "sum": 3, "argv": ["--config", "x.yaml", "a.b=1"]}  # fmt: skip
     assert (tmp_path / "logs" / "4242" / "torchrun.log").is_file()
 
 
