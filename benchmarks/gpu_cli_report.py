@@ -16,7 +16,8 @@ memory (`memory/<phase>_peak_gib`, the largest over the steps) against the start
 (`memory/estimate_<phase>_peak_gib`, algorithms/memory_preflight.py), and the mismatch per bin of response positions
 (`train/mismatch_pos/<start>`, mean over the steps after `--skip`; `--position-plot PNG` draws it, which needs
 matplotlib). `--baseline LABEL` adds each run's speed-up over that run per phase (the baseline's median over the
-run's, both medians as in the table) and the whole step's speed-up step by step over the steps both timed.
+run's, both medians as in the table) and the whole step's speed-up step by step over the steps both timed;
+`--phase-plot PNG` draws each run's median step as bars stacked by phase, the speed-up over the baseline on top.
 Needs numpy (+ PyYAML for the rollout tokens/s row).
 """
 
@@ -250,6 +251,45 @@ def format_table(summaries: dict[str, dict], baseline: str | None = None) -> str
     return "\n".join(rows)
 
 
+def phase_split(summary: dict) -> dict[str, float]:
+    """A run's median step in parts that add up to its median `total_step_time` (seconds): the decode's device time,
+    the rest of the generation phase, logprobs, training, and everything else of the step."""
+    m = {k: v for k, v in summary["median_s"].items() if v is not None}
+    gen, decode = m.get("generation", 0.0), min(m.get("generation/decode", 0.0), m.get("generation", 0.0))
+    parts = {"decode (device)": decode, "rest of generation": gen - decode, "logprobs": m.get("logprobs", 0.0),
+             "training": m.get("training", 0.0)}  # fmt: skip
+    parts["other"] = max(m.get("total_step_time", 0.0) - sum(parts.values()), 0.0)
+    return parts
+
+
+def plot_phases(summaries: dict[str, dict], path: Path, baseline: str | None = None) -> Path:
+    """Each run's median step as a bar stacked by `phase_split`, its seconds (and speed-up over `baseline`) on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plot_performance import stacked_bars
+
+    labels = list(summaries)
+    parts = [phase_split(summaries[label]) for label in labels]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(labels), 4.2))
+    stacked_bars(ax, labels, parts)
+    ref = summaries[baseline]["median_s"].get("total_step_time") if baseline else None
+    for i, label in enumerate(labels):
+        total = summaries[label]["median_s"].get("total_step_time")
+        if total:
+            text = f"{total:.2f} s" + (f"\n{_ratio(ref, total)}" if ref and label != baseline else "")
+            ax.text(i, sum(parts[i].values()), text, ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("seconds per GRPO step (median)")
+    ax.set_title("GRPO step by phase" + (f", speed-up over {baseline}" if baseline else ""))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "—" if value is None else spec.format(value * scale)
 
@@ -274,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--position-plot", type=Path, default=None, help="draw the mismatch per position bin here")
     parser.add_argument("--step-plot", type=Path, default=None, help="draw each phase's seconds per step here")
     parser.add_argument("--baseline", default=None, metavar="LABEL", help="add every run's speed-up over this run")
+    parser.add_argument("--phase-plot", type=Path, default=None, help="draw each run's median step by phase here")
     args = parser.parse_args(argv)
     summaries = {}
     for spec in args.runs:
@@ -306,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = {label: Path(s["log_dir"]) / "metrics.jsonl" for label, s in summaries.items()}
         keys = [f"timing/{phase}" for phase in PHASES]
         print(f"step plot: {plot_comparison(runs, args.step_plot, keys, smoothing=0.0, title='Seconds per step')}")
+    if args.phase_plot is not None:
+        print(f"phase plot: {plot_phases(summaries, args.phase_plot, args.baseline)}")
     if args.json is not None:
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")
     return 0

@@ -10,7 +10,7 @@
 # fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
-# gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json.
+# gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json, OUT/phases.png (the median step by phase).
 # Environment: STEPS (GRPO steps, default 10), LAYERS (decoder layers of the built model, default the shape's 28),
 # NPROC (GPUs: > 1 launches the run with torchrun, one rank per GPU, `cluster.backend=torchrun`; default 1),
 # SUFFIX (appended to each variant's log directory name, e.g. _dp2 / _tp2, so layouts do not overwrite each other),
@@ -145,7 +145,8 @@ stage_report() {
     [ ${#runs[@]} -gt 0 ] || { echo "error: no run of layout '$SUFFIX' in $OUT/logs" >&2; exit 1; }
     local baseline=()  # every run's speed-up over BF16 where BF16 ran
     [ -f "$OUT/logs/bf16$SUFFIX/metrics.jsonl" ] && baseline=(--baseline "bf16$SUFFIX")
-    "$PY" -m benchmarks.gpu_cli_report "${runs[@]}" "${baseline[@]}" --json "$OUT/summary.json"
+    "$PY" -m benchmarks.gpu_cli_report "${runs[@]}" "${baseline[@]}" --json "$OUT/summary.json" \
+        --phase-plot "$OUT/phases.png"
     echo "summary: $OUT/summary.json"
 }
 

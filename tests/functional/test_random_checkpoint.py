@@ -160,6 +160,7 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
     assert summary["fp8_kv"]["first_step_s"]["kv_bootstrap"] > 0 and "kv_bootstrap" not in summary["bf16"]["median_s"]
     assert "| generation |" in proc.stdout and "| peak GPU memory |" in proc.stdout
     assert "| total_step_time by step: x bf16 |" in proc.stdout  # the report's speed-up rows over the BF16 run
+    assert (tmp_path / "phases.png").stat().st_size > 10_000  # the median step by phase, per run
     for variant in ("bf16", "fp8_kv"):  # coin-flip rewards (env.coin_flip_rewards): the trainer's gradients are real
         rows = [json.loads(line) for line in (tmp_path / "copied" / variant / "metrics.jsonl").read_text().splitlines()]
         norms = [r["train/grad_norm"] for r in rows if "train/grad_norm" in r]

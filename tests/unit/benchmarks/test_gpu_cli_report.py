@@ -152,3 +152,17 @@ def test_speedup_over_a_baseline_per_phase_and_step_by_step(tmp_path, capsys):
     assert "kv_bootstrap: x" not in out  # no median in either run
     assert report.main([f"bf16={base}", "--baseline", "fp8"]) == 2
     assert "--baseline fp8: no run has that label (labels: bf16)" in capsys.readouterr().err
+
+
+def test_phase_split_adds_up_to_the_median_step_and_the_plot_is_drawn(tmp_path, capsys):
+    summary = {"median_s": {"generation": 5.0, "generation/decode": 4.25, "logprobs": 1.2, "training": 3.7,
+                            "refit": 0.1, "kv_bootstrap": None, "total_step_time": 10.1}}  # fmt: skip
+    parts = report.phase_split(summary)
+    assert parts == pytest.approx({"decode (device)": 4.25, "rest of generation": 0.75, "logprobs": 1.2,
+                                   "training": 3.7, "other": 0.2})  # fmt: skip
+    assert sum(parts.values()) == pytest.approx(10.1)
+    base = _write_run(tmp_path / "bf16")  # no decode timing logged: the whole generation phase is "rest"
+    assert report.phase_split(report.summarize(base))["rest of generation"] == 3.0
+    png = tmp_path / "plots" / "phases.png"
+    assert report.main([f"bf16={base}", "--baseline", "bf16", "--phase-plot", str(png)]) == 0
+    assert f"phase plot: {png}" in capsys.readouterr().out and png.stat().st_size > 10_000
