@@ -6,7 +6,11 @@ Reads a PyTorch profiler chrome trace (`profile_train_step.py --trace`). The dev
 memsets) is merged into busy intervals; every idle gap longer than `--min-gap-us` is charged to:
 - the host ops that ran during it (CPU ops overlapping the gap, by name, nested ops each counted), and
 - "after a sync" when a synchronizing CUDA runtime call (stream / device / event synchronize, a device-to-host
-  copy) overlaps the gap: the queue ran dry because the host waited for the device.
+  copy) overlaps the gap: the queue ran dry because the host waited for the device;
+- "in the allocator" when the caching allocator's calls into CUDA (cudaMalloc, cudaFree, which also waits for the
+  device, or the driver's cuMem* calls of expandable segments) overlap the gap: memory near the device's capacity
+  makes the allocator free cached blocks and map new ones between launches;
+- the CUDA runtime / driver calls that ran during it, by name (launches, allocations, copies).
 A step whose idle time is large against its kernel time is bound by the host, not by the kernels.
 """
 
@@ -21,6 +25,8 @@ from collections import defaultdict
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+ALLOCATOR_CALLS = ("cudaMalloc", "cudaFree", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
+                   "cuMemAddressReserve", "cuMemAddressFree", "cuMemSetAccess")  # fmt: skip
 
 
 def load_events(path: str) -> list[dict]:
@@ -50,11 +56,13 @@ def idle_gaps(events: list[dict], min_gap_us: float) -> tuple[list[tuple[float, 
     return gaps, busy, device[-1][1] - device[0][0]
 
 
-def charge_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> tuple[dict[str, float], float]:
-    """(idle us overlapped per host op name, idle us in gaps that a synchronizing call overlaps)."""
+def charge_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
+    """Idle us overlapped per host op name ("ops") and per CUDA runtime / driver call name ("runtime"), and the idle
+    us of the gaps that a synchronizing call ("sync_us") or an allocator call ("allocator_us") overlaps."""
     starts = [g[0] for g in gaps]
     by_op: dict[str, float] = defaultdict(float)
-    synced = [False] * len(gaps)
+    by_runtime: dict[str, float] = defaultdict(float)
+    synced, allocating = [False] * len(gaps), [False] * len(gaps)
     for e in events:
         cat = e.get("cat")
         if cat not in ("cpu_op", "cuda_runtime", "cuda_driver", "python_function"):
@@ -66,24 +74,38 @@ def charge_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> tuple[di
             if overlap > 0:
                 if cat == "cpu_op":
                     by_op[e["name"]] += overlap
-                elif e["name"].startswith(SYNC_CALLS):
-                    synced[i] = True
+                elif cat != "python_function":
+                    by_runtime[e["name"]] += overlap
+                    synced[i] = synced[i] or e["name"].startswith(SYNC_CALLS)
+                    allocating[i] = allocating[i] or e["name"].startswith(ALLOCATOR_CALLS)
             i += 1
-    sync_us = sum(end - start for (start, end), s in zip(gaps, synced) if s)
-    return by_op, sync_us
+
+    def idle_where(flags: list[bool]) -> float:
+        return sum(end - start for (start, end), flag in zip(gaps, flags) if flag)
+
+    return {"ops": by_op, "runtime": by_runtime, "sync_us": idle_where(synced), "allocator_us": idle_where(allocating)}
+
+
+def _top_ms(by_name: dict[str, float], top: int) -> dict[str, float]:
+    return {name: us / 1e3 for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]}
 
 
 def report(path: str, min_gap_us: float = 5.0, top: int = 25) -> dict:
     events = load_events(path)
     gaps, busy, span = idle_gaps(events, min_gap_us)
-    by_op, sync_us = charge_gaps(events, gaps)
+    charged = charge_gaps(events, gaps)
     idle = sum(end - start for start, end in gaps)
-    print(f"{path}: device span {span / 1e3:.1f} ms, busy {busy / 1e3:.1f} ms, idle {idle / 1e3:.1f} ms in "
-          f"{len(gaps)} gaps >= {min_gap_us:g} us; {sync_us / 1e3:.1f} ms of it after a sync")  # fmt: skip
-    for name, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"  {us / 1e3:8.2f} ms  {name[:110]}")
-    return {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": idle / 1e3, "gaps": len(gaps),
-            "after_sync_ms": sync_us / 1e3, "top_ops_ms": dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:top])}  # fmt: skip
+    out = {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": idle / 1e3, "gaps": len(gaps),
+           "after_sync_ms": charged["sync_us"] / 1e3, "in_allocator_ms": charged["allocator_us"] / 1e3,
+           "top_ops_ms": _top_ms(charged["ops"], top), "top_runtime_ms": _top_ms(charged["runtime"], top)}  # fmt: skip
+    print(f"{path}: device span {out['span_ms']:.1f} ms, busy {out['busy_ms']:.1f} ms, idle {out['idle_ms']:.1f} ms "
+          f"in {len(gaps)} gaps >= {min_gap_us:g} us; {out['after_sync_ms']:.1f} ms of it after a sync, "
+          f"{out['in_allocator_ms']:.1f} ms in the allocator")  # fmt: skip
+    for title, rows in (("host ops", out["top_ops_ms"]), ("CUDA runtime / driver calls", out["top_runtime_ms"])):
+        print(f" {title} during the gaps:")
+        for name, ms in rows.items():
+            print(f"  {ms:8.2f} ms  {name[:110]}")
+    return out
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,9 @@ def _trace(tmp_path, gz: bool):
         {"ph": "X", "cat": "cpu_op", "name": "aten::foo", "ts": 5, "dur": 30},  # overlaps the first gap: 20 us
         {"ph": "X", "cat": "cpu_op", "name": "aten::bar", "ts": 44, "dur": 3},  # inside the second gap: 3 us
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 44, "dur": 2},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaFree", "ts": 12, "dur": 4},  # the allocator in gap 1
+        {"ph": "X", "cat": "cuda_driver", "name": "cuMemMap", "ts": 28, "dur": 4},  # 2 of its 4 us in gap 1
+        {"ph": "X", "cat": "python_function", "name": "torch/nn/x.py(1): f", "ts": 11, "dur": 2},  # not charged
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 1},  # not a duration event: ignored
     ]
     path = tmp_path / ("t.json.gz" if gz else "t.json")
@@ -32,7 +35,9 @@ def test_gaps_busy_time_and_host_ops(tmp_path):
         assert abs(out["busy_ms"] - (10 + 13 + 10 + 8) / 1e3) < 1e-9
         assert abs(out["span_ms"] - 0.070) < 1e-9
         assert abs(out["after_sync_ms"] - 0.007) < 1e-9  # the sync overlaps the second gap only
-        assert out["top_ops_ms"] == {"aten::foo": 20.0, "aten::bar": 3.0}  # us, per op name
+        assert abs(out["in_allocator_ms"] - 0.020) < 1e-9  # cudaFree and cuMemMap overlap the first gap only
+        assert out["top_ops_ms"] == {"aten::foo": 0.020, "aten::bar": 0.003}  # ms per op name
+        assert out["top_runtime_ms"] == {"cudaFree": 0.004, "cudaStreamSynchronize": 0.002, "cuMemMap": 0.002}
 
 
 def test_a_trace_without_device_events(tmp_path):
