@@ -117,8 +117,22 @@ def _parent(data: dict, parts: list[str], create: bool = False, text: str = "") 
         node = node[part]
         if not isinstance(node, dict):
             prefix = ".".join(parts[: depth + 1])
-            raise ConfigError(f"override '{text}': '{prefix}' is not a mapping (its value is {format_value(node)})")
+            hint = f"; set the whole mapping: {_as_mapping(prefix, parts[depth + 1 :], text)}" if node is None else ""
+            raise ConfigError(
+                f"override '{text}': '{prefix}' is not a mapping (its value is {format_value(node)}){hint}"
+            )
     return node
+
+
+def _as_mapping(prefix: str, keys: list[str], text: str) -> str:
+    """The override that sets a null mapping at `prefix` to hold `keys` = the value of `text`, quoted for the shell:
+    `'policy.dtensor_cfg.env_vars={PYTORCH_CUDA_ALLOC_CONF:"expandable_segments:True"}'`."""
+    value = text.partition("=")[2]
+    if not value.startswith(("'", '"', "{", "[")) and any(c in value for c in ':,{}[] '):
+        value = f'"{value}"'  # Hydra's grammar reads an unquoted ':' or ',' as structure
+    for key in reversed(keys):
+        value = f"{{{key}:{value}}}"
+    return f"'{prefix}={value}'"
 
 
 def _dotted_keys(data: dict, prefix: str = "") -> list[str]:

@@ -72,8 +72,23 @@ def test_delete_unknown_key_fails():
 
 
 def test_add_below_a_scalar_fails():
-    with pytest.raises(ConfigError, match=r"'a\.b' is not a mapping"):
+    with pytest.raises(ConfigError, match=r"'a\.b' is not a mapping") as info:
         apply_overrides(BASE, ["+a.b.c=1"])
+    assert "set the whole mapping" not in str(info.value)  # a scalar, not a null mapping
+
+
+def test_add_below_a_null_mapping_names_the_override_that_sets_it():
+    """NeMo-RL's `policy.dtensor_cfg.env_vars` is null until set: the error gives the mapping form, quoted so that
+    the value's ':' stays a string, and that form applies."""
+    base = {"policy": {"dtensor_cfg": {"env_vars": None}}}
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(base, ["+policy.dtensor_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"])
+    form = """'policy.dtensor_cfg.env_vars={PYTORCH_CUDA_ALLOC_CONF:"expandable_segments:True"}'"""
+    assert str(info.value).endswith(f"(its value is null); set the whole mapping: {form}")
+    applied = apply_overrides(base, [form.strip("'")])
+    assert applied["policy"]["dtensor_cfg"]["env_vars"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    with pytest.raises(ConfigError, match=r"set the whole mapping: 'policy=\{dtensor_cfg:\{x:\{y:1\}\}\}'"):
+        apply_overrides({"policy": None}, ["+policy.dtensor_cfg.x.y=1"])
 
 
 @pytest.mark.parametrize(
