@@ -92,7 +92,7 @@ def smooth(values: np.ndarray, n: int = SMOOTH) -> np.ndarray:
 
 
 def new_figure(ncols: int = 1, nrows: int = 1) -> Figure:
-    fig = Figure(figsize=(6.2 * ncols, 4.0 * nrows), dpi=110)
+    fig = Figure(figsize=(6.2 * ncols, 4.0 * nrows), dpi=110, layout="constrained")  # titles clear of the row above
     FigureCanvasAgg(fig)
     return fig
 
