@@ -21,11 +21,10 @@ scales). Every quantizer variant's bits and scales are checked equal first.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from benchmarks.common import alternating_cold_times, parse_gpu_bench, print_table, write_json
+from benchmarks.common import alternating_cold_times, cold_time_fields, parse_gpu_bench, print_table, write_json
 
 WIDTHS = [("hidden", 4096), ("qkv out", 6144), ("ffn", 12288), ("gate+up out", 24576)]
 TILES = [(16, 4), (32, 4), (64, 4), (32, 8), (64, 8), (128, 8)]  # (ROWS, num_warps) alternatives
@@ -71,12 +70,8 @@ def padding_variants(tokens: int) -> dict:
 
 def result_rows(data: str, where: str, times: dict[str, list[float]], moved: int) -> list[dict]:
     """One result row per variant: median and min-max of its rounds' us, and the bandwidth of `moved` bytes."""
-    rows = []
-    for v, t in times.items():
-        med = statistics.median(t)
-        rows.append({"data": data, "input": where, "variant": v, "us": med, "min_max_us": f"{min(t):.1f}-{max(t):.1f}",
-                     "tb_s": moved / med / 1e6})  # fmt: skip
-    return rows
+    rows = [{"data": data, "input": where, "variant": v, **cold_time_fields(t)} for v, t in times.items()]
+    return [{**row, "tb_s": moved / row["us"] / 1e6} for row in rows]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,12 +11,11 @@ alternate over `--rounds` rounds: median and min-max of the rounds' medians, in 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
 
-from benchmarks.common import alternating_cold_times, parse_gpu_bench, print_table, write_json
+from benchmarks.common import alternating_cold_times, cold_time_fields, parse_gpu_bench, print_table, write_json
 
 VOCAB = 151936
 
@@ -42,9 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         calls = {v: [lambda x=x, sp=sp, k=keys, c=counters: sample(x, sp, keys=k, counters=c) for x in logits]
                  for v, sp in variants.items()}  # fmt: skip
         times = alternating_cold_times(calls, args.rounds)
-        for v, t in times.items():
-            results.append({"rows": rows, "variant": v, "us": statistics.median(t),
-                            "min_max_us": f"{min(t):.1f}-{max(t):.1f}"})  # fmt: skip
+        results += [{"rows": rows, "variant": v, **cold_time_fields(t)} for v, t in times.items()]
     title = f"sampling, vocab {VOCAB}, bf16 logits cold in L2, on {info['device']}: {args.rounds} alternating rounds"
     keys_ = ["rows", "variant", "us", "min_max_us"]
     table = print_table(title, ["rows", "variant", "us", "min-max us"], [[r[k] for k in keys_] for r in results])

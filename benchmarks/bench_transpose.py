@@ -11,12 +11,11 @@ optimizer step). Each call runs inside a CUDA graph over weights cycled out of L
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
 
-from benchmarks.common import alternating_cold_times, parse_gpu_bench, print_table, write_json
+from benchmarks.common import alternating_cold_times, cold_time_fields, parse_gpu_bench, print_table, write_json
 
 SHAPES = [("q/o", 4096, 4096), ("qkv", 6144, 4096), ("gate+up", 24576, 4096), ("down", 4096, 12288)]
 
@@ -45,9 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         calls = {v: [lambda w=w, o=o, f=f: f(w, o) for w, o in zip(weights, outs)] for v, f in variants.items()}
         rounds = alternating_cold_times(calls, args.rounds)  # us per call
         for v, times in rounds.items():
-            med = statistics.median(times)
-            results.append({"shape": name, "N": n, "K": k, "variant": v, "us": med,
-                            "min_max_us": f"{min(times):.1f}-{max(times):.1f}", "tb_s": 2 * n * k / med / 1e6})  # fmt: skip
+            row = {"shape": name, "N": n, "K": k, "variant": v, **cold_time_fields(times)}
+            results.append({**row, "tb_s": 2 * n * k / row["us"] / 1e6})
     title = f"W^T copy (e4m3, cold in L2) on {info['device']}: {args.rounds} alternating rounds, median (min-max)"
     keys = ["shape", "variant", "us", "min_max_us", "tb_s"]
     table = print_table(title, ["shape", "variant", "us", "min-max us", "TB/s"], [[r[k] for k in keys] for r in results])

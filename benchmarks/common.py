@@ -171,6 +171,12 @@ def alternating_cold_times(variants: dict[str, list[Callable[[], object]]], roun
     return times
 
 
+def cold_time_fields(times: list[float]) -> dict:
+    """A result row's timing fields from one variant's `alternating_cold_times` figures: "us" (the median) and
+    "min_max_us" ("min-max")."""
+    return {"us": statistics.median(times), "min_max_us": f"{min(times):.1f}-{max(times):.1f}"}
+
+
 def us_range(t: dict) -> str:
     """'median (min-max)' of an `alternating_graph_times` entry, in us."""
     return f"{t['us']:.1f} ({t['min_us']:.1f}-{t['max_us']:.1f})"

@@ -96,18 +96,24 @@ def _dense_storage(x: torch.Tensor) -> torch.Tensor | None:
     return x.as_strided((x.numel(),), (1,))
 
 
-def _fake_quant_by_slices(x: torch.Tensor, scale: torch.Tensor, slice_elements: int) -> torch.Tensor:
-    """`kv_dequant(kv_quant(x, scale), scale, x.dtype)` for x [..., S, D], computed over slices of S into one output
-    with x's layout; elementwise, so bitwise the whole-tensor round trip. On CUDA with Triton, one kernel over x's
-    memory (`triton_quant.kv_round_trip`: no FP32 temporaries, one read and one write)."""
+def _fake_quant(x: torch.Tensor, scale: torch.Tensor, slice_elements: int) -> torch.Tensor:
+    """`kv_dequant(kv_quant(x, scale), scale, x.dtype)`, bitwise: on CUDA with Triton one kernel over x's memory
+    (`triton_quant.kv_round_trip`: no FP32 temporaries, one read and one write) where x fills one dense run of it;
+    else `_fake_quant_by_slices`."""
     on_gpu = x.is_cuda and scale.device == x.device and scale.numel() == 1 and triton_available()
     flat = _dense_storage(x) if on_gpu else None
-    if flat is not None:
-        from nemo_jetrl.precision.kernels.triton_quant import kv_round_trip
+    if flat is None:
+        return _fake_quant_by_slices(x, scale, slice_elements)
+    from nemo_jetrl.precision.kernels.triton_quant import kv_round_trip
 
-        out = torch.empty_like(x)  # x's strides, so its memory is the same dense run
-        kv_round_trip(flat, scale.float().reshape(1), out=_dense_storage(out))
-        return out
+    out = torch.empty_like(x)  # x's strides, so its memory is the same dense run
+    kv_round_trip(flat, scale.float().reshape(1), out=_dense_storage(out))
+    return out
+
+
+def _fake_quant_by_slices(x: torch.Tensor, scale: torch.Tensor, slice_elements: int) -> torch.Tensor:
+    """`kv_dequant(kv_quant(x, scale), scale, x.dtype)` for x [..., S, D], computed over slices of S into one output
+    with x's layout; elementwise, so bitwise the whole-tensor round trip."""
     if x.dim() < 2 or x.numel() <= slice_elements:
         return kv_dequant(kv_quant(x, scale), scale, x.dtype)
     out = torch.empty_like(x)  # x's strides (the trainer's [B, H, S, D] views of [B, S, H, D] buffers)
@@ -120,11 +126,11 @@ def _fake_quant_by_slices(x: torch.Tensor, scale: torch.Tensor, slice_elements: 
 
 
 class _KVFakeQuant(torch.autograd.Function):
-    """Forward: the FP8 cache round trip, by slices; backward: identity (straight-through estimator)."""
+    """Forward: the FP8 cache round trip (`_fake_quant`); backward: identity (straight-through estimator)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: torch.Tensor, slice_elements: int) -> torch.Tensor:
-        return _fake_quant_by_slices(x, scale, slice_elements)
+        return _fake_quant(x, scale, slice_elements)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):

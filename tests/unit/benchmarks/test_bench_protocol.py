@@ -163,3 +163,5 @@ def test_cold_graph_timings_alternate_and_give_us_per_call(monkeypatch):
     times = common.alternating_cold_times(variants, 3)
     assert seen == ["a", "b", "b", "a", "a", "b"]
     assert times == {"a": [pytest.approx(2.0)] * 3, "b": [pytest.approx(3.0)] * 3}
+    # the result row's fields the three benchmarks build from one variant's figures
+    assert common.cold_time_fields([3.0, 1.25, 2.0]) == {"us": 2.0, "min_max_us": "1.2-3.0"}
