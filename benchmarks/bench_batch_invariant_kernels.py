@@ -1,6 +1,7 @@
 """Kernel timings of the exact mode against the fast path at Qwen3-8B shapes (GPU), and the tile configurations.
 
     python3 -m benchmarks.bench_batch_invariant_kernels --out bi_kernels.json
+    python3 -m benchmarks.bench_batch_invariant_kernels --shapes   # attention at the 1.7B / 8B shapes, alternating
 
 FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
 (prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
@@ -96,16 +97,72 @@ def attention_rows(dev) -> list[dict]:
     return rows
 
 
+# (label, rows, query heads, keys) of the `--shapes` rows: H_kv 8, head_dim 128, an e4m3 cache for decode
+SHAPE_DECODE = [("decode 1.7B 128 x 640", 128, 16, 640), ("decode 8B 64 x 2048", 64, 32, 2048),
+                ("decode 8B 64 x 8192", 64, 32, 8192)]  # fmt: skip
+SHAPE_TRAIN = [("trainer fwd 1.7B 16 x 1024", 16, 16, 1024), ("trainer fwd 8B 4 x 4096", 4, 32, 4096)]
+
+
+def shape_rows(dev, rounds: int = 5) -> list[dict]:
+    """The exact attention against the fast kernel at the 1.7B and 8B shapes (decode: the FP8-cache decode kernel;
+    the trainer's forward: causal SDPA), the two alternating over `rounds` rounds of do_bench."""
+    from benchmarks.common import alternating_rounds
+
+    rows = []
+    for label, bsz, heads, n in SHAPE_DECODE + SHAPE_TRAIN:
+        variants = _shape_variants(dev, label.startswith("decode"), bsz, heads, n)
+        times = {name: [] for name in variants}
+        for _, order in alternating_rounds(list(variants), rounds):
+            for name in order:
+                times[name].append(1000 * bench(variants[name]))
+        base = sorted(next(iter(times.values())))[rounds // 2]
+        for name, t in times.items():
+            med = sorted(t)[rounds // 2]
+            rows.append({"variant": f"{label}: {name}", "us": med, "min_max_us": f"{min(t):.1f}-{max(t):.1f}",
+                         "over_fast": med / base})  # fmt: skip
+            print(rows[-1], flush=True)
+    return rows
+
+
+def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int) -> dict:
+    """{name: callable}: the fast kernel, then the exact attention; decode: one query per row over n keys of an e4m3
+    cache [bsz, 8, n, 128]; else the trainer's causal forward over bsz x n tokens (bf16)."""
+    scale, ks, vs = 128**-0.5, torch.tensor(0.01, device=dev), torch.tensor(0.01, device=dev)
+    valid = torch.ones(bsz, n, dtype=torch.bool, device=dev)
+    if decode:
+        k = kv_quant(torch.randn(bsz, 8, n, 128, device=dev), ks)  # [B, 8, n, 128] e4m3
+        v = kv_quant(torch.randn(bsz, 8, n, 128, device=dev), vs)
+        q = torch.randn(bsz, heads, 1, 128, device=dev).bfloat16()
+        kv_len, start = torch.tensor(n, device=dev), torch.tensor(n - 1, device=dev)
+        out = {"fast (fp8 decode kernel)": lambda: decode_attention(q[:, :, 0], k, v, valid, kv_len, scale, ks, vs)}
+        exact = lambda: attention(q, k, v, valid, start, scale, ks, vs)  # noqa: E731
+    else:
+        q = torch.randn(bsz, heads, n, 128, device=dev).bfloat16()
+        k, v = torch.randn(bsz, 8, n, 128, device=dev).bfloat16(), torch.randn(bsz, 8, n, 128, device=dev).bfloat16()
+        kr, vr = k.repeat_interleave(heads // 8, 1), v.repeat_interleave(heads // 8, 1)  # [B, H, n, 128]
+        start = torch.tensor(0, device=dev)
+        out = {"fast (causal SDPA)": lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=scale)}
+        exact = lambda: attention(q, k, v, valid, start, scale)  # noqa: E731
+    return out | {"exact (batch-invariant)": exact}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
     p.add_argument("--attention-only", action="store_true", help="the attention rows only")
+    p.add_argument("--shapes", action="store_true", help="only the attention at the 1.7B / 8B shapes, alternating")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_batch_invariant_kernels: needs a CUDA GPU", file=sys.stderr)
         return 0
     dev = torch.device("cuda")
     info = device_info(dev)
+    if args.shapes:
+        rows = shape_rows(dev)
+        title = f"exact attention vs the fast kernels on {info['device']} (us, medians of 5 alternating rounds)"
+        report(title, ["variant", "us", "min-max us", "/ fast"], ["variant", "us", "min_max_us", "over_fast"], rows,
+               args=args, info=info, shape={}, n_layers=0)  # fmt: skip
+        return 0
     rows = attention_rows(dev) + ([] if args.attention_only else gemm_rows(dev))
     title = f"exact-mode kernels vs the fast path on {info['device']} (ms, medians of triton.testing.do_bench)"
     report(title, ["variant", "fast ms", "exact ms", "exact / fast"], ["variant", "fast_ms", "exact_ms", "exact_over_fast"],

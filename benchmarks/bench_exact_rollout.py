@@ -1,6 +1,7 @@
 """Rollout speed of the exact mode against the fast path: same weights, same prompts, alternating timed rollouts.
 
-    python3 -m benchmarks.bench_exact_rollout --out exact_rollout.json      # GPU: Qwen3-8B shape
+    python3 -m benchmarks.bench_exact_rollout --out exact_rollout.json      # GPU: Qwen3-8B shape, 16 layers
+    python3 -m benchmarks.bench_exact_rollout --shape qwen3-1.7b --layers 0  # all 28 layers of Qwen3-1.7B
     python3 -m benchmarks.bench_exact_rollout --quick                        # CPU smoke test
 
 Per preset (`jetrl`, `jetrl_kv`) two copies of one random-weight model: the fast path (cuBLAS / split-K Triton
@@ -21,7 +22,7 @@ import sys
 
 import torch
 
-from benchmarks.common import QWEN3_8B, TINY, alternating_timings, build_model, device_info, report
+from benchmarks.common import SHAPES, TINY, alternating_timings, build_model, device_info, report
 from benchmarks.rollout_engines import calibrate
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant
@@ -70,7 +71,8 @@ def rollout(engine: NativeGenerationEngine, prompts: list[list[int]], device) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=16, help="decoder layers of the Qwen3-8B shape")
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="published model shape (random weights)")
+    p.add_argument("--layers", type=int, default=16, help="decoder layers of the shape (0: all)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=256)
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON path")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape, shape_name = QWEN3_8B, "Qwen3-8B"
+    shape, shape_name = dict(SHAPES[args.shape]), args.shape
+    args.layers = args.layers or shape["num_hidden_layers"]
     if args.quick:
         shape, shape_name, args.layers, args.batch, args.prompt_len, args.gen_len = TINY, "tiny", 2, 4, 8, 4
         args.steps = 2

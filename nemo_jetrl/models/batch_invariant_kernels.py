@@ -63,7 +63,7 @@ def _attention_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos, stable, slse,
     N_REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
-    VARLEN: tl.constexpr = False, WRITE_LSE: tl.constexpr = False,
+    VARLEN: tl.constexpr = False, WRITE_LSE: tl.constexpr = False, LEAD_SCAN: tl.constexpr = 1024,
 ):  # fmt: skip
     # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile row r: query s = r // N_REP of head hk * N_REP + r % N_REP.
     # Keys are visited in blocks of BLOCK_N aligned to the row's first valid key column `lead`, up to the tile's
@@ -110,8 +110,8 @@ def _attention_kernel(
         v_base = v_ptr + hk * svh
     else:
         lead = hi
-        for c0 in range(0, hi, BLOCK_N):
-            cols = c0 + tl.arange(0, BLOCK_N)
+        for c0 in range(0, hi, LEAD_SCAN):  # wide steps: one program scans its row's mask up to the tile's end
+            cols = c0 + tl.arange(0, LEAD_SCAN)
             ok = tl.load(valid_row + cols, mask=cols < hi, other=0) != 0
             lead = tl.minimum(lead, tl.min(tl.where(ok, cols, hi), axis=0))
         k_base = k_ptr + b64 * skb + hk * skh

@@ -165,3 +165,21 @@ def test_cold_graph_timings_alternate_and_give_us_per_call(monkeypatch):
     assert times == {"a": [pytest.approx(2.0)] * 3, "b": [pytest.approx(3.0)] * 3}
     # the result row's fields the three benchmarks build from one variant's figures
     assert common.cold_time_fields([3.0, 1.25, 2.0]) == {"us": 2.0, "min_max_us": "1.2-3.0"}
+
+
+def test_exact_rollout_benchmark_times_each_mode_against_the_fast_path(tmp_path):
+    import json
+
+    bench = _load("bench_exact_rollout")
+    out = tmp_path / "e.json"
+    assert bench.main(["--quick", "--shape", "qwen3-1.7b", "--layers", "0", "--presets", "jetrl", "--modes",
+                       "attention", "--out", str(out)]) == 0  # fmt: skip
+    payload = json.loads(out.read_text())
+    names = [r["variant"] for r in payload["results"]]
+    assert names == ["jetrl fast", "jetrl fast prefill", "jetrl attention", "jetrl attention prefill"]
+    for r in payload["results"]:
+        assert len(r["times_s"]) == 2 and r["min_s"] <= r["median_s"] <= r["max_s"]
+        base = payload["results"][names.index("jetrl fast" + (" prefill" if "prefill" in r["variant"] else ""))]
+        assert r["exact_over_fast"] == pytest.approx(r["median_s"] / base["median_s"])
+    with pytest.raises(SystemExit):  # a shape it does not know
+        bench.main(["--quick", "--shape", "qwen3-9b"])

@@ -317,3 +317,32 @@ def test_triton_paged_attention_in_the_interpreter_equals_the_contiguous_kernel(
     r = run_interpreted(PAGED_CHILD.replace("HERE", repr(str(Path(__file__).parent))))
     assert r["contiguous"] == [True, True]  # bf16 and e4m3 pools: the same bits as the left-padded cache
     assert len(r["rel"]) == 2 and max(r["rel"]) < 1e-6
+
+
+LONG_PAD_CHILD = textwrap.dedent(
+    """
+    import json, torch
+    from nemo_jetrl.models import batch_invariant_kernels as K
+    from nemo_jetrl.models.batch_invariant_attention import attention_ref
+
+    torch.manual_seed(0)
+    S, P = 1200, 1090  # row 0: 1,090 pads (past the first 1,024-column step of the kernel's first-key scan)
+    q, k, v = torch.randn(2, 2, 1, 16), torch.randn(2, 1, S, 16), torch.randn(2, 1, S, 16)
+    k[1, :, : S - P], v[1, :, : S - P] = k[0, :, P:], v[0, :, P:]  # row 1: the same keys, no padding
+    q[1] = q[0]
+    valid = torch.ones(2, S, dtype=torch.bool)
+    valid[0, :P], valid[1, S - P :] = False, False
+    start = torch.tensor([S - 1, S - P - 1])
+    out = K.attention(q, k, v, valid, start, 0.25)  # [2, 2, 1, 16]
+    ref = attention_ref(q, k, v, valid, start, 0.25)
+    print(json.dumps({"same": torch.equal(out[0], out[1]), "err": float((out - ref).abs().max())}))
+    """
+)
+
+
+def test_triton_attention_first_key_past_the_scans_first_step(run_interpreted):
+    """The kernel finds a row's first valid key in 1,024-column steps: a row padded past the first step gets the bits
+    of the same keys unpadded (the key blocks start at the first key) and the twin's values."""
+    pytest.importorskip("triton")
+    r = run_interpreted(LONG_PAD_CHILD)
+    assert r["same"] and r["err"] < 1e-5
