@@ -106,7 +106,7 @@ SHAPE_TRAIN = [("trainer fwd 1.7B 16 x 1024", 16, 16, 1024), ("trainer fwd 8B 4 
 def shape_rows(dev, rounds: int = 5) -> list[dict]:
     """The exact attention against the fast kernel at the 1.7B and 8B shapes (decode: the FP8-cache decode kernel;
     the trainer's forward: causal SDPA), the two alternating over `rounds` rounds of do_bench."""
-    from benchmarks.common import alternating_rounds
+    from benchmarks.common import alternating_rounds, cold_time_fields
 
     rows = []
     for label, bsz, heads, n in SHAPE_DECODE + SHAPE_TRAIN:
@@ -115,11 +115,10 @@ def shape_rows(dev, rounds: int = 5) -> list[dict]:
         for _, order in alternating_rounds(list(variants), rounds):
             for name in order:
                 times[name].append(1000 * bench(variants[name]))
-        base = sorted(next(iter(times.values())))[rounds // 2]
-        for name, t in times.items():
-            med = sorted(t)[rounds // 2]
-            rows.append({"variant": f"{label}: {name}", "us": med, "min_max_us": f"{min(t):.1f}-{max(t):.1f}",
-                         "over_fast": med / base})  # fmt: skip
+        fields = {name: cold_time_fields(t) for name, t in times.items()}
+        base = next(iter(fields.values()))["us"]  # the fast kernel's
+        for name, f in fields.items():
+            rows.append({"variant": f"{label}: {name}", **f, "over_fast": f["us"] / base})
             print(rows[-1], flush=True)
     return rows
 

@@ -172,8 +172,8 @@ def alternating_cold_times(variants: dict[str, list[Callable[[], object]]], roun
 
 
 def cold_time_fields(times: list[float]) -> dict:
-    """A result row's timing fields from one variant's `alternating_cold_times` figures: "us" (the median) and
-    "min_max_us" ("min-max")."""
+    """A result row's timing fields from one variant's per-round figures in us (`alternating_cold_times`, or rounds
+    of `do_bench`): "us" (the median) and "min_max_us" ("min-max")."""
     return {"us": statistics.median(times), "min_max_us": f"{min(times):.1f}-{max(times):.1f}"}
 
 
