@@ -62,7 +62,7 @@ def gemm_rows(dev) -> list[dict]:
     return rows
 
 
-DECODE_CONFIGS = ((64, 4, 2), (64, 8, 2), (64, 4, 1), (64, 4, 3), (64, 8, 3), (64, 8, 1))
+DECODE_CONFIGS = ((16, 4, 2), (16, 4, 3), (32, 4, 3), (64, 4, 2), (64, 4, 3))
 
 
 def attention_rows(dev) -> list[dict]:
@@ -103,14 +103,15 @@ SHAPE_DECODE = [("decode 1.7B 128 x 640", 128, 16, 640), ("decode 8B 64 x 2048",
 SHAPE_TRAIN = [("trainer fwd 1.7B 16 x 1024", 16, 16, 1024), ("trainer fwd 8B 4 x 4096", 4, 32, 4096)]
 
 
-def shape_rows(dev, rounds: int = 5) -> list[dict]:
+def shape_rows(dev, rounds: int = 5, configs: tuple = ()) -> list[dict]:
     """The exact attention against the fast kernel at the 1.7B and 8B shapes (decode: the FP8-cache decode kernel;
-    the trainer's forward: causal SDPA), the two alternating over `rounds` rounds of do_bench."""
+    the trainer's forward: causal SDPA), alternating over `rounds` rounds of do_bench; configs: other (query rows,
+    warps, stages) of the exact kernel timed beside its default."""
     from benchmarks.common import alternating_rounds, cold_time_fields
 
     rows = []
     for label, bsz, heads, n in SHAPE_DECODE + SHAPE_TRAIN:
-        variants = _shape_variants(dev, label.startswith("decode"), bsz, heads, n)
+        variants = _shape_variants(dev, label.startswith("decode"), bsz, heads, n, configs)
         times = {name: [] for name in variants}
         for _, order in alternating_rounds(list(variants), rounds):
             for name in order:
@@ -123,9 +124,10 @@ def shape_rows(dev, rounds: int = 5) -> list[dict]:
     return rows
 
 
-def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int) -> dict:
-    """{name: callable}: the fast kernel, then the exact attention; decode: one query per row over n keys of an e4m3
-    cache [bsz, 8, n, 128]; else the trainer's causal forward over bsz x n tokens (bf16)."""
+def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tuple = ()) -> dict:
+    """{name: callable}: the fast kernel, then the exact attention (its default and each of `configs`); decode: one
+    query per row over n keys of an e4m3 cache [bsz, 8, n, 128]; else the trainer's causal forward over bsz x n
+    tokens (bf16)."""
     scale, ks, vs = 128**-0.5, torch.tensor(0.01, device=dev), torch.tensor(0.01, device=dev)
     valid = torch.ones(bsz, n, dtype=torch.bool, device=dev)
     if decode:
@@ -134,15 +136,16 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int) -> dict:
         q = torch.randn(bsz, heads, 1, 128, device=dev).bfloat16()
         kv_len, start = torch.tensor(n, device=dev), torch.tensor(n - 1, device=dev)
         out = {"fast (fp8 decode kernel)": lambda: decode_attention(q[:, :, 0], k, v, valid, kv_len, scale, ks, vs)}
-        exact = lambda: attention(q, k, v, valid, start, scale, ks, vs)  # noqa: E731
+        args = (q, k, v, valid, start, scale, ks, vs)
     else:
         q = torch.randn(bsz, heads, n, 128, device=dev).bfloat16()
         k, v = torch.randn(bsz, 8, n, 128, device=dev).bfloat16(), torch.randn(bsz, 8, n, 128, device=dev).bfloat16()
         kr, vr = k.repeat_interleave(heads // 8, 1), v.repeat_interleave(heads // 8, 1)  # [B, H, n, 128]
         start = torch.tensor(0, device=dev)
         out = {"fast (causal SDPA)": lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=scale)}
-        exact = lambda: attention(q, k, v, valid, start, scale)  # noqa: E731
-    return out | {"exact (batch-invariant)": exact}
+        args = (q, k, v, valid, start, scale)
+    out["exact (batch-invariant)"] = lambda: attention(*args)
+    return out | {f"exact config {c}": (lambda c=c: K.attention(*args, config=c)) for c in configs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--attention-only", action="store_true", help="the attention rows only")
     p.add_argument("--shapes", action="store_true", help="only the attention at the 1.7B / 8B shapes, alternating")
+    p.add_argument("--configs", nargs="*", default=[], metavar="ROWS,WARPS,STAGES",
+                   help="with --shapes: also time these exact-kernel configurations")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_batch_invariant_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda")
     info = device_info(dev)
     if args.shapes:
-        rows = shape_rows(dev)
+        rows = shape_rows(dev, configs=tuple(tuple(int(x) for x in c.split(",")) for c in args.configs))
         title = f"exact attention vs the fast kernels on {info['device']} (us, medians of 5 alternating rounds)"
         report(title, ["variant", "us", "min-max us", "/ fast"], ["variant", "us", "min_max_us", "over_fast"], rows,
                args=args, info=info, shape={}, n_layers=0)  # fmt: skip

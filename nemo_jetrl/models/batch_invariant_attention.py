@@ -7,9 +7,10 @@ Query s of row b sits at cache column `q_start + s` (q_start: int, or an int64 t
 the keys at columns <= its own whose `key_valid` is set (causal AND not padding). K/V may be stored as e4m3 with
 per-layer scales (the FP8 cache), read as `kv_dequant` reads them: equal to the trainer's fake-quantized K/V.
 
-On CUDA (`batch_invariant_kernels._attention_kernel`) a program takes 64 query rows (positions x the query heads of
-one KV head) and runs an online softmax over keys in blocks of 64 aligned to the row's first valid key, with one
-kernel configuration for every launch. A block a query may not see leaves its running max, sum and output bit for
+On CUDA (`batch_invariant_kernels._attention_kernel`) a program takes a tile of query rows (positions x the query
+heads of one KV head: 64 for prefill and training, 16 for a decode step) and runs an online softmax over keys in
+blocks of 64 aligned to the row's first valid key; the keys are the MMA's rows (scores and output computed
+transposed), so every score and output element is reduced in one order whatever the tile's width. A block a query may not see leaves its running max, sum and output bit for
 bit unchanged, so a query's result does not depend on how many other queries share its program or how far the
 loop runs: decode, prefill and training give the same bits for the same query. Elsewhere the twin runs
 (`attention_ref`): float64 scores and weights from elementwise products and innermost-dim sums (batch-invariant

@@ -12,13 +12,25 @@ import triton.language as tl
 from nemo_jetrl.models.fused_ops import _TL_DTYPES, _round
 from nemo_jetrl.precision.kernels.device import on_device
 
-# One configuration for every launch (decode, prefill, training): the reduction over keys must not change with it.
-ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program
-ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax
-ATTN_WARPS, ATTN_STAGES = 4, 2
-# A decode step (one query per row) takes 3 pipeline stages: the same arithmetic in the same order, so the same bits
-# (tests/gpu), and faster on an H100 (docs/mismatch.md).
-DECODE_CONFIG = (ATTN_BLOCK_M, ATTN_WARPS, 3)
+# The keys are the MMA's rows: per block of ATTN_BLOCK_N keys a program computes scores transposed, [keys, query
+# rows] = K . Q^T, and the output transposed, [D, query rows] += V^T . P^T, so Hopper's wgmma (64 rows a warp group)
+# is filled by keys and a program may take as few query rows as a decode step has (the N_REP query heads of one KV
+# head). Each score and output element is one chain of 16-wide MMA steps in the same order at every tile width, and
+# every variant feeds its dots the same operand encodings (tests/unit/models/test_batch_invariant_compiled.py), so
+# decode, prefill and training give the same bits (tests/gpu).
+ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program: prefill and training
+ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax, the MMA's rows
+ATTN_WARPS, ATTN_STAGES = 4, 3
+DECODE_CONFIG = (16, 4, 3)  # a decode step: 16 query rows (one position's N_REP heads, padded), 3 pipeline stages
+
+
+def decode_config(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(query rows, warps, stages) of a decode step in `dtype`: DECODE_CONFIG on tensor cores (16-bit); float32's
+    dots run on CUDA cores in a register layout that follows the tile's shape, so there a decode step takes the
+    trainer's tile (the same reduction trees as prefill and training)."""
+    return (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES) if dtype == torch.float32 else DECODE_CONFIG
+
+
 LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
 
 
@@ -28,6 +40,13 @@ def _dot(a, b, DT: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _pin(x):
+    """x unchanged through an opaque register move (bf16 pairs): the compiler cannot trace it back to a load, so
+    every variant (bf16 or e4m3 cache, paged or not) feeds its dot the same register operand."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=2)
 
 
 @triton.jit
@@ -51,9 +70,13 @@ def _load_kv(base, offsets, in_range, dims, scale, FP8: tl.constexpr, DT: tl.con
     x = tl.load(base + offsets[:, None] + dims[None, :], mask=in_range[:, None], other=0.0)
     if FP8:
         if HW_CAST:
-            return (x.to(tl.float32) * scale).to(DT)
-        return _round(x.to(tl.float32) * scale, DT).to(DT)
-    return x.to(DT)
+            x = (x.to(tl.float32) * scale).to(DT)
+        else:
+            return _round(x.to(tl.float32) * scale, DT).to(DT)
+    x = x.to(DT)
+    if HW_CAST and DT != tl.float32:
+        x = _pin(x)
+    return x
 
 
 @triton.jit
@@ -65,7 +88,8 @@ def _attention_kernel(
     KV_FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
     VARLEN: tl.constexpr = False, WRITE_LSE: tl.constexpr = False, LEAD_SCAN: tl.constexpr = 1024,
 ):  # fmt: skip
-    # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile row r: query s = r // N_REP of head hk * N_REP + r % N_REP.
+    # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile query row r (the MMA's column): query s = r // N_REP of head
+    # hk * N_REP + r % N_REP.
     # Keys are visited in blocks of BLOCK_N aligned to the row's first valid key column `lead`, up to the tile's
     # last query; a block whose keys a row may not see leaves that row's state bit for bit unchanged.
     # PAGED: k/v are one layer's block pools [blocks, H_kv, PAGE, D] (skb / svb: the block stride) read through the
@@ -120,7 +144,8 @@ def _attention_kernel(
     v_scale = tl.load(vs_ptr)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    acc = tl.zeros([D, BLOCK_M], dtype=tl.float32)  # the output transposed: [D, BM]
+    qt = tl.trans(q)  # [D, BM]
     for start in range(lead, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         in_range = cols < hi
@@ -130,18 +155,18 @@ def _attention_kernel(
             valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
         k_offs = _key_offsets(cols, in_range, table_row, skb, sks, PAGE, PAGED)  # [BN]
         k = _load_kv(k_base, k_offs, in_range, dims, k_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
-        s = _dot(q, tl.trans(k), DT) * sm_scale  # [BM, BN]
-        allowed = valid[None, :] & (cols[None, :] <= qcol[:, None])
+        s = _dot(k, qt, DT) * sm_scale  # scores transposed: [BN, BM]
+        allowed = valid[:, None] & (cols[:, None] <= qcol[None, :])
         s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_new))
-        p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = tl.where(allowed, tl.exp(s - m_new[None, :]), 0.0)  # [BN, BM]
+        l_i = l_i * alpha + tl.sum(p, axis=0)
         v_offs = _key_offsets(cols, in_range, table_row, svb, svs, PAGE, PAGED)  # [BN]
         v = _load_kv(v_base, v_offs, in_range, dims, v_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
-        acc = acc * alpha[:, None] + _dot(p.to(DT), v, DT)
+        acc = acc * alpha[None, :] + _dot(tl.trans(v), p.to(DT), DT)  # [D, BN] @ [BN, BM]
         m_i = m_new
-    out = acc / tl.maximum(l_i, 1e-30)[:, None]  # a row that may see no key gives 0
+    out = tl.trans(acc / tl.maximum(l_i, 1e-30)[None, :])  # [BM, D]; a row that may see no key gives 0
     o_ptrs = out_ptr + b64 * sob + head[:, None].to(tl.int64) * soh + s_idx[:, None].to(tl.int64) * sos + dims[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     if WRITE_LSE:
@@ -166,7 +191,7 @@ def attention(
     configs give the default's bits. lse: a float32 [H, B * S_q] the kernel fills with each query's log-sum-exp
     (row b * S_q + s; the trainer's forward, `batch_invariant_train`)."""
     bsz, heads, s_q, dim = q.shape
-    block_m, warps, stages = config or (DECODE_CONFIG if s_q == 1 else (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES))
+    block_m, warps, stages = config or (decode_config(q.dtype) if s_q == 1 else (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES))
     _, kv_heads, s_k, _ = k_buf.shape
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
@@ -218,7 +243,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=No
     one layer's pools [num_blocks, H_kv, page, D]; kv_len int64 [B]."""
     bsz, heads, s_q, dim = q.shape
     _, kv_heads, page, _ = k_pool.shape
-    block_m, warps, stages = DECODE_CONFIG
+    block_m, warps, stages = decode_config(q.dtype)
     is_fp8 = k_pool.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, 1, H, D]
     n_rep = heads // kv_heads
