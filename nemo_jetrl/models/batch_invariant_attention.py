@@ -10,9 +10,10 @@ per-layer scales (the FP8 cache), read as `kv_dequant` reads them: equal to the 
 On CUDA (`batch_invariant_kernels._attention_kernel`) a program takes a tile of query rows (positions x the query
 heads of one KV head: 64 for prefill and training, 16 for a decode step) and runs an online softmax over keys in
 blocks of 64 aligned to the row's first valid key; the keys are the MMA's rows (scores and output computed
-transposed), so every score and output element is reduced in one order whatever the tile's width. A block a query may not see leaves its running max, sum and output bit for
-bit unchanged, so a query's result does not depend on how many other queries share its program or how far the
-loop runs: decode, prefill and training give the same bits for the same query. Elsewhere the twin runs
+transposed), so every score and output element is reduced in one order whatever the tile's width. A block a query
+may not see leaves its running max, sum and output bit for bit unchanged, so a query's result does not depend on how
+many other queries share its program or how far the loop runs: decode, prefill and training give the same bits for
+the same query. Elsewhere the twin runs
 (`attention_ref`): float64 scores and weights from elementwise products and innermost-dim sums (batch-invariant
 on CPU), rounded once. The trainer's forward (`batch_invariant_train`: padded rows and packed rows) writes each
 query's log-sum-exp too and takes its gradient from flash attention's backward over that output (the forward bits

@@ -152,7 +152,7 @@ def test_logsumexp_row_does_not_depend_on_the_batch():
 def test_attention_decode_config_gives_the_default_bits(fp8, config):
     """A decode step (4 query rows of one KV head: 1 position x 4 heads) under another tile / warp configuration
     equals the decode default's (`DECODE_CONFIG`) bitwise: the tile's width (query rows) and the pipeline depth do
-    not change a query's reductions; (64, 4, 2) is the prefill's and the trainer's."""
+    not change a query's reductions; (64, 4, 3) is the prefill's and the trainer's."""
     from nemo_jetrl.models import batch_invariant_kernels as K
 
     q, kc, vc, _, _, valid, scales = _attention_case(fp8)
