@@ -127,7 +127,11 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
         assert "validation/sampled_accuracy" in {k for r in rows for k in r}
     tmpe = {a: first[a]["train/token_mult_prob_error"] for a in study.LONG_ARMS}
     assert tmpe["fp8_rollout_only"] > 1.001 > tmpe["fp8"] >= 1.0  # BF16 trainer scoring an FP8 rollout
-    assert first["fp8_kv_matched"]["train/exact_token_fraction"] == 1.0  # matched kernels: bitwise on-policy
+    exact = {a: first[a]["train/exact_token_fraction"] for a in study.LONG_ARMS}
+    if _cpu_linears_row_invariant(study.accuracy_sft.SHAPES["quick"]):
+        assert exact["fp8_kv_matched"] == 1.0  # matched kernels: bitwise on-policy
+    else:  # bitwise only where the device's GEMMs are row-invariant (docs/mismatch.md); near it here, as unified is
+        assert exact["fp8_kv_matched"] >= 0.99 and abs(tmpe["fp8_kv_matched"] - 1) < 1e-5, (exact, tmpe)
     assert "train/is_oob_ratio" in first["fp8_rollout_only_icepop"]
 
     capsys.readouterr()
@@ -139,6 +143,22 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
         names = tar.getnames()
     assert "quick/stage.json" in names and "quick/seed0/arms/fp8_kv/metrics.jsonl" in names
     assert "quick/seed0/sft/sft_meta.json" in names and not any(n.endswith(".safetensors") for n in names)
+
+
+def _cpu_linears_row_invariant(shape: dict) -> bool:
+    """Does this CPU's float32 GEMM (the FP8 emulation's and the lm_head's) give a row the same bits at every row
+    count the matched self-check tries, at the model's linear shapes? (It does not everywhere: small row counts
+    take other BLAS kernels on some CPUs.)"""
+    from nemo_jetrl.models.matched_check import CHECK_ROWS
+
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    gen = torch.Generator().manual_seed(0)
+    for k, n in {(hidden, hidden), (hidden, 2 * inter), (inter, hidden), (hidden, 128)}:  # attention, MLP, lm_head
+        x, w = torch.randn(4096, k, generator=gen), torch.randn(n, k, generator=gen)  # x [4096, K], w [N, K]
+        big = x @ w.t()  # [4096, N]
+        if any(not torch.equal(x[:m] @ w.t(), big[:m]) for m in CHECK_ROWS):
+            return False
+    return True
 
 
 def test_cli_errors_name_the_problem(tmp_path, capsys):
