@@ -18,17 +18,17 @@ from nemo_jetrl.precision.kernels.device import on_device
 # head). Each score and output element is one chain of 16-wide MMA steps in the same order at every tile width, and
 # every variant feeds its dots the same operand encodings (tests/unit/models/test_batch_invariant_compiled.py), so
 # decode, prefill and training give the same bits (tests/gpu).
-ATTN_BLOCK_M = 64  # query rows (query position x head of one KV group) per program: prefill and training
 ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax, the MMA's rows
-ATTN_WARPS, ATTN_STAGES = 4, 3
-DECODE_CONFIG = (16, 4, 3)  # a decode step: 16 query rows (one position's N_REP heads, padded), 3 pipeline stages
+# (query rows per program, warps, pipeline stages); a query row is a query position x a head of one KV group
+TRAIN_CONFIG = (64, 4, 3)  # prefill and training
+DECODE_CONFIG = (16, 4, 3)  # a decode step: one position's N_REP heads, padded to 16
 
 
 def decode_config(dtype: torch.dtype) -> tuple[int, int, int]:
     """(query rows, warps, stages) of a decode step in `dtype`: DECODE_CONFIG on tensor cores (16-bit); float32's
     dots run on CUDA cores in a register layout that follows the tile's shape, so there a decode step takes the
     trainer's tile (the same reduction trees as prefill and training)."""
-    return (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES) if dtype == torch.float32 else DECODE_CONFIG
+    return TRAIN_CONFIG if dtype == torch.float32 else DECODE_CONFIG
 
 
 LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
@@ -69,10 +69,9 @@ def _load_kv(base, offsets, in_range, dims, scale, FP8: tl.constexpr, DT: tl.con
     operations per element: the decode's main cost over an FP8 cache)."""
     x = tl.load(base + offsets[:, None] + dims[None, :], mask=in_range[:, None], other=0.0)
     if FP8:
-        if HW_CAST:
-            x = (x.to(tl.float32) * scale).to(DT)
-        else:
-            return _round(x.to(tl.float32) * scale, DT).to(DT)
+        x = x.to(tl.float32) * scale
+        if not HW_CAST:
+            x = _round(x, DT)
     x = x.to(DT)
     if HW_CAST and DT != tl.float32:
         x = _pin(x)
@@ -187,11 +186,11 @@ def attention(
     lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]. config: (query rows per
-    program, warps, pipeline stages), default (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES); the GPU tests check which
-    configs give the default's bits. lse: a float32 [H, B * S_q] the kernel fills with each query's log-sum-exp
+    program, warps, pipeline stages), default `decode_config(q.dtype)` for one query per row, else TRAIN_CONFIG;
+    the GPU tests check which configs give the default's bits. lse: a float32 [H, B * S_q] the kernel fills with each query's log-sum-exp
     (row b * S_q + s; the trainer's forward, `batch_invariant_train`)."""
     bsz, heads, s_q, dim = q.shape
-    block_m, warps, stages = config or (decode_config(q.dtype) if s_q == 1 else (ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES))
+    block_m, warps, stages = config or (decode_config(q.dtype) if s_q == 1 else TRAIN_CONFIG)
     _, kv_heads, s_k, _ = k_buf.shape
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
@@ -224,15 +223,15 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, sm_scale) -> tuple[to
     lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)  # [H, T]
     zero = torch.zeros((), dtype=torch.int64, device=q.device)  # every query's column is its index in its segment
     segments = cu_seqlens.numel() - 1
-    grid = (segments * kv_heads, triton.cdiv(max(max_seqlen, 1) * n_rep, ATTN_BLOCK_M))
+    block_m, warps, stages = TRAIN_CONFIG
+    grid = (segments * kv_heads, triton.cdiv(max(max_seqlen, 1) * n_rep, block_m))
     with on_device(q):
         _attention_kernel[grid](
             q, k, v, zero, zero, zero, zero, out, zero, lse, cu_seqlens, 0, 0, kv_heads, float(sm_scale),
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], 0, 0, out.stride(0), out.stride(2), out.stride(1), 0,
             lse.stride(0),
-            N_REP=n_rep, D=dim, BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, KV_FP8=False, DT=_TL_DTYPES[q.dtype],
-            HW_CAST=True, PAGE=1, PAGED=False, VARLEN=True, WRITE_LSE=True, num_warps=ATTN_WARPS,
-            num_stages=ATTN_STAGES,
+            N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=False, DT=_TL_DTYPES[q.dtype],
+            HW_CAST=True, PAGE=1, PAGED=False, VARLEN=True, WRITE_LSE=True, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out.transpose(1, 2), lse  # [1, H, T, D], [H, T]
 

@@ -149,14 +149,15 @@ def _cpu_linears_row_invariant(shape: dict) -> bool:
     """Does this CPU's float32 GEMM (the FP8 emulation's and the lm_head's) give a row the same bits at every row
     count the matched self-check tries, at the model's linear shapes? (It does not everywhere: small row counts
     take other BLAS kernels on some CPUs.)"""
-    from nemo_jetrl.models.matched_check import CHECK_ROWS
+    from nemo_jetrl.models.matched_check import REFERENCE_ROWS, Product, row_invariance_problem
 
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
     gen = torch.Generator().manual_seed(0)
     for k, n in {(hidden, hidden), (hidden, 2 * inter), (inter, hidden), (hidden, 128)}:  # attention, MLP, lm_head
-        x, w = torch.randn(4096, k, generator=gen), torch.randn(n, k, generator=gen)  # x [4096, K], w [N, K]
-        big = x @ w.t()  # [4096, N]
-        if any(not torch.equal(x[:m] @ w.t(), big[:m]) for m in CHECK_ROWS):
+        w = torch.randn(n, k, generator=gen)  # [N, K]
+        gemm = lambda x, w=w: (x @ w.t(),)  # noqa: E731  (both sides: the float32 GEMM)
+        x = torch.randn(REFERENCE_ROWS, k, generator=gen)  # [4096, K]
+        if row_invariance_problem(Product(f"{k}x{n}", k, n, gemm, gemm), x) is not None:
             return False
     return True
 
