@@ -45,8 +45,9 @@ def test_two_gpu_ranks_match_one_gpu(tmp_path):
     two, single = metrics(tmp_path / "ranks"), metrics(tmp_path / "one")
     # both log their memory preflight's estimates at step 0 (data-parallel ranks are estimated per rank)
     assert sorted(two) == sorted(single) == [0, 1, 2]
+    estimates = {f"memory/estimate_{p}_peak_gib" for p in PHASES} | {"memory/estimate_optimizer_state_gib"}
     for run in (two, single):
-        assert {k for k in run.pop(0) if k != "step"} == {f"memory/estimate_{p}_peak_gib" for p in PHASES}
+        assert {k for k in run.pop(0) if k != "step"} == estimates
     for step in (1, 2):
         got, want = two[step], single[step]
         for key in EXACT:
