@@ -33,7 +33,7 @@ from nemo_jetrl.utils.metrics_jsonl import position_curve, read_metrics_jsonl
 from nemo_jetrl.utils.phase_profile import profiled_steps
 
 PHASES = ("generation", "generation/prefill", "generation/admission", "generation/cuda_graph_capture",
-          "generation/decode", "logprobs", "training", "refit", "reward", "kv_bootstrap",
+          "generation/decode", "generation/rank_gather", "logprobs", "training", "refit", "reward", "kv_bootstrap",
           "total_step_time")  # generation/...: device time inside the generation phase
 MEMORY_FILE = "gpu_memory.csv"
 ESTIMATED = {"generation": "rollout", "logprobs": "logprob", "training": "train"}  # phase -> the preflight's name

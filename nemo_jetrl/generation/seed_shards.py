@@ -11,6 +11,7 @@ shards' outputs back together in the shared layout. The trainer-side split lives
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -144,6 +145,7 @@ class ShardedGeneration(GenerationInterface):
         self.num_seed_shards = int(num_seed_shards)
         self.pad_token_id = int(pad_token_id)
         self.plan = plan
+        self._timings: dict[str, float] = {}  # the last sharded rollout's parts (`rollout_timings`)
 
     def __getattr__(self, name: str):  # the wrapped engine's attributes (device, model, ...)
         if name == "engine":
@@ -169,16 +171,23 @@ class ShardedGeneration(GenerationInterface):
         base = generator.initial_seed() if generator is not None else torch.initial_seed()
         device = generator.device if generator is not None else torch.device("cpu")
         shards = seed_shards(prompt_ids, self.num_seed_shards, base)
+        self._timings = {}
         if self._distributed:
             mine, _ = self.plan.share(shards)
-            outs = self.plan.gather(generate_seed_shards(self.engine, mine, greedy=greedy, device=device))
+            local = generate_seed_shards(self.engine, mine, greedy=greedy, device=device)
+            timings = self.engine.rollout_timings() if len(mine) == 1 else {}
+            start = time.perf_counter()
+            outs = self.plan.gather(local)
+            self._timings = {**timings, "rank_gather": time.perf_counter() - start}
         else:
             outs = generate_seed_shards(self.engine, shards, greedy=greedy, device=device)
         return merge_generation_outputs(outs, self.pad_token_id)
 
     def rollout_timings(self) -> dict[str, float]:
-        """The engine's, where the rollout was its one call (one shard, one process); else not measured: {}."""
-        return self.engine.rollout_timings() if self._passes_through else {}
+        """The engine's, where the rollout was its one call (one shard, one process). On several ranks: this rank's
+        engine's parts where it ran one shard, and `rank_gather`, the seconds it spent gathering every group's
+        rollout, waiting for the slowest group included. Else not measured: {}."""
+        return self.engine.rollout_timings() if self._passes_through else dict(self._timings)
 
     def prepare_for_generation(self) -> bool:
         return self.engine.prepare_for_generation()

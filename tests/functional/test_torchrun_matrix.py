@@ -72,7 +72,11 @@ def test_two_torchrun_ranks_equal_one_process(runs, case):
     assert sorted(local) == sorted(ranks) == [1, 2]
     for step in (1, 2):
         refit = {k for k in ranks[step] if k.startswith("train/refit/") and k not in local[step]}
-        assert {k for k in ranks[step] if k not in refit} == set(local[step])  # the same metrics, plus the gathers'
+        # rank 0 also splits its own rollout (one seed shard, one engine call) and times the gather of the others'
+        parts = {k for k in ranks[step] if k.startswith("timing/generation/") and k not in local[step]}
+        assert "timing/generation/rank_gather" in parts and "timing/generation/decode" in parts
+        assert 0.0 <= ranks[step]["timing/generation/rank_gather"] <= ranks[step]["timing/generation"]
+        assert {k for k in ranks[step] if k not in refit | parts} == set(local[step])  # the same metrics, plus these
         for key, value in local[step].items():
             if key.startswith("timing/") or key.endswith("_s") or key == "step":
                 continue

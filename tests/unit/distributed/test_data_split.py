@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -149,3 +151,33 @@ def test_rollout_timings_pass_through_only_where_the_rollout_was_one_engine_call
     two = ShardedGeneration(engine, 2, pad_token_id=0)
     two.generate([[1], [2]], generator=torch.Generator().manual_seed(1))
     assert two.rollout_timings() == {}  # the engine's would be its last shard's alone
+
+
+class _TwoGroupPlan:
+    """Data-parallel group 0 of two: runs the first block of shards; the gather waits `wait` s for group 1."""
+
+    distributed = True
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+
+    def share(self, pieces):
+        lo, hi = split_evenly(len(pieces), 2)[0]
+        return list(pieces[lo:hi]), hi - lo
+
+    def gather(self, mine):
+        time.sleep(self.wait)
+        return [*mine, *mine]  # group 1's block stands in for itself: same sizes
+
+
+def test_rollout_timings_on_ranks_are_the_ranks_engine_call_and_its_gather_wait():
+    engine = _RecordingEngine()
+    ranks = ShardedGeneration(engine, 2, pad_token_id=0, plan=_TwoGroupPlan(0.05))
+    ranks.generate([[1], [2]], generator=torch.Generator().manual_seed(1))
+    timings = ranks.rollout_timings()
+    assert set(timings) == {"admission", "rank_gather"} and timings["admission"] == 1.0
+    assert 0.05 <= timings["rank_gather"] < 5.0
+    engine.calls.clear()  # two shards on this group: the engine's parts would be its last shard's alone
+    four = ShardedGeneration(engine, 4, pad_token_id=0, plan=_TwoGroupPlan(0.0))
+    four.generate([[1], [2], [3], [4]], generator=torch.Generator().manual_seed(1))
+    assert len(engine.calls) == 2 and set(four.rollout_timings()) == {"rank_gather"}
