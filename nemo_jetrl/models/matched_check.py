@@ -4,7 +4,8 @@ to its logprob row-invariant on this device, at this model's shapes?
 `matched_kernels` is bitwise on-policy only because each product gives a row the same bits whether it is computed
 alone, in a decode batch, in a prefill or in a trainer micro-batch. The attention and the log-sum-exp are
 batch-invariant by construction (`batch_invariant_attention`, one program per row); the GEMMs are whatever this
-device's library runs (cuBLAS's blockwise FP8 kernel on a Hopper GPU, the emulation's float32 matmul on a CPU), and
+device's library runs (cuBLAS's blockwise FP8 kernel on a Hopper GPU, over at least `gemm.PADDED_MIN_ROWS` rows; the
+emulation's float32 matmul on a CPU), and
 their row invariance is a measured property that another GPU, library version or shape may not have. The check
 measures it on the model it will run, with the model's own modules and the kernels the two sides call:
 

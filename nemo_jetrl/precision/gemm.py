@@ -37,12 +37,15 @@ from nemo_jetrl.precision.quant import act_dequant, act_quant, act_quant_t, weig
 logger = logging.getLogger(__name__)
 
 GemmBackend = Literal["scaled_mm", "emulated"]
-Backend = Literal["auto", "deep_gemm", "scaled_mm", "triton", "emulated", "batch_invariant"]
+Backend = Literal["auto", "deep_gemm", "scaled_mm", "scaled_mm_padded", "triton", "emulated", "batch_invariant"]
 Library = Literal["scaled_mm", "deep_gemm"]  # the library GEMM of "auto" on sm90 (cuBLAS, or DeepGEMM)
 WBlocks = Literal["128x128", "1x128"]
 _FP8 = torch.float8_e4m3fn
 # Most rows for which the Triton split-K kernel is a candidate (timed against scaled_mm per shape; decode batches).
 SMALL_M_MAX = 256
+# Fewest rows backend "scaled_mm_padded" (the matched kernels' pin) hands cuBLAS: below it cuBLAS may pick another
+# kernel, with another summation order, than at a trainer micro-batch's rows (docs/mismatch.md).
+PADDED_MIN_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ def fp8_blockwise_mm(
     scaled_mm for the shape (timed once); scaled_mm for larger products; the emulation off sm90. "deep_gemm": "auto"
     with DeepGEMM in cuBLAS's place for the products it takes (`deep_gemm_adapter.fits`; same operands, its own FP32
     summation order), "auto" itself where it cannot run. "batch_invariant": the exact mode's GEMM (Triton on CUDA,
-    the block-exact float64 twin elsewhere; 128x128 weight tiles).
+    the block-exact float64 twin elsewhere; 128x128 weight tiles). "scaled_mm_padded": "scaled_mm" over at least
+    PADDED_MIN_ROWS rows (zero rows added, sliced off), what `matched_kernels` runs at every M.
     """
     _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block)
     if backend == "batch_invariant":
@@ -102,6 +106,9 @@ def fp8_blockwise_mm(
             f"{tuple(w_dequant.shape)}"
         )
     library: Library = "scaled_mm"
+    min_rows = 16  # cuBLASLt wants 16-aligned rows
+    if backend == "scaled_mm_padded":
+        backend, min_rows = "scaled_mm", PADDED_MIN_ROWS
     if backend == "deep_gemm":
         if deep_gemm_adapter.usable(x_fp8.device) and deep_gemm_adapter.fits(
             x_fp8, w_fp8, w_blocks, block, out_dtype, bias
@@ -113,7 +120,8 @@ def fp8_blockwise_mm(
         raise ValueError(f"fp8_blockwise_mm: backend='scaled_mm' is not available on {x_fp8.device}")
     if backend not in ("auto", "scaled_mm", "triton", "emulated"):
         raise ValueError(
-            f"fp8_blockwise_mm: backend must be auto|deep_gemm|scaled_mm|triton|emulated|batch_invariant, got {backend!r}"
+            "fp8_blockwise_mm: backend must be auto|deep_gemm|scaled_mm|scaled_mm_padded|triton|emulated|"
+            f"batch_invariant, got {backend!r}"
         )
     if backend == "triton" or (backend == "auto" and _triton_fits(x_fp8, w_fp8, w_blocks, block, caps)):
         if backend == "triton" and not (w_blocks == "128x128" and block == 128 and x_fp8.device.type == "cuda"):
@@ -132,7 +140,7 @@ def fp8_blockwise_mm(
         if library == "deep_gemm":
             return deep_gemm_adapter.fp8_gemm(x_fp8, x_scale, w_fp8, w_scale)
         if use_scaled:
-            return _scaled_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps)
+            return _scaled_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps, min_rows)
         return _emulated_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, block, w_dequant)
 
 
@@ -233,10 +241,12 @@ def _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps: ScaledMMCaps) -> bool:
     return w_blocks == "128x128" or caps.groups_1x128_b
 
 
-def _scaled_mm(x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps: ScaledMMCaps) -> torch.Tensor:
+def _scaled_mm(
+    x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps: ScaledMMCaps, min_rows: int = 16
+) -> torch.Tensor:
     m = x_fp8.shape[0]
-    pad_m = -m % 16
-    if pad_m:  # cuBLASLt wants 16-aligned dims; padded rows are sliced off
+    pad_m = max(m + -m % 16, min_rows) - m
+    if pad_m:  # cuBLASLt wants 16-aligned dims (and `min_rows`); padded rows are sliced off
         x_fp8 = F.pad(x_fp8.view(torch.uint8), (0, 0, 0, pad_m)).view(_FP8)
         x_scale = F.pad(x_scale, (0, 0, 0, pad_m), value=1.0)
     a_scale = _column_major(x_scale)  # a_scale: (Mp, K/128), column-major (the Triton quantizer writes it so)

@@ -167,8 +167,10 @@ def test_attention_decode_config_gives_the_default_bits(fp8, config):
 
 @pytest.mark.parametrize(("n", "k"), FP8_SHAPES)
 def test_cublas_fp8_row_at_decode_prefill_and_trainer_sizes(n, k):
-    """The fast path's cuBLAS FP8 GEMM (`backend="scaled_mm"`, what `use_cublas_fprop` runs at every M): a row of a
-    decode batch (64 rows) equals the same row in the trainer's (4,096) and the prefill's (16,384) product."""
+    """The fast path's cuBLAS FP8 GEMM (`backend="scaled_mm"`): a row of a decode batch (64 rows) equals the same
+    row in the trainer's (4,096) and the prefill's (16,384) product; the matched kernels' pin
+    (`backend="scaled_mm_padded"`, what `use_cublas_fprop` runs at every M) gives fewer rows the same bits too (they
+    are padded to 64: cuBLAS's own choice at 2-16 rows differed at K = 12,288 on an H200, 2026-11-28/29)."""
     xq, xs, wq, ws = _fp8_operands(16384, n, k, n + 2 * k)
     prefill = fp8_blockwise_mm(xq, xs, wq, ws, torch.bfloat16, backend="scaled_mm")
     train = fp8_blockwise_mm(xq[:4096], xs[:4096], wq, ws, torch.bfloat16, backend="scaled_mm")
@@ -177,5 +179,8 @@ def test_cublas_fp8_row_at_decode_prefill_and_trainer_sizes(n, k):
         "decode==train": (decode == train[:64]).all().item(),
         "train==prefill": (train == prefill[:4096]).all().item(),
     }
+    for m in (1, 3, 8, 16, 61):
+        padded = fp8_blockwise_mm(xq[:m], xs[:m], wq, ws, torch.bfloat16, backend="scaled_mm_padded")
+        same[f"padded {m}==train"] = (padded == train[:m]).all().item()
     print(n, k, same)
     assert all(same.values()), same

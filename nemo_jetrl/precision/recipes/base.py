@@ -29,7 +29,7 @@ Operand = tuple[torch.Tensor, torch.Tensor]
 # (e4m3 W^T [K, N], fp32 scale, fp32 dequantized W^T or None where a hardware GEMM runs): the DGrad weight
 DGradWeight = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 # GEMM choices a layout may refuse (`gemm_choice.FpropBackend`): the exact mode's and the matched kernels' forward
-PINNED_FPROP = ("batch_invariant", "scaled_mm")
+PINNED_FPROP = ("batch_invariant", "scaled_mm_padded")
 
 
 @dataclass(frozen=True)

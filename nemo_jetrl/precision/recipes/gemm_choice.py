@@ -29,13 +29,13 @@ from nemo_jetrl.precision.recipes.base import layouts_with
 if TYPE_CHECKING:
     from nemo_jetrl.precision.recipe import PrecisionRecipe
 
-FpropBackend = Literal["auto", "deep_gemm", "batch_invariant", "scaled_mm"]
+FpropBackend = Literal["auto", "deep_gemm", "batch_invariant", "scaled_mm_padded"]
 LibraryBackend = Literal["auto", "deep_gemm"]
 
 
 class FpropKernel(enum.Enum):
     """How a linear's forward GEMM is chosen: AUTO (the recipe's library GEMM, the device probe and the per-shape
-    tuning deciding), CUBLAS (cuBLAS at every M, decode batches included), BATCH_INVARIANT (the exact mode's
+    tuning deciding), CUBLAS (cuBLAS at every M, decode batches included, over at least 64 rows), BATCH_INVARIANT (the exact mode's
     kernel: one K order whatever the shape). `FpropKernel("...")` refuses any other name."""
 
     AUTO = "auto"
@@ -61,7 +61,7 @@ class FpropKernel(enum.Enum):
 
 # the forward GEMM each kernel choice pins; AUTO leaves it to the recipe's library
 _PINNED: dict[FpropKernel, FpropBackend] = {
-    FpropKernel.CUBLAS: "scaled_mm",
+    FpropKernel.CUBLAS: "scaled_mm_padded",  # at least `gemm.PADDED_MIN_ROWS` rows: one cuBLAS kernel family
     FpropKernel.BATCH_INVARIANT: "batch_invariant",
 }
 

@@ -96,7 +96,7 @@ def test_cublas_fprop_is_refused_off_sm90_and_the_exact_gemm_wins():
     linear = next(m for m in model.modules() if isinstance(m, Fp8Linear))
     assert fprop_backend(linear) == "auto"
     linear.fprop_kernel = FpropKernel.CUBLAS
-    assert fprop_backend(linear) == "scaled_mm"
+    assert fprop_backend(linear) == "scaled_mm_padded"
     linear.fprop_kernel = FpropKernel.CUBLAS.with_exact(True)  # the exact mode's GEMM takes precedence
     assert fprop_backend(linear) == "batch_invariant"
 
@@ -122,7 +122,7 @@ def test_one_gemm_choice_per_linear_whatever_order_the_switches_run(monkeypatch)
     monkeypatch.setattr(gemm, "gemm_backend", lambda device: "scaled_mm")
     monkeypatch.setattr(convert, "gemm_backend", lambda device: "scaled_mm")
     match_kernels(model, torch.device("cpu"))
-    assert backends() == {"scaled_mm"}
+    assert backends() == {"scaled_mm_padded"}
     enable_batch_invariant(model)
     assert backends() == {"batch_invariant"}
     assert convert.use_cublas_fprop(model) == len(fp8) and backends() == {"batch_invariant"}

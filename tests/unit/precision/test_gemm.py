@@ -127,3 +127,32 @@ def test_operand_checks():
         fp8_wgrad_mm(torch.randn(4, 128), torch.randn(5, 128))
     with pytest.raises(ValueError, match="x_blocks"):
         fp8_wgrad_mm(torch.randn(4, 128), torch.randn(4, 128), x_blocks="1x64")
+
+
+@pytest.mark.parametrize("rows, handed", [(1, 64), (8, 64), (61, 64), (64, 64), (65, 80), (300, 304)])
+def test_the_matched_pin_hands_cublas_at_least_64_rows_and_slices_them_off(monkeypatch, rows, handed):
+    """backend "scaled_mm_padded" (`FpropKernel.CUBLAS`): fewer rows than PADDED_MIN_ROWS are padded to it, more are
+    16-aligned as "scaled_mm" pads them; the caller gets its own rows, each the emulated product's (the fake
+    library GEMM below dequantizes: the padding is what is checked, on the CPU)."""
+    from nemo_jetrl.precision import gemm
+
+    seen = []
+
+    def fake_library(a, b, a_scale, b_scale, w_blocks, bias, out_dtype):  # a [Mp, K] e4m3, b [K, N] view
+        seen.append(a.shape[0])
+        x = act_dequant(a, a_scale.contiguous())
+        w = weight_dequant(b.t(), b_scale.t()[:, : b.shape[0] // 128])
+        return (x @ w.t()).to(out_dtype)
+
+    caps = gemm.ScaledMMCaps(pad_tile_scale_rows=False, fp32_out=True, groups_1x128_b=True)
+    monkeypatch.setattr(gemm, "scaled_mm_caps", lambda device: caps)
+    monkeypatch.setattr(gemm, "_call_scaled_mm", fake_library)
+    gen = torch.Generator().manual_seed(3)
+    xq, xs = act_quant(torch.randn(rows, 256, generator=gen))
+    wq, ws = weight_quant(torch.randn(128, 256, generator=gen))
+    padded = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, backend="scaled_mm_padded")
+    plain = fp8_blockwise_mm(xq, xs, wq, ws, torch.float32, backend="scaled_mm")
+    assert seen == [handed, rows + -rows % 16] and gemm.PADDED_MIN_ROWS == 64
+    want = act_dequant(xq, xs) @ weight_dequant(wq, ws).t()  # this CPU's float32 GEMM may round by row count
+    assert padded.shape == plain.shape == (rows, 128)
+    assert torch.allclose(padded, want, rtol=1e-5, atol=1e-4) and torch.allclose(plain, want, rtol=1e-5, atol=1e-4)

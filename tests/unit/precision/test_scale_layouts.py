@@ -156,7 +156,7 @@ def test_the_gemm_choice_is_one_function_of_the_recipe_and_the_linears_switches(
     assert choose_gemm(jetrl) == GemmChoice("auto", "auto", "auto")
     assert choose_gemm(dg) == GemmChoice("deep_gemm", "deep_gemm", "auto")  # WGrad stays on cuBLAS
     assert choose_gemm(rowwise_dg) == GemmChoice()  # DeepGEMM takes no rowwise product
-    assert choose_gemm(dg, FpropKernel.CUBLAS) == GemmChoice("scaled_mm", "deep_gemm")
+    assert choose_gemm(dg, FpropKernel.CUBLAS) == GemmChoice("scaled_mm_padded", "deep_gemm")
     assert choose_gemm(dg, FpropKernel.BATCH_INVARIANT) == GemmChoice("batch_invariant", "deep_gemm")
 
 
