@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nemo_jetrl.config.typed import typed_section
-from nemo_jetrl.models.batch_invariant import enable_batch_invariant, match_kernels
+from nemo_jetrl.models.batch_invariant import enable_batch_invariant
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.models.moe import convert_moe_blocks
 from nemo_jetrl.models.scoring import PolicyLogprobs
@@ -136,9 +136,9 @@ class NativePolicy(TrainerCore, PolicyInterface):
         self._fp8_gathered(count=False)
 
     def _choose_kernels(self, model: torch.nn.Module, recipe: PrecisionRecipe, device: torch.device) -> None:
-        """Kernel choices both sides share, set on the model before a replica is copied from it. `matched_kernels:
-        auto` runs the start-up self-check in one process; on several ranks it is off (the placement says so:
-        `auto_switches.worker_switch_lines`), `true` runs them there too."""
+        """Kernel choices both sides share, set on the model before a replica is copied from it (and before it is
+        sharded). `matched_kernels: auto` runs the start-up self-check, on several ranks on each rank's device with
+        one verdict for all (rank 0 prints it); Ray's driver hands its workers `auto` as false."""
         if self.cfg.generation.deterministic:  # the exact mode: batch-invariant kernels on both sides
             if not recipe.unified:
                 raise ValueError(
@@ -146,12 +146,11 @@ class NativePolicy(TrainerCore, PolicyInterface):
                     "policy.fp8_cfg.train_kv_fake_quant with an FP8 KV cache)"
                 )
             enable_batch_invariant(model)
-        elif self.plan.distributed:
-            if self.cfg.generation.matched_kernels is True:
-                match_kernels(model, device)
-        else:  # true, or auto: where the config allows it and the start-up self-check passes
-            _, line = apply_matched_kernels(model, self.cfg, recipe, device, self.compute_dtype)
-            announce(line)
+        else:  # true, or auto: where the config allows it and the start-up self-check passes (on every rank)
+            ranks = self.plan if self.plan.distributed else None
+            _, line = apply_matched_kernels(model, self.cfg, recipe, device, self.compute_dtype, ranks)
+            if self.plan.is_main:
+                announce(line)
 
     def _graphs_off_on_ranks(self) -> bool:
         """Several ranks: no captured micro-batches (they cannot hold the sharded trainer's collectives); `auto` is

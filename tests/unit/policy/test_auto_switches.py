@@ -132,3 +132,45 @@ def test_ray_workers_take_auto_as_off_and_refuse_what_they_cannot_run():
         worker_switch_lines(cfg, "ray")
     with pytest.raises(ValueError, match="policy.train_cuda_graphs needs the local backend"):
         worker_switch_lines(cfg.model_copy(update={"train_cuda_graphs": True}), "ray")
+
+
+class _Ranks:
+    """Two torchrun ranks as `apply_matched_kernels` sees them: this one, and the other's self-check verdict."""
+
+    world_size = 2
+
+    def __init__(self, other: str | None) -> None:
+        self.other, self.asked = other, []
+
+    def first_of(self, mine):  # ParallelPlan.first_of: the first rank's non-None value, "(rank r)" appended
+        self.asked.append(mine)
+        for rank, found in enumerate((mine, self.other)):
+            if found is not None:
+                return f"{found} (rank {rank})"
+        return None
+
+
+@pytest.mark.parametrize("other", [None, "layers.0.mlp.down_proj: the rollout's rows of a 8-row product differ"])
+def test_torchrun_ranks_run_the_self_check_each_and_take_one_verdict(monkeypatch, other):
+    monkeypatch.setattr(matched_check, "matched_kernels_problem", lambda *a, **k: None)  # this rank's check passes
+    model = random_tiny_qwen3(0, num_layers=1)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    ranks = _Ranks(other)
+    on, line = apply_matched_kernels(model, _cfg(), PrecisionRecipe.preset("jetrl"), CPU, torch.bfloat16, ranks)
+    assert ranks.asked == [None]  # every rank asks (a collective), with its own verdict
+    assert on == (other is None) and exact_parts(model) == (MATCHED_PARTS if on else NO_EXACT_PARTS)
+    key = "policy.generation.matched_kernels: auto"
+    assert line == (f"{key} -> on: every product row-invariant on cpu (2 ranks) (rollout logprobs == trainer's, "
+                    "bitwise)" if on else f"{key} -> off: not row-invariant on cpu (2 ranks): {other} (rank 1) "
+                    "(true forces it)")  # fmt: skip
+    # torchrun: the ranks' check speaks (no placement line); tensor-parallel shards rule it out before any check
+    assert worker_switch_lines(_cfg(), "torchrun") == [
+        "policy.train_cuda_graphs: auto -> off: cluster.backend: torchrun (its workers' trainers run eagerly)"
+    ]
+    tp2 = _cfg(dtensor_cfg={"tensor_parallel_size": 2})
+    reason = "policy.dtensor_cfg.tensor_parallel_size 2 (the check does not cover tensor-parallel shards)"
+    assert matched_kernels_blocker(tp2, "torchrun") == reason
+    tp_ranks = _Ranks(None)
+    got = apply_matched_kernels(random_tiny_qwen3(0, num_layers=1), tp2, PrecisionRecipe.preset("jetrl"), CPU,
+                                torch.bfloat16, tp_ranks)  # fmt: skip
+    assert got == (False, f"{key} -> off: {reason}") and tp_ranks.asked == []  # decided by the config alike
