@@ -106,7 +106,7 @@ def fp8_blockwise_mm(
             f"{tuple(w_dequant.shape)}"
         )
     library: Library = "scaled_mm"
-    min_rows = 16  # cuBLASLt wants 16-aligned rows
+    min_rows = 0  # fewest rows handed to scaled_mm (`_scaled_mm` 16-aligns them in any case)
     if backend == "scaled_mm_padded":
         backend, min_rows = "scaled_mm", PADDED_MIN_ROWS
     if backend == "deep_gemm":
@@ -242,7 +242,7 @@ def _scaled_mm_fits(x_fp8, w_fp8, w_blocks, block, caps: ScaledMMCaps) -> bool:
 
 
 def _scaled_mm(
-    x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps: ScaledMMCaps, min_rows: int = 16
+    x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps: ScaledMMCaps, min_rows: int = 0
 ) -> torch.Tensor:
     m = x_fp8.shape[0]
     pad_m = max(m + -m % 16, min_rows) - m
