@@ -98,8 +98,9 @@ def attention_rows(dev) -> list[dict]:
 
 
 # (label, rows, query heads, keys) of the `--shapes` rows: H_kv 8, head_dim 128, an e4m3 cache for decode
-SHAPE_DECODE = [("decode 1.7B 128 x 640", 128, 16, 640), ("decode 8B 64 x 2048", 64, 32, 2048),
-                ("decode 8B 64 x 8192", 64, 32, 8192)]  # fmt: skip
+SHAPE_DECODE = [("decode 1.7B 128 x 640", 128, 16, 640), ("decode 8B 64 x 1024", 64, 32, 1024),
+                ("decode 8B 64 x 2048", 64, 32, 2048), ("decode 8B 64 x 4096", 64, 32, 4096),
+                ("decode 8B 64 x 8192", 64, 32, 8192), ("decode 8B 16 x 8192", 16, 32, 8192)]  # fmt: skip
 SHAPE_TRAIN = [("trainer fwd 1.7B 16 x 1024", 16, 16, 1024), ("trainer fwd 8B 4 x 4096", 4, 32, 4096)]
 
 
@@ -144,8 +145,19 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
         start = torch.tensor(0, device=dev)
         out = {"fast (causal SDPA)": lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=scale)}
         args = (q, k, v, valid, start, scale)
-    out["exact (batch-invariant)"] = lambda: attention(*args)
+    out[f"exact (batch-invariant, chunks of {K.ATTN_SPLIT_KEYS})"] = lambda: attention(*args)
+    out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
     return out | {f"exact config {c}": (lambda c=c: K.attention(*args, config=c)) for c in configs}
+
+
+def _one_chunk(fn, *args):
+    """fn(*args) with every row's keys in one chunk (one program over all of them, no merge kernel)."""
+    chunk = K.ATTN_SPLIT_KEYS
+    K.ATTN_SPLIT_KEYS = 1 << 30
+    try:
+        return fn(*args)
+    finally:
+        K.ATTN_SPLIT_KEYS = chunk
 
 
 def main(argv: list[str] | None = None) -> int:

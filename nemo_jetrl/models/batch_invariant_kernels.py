@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nemo_jetrl.models.fused_ops import _TL_DTYPES, _round
+from nemo_jetrl.models.fused_ops import _TL_DTYPES, _mul_rn, _round
 from nemo_jetrl.precision.kernels.device import on_device
 
 # The keys are the MMA's rows: per block of ATTN_BLOCK_N keys a program computes scores transposed, [keys, query
@@ -19,6 +19,10 @@ from nemo_jetrl.precision.kernels.device import on_device
 # every variant feeds its dots the same operand encodings (tests/unit/models/test_batch_invariant_compiled.py), so
 # decode, prefill and training give the same bits (tests/gpu).
 ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax, the MMA's rows
+# Keys per chunk: the online softmax starts afresh at every chunk (from the row's first valid key) and the chunks
+# are merged in order (`_merge_weights` / `_merged`), so a decode step may run its chunks in parallel programs and
+# merge them after (flash decoding) with the bits the trainer's program gets by merging as it goes.
+ATTN_SPLIT_KEYS = 1024
 # (query rows per program, warps, pipeline stages); a query row is a query position x a head of one KV group
 TRAIN_CONFIG = (64, 4, 3)  # prefill and training
 DECODE_CONFIG = (16, 4, 3)  # a decode step: one position's N_REP heads, padded to 16
@@ -79,13 +83,65 @@ def _load_kv(base, offsets, in_range, dims, scale, FP8: tl.constexpr, DT: tl.con
 
 
 @triton.jit
+def _merge_weights(m_run, m):
+    """(new max, weight of the running state, weight of the chunk) of merging a chunk's max `m` into the running
+    max `m_run`: a chunk a query saw no key of (m -1e30) leaves the running state bit for bit unchanged, and the
+    first chunk it sees becomes the running state exactly."""
+    m_new = tl.maximum(m_run, m)
+    return m_new, tl.where(m_new == m_run, 1.0, tl.exp(m_run - m_new)), tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+
+
+@triton.jit
+def _merged(x_run, a, x, b, HW: tl.constexpr):
+    """x_run * a + x * b, each product rounded on its own (no FMA contraction), so that the trainer's program and
+    the decode's merge kernel give the same bits."""
+    return _mul_rn(x_run, a, HW) + _mul_rn(x, b, HW)
+
+
+@triton.jit
+def _chunk(
+    c0, hi, qt, qcol, valid_row, table_row, k_base, v_base, skb, sks, svb, svs, k_scale, v_scale, dims, sm_scale,
+    SPLIT_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, KV_FP8: tl.constexpr,
+    DT: tl.constexpr, HW_CAST: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over the key blocks of one chunk, columns [c0, min(c0 + SPLIT_N, hi)), from a fresh state:
+    (max [BM], sum [BM], output transposed [D, BM]). A block whose keys a query may not see leaves its state bit for
+    bit unchanged."""
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([D, BLOCK_M], dtype=tl.float32)
+    for start in range(c0, tl.minimum(c0 + SPLIT_N, hi), BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        in_range = cols < hi
+        if PAGED or VARLEN:
+            valid = in_range
+        else:
+            valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
+        k_offs = _key_offsets(cols, in_range, table_row, skb, sks, PAGE, PAGED)  # [BN]
+        k = _load_kv(k_base, k_offs, in_range, dims, k_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
+        s = _dot(k, qt, DT) * sm_scale  # scores transposed: [BN, BM]
+        allowed = valid[:, None] & (cols[:, None] <= qcol[None, :])
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_new))
+        p = tl.where(allowed, tl.exp(s - m_new[None, :]), 0.0)  # [BN, BM]
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        v_offs = _key_offsets(cols, in_range, table_row, svb, svs, PAGE, PAGED)  # [BN]
+        v = _load_kv(v_base, v_offs, in_range, dims, v_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
+        acc = acc * alpha[None, :] + _dot(tl.trans(v), p.to(DT), DT)  # [D, BN] @ [BN, BM]
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, valid_ptr, start_ptr, ks_ptr, vs_ptr, out_ptr, table_ptr, lse_ptr, cu_ptr,
     S_q, S_k, kv_heads, sm_scale,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos, stable, slse,
-    N_REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, svalb, sstart, sob, soh, sos, stable, slse, part_ptr,
+    N_REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr,
     KV_FP8: tl.constexpr, DT: tl.constexpr, HW_CAST: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
-    VARLEN: tl.constexpr = False, WRITE_LSE: tl.constexpr = False, LEAD_SCAN: tl.constexpr = 1024,
+    VARLEN: tl.constexpr = False, WRITE_LSE: tl.constexpr = False, SPLIT_OUT: tl.constexpr = False,
+    LEAD_SCAN: tl.constexpr = 1024,
 ):  # fmt: skip
     # grid (B * H_kv, cdiv(S_q * N_REP, BLOCK_M)); tile query row r (the MMA's column): query s = r // N_REP of head
     # hk * N_REP + r % N_REP.
@@ -98,6 +154,9 @@ def _attention_kernel(
     # sequence's first token as in the padded layout (same blocks, same bits).
     # WRITE_LSE: also the natural-log sum of exp(scores) per query, to lse [H, rows] at lse_ptr + head * slse + the
     # query's row (b * S_q + s; VARLEN: cu[b] + s); +inf where a query sees no key (flash attention's convention).
+    # The keys come in chunks of SPLIT_N from `lead`, merged in order as they end; SPLIT_OUT (a decode step's grid
+    # has a third axis, one program a chunk): the program's chunk state goes to part_ptr (float32 [splits, B * S_q,
+    # H, D + 2]: the output transposed back, max, sum), which `_merge_splits_kernel` merges in the same order.
     pid_bh, pid_m = tl.program_id(0), tl.program_id(1)
     b = pid_bh // kv_heads
     hk = pid_bh % kv_heads
@@ -141,73 +200,91 @@ def _attention_kernel(
         v_base = v_ptr + b64 * svb + hk * svh
     k_scale = tl.load(ks_ptr)  # read by _load_kv only for an e4m3 cache
     v_scale = tl.load(vs_ptr)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([D, BLOCK_M], dtype=tl.float32)  # the output transposed: [D, BM]
     qt = tl.trans(q)  # [D, BM]
-    for start in range(lead, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        in_range = cols < hi
-        if PAGED or VARLEN:
-            valid = in_range
-        else:
-            valid = tl.load(valid_row + cols, mask=in_range, other=0) != 0
-        k_offs = _key_offsets(cols, in_range, table_row, skb, sks, PAGE, PAGED)  # [BN]
-        k = _load_kv(k_base, k_offs, in_range, dims, k_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
-        s = _dot(k, qt, DT) * sm_scale  # scores transposed: [BN, BM]
-        allowed = valid[:, None] & (cols[:, None] <= qcol[None, :])
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_new))
-        p = tl.where(allowed, tl.exp(s - m_new[None, :]), 0.0)  # [BN, BM]
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        v_offs = _key_offsets(cols, in_range, table_row, svb, svs, PAGE, PAGED)  # [BN]
-        v = _load_kv(v_base, v_offs, in_range, dims, v_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
-        acc = acc * alpha[None, :] + _dot(tl.trans(v), p.to(DT), DT)  # [D, BN] @ [BN, BM]
-        m_i = m_new
-    out = tl.trans(acc / tl.maximum(l_i, 1e-30)[None, :])  # [BM, D]; a row that may see no key gives 0
-    o_ptrs = out_ptr + b64 * sob + head[:, None].to(tl.int64) * soh + s_idx[:, None].to(tl.int64) * sos + dims[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    if WRITE_LSE:
-        lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("inf"))  # [BM]
-        tl.store(lse_ptr + head.to(tl.int64) * slse + row0 + s_idx, lse, mask=row_ok)
+    if SPLIT_OUT:  # this program's chunk only
+        m_i, l_i, acc = _chunk(
+            lead + tl.program_id(2) * SPLIT_N, hi, qt, qcol, valid_row, table_row, k_base, v_base, skb, sks, svb, svs,
+            k_scale, v_scale, dims, sm_scale, SPLIT_N, BLOCK_M, BLOCK_N, D, KV_FP8, DT, HW_CAST, PAGE, PAGED, VARLEN,
+        )  # fmt: skip
+        entries = tl.num_programs(0) * N_REP * S_q  # (row, query, head) entries of one chunk: B * S_q * H
+        entry = tl.program_id(2) * entries + (b64 * S_q + s_idx) * (kv_heads * N_REP) + head  # [BM]
+        tl.store(part_ptr + entry[:, None] * D + dims[None, :], tl.trans(acc), mask=row_ok[:, None])
+        ml_ptr = part_ptr + tl.num_programs(2) * entries.to(tl.int64) * D  # then [splits, entries, 2]: max, sum
+        tl.store(ml_ptr + 2 * entry, m_i, mask=row_ok)
+        tl.store(ml_ptr + 2 * entry + 1, l_i, mask=row_ok)
+    else:
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # the merged chunks' max, sum and output [D, BM]
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([D, BLOCK_M], dtype=tl.float32)
+        for c0 in range(lead, hi, SPLIT_N):
+            m_c, l_c, acc_c = _chunk(
+                c0, hi, qt, qcol, valid_row, table_row, k_base, v_base, skb, sks, svb, svs, k_scale, v_scale, dims,
+                sm_scale, SPLIT_N, BLOCK_M, BLOCK_N, D, KV_FP8, DT, HW_CAST, PAGE, PAGED, VARLEN,
+            )  # fmt: skip
+            m_i, a, w = _merge_weights(m_i, m_c)
+            l_i = _merged(l_i, a, l_c, w, HW_CAST)
+            a, w = tl.broadcast_to(a[None, :], (D, BLOCK_M)), tl.broadcast_to(w[None, :], (D, BLOCK_M))
+            acc = _merged(acc, a, acc_c, w, HW_CAST)
+        out = tl.trans(acc / tl.maximum(l_i, 1e-30)[None, :])  # [BM, D]; a row that may see no key gives 0
+        o_ptrs = out_ptr + b64 * sob + head[:, None].to(tl.int64) * soh + s_idx[:, None].to(tl.int64) * sos
+        tl.store(o_ptrs + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        if WRITE_LSE:
+            lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("inf"))  # [BM]
+            tl.store(lse_ptr + head.to(tl.int64) * slse + row0 + s_idx, lse, mask=row_ok)
 
 
-def attention(
-    q,
-    k_buf,
-    v_buf,
-    key_valid,
-    q_start,
-    sm_scale,
-    k_scale=None,
-    v_scale=None,
-    config: tuple[int, int, int] | None = None,
-    lse: torch.Tensor | None = None,
-) -> torch.Tensor:
+@triton.jit
+def _merge_splits_kernel(part_ptr, out_ptr, splits, S_q, heads, sob, soh, sos, D: tl.constexpr, HW: tl.constexpr):
+    # grid (B * S_q * H,): entry (b * S_q + s) * H + head; its chunk states merged in order as the trainer's program
+    # merges them, the output written to out [B, S_q, H, D] (strides sob / sos / soh)
+    entry = tl.program_id(0).to(tl.int64)
+    entries = tl.num_programs(0).to(tl.int64)
+    dims = tl.arange(0, D)
+    ml_ptr = part_ptr + splits * entries * D
+    m_i = tl.full([D], -1.0e30, dtype=tl.float32)  # the max and the sum broadcast over the head dim
+    l_i = tl.zeros([D], dtype=tl.float32)
+    acc = tl.zeros([D], dtype=tl.float32)
+    for j in range(0, splits):
+        at = j * entries + entry
+        m_c = tl.load(ml_ptr + 2 * at + dims * 0)
+        l_c = tl.load(ml_ptr + 2 * at + 1 + dims * 0)
+        m_i, a, w = _merge_weights(m_i, m_c)
+        l_i = _merged(l_i, a, l_c, w, HW)
+        acc = _merged(acc, a, tl.load(part_ptr + at * D + dims), w, HW)
+    b = entry // (S_q * heads)
+    s = entry // heads % S_q
+    o_ptrs = out_ptr + b * sob + s * sos + (entry % heads) * soh + dims
+    tl.store(o_ptrs, (acc / tl.maximum(l_i, 1e-30)).to(out_ptr.dtype.element_ty))
+
+
+def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None,
+              config: tuple[int, int, int] | None = None, lse: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]. config: (query rows per
     program, warps, pipeline stages), default `decode_config(q.dtype)` for one query per row, else TRAIN_CONFIG;
-    the GPU tests check which configs give the default's bits. lse: a float32 [H, B * S_q] the kernel fills with each query's log-sum-exp
-    (row b * S_q + s; the trainer's forward, `batch_invariant_train`)."""
+    the GPU tests check which configs give the default's bits. lse: a float32 [H, B * S_q] the kernel fills with
+    each query's log-sum-exp (row b * S_q + s; the trainer's forward, `batch_invariant_train`). A decode step
+    (one query per row, no lse) runs its keys' chunks in parallel programs (`_run_chunks`)."""
     bsz, heads, s_q, dim = q.shape
     block_m, warps, stages = config or (decode_config(q.dtype) if s_q == 1 else TRAIN_CONFIG)
     _, kv_heads, s_k, _ = k_buf.shape
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
-    n_rep = heads // kv_heads
-    grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
     ones = q_start  # any pointer fills the scale slots of a high-precision cache (never read)
-    with on_device(q):
+
+    def launch(grid, part, split_out):
         _attention_kernel[grid](
             q, k_buf, v_buf, key_valid, q_start, k_scale if is_fp8 else ones, v_scale if is_fp8 else ones, out,
             ones, ones if lse is None else lse, ones, s_q, s_k, kv_heads, float(sm_scale),
             *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], key_valid.stride(0),
             0 if q_start.dim() == 0 else q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), 0,
-            0 if lse is None else lse.stride(0),
-            N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
-            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", PAGE=1, PAGED=False, WRITE_LSE=lse is not None,
-            num_warps=warps, num_stages=stages,
+            0 if lse is None else lse.stride(0), part,
+            N_REP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, SPLIT_N=ATTN_SPLIT_KEYS,
+            KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=1, PAGED=False,
+            WRITE_LSE=lse is not None, SPLIT_OUT=split_out, num_warps=warps, num_stages=stages,
         )  # fmt: skip
+
+    with on_device(q):
+        _run_chunks(launch, out, kv_heads, block_m, s_k if s_q == 1 and lse is None else 0)
     return out.transpose(1, 2)  # [B, H, S_q, D]
 
 
@@ -229,36 +306,65 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, sm_scale) -> tuple[to
         _attention_kernel[grid](
             q, k, v, zero, zero, zero, zero, out, zero, lse, cu_seqlens, 0, 0, kv_heads, float(sm_scale),
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], 0, 0, out.stride(0), out.stride(2), out.stride(1), 0,
-            lse.stride(0),
-            N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=False, DT=_TL_DTYPES[q.dtype],
-            HW_CAST=True, PAGE=1, PAGED=False, VARLEN=True, WRITE_LSE=True, num_warps=warps, num_stages=stages,
+            lse.stride(0), zero,
+            N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, SPLIT_N=ATTN_SPLIT_KEYS, KV_FP8=False,
+            DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=1, PAGED=False, VARLEN=True, WRITE_LSE=True, num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
     return out.transpose(1, 2), lse  # [1, H, T, D], [H, T]
 
 
 def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
     """See `batch_invariant_attention.paged_attention`: the decode step of `attention` (same kernel, same
-    configuration, same key-block order) with K/V read in place through block_table int32 [B, max_blocks] from
-    one layer's pools [num_blocks, H_kv, page, D]; kv_len int64 [B]."""
+    configuration, same key-block order and chunks) with K/V read in place through block_table int32
+    [B, max_blocks] from one layer's pools [num_blocks, H_kv, page, D]; kv_len int64 [B]."""
     bsz, heads, s_q, dim = q.shape
     _, kv_heads, page, _ = k_pool.shape
     block_m, warps, stages = decode_config(q.dtype)
     is_fp8 = k_pool.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, 1, H, D]
-    n_rep = heads // kv_heads
     q_start = kv_len - 1  # [B] the query's column: the row's last key
-    grid = (bsz * kv_heads, triton.cdiv(s_q * n_rep, block_m))
-    with on_device(q):
+    width = block_table.shape[1] * page  # the most keys a row may hold
+
+    def launch(grid, part, split_out):
         _attention_kernel[grid](
             q, k_pool, v_pool, block_table, q_start, k_scale if is_fp8 else kv_len, v_scale if is_fp8 else kv_len,
-            out, block_table, kv_len, kv_len, s_q, block_table.shape[1] * page, kv_heads, float(sm_scale),
+            out, block_table, kv_len, kv_len, s_q, width, kv_heads, float(sm_scale),
             *q.stride()[:3], *k_pool.stride()[:3], *v_pool.stride()[:3], 0,
-            q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), block_table.stride(0), 0,
-            N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype],
-            HW_CAST=os.environ.get("TRITON_INTERPRET") != "1", PAGE=page, PAGED=True, num_warps=warps,
-            num_stages=stages,
+            q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), block_table.stride(0), 0, part,
+            N_REP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, SPLIT_N=ATTN_SPLIT_KEYS,
+            KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=page, PAGED=True,
+            SPLIT_OUT=split_out, num_warps=warps, num_stages=stages,
         )  # fmt: skip
+
+    with on_device(q):
+        _run_chunks(launch, out, kv_heads, block_m, width)
     return out.transpose(1, 2)  # [B, H, 1, D]
+
+
+def _on_hardware() -> bool:
+    """The kernels run compiled (not in Triton's CPU interpreter, which has no inline assembly)."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _run_chunks(launch, out: torch.Tensor, kv_heads: int, block_m: int, keys: int) -> None:
+    """Run `launch(grid, part, split_out)` for out [B, S_q, H, D]: with `keys` > ATTN_SPLIT_KEYS (a decode step's
+    widest row) one program a chunk of ATTN_SPLIT_KEYS keys, their states in `part` merged by
+    `_merge_splits_kernel` (flash decoding, the trainer's bits); else (keys 0: prefill and training) one program
+    over all chunks of its rows."""
+    bsz, s_q, heads, dim = out.shape
+    tiles = (bsz * kv_heads, triton.cdiv(s_q * (heads // kv_heads), block_m))
+    splits = triton.cdiv(keys, ATTN_SPLIT_KEYS)
+    if splits <= 1:
+        launch((*tiles, 1), out, False)  # part unused
+        return
+    entries = bsz * s_q * heads
+    part = torch.empty(splits * entries * (dim + 2), dtype=torch.float32, device=out.device)  # outputs, then max/sum
+    launch((*tiles, splits), part, True)
+    _merge_splits_kernel[(entries,)](
+        part, out, splits, s_q, heads, out.stride(0), out.stride(2), out.stride(1), D=dim, HW=_on_hardware(),
+        num_warps=1,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -101,8 +101,16 @@ def _attention_case(fp8: bool):
     return q, kc, vc, kv_dequant(kc, ks, torch.bfloat16), kv_dequant(vc, vs, torch.bfloat16), valid, (ks, vs)
 
 
+@pytest.mark.parametrize("chunk", [None, 512, 128], ids=["default_chunks", "chunks_of_512", "chunks_of_128"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16_kv", "fp8_kv"])
-def test_attention_decode_prefill_and_training_agree_bitwise(fp8):
+def test_attention_decode_prefill_and_training_agree_bitwise(monkeypatch, fp8, chunk):
+    """The trainer's forward, the prefill and decode steps over the static cache give the same bits; the keys come
+    in chunks (ATTN_SPLIT_KEYS: the default, one chunk a row here; 512, crossed by the last decode steps; 128), a
+    decode step's chunks in parallel programs merged after, the trainer's merged as it goes."""
+    from nemo_jetrl.models import batch_invariant_kernels as K
+
+    if chunk is not None:
+        monkeypatch.setattr(K, "ATTN_SPLIT_KEYS", chunk)
     q, kc, vc, kt, vt, valid, scales = _attention_case(fp8)
     scale = 128**-0.5
     train = attention(q, kt, vt, valid, 0, scale)  # [B, H, S, D]: the trainer's forward (causal)

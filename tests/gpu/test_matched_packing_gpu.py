@@ -176,14 +176,21 @@ def _step(policy, engine, prompts, seed: int) -> tuple[float, dict]:
 
 
 @pytest.mark.parametrize(
-    ("preset", "graphs", "source"),
-    [("jetrl", False, "logprob_forward"), ("jetrl_kv", False, "logprob_forward"), ("jetrl_kv", True, "logprob_forward"),
-     ("jetrl_kv", True, "train_forward")],
-    ids=["fp8-eager", "fp8kv-eager", "fp8kv-captured", "fp8kv-captured-train-forward"],
+    ("preset", "graphs", "source", "chunk"),
+    [("jetrl", False, "logprob_forward", None), ("jetrl_kv", False, "logprob_forward", None),
+     ("jetrl_kv", True, "logprob_forward", None), ("jetrl_kv", True, "train_forward", None),
+     ("jetrl_kv", True, "train_forward", 64)],
+    ids=["fp8-eager", "fp8kv-eager", "fp8kv-captured", "fp8kv-captured-train-forward", "fp8kv-captured-chunks-of-64"],
 )  # fmt: skip
-def test_packed_trainer_logprobs_equal_the_rollouts_bitwise(preset, graphs, source):
+def test_packed_trainer_logprobs_equal_the_rollouts_bitwise(monkeypatch, preset, graphs, source, chunk):
     """FP32 master weights, BF16 compute, rollout of 32 uneven prompts x 48 tokens (prefill + CUDA-graph decode),
-    trainer bins of <= 600 / 900 tokens run as packed rows: 100% bitwise-equal tokens every step."""
+    trainer bins of <= 600 / 900 tokens run as packed rows: 100% bitwise-equal tokens every step. chunk: the
+    attention's keys per chunk (ATTN_SPLIT_KEYS), small enough that the rollout's decode steps run their chunks
+    in parallel programs and the trainer merges several."""
+    if chunk is not None:
+        from nemo_jetrl.models import batch_invariant_kernels
+
+        monkeypatch.setattr(batch_invariant_kernels, "ATTN_SPLIT_KEYS", chunk)
     recipe = PrecisionRecipe.preset(preset)
     policy, engine = _small_parts(recipe, graphs=graphs, source=source)
     prompts = _prompts()

@@ -346,3 +346,70 @@ def test_triton_attention_first_key_past_the_scans_first_step(run_interpreted):
     pytest.importorskip("triton")
     r = run_interpreted(LONG_PAD_CHILD)
     assert r["same"] and r["err"] < 1e-5
+
+
+CHUNK_CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, HERE)
+    from test_batch_invariant_attention import _paged_case
+    from nemo_jetrl.models import batch_invariant_kernels as K
+    from nemo_jetrl.models.batch_invariant_attention import attention_ref, paged_attention_ref
+    from nemo_jetrl.precision.kv import kv_quant
+
+    torch.manual_seed(0)
+    B, H, HKV, D, S = 2, 4, 2, 16, 300  # 300 keys: 5 chunks of 64 keys
+    q, k, v = torch.randn(B, H, S, D), torch.randn(B, HKV, S, D), torch.randn(B, HKV, S, D)
+    valid = torch.ones(B, S, dtype=torch.bool)
+    valid[0, :37] = False  # chunks start at the row's first valid key
+    r = {"split_vs_inline": [], "rel": [], "decode_vs_train": [], "paged_vs_contiguous": [], "splits": []}
+    launches = []
+    run_chunks = K._run_chunks
+    K._run_chunks = lambda launch, out, kv_heads, block_m, keys: (launches.append(keys), run_chunks(launch, out, kv_heads, block_m, keys))
+    K.ATTN_SPLIT_KEYS = 64
+    train = K.attention(q, k, v, valid, torch.tensor(0), 0.25)  # [B, H, S, D]: chunks merged as they end
+    for col in (40, 128, 299):
+        kv = valid.clone()
+        kv[:, col + 1 :] = False
+        qd, start = q[:, :, col : col + 1], torch.tensor(col)
+        split_out = K.attention(qd, k, v, kv, start, 0.25)  # one program a chunk, then the merge kernel
+        lse = torch.empty(H, B)
+        inline = K.attention(qd, k, v, kv, start, 0.25, lse=lse)  # the same tile, chunks merged in one program
+        r["split_vs_inline"].append(torch.equal(split_out, inline))
+        r["decode_vs_train"].append(torch.equal(split_out[:, :, 0], train[:, :, col]))
+        r["rel"].append(float((split_out - attention_ref(qd, k, v, kv, start, 0.25)).abs().max()))
+    lengths = [1, 64, 65, 200, 290]
+    for fp8 in (False, True):
+        qp, k_pool, v_pool, table, kv_len, k_buf, v_buf, key_valid = _paged_case(torch.float32, 16, lengths, seed=2)
+        qp = qp.float()
+        sc = (torch.tensor(0.02), torch.tensor(0.015)) if fp8 else (None, None)
+        if fp8:
+            k_pool, v_pool = kv_quant(k_pool, sc[0]), kv_quant(v_pool, sc[1])
+            k_buf, v_buf = kv_quant(k_buf, sc[0]), kv_quant(v_buf, sc[1])
+        paged = K.paged_attention(qp, k_pool, v_pool, table, kv_len, 0.125, *sc)
+        start = torch.full((len(lengths),), k_buf.shape[2] - 1)
+        contiguous = K.attention(qp, k_buf, v_buf, key_valid, start, 0.125, *sc)
+        r["paged_vs_contiguous"].append(torch.equal(paged, contiguous))
+        r["rel"].append(float((paged - paged_attention_ref(qp, k_pool, v_pool, table, kv_len, 0.125, *sc)).abs().max()))
+    r["splits"] = launches
+    import numpy as np
+    a, c = np.random.default_rng(0).standard_normal((2, 64, 64), dtype=np.float32)
+    r["blas_tile_invariant"] = bool(np.array_equal((a @ c)[:16], a[:16] @ c))
+    print(json.dumps(r))
+    """
+)
+
+
+def test_triton_decode_runs_its_key_chunks_in_parallel_with_the_trainers_bits(run_interpreted):
+    """A decode step over more than ATTN_SPLIT_KEYS keys runs one program a chunk and merges them after (flash
+    decoding): the same bits as one program merging the same chunks as it goes (the trainer's way), for contiguous
+    and paged caches, bf16 and e4m3, with chunks of 64 keys counted from a row's first valid key; and the twin's
+    values."""
+    pytest.importorskip("triton")
+    r = run_interpreted(CHUNK_CHILD.replace("HERE", repr(str(Path(__file__).parent))))
+    assert len(r["split_vs_inline"]) == 3 and all(r["split_vs_inline"])
+    assert r["paged_vs_contiguous"] == [True] * 2
+    assert max(r["rel"]) < 1e-5
+    assert 300 in r["splits"] and 336 in r["splits"] and 0 in r["splits"]  # decode steps split; training did not
+    if r["blas_tile_invariant"]:  # the interpreter's dots are numpy's matmuls (see the first interpreter test)
+        assert all(r["decode_vs_train"])

@@ -11,17 +11,19 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-VARIANTS = {  # name: (e4m3 cache, paged, packed rows, writes the log-sum-exp)
-    "bf16": (False, False, False, False),
-    "paged": (False, True, False, False),
-    "e4m3": (True, False, False, False),
-    "paged e4m3": (True, True, False, False),
-    "trainer lse": (False, False, False, True),
-    "packed": (False, False, True, True),
+VARIANTS = {  # name: (e4m3 cache, paged, packed rows, writes the log-sum-exp, one program a chunk of keys)
+    "bf16": (False, False, False, False, False),
+    "paged": (False, True, False, False, False),
+    "e4m3": (True, False, False, False, False),
+    "paged e4m3": (True, True, False, False, False),
+    "trainer lse": (False, False, False, True, False),
+    "packed": (False, False, True, True, False),
+    "e4m3 chunks": (True, False, False, False, True),
+    "paged e4m3 chunks": (True, True, False, False, True),
 }
 
 
-def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, config: tuple[int, int, int]) -> str:
+def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, split: bool, config: tuple[int, int, int]) -> str:
     """The kernel's TTGIR for sm_90 (Triton's own compiler and ptxas; no GPU), Qwen3 heads (2 query heads a KV head,
     head dim 128)."""
     import triton.language as tl
@@ -36,10 +38,10 @@ def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, config: tuple[int,
                  "start_ptr": "*i64", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "out_ptr": "*bf16", "table_ptr": "*i32",
                  "lse_ptr": "*fp32", "cu_ptr": "*i32", "S_q": "i32", "S_k": "i32", "kv_heads": "i32",
                  "sm_scale": "fp32"}  # fmt: skip
-    signature |= dict.fromkeys(kernel.arg_names[15:31], "i32")  # the strides
+    signature |= dict.fromkeys(kernel.arg_names[15:31], "i32") | {"part_ptr": "*fp32"}  # the strides
     block_m, warps, stages = config
-    constants = dict(N_REP=2, D=128, BLOCK_M=block_m, BLOCK_N=K.ATTN_BLOCK_N, KV_FP8=fp8, DT=tl.bfloat16,
-                     HW_CAST=True, PAGE=16 if paged else 1, PAGED=paged, VARLEN=varlen, WRITE_LSE=lse,
+    constants = dict(N_REP=2, D=128, BLOCK_M=block_m, BLOCK_N=K.ATTN_BLOCK_N, SPLIT_N=K.ATTN_SPLIT_KEYS, KV_FP8=fp8, DT=tl.bfloat16,
+                     HW_CAST=True, PAGE=16 if paged else 1, PAGED=paged, VARLEN=varlen, WRITE_LSE=lse, SPLIT_OUT=split,
                      LEAD_SCAN=1024)  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
