@@ -3,6 +3,10 @@
     python3 -m benchmarks.bench_batch_invariant_kernels --out bi_kernels.json
     python3 -m benchmarks.bench_batch_invariant_kernels --shapes   # attention at the 1.7B / 8B shapes, alternating
 
+`--shapes`: decode steps of 64 rows over 1,024-8,192 keys and the trainer's forward; the exact kernel with its keys
+in chunks (`ATTN_SPLIT_KEYS`, a decode step's chunks in parallel programs) and with one chunk a row (as before the
+chunks) beside the fast kernels.
+
 FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
 (prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
 default and alternative tiles; the lm_head (BF16, vocabulary 151936) vs cuBLAS; decode attention (64 rows, 384

@@ -243,6 +243,27 @@ def _paged_case(dtype, page: int, lengths: list[int], seed: int = 0):
     return q, k_pool, v_pool, table, torch.tensor(lengths), k_buf, v_buf, key_valid
 
 
+def _kernel_paged_vs_contiguous(lengths: list[int], seed: int) -> tuple[list[bool], list[float]]:
+    """For the interpreter's children: the Triton paged decode step against the contiguous kernel over the same
+    keys left-padded (bitwise), and its largest relative error against the twin, for a bf16 and an e4m3 pool."""
+    from nemo_jetrl.models import batch_invariant_kernels as K
+    from nemo_jetrl.models.batch_invariant_attention import paged_attention_ref
+
+    same, errors = [], []
+    for fp8 in (False, True):
+        q, k_pool, v_pool, table, kv_len, k_buf, v_buf, key_valid = _paged_case(torch.float32, 16, lengths, seed=seed)
+        q = q.float()
+        sc = (torch.tensor(0.02), torch.tensor(0.015)) if fp8 else (None, None)
+        if fp8:
+            k_pool, v_pool = kv_quant(k_pool, sc[0]), kv_quant(v_pool, sc[1])
+            k_buf, v_buf = kv_quant(k_buf, sc[0]), kv_quant(v_buf, sc[1])
+        paged = K.paged_attention(q, k_pool, v_pool, table, kv_len, 0.125, *sc)
+        start = torch.full((len(lengths),), k_buf.shape[2] - 1)
+        same.append(torch.equal(paged, K.attention(q, k_buf, v_buf, key_valid, start, 0.125, *sc)))
+        errors.append(rel(paged, paged_attention_ref(q, k_pool, v_pool, table, kv_len, 0.125, *sc)))
+    return same, errors
+
+
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16_cache", "fp8_cache"])
 def test_paged_twin_equals_the_left_padded_contiguous_twin_bitwise(fp8):
     lengths = [1, 7, 64, 65, 150]  # one key, within a block, a whole 64-key block, across blocks
@@ -283,31 +304,12 @@ def test_paged_attention_refuses_what_it_cannot_read():
 
 PAGED_CHILD = textwrap.dedent(
     """
-    import json, sys, torch
+    import json, sys
     sys.path.insert(0, HERE)
-    from test_batch_invariant_attention import _paged_case
-    from nemo_jetrl.models import batch_invariant_kernels as K
-    from nemo_jetrl.models.batch_invariant_attention import paged_attention_ref
-    from nemo_jetrl.precision.kv import kv_quant
+    from test_batch_invariant_attention import _kernel_paged_vs_contiguous
 
-    def rel(a, b):
-        return float((a.float() - b.float()).norm() / b.float().norm())
-
-    lengths = [1, 16, 64, 65, 130]
-    r = {"contiguous": [], "rel": []}
-    for fp8 in (False, True):
-        q, k_pool, v_pool, table, kv_len, k_buf, v_buf, key_valid = _paged_case(torch.float32, 16, lengths, seed=1)
-        q = q.float()
-        sc = (torch.tensor(0.02), torch.tensor(0.015)) if fp8 else (None, None)
-        if fp8:
-            k_pool, v_pool = kv_quant(k_pool, sc[0]), kv_quant(v_pool, sc[1])
-            k_buf, v_buf = kv_quant(k_buf, sc[0]), kv_quant(v_buf, sc[1])
-        paged = K.paged_attention(q, k_pool, v_pool, table, kv_len, 0.125, *sc)
-        start = torch.full((len(lengths),), k_buf.shape[2] - 1)
-        contiguous = K.attention(q, k_buf, v_buf, key_valid, start, 0.125, *sc)
-        r["contiguous"].append(torch.equal(paged, contiguous))
-        r["rel"].append(rel(paged, paged_attention_ref(q, k_pool, v_pool, table, kv_len, 0.125, *sc)))
-    print(json.dumps(r))
+    same, errors = _kernel_paged_vs_contiguous([1, 16, 64, 65, 130], seed=1)
+    print(json.dumps({"contiguous": same, "rel": errors}))
     """
 )
 
@@ -352,10 +354,9 @@ CHUNK_CHILD = textwrap.dedent(
     """
     import json, sys, torch
     sys.path.insert(0, HERE)
-    from test_batch_invariant_attention import _paged_case
+    from test_batch_invariant_attention import _kernel_paged_vs_contiguous
     from nemo_jetrl.models import batch_invariant_kernels as K
-    from nemo_jetrl.models.batch_invariant_attention import attention_ref, paged_attention_ref
-    from nemo_jetrl.precision.kv import kv_quant
+    from nemo_jetrl.models.batch_invariant_attention import attention_ref
 
     torch.manual_seed(0)
     B, H, HKV, D, S = 2, 4, 2, 16, 300  # 300 keys: 5 chunks of 64 keys
@@ -378,19 +379,8 @@ CHUNK_CHILD = textwrap.dedent(
         r["split_vs_inline"].append(torch.equal(split_out, inline))
         r["decode_vs_train"].append(torch.equal(split_out[:, :, 0], train[:, :, col]))
         r["rel"].append(float((split_out - attention_ref(qd, k, v, kv, start, 0.25)).abs().max()))
-    lengths = [1, 64, 65, 200, 290]
-    for fp8 in (False, True):
-        qp, k_pool, v_pool, table, kv_len, k_buf, v_buf, key_valid = _paged_case(torch.float32, 16, lengths, seed=2)
-        qp = qp.float()
-        sc = (torch.tensor(0.02), torch.tensor(0.015)) if fp8 else (None, None)
-        if fp8:
-            k_pool, v_pool = kv_quant(k_pool, sc[0]), kv_quant(v_pool, sc[1])
-            k_buf, v_buf = kv_quant(k_buf, sc[0]), kv_quant(v_buf, sc[1])
-        paged = K.paged_attention(qp, k_pool, v_pool, table, kv_len, 0.125, *sc)
-        start = torch.full((len(lengths),), k_buf.shape[2] - 1)
-        contiguous = K.attention(qp, k_buf, v_buf, key_valid, start, 0.125, *sc)
-        r["paged_vs_contiguous"].append(torch.equal(paged, contiguous))
-        r["rel"].append(float((paged - paged_attention_ref(qp, k_pool, v_pool, table, kv_len, 0.125, *sc)).abs().max()))
+    r["paged_vs_contiguous"], errors = _kernel_paged_vs_contiguous([1, 64, 65, 200, 290], seed=2)
+    r["rel"] += errors
     r["splits"] = launches
     import numpy as np
     a, c = np.random.default_rng(0).standard_normal((2, 64, 64), dtype=np.float32)
