@@ -154,9 +154,10 @@ def _attention_kernel(
     # sequence's first token as in the padded layout (same blocks, same bits).
     # WRITE_LSE: also the natural-log sum of exp(scores) per query, to lse [H, rows] at lse_ptr + head * slse + the
     # query's row (b * S_q + s; VARLEN: cu[b] + s); +inf where a query sees no key (flash attention's convention).
-    # The keys come in chunks of SPLIT_N from `lead`, merged in order as they end; SPLIT_OUT (a decode step's grid
-    # has a third axis, one program a chunk): the program's chunk state goes to part_ptr (float32 [splits, B * S_q,
-    # H, D + 2]: the output transposed back, max, sum), which `_merge_splits_kernel` merges in the same order.
+    # The keys come in chunks of SPLIT_N from `lead`, merged in order as they end (grid axis 2: one program). With
+    # SPLIT_OUT (a decode step; grid axis 2: one program a chunk) the program's chunk state goes to part_ptr, float32
+    # [splits, B * S_q * H, D] outputs then [splits, B * S_q * H, 2] (max, sum), which `_merge_splits_kernel`
+    # merges in the same order.
     pid_bh, pid_m = tl.program_id(0), tl.program_id(1)
     b = pid_bh // kv_heads
     hk = pid_bh % kv_heads
