@@ -309,8 +309,8 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, sm_scale) -> tuple[to
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], 0, 0, out.stride(0), out.stride(2), out.stride(1), 0,
             lse.stride(0), zero,
             N_REP=n_rep, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, SPLIT_N=ATTN_SPLIT_KEYS, KV_FP8=False,
-            DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=1, PAGED=False, VARLEN=True, WRITE_LSE=True, num_warps=warps,
-            num_stages=stages,
+            DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=1, PAGED=False, VARLEN=True, WRITE_LSE=True,
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out.transpose(1, 2), lse  # [1, H, T, D], [H, T]
 

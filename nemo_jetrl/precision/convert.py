@@ -54,8 +54,9 @@ def convert_to_fp8(
 
 def use_cublas_fprop(model: nn.Module) -> int:
     """Run every FP8 linear's forward GEMM of `model` on cuBLAS (`scaled_mm`) at every M, decode batches included
-    (no split-K Triton kernel; fewer rows than `gemm.PADDED_MIN_ROWS` padded to it), trainer and rollout alike, except where the exact mode's GEMM runs (it wins:
-    `FpropKernel.with_cublas`); returns the number of FP8 linears. sm90 only."""
+    (no split-K Triton kernel; fewer rows than `gemm.PADDED_MIN_ROWS` padded to it), trainer and rollout alike,
+    except where the exact mode's GEMM runs (it wins: `FpropKernel.with_cublas`); returns the number of FP8
+    linears. sm90 only."""
     modules = [m for m in model.modules() if isinstance(m, (Fp8Linear, Fp8RolloutLinear))]
     if not modules or any(gemm_backend(m.quantized_weight().data.device) != "scaled_mm" for m in modules):
         raise ValueError("use_cublas_fprop: needs FP8 linears on a GPU where scaled_mm runs the blockwise recipe")

@@ -364,9 +364,14 @@ CHUNK_CHILD = textwrap.dedent(
     valid = torch.ones(B, S, dtype=torch.bool)
     valid[0, :37] = False  # chunks start at the row's first valid key
     r = {"split_vs_inline": [], "rel": [], "decode_vs_train": [], "paged_vs_contiguous": [], "splits": []}
-    launches = []
+    launches = []  # the keys each call hands _run_chunks (0: one program over all chunks)
     run_chunks = K._run_chunks
-    K._run_chunks = lambda launch, out, kv_heads, block_m, keys: (launches.append(keys), run_chunks(launch, out, kv_heads, block_m, keys))
+
+    def recording(launch, out, kv_heads, block_m, keys):
+        launches.append(keys)
+        run_chunks(launch, out, kv_heads, block_m, keys)
+
+    K._run_chunks = recording
     K.ATTN_SPLIT_KEYS = 64
     train = K.attention(q, k, v, valid, torch.tensor(0), 0.25)  # [B, H, S, D]: chunks merged as they end
     for col in (40, 128, 299):

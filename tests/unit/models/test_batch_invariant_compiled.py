@@ -38,11 +38,11 @@ def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, split: bool, confi
                  "start_ptr": "*i64", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "out_ptr": "*bf16", "table_ptr": "*i32",
                  "lse_ptr": "*fp32", "cu_ptr": "*i32", "S_q": "i32", "S_k": "i32", "kv_heads": "i32",
                  "sm_scale": "fp32"}  # fmt: skip
-    signature |= dict.fromkeys(kernel.arg_names[15:31], "i32") | {"part_ptr": "*fp32"}  # the strides
+    signature |= dict.fromkeys(kernel.arg_names[15:31], "i32") | {"part_ptr": "*fp32"}  # strides, chunk states
     block_m, warps, stages = config
-    constants = dict(N_REP=2, D=128, BLOCK_M=block_m, BLOCK_N=K.ATTN_BLOCK_N, SPLIT_N=K.ATTN_SPLIT_KEYS, KV_FP8=fp8, DT=tl.bfloat16,
-                     HW_CAST=True, PAGE=16 if paged else 1, PAGED=paged, VARLEN=varlen, WRITE_LSE=lse, SPLIT_OUT=split,
-                     LEAD_SCAN=1024)  # fmt: skip
+    constants = dict(N_REP=2, D=128, BLOCK_M=block_m, BLOCK_N=K.ATTN_BLOCK_N, SPLIT_N=K.ATTN_SPLIT_KEYS, KV_FP8=fp8,
+                     DT=tl.bfloat16, HW_CAST=True, PAGE=16 if paged else 1, PAGED=paged, VARLEN=varlen,
+                     WRITE_LSE=lse, SPLIT_OUT=split, LEAD_SCAN=1024)  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
     options = {"num_warps": warps, "num_stages": stages}
