@@ -27,6 +27,7 @@ ARM_LABELS = {
     "fp8_rollout_only": "FP8 rollout only",
     "fp8_rollout_only_tis": "FP8 rollout only + TIS",
     "fp8_rollout_only_icepop": "FP8 rollout only + IcePop",
+    "fp8_kv_rollout_only": "FP8 rollout + FP8 KV only",
     "fp8": "unified FP8",
     "fp8_kv": "unified FP8 + FP8 KV",
     "fp8_kv_matched": "unified FP8 + FP8 KV, matched kernels",

@@ -46,8 +46,8 @@ import accuracy_stage  # noqa: E402
 import run_grpo  # noqa: E402
 
 ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8", "fp8_kv")
-LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_only_icepop", "fp8", "fp8_kv",
-             "fp8_kv_matched")  # fmt: skip
+LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_only_icepop", "fp8_kv_rollout_only",
+             "fp8", "fp8_kv", "fp8_kv_matched")  # fmt: skip
 LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on request (--arms)
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"

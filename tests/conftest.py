@@ -65,7 +65,7 @@ SLOW_MODULES_FIRST = [
     "functional/test_run_eval.py",  # 13
     "unit/precision/test_batch_invariant_gemm.py",  # 12
     "functional/test_accuracy_study.py",  # 12
-    "functional/test_accuracy_long_study.py",  # 10 (issue 48: SFT 2 steps + seven 1-step arms in-process, 2 preflights)
+    "functional/test_accuracy_long_study.py",  # 10 (issue 48: SFT 2 steps + eight 1-step arms in-process, 2 preflights)
     "functional/test_resume_position.py",  # 12
     "unit/config/test_schema.py",  # 11
     "functional/test_megatron_fp8_cpu_run.py",  # 11

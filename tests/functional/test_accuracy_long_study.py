@@ -32,25 +32,27 @@ study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(study)
 H200_GIB = 139.8
 
-# arm -> (precision preset, IS truncation type, generation.matched_kernels, generation.deterministic)
+preset = PrecisionRecipe.preset
+# arm -> (precision recipe, IS truncation type, generation.matched_kernels, generation.deterministic)
 EXPECTED = {
-    "bf16": ("bf16", None, False, False),
-    "fp8_rollout_only": ("fp8_rollout_only", None, False, False),
-    "fp8_rollout_only_tis": ("fp8_rollout_only", "tis", False, False),
-    "fp8_rollout_only_icepop": ("fp8_rollout_only", "icepop", False, False),
-    "fp8": ("jetrl", None, False, False),
-    "fp8_kv": ("jetrl_kv", None, False, False),
-    "fp8_kv_matched": ("jetrl_kv", None, True, False),
-    "fp8_kv_exact": ("jetrl_kv", None, False, True),
+    "bf16": (preset("bf16"), None, False, False),
+    "fp8_rollout_only": (preset("fp8_rollout_only"), None, False, False),
+    "fp8_rollout_only_tis": (preset("fp8_rollout_only"), "tis", False, False),
+    "fp8_rollout_only_icepop": (preset("fp8_rollout_only"), "icepop", False, False),
+    "fp8_kv_rollout_only": (preset("fp8_rollout_only", kv_cache_dtype="fp8"), None, False, False),  # no KV fake quant
+    "fp8": (preset("jetrl"), None, False, False),
+    "fp8_kv": (preset("jetrl_kv"), None, False, False),
+    "fp8_kv_matched": (preset("jetrl_kv"), None, True, False),
+    "fp8_kv_exact": (preset("jetrl_kv"), None, False, True),
 }
 
 
 def test_long_arm_configs_resolve_to_their_precision_and_nothing_else_differs():
     assert set(EXPECTED) == set(study.LONG_ARMS + study.LONG_OPTIONAL_ARMS)
     flat = {}
-    for arm, (preset, truncation, matched, exact) in EXPECTED.items():
+    for arm, (recipe, truncation, matched, exact) in EXPECTED.items():
         cfg = validate_config(load_config(CONFIGS / f"accuracy_long_{arm}.yaml"))
-        assert PrecisionRecipe.from_config(cfg.policy) == PrecisionRecipe.preset(preset), arm
+        assert PrecisionRecipe.from_config(cfg.policy) == recipe, arm
         assert cfg.loss_fn.truncated_importance_sampling_type == truncation
         assert cfg.loss_fn.use_importance_sampling_correction is (truncation is not None)
         assert (cfg.policy.generation.matched_kernels, cfg.policy.generation.deterministic) == (matched, exact)
@@ -127,6 +129,7 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
         assert "validation/sampled_accuracy" in {k for r in rows for k in r}
     tmpe = {a: first[a]["train/token_mult_prob_error"] for a in study.LONG_ARMS}
     assert tmpe["fp8_rollout_only"] > 1.001 > tmpe["fp8"] >= 1.0  # BF16 trainer scoring an FP8 rollout
+    assert tmpe["fp8_kv_rollout_only"] > 1.001 and first["fp8_kv_rollout_only"]["train/refit/kv_k_scale_max"] > 0
     exact = {a: first[a]["train/exact_token_fraction"] for a in study.LONG_ARMS}
     if _cpu_linears_row_invariant(study.accuracy_sft.SHAPES["quick"]):
         assert exact["fp8_kv_matched"] == 1.0  # matched kernels: bitwise on-policy
@@ -137,7 +140,7 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
     capsys.readouterr()
     assert study.main(argv) == 0  # again: every arm done, so no SFT and no arm runs
     printed = capsys.readouterr().out
-    assert "7 arms already done" in printed and "sft step" not in printed and "GRPO done" not in printed
+    assert "8 arms already done" in printed and "sft step" not in printed and "GRPO done" not in printed
 
     with tarfile.open(tmp_path / "quick.tar.gz") as tar:
         names = tar.getnames()
