@@ -11,6 +11,11 @@ would reproduce) is a near lower bound of greedy accuracy, and the greedy rollou
 gate (long responses make each rollout costly). Checks happen at fixed steps, so the stopping step depends on the
 seeds only (and on `max_time_s`, a wall-time cap). Writes an HF directory (weights, tokenizer, sft_meta.json,
 sft_curve.jsonl, sft_corpus_sample.jsonl) that `policy.model_name` can name. Used by examples/accuracy_study.py.
+
+An SFT stopped by its time cap before the gate leaves `sft_resume.pt` (weights, AdamW state, step, wall time) in its
+directory; the next `run_sft` there with the same settings continues from it (same batches, same schedule: the
+steps of both calls are those of one uninterrupted run), so a task whose gate takes longer than one device call
+spreads its SFT over several calls on one machine. A passed gate deletes the file.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accuracy_stage import SFT_RESUME_FILE as RESUME_FILE  # examples/ is on sys.path with this module
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from nemo_jetrl.environments.factory import BUILTIN_TASKS
@@ -177,6 +183,22 @@ def _gate_check(model, engine, task, tokenizer, problems, device, gate: float, p
     return row
 
 
+def _load_resume(path: Path, settings: dict, model, optim, device: torch.device) -> dict[str, Any]:
+    """An unfinished SFT's state from `path` into `model` and `optim` when its settings equal `settings`; else (no
+    file, other settings) a fresh start's: step 0, no wall time, no call before."""
+    fresh = {"step": 0, "wall_s": 0.0, "calls": 0, "check": {"greedy_accuracy": 0.0}, "loss": math.nan}
+    if not path.is_file():
+        return fresh
+    state = torch.load(path, map_location=device, weights_only=False)
+    if state["settings"] != settings:
+        print(f"sft: {path} was written with other settings; starting afresh", flush=True)
+        return fresh
+    model.load_state_dict(state["model"])
+    optim.load_state_dict(state["optim"])
+    print(f"sft: continuing from step {state['step']} ({state['wall_s']:.0f} s in {state['calls']} calls)", flush=True)
+    return state
+
+
 def run_sft(
     out: Path,
     *,
@@ -197,9 +219,11 @@ def run_sft(
     micro_batch_size: int | None = None,
     precheck: bool = False,
     max_positions: int | None = None,
+    max_new_steps: int | None = None,
 ) -> dict[str, Any]:
     """Train, gate, save under `out`; returns the metadata written to sft_meta.json. `max_positions`: the model's
-    position limit (default: the longest prompt + worked solution + eos)."""
+    position limit (default: the longest prompt + worked solution + eos). `max_new_steps`: at most this many steps
+    in this call (a cap like `max_time_s`, beside it). Continues from `out`'s resume file when its settings match."""
     task = make_scratchpad_task(task_name, num_digits=num_digits, val_size=max(gate_size, 512), seed=data_seed)
     max_len = 1 + task.prompt_chars + task.max_response_chars + 1  # bos, prompt, solution, eos
     max_positions = max(max_len, max_positions or 0)
@@ -216,10 +240,17 @@ def run_sft(
     micro = micro_batch_size or batch_size
     gate_problems = task.validation(gate_size)
     out.mkdir(parents=True, exist_ok=True)
-    curve = (out / "sft_curve.jsonl").open("w")
+    settings = dict(task=task_name, shape=shape, num_digits=num_digits, data_seed=data_seed, seed=seed,
+                    batch_size=batch_size, micro=micro, lr=lr, max_steps=max_steps, warmup=warmup,
+                    max_positions=max_positions)  # fmt: skip
+    state = _load_resume(out / RESUME_FILE, settings, model, optim, device)
+    step, earlier_s, calls = state["step"], state["wall_s"], state["calls"] + 1
+    check, loss_value = state["check"], state["loss"]
+    curve = (out / "sft_curve.jsonl").open("a" if step else "w")
     start = time.perf_counter()
-    step, check, passed, loss_value = 0, {"greedy_accuracy": 0.0}, False, math.nan
-    while step < max_steps and not passed and time.perf_counter() - start < max_time_s:
+    passed, first_step = False, step
+    while (step < max_steps and not passed and time.perf_counter() - start < max_time_s
+           and (max_new_steps is None or step - first_step < max_new_steps)):  # fmt: skip
         for group in optim.param_groups:
             group["lr"] = lr_at(step, lr, warmup, max_steps)
         loss_value = _train_step(model, optim, task, task.train_batch(step, batch_size), tokenizer, device, micro)
@@ -227,12 +258,19 @@ def run_sft(
         if step % eval_every == 0 or step == max_steps:
             check = _gate_check(model, engine, task, tokenizer, gate_problems, device, gate, precheck, micro)
             passed = check["greedy_accuracy"] is not None and check["greedy_accuracy"] >= gate
-            row = {"step": step, "loss": round(loss_value, 5), **check, "wall_s": round(time.perf_counter() - start, 1)}
+            wall = earlier_s + time.perf_counter() - start
+            row = {"step": step, "loss": round(loss_value, 5), **check, "wall_s": round(wall, 1)}
             curve.write(json.dumps(row) + "\n")
             curve.flush()
             print(f"sft step {step}: loss {loss_value:.4f} held-out {check}", flush=True)
     curve.close()
-    wall_s = time.perf_counter() - start
+    wall_s = earlier_s + time.perf_counter() - start
+    resume = out / RESUME_FILE
+    if passed or step >= max_steps:
+        resume.unlink(missing_ok=True)
+    else:  # stopped by a cap: the next call continues here
+        torch.save({"settings": settings, "step": step, "wall_s": wall_s, "calls": calls, "check": check,
+                    "loss": loss_value, "model": model.state_dict(), "optim": optim.state_dict()}, resume)  # fmt: skip
     model.eval().to(torch.float32).save_pretrained(out)
     tokenizer.save_pretrained(out)
     write_corpus_sample(out / "sft_corpus_sample.jsonl", task, CORPUS_SAMPLE_ROWS)
@@ -246,7 +284,7 @@ def run_sft(
         "gate_forced_exact": check.get("forced_exact"), "final_loss": loss_value,
         "train_tokens": step * batch_size * seq_len,
         "train_flops_estimate": step * batch_size * seq_len * train_flops_per_token(SHAPES[shape], seq_len),
-        "wall_time_s": round(wall_s, 1),
+        "wall_time_s": round(wall_s, 1), "calls": calls,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch_version": torch.__version__,
     }  # fmt: skip

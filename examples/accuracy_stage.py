@@ -7,7 +7,8 @@ jobs (the length's also of the SFT jobs). `run_stage` does, within one deadline:
 
 1. the SFT of every seed that still has an arm to run and no checkpoint that passed its held-out gate, in parallel
    (seed i on GPU i mod #GPUs); a seed whose SFT fails the gate runs no arm (`sft_gate_failed`: RL from a model
-   that cannot yet do the task measures nothing) and redoes its SFT in the next call;
+   that cannot yet do the task measures nothing) and, in the next call, continues that SFT where it stopped if the
+   machine still holds its resume file (`SFT_RESUME_FILE`, examples/accuracy_sft.py), else redoes it;
 2. then every pending arm of every variant and seed at once, one process each, spread round-robin over the GPUs
    (`CUDA_VISIBLE_DEVICES` per process), each told how many processes share its GPU (its memory preflight's
    share); arms still running at the deadline are stopped (SIGTERM) and keep the steps their metrics.jsonl holds;
@@ -42,6 +43,7 @@ LOG_TAIL_BYTES = 1 << 20  # the packed copy of a log keeps its last MiB
 PACK_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 PACK_SKIP_NAMES = ("sft_corpus_sample.jsonl", ".nemo_jetrl.lock")  # the sample: reproducible, ~1 MB at 4K tokens
 STOP_GRACE_S = 20.0
+SFT_RESUME_FILE = "sft_resume.pt"  # an SFT stopped before its gate: its state, continued by the next call
 
 
 @dataclass
@@ -190,8 +192,9 @@ def run_stage(
         print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
     seeds_pending = sorted({s for _, s, _ in pending})
     need = [s for s in seeds_pending if not sft_passed(sft_root, s)]
-    for s in need:  # an SFT that failed its gate starts again (a longer --sft-max-time-s, say), from scratch
-        shutil.rmtree(sft_dir(sft_root, s), ignore_errors=True)
+    for s in need:  # an SFT that failed its gate continues from its resume file, else starts again from scratch
+        if not (sft_dir(sft_root, s) / SFT_RESUME_FILE).is_file():
+            shutil.rmtree(sft_dir(sft_root, s), ignore_errors=True)
     sft_jobs = [sft_job(s, gpu_of(i, gpus)) for i, s in enumerate(need)]
     run_jobs(sft_jobs, deadline, inline, poll_s=poll_s)
     for job in sft_jobs:

@@ -248,3 +248,27 @@ def test_sweep_variants_name_their_directories_and_override_only_what_differs_fr
     for bad in (["--temperature", "hot"], ["--tag", "a_b"], ["--seeds", "0,x"]):
         with pytest.raises(SystemExit):
             study.build_parser().parse_args(["stage", *bad])
+
+
+def test_an_sft_stopped_by_a_cap_continues_where_it_stopped_as_one_run(tmp_path):
+    """Three steps in one call and one in the next (the resume file between) == four steps in one call, bit for bit:
+    weights, losses and the gate checks' curve."""
+    from safetensors.torch import load_file
+
+    settings = dict(study.QUICK_LONG_SFT, max_steps=4, gate=2.0, max_time_s=600.0)  # a gate no model passes
+
+    def sft(out, **cap):
+        return study.accuracy_sft.run_sft(out, seed=0, data_seed=1234, device=torch.device("cpu"), **settings, **cap)
+
+    whole = sft(tmp_path / "whole")
+    first = sft(tmp_path / "split", max_new_steps=3)
+    resume = tmp_path / "split" / study.accuracy_stage.SFT_RESUME_FILE
+    assert (first["steps"], first["calls"], first["gate_passed"]) == (3, 1, False) and resume.is_file()
+    second = sft(tmp_path / "split")
+    assert (second["steps"], second["calls"], whole["calls"]) == (4, 2, 1) and not resume.exists()
+    assert second["final_loss"] == whole["final_loss"]
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("whole", "split"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    curve = [[{k: r[k] for k in ("step", "loss", "forced_exact")} for r in map(json.loads, open(d / "sft_curve.jsonl"))]
+             for d in (tmp_path / "whole", tmp_path / "split")]  # fmt: skip
+    assert curve[0] == curve[1] and [r["step"] for r in curve[0]] == [2, 4]

@@ -91,21 +91,26 @@ def test_stage_spreads_arms_over_gpus_stops_at_the_deadline_and_resumes(tmp_path
     assert status[stage_dir]["jobs"]["seed0/slow"]["reason"] == "time_limit"
 
 
-def test_a_seed_whose_sft_fails_its_gate_runs_no_arm_and_redoes_its_sft(tmp_path):
+def test_a_seed_whose_sft_fails_its_gate_runs_no_arm_and_continues_or_redoes_its_sft(tmp_path):
     stage_dir = tmp_path / "1k"
-    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir, gate_fails=(1,))
-    status = stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0, 1], ["0"], time.monotonic() + 4.0, sft_job, arm_job,
-                             poll_s=0.1)  # fmt: skip
+    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir, gate_fails=(1, 2))
+    status = stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0, 1, 2], ["0"], time.monotonic() + 4.0, sft_job,
+                             arm_job, poll_s=0.1)  # fmt: skip
     jobs = status[stage_dir]["jobs"]
     assert jobs["seed0/fast"]["reason"] == "finished"
-    assert jobs["seed1/fast"] == {"rc": None, "reason": "sft_gate_failed", "steps": 0}
-    assert ("fast", 1, "0") not in made and not stage.arm_dir(stage_dir, 1, "fast").exists()
-    made.clear()  # the next call: seed 1's SFT again (now passing), then its arm; seed 0 is done
+    for seed in (1, 2):
+        assert jobs[f"seed{seed}/fast"] == {"rc": None, "reason": "sft_gate_failed", "steps": 0}
+        assert ("fast", seed, "0") not in made and not stage.arm_dir(stage_dir, seed, "fast").exists()
+        (stage.sft_dir(stage_dir, seed) / "earlier.txt").write_text("the first call's SFT")
+    (stage.sft_dir(stage_dir, 1) / stage.SFT_RESUME_FILE).write_text("state")  # seed 1 stopped at its time cap
+    made.clear()  # the next call: seeds 1 and 2's SFT again (now passing), then their arms; seed 0 is done
     sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir)
-    status = stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0, 1], ["0"], time.monotonic() + 4.0, sft_job, arm_job,
-                             poll_s=0.1)  # fmt: skip
-    assert sorted(made) == [("fast", 1, "0"), ("sft", 1, "0")]
+    status = stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0, 1, 2], ["0"], time.monotonic() + 4.0, sft_job,
+                             arm_job, poll_s=0.1)  # fmt: skip
+    assert sorted(made) == [("fast", 1, "0"), ("fast", 2, "0"), ("sft", 1, "0"), ("sft", 2, "0")]
     assert status[stage_dir]["jobs"]["seed1/fast"]["reason"] == "finished"
+    assert (stage.sft_dir(stage_dir, 1) / "earlier.txt").is_file()  # kept: its SFT continues from the resume file
+    assert not (stage.sft_dir(stage_dir, 2) / "earlier.txt").exists()  # no resume file: redone from scratch
 
 
 def test_run_jobs_honours_parallel_and_marks_jobs_not_started(tmp_path):
