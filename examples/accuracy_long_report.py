@@ -147,6 +147,9 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
             "series": series}  # fmt: skip
 
 
+ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure
+
+
 def _panels(count: int):
     fig = new_figure(min(count, PANEL_COLUMNS), -(-count // PANEL_COLUMNS))
     cols = min(count, PANEL_COLUMNS)
@@ -166,7 +169,7 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
                     keep = curve[0] <= st["common_step"]
                     y = smooth(curve[1][keep]) if name == "reward" else curve[1][keep]
                     ax.plot(curve[0][keep], y, marker=None if name == "reward" else "o", markersize=3,
-                            label=ARM_LABELS[arm])  # fmt: skip
+                            label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
             ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']} ({len(st['seeds'])} seeds)")
         paths.append(save_figure(fig, axes, out_dir / f"{name}.png"))
     fig, axes = _panels(len(stages))
@@ -175,7 +178,8 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
             by_pos = st["mean"][arm]["mismatch_by_position"]
             if by_pos:
                 excess = [max(v - 1.0, 1e-9) for v in by_pos.values()]
-                ax.plot([int(b) for b in by_pos], excess, marker="o", markersize=2, label=ARM_LABELS[arm])
+                ax.plot([int(b) for b in by_pos], excess, marker="o", markersize=2, label=ARM_LABELS[arm],
+                        color=ARM_COLORS[arm])
         ax.set_yscale("log")
         ax.set(xlabel="response position (bin start)", ylabel="token_mult_prob_error - 1 (1e-9: exactly 0)", title=st["stage"])
     paths.append(save_figure(fig, axes, out_dir / "mismatch_position.png"))
@@ -188,10 +192,10 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
         rew = [st["mean"].get(arm, {}).get("reward_last") for st in stages]
         if any(v is not None for v in tmpe):
             ax_m.plot(names, [np.nan if v is None else max(v - 1.0, 1e-9) for v in tmpe], marker="o",
-                      label=ARM_LABELS[arm])  # fmt: skip
+                      label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
         delta = [np.nan if r is None or b is None else r - b for r, b in zip(rew, ref)]
         if not np.all(np.isnan(delta)):
-            ax_r.plot(names, delta, marker="o", label=ARM_LABELS[arm])
+            ax_r.plot(names, delta, marker="o", label=ARM_LABELS[arm], color=ARM_COLORS[arm])
     ax_m.set_yscale("log")
     ax_m.set(xlabel="stage", ylabel="token_mult_prob_error - 1, mean over steps (1e-9: exactly 0)", title="mismatch by stage")
     ax_r.set(xlabel="stage", ylabel="train reward, last steps: arm - BF16", title="reward vs BF16 by stage")

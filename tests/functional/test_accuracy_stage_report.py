@@ -223,3 +223,10 @@ def test_a_short_runs_first_and_last_reward_windows_do_not_overlap(tmp_path):
     path.write_text("".join(json.dumps({"step": s, "train/reward_mean": s / 20}) + "\n" for s in range(1, 21)))
     summary = accuracy_report.arm_summary(path)  # 20 steps: the first 10 against the last 10
     assert summary["reward_first"] == pytest.approx(0.275) and summary["reward_last"] == pytest.approx(0.775)
+
+
+def test_each_arm_keeps_one_color_in_every_panel():
+    """A panel with fewer arms must not shift the others' colors: one fixed, distinct color per arm."""
+    arms = accuracy_study.LONG_ARMS + accuracy_study.LONG_OPTIONAL_ARMS
+    assert set(arms) <= set(long_report.ARM_COLORS)
+    assert len(set(long_report.ARM_COLORS.values())) == len(long_report.ARM_COLORS)
