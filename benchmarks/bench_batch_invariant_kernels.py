@@ -5,7 +5,10 @@
 
 `--shapes`: decode steps of 64 rows over 1,024-8,192 keys and the trainer's forward; the exact kernel with its keys
 in chunks (`ATTN_SPLIT_KEYS`, a decode step's chunks in parallel programs) and with one chunk a row (as before the
-chunks) beside the fast kernels.
+chunks) beside the fast kernels. Decode also reads the cache as the engine's rollout does: paged (`PAGE_SIZES`
+keys a block, blocks shuffled, the table `PAGED_SLACK` keys wider than the row, as a recipe's
+max_total_sequence_length leaves it), fast and exact; the exact paged output is checked bitwise against the
+contiguous one before it is timed.
 
 FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
 (prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
@@ -29,6 +32,8 @@ from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant
 from nemo_jetrl.precision.kernels import triton_batch_invariant as T
 from nemo_jetrl.precision.kv import kv_quant
 
+PAGE_SIZES = (16, 64)  # policy.generation.kv_block_size: the default, and one key block of the exact kernel
+PAGED_SLACK = 512  # the table's keys beyond the row's (e.g. 4,608 against a 4,096-token response)
 FP8_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 ALT_CONFIGS = {64: [(64, 128, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4)], 4096: [(128, 256, 8, 3), (128, 128, 4, 4)]}
 
@@ -151,7 +156,38 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
         args = (q, k, v, valid, start, scale)
     out[f"exact (batch-invariant, chunks of {K.ATTN_SPLIT_KEYS})"] = lambda: attention(*args)
     out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
+    if decode:
+        out |= _paged_variants(q, k, v, ks, vs, scale, args)
     return out | {f"exact config {c}": (lambda c=c: K.attention(*args, config=c)) for c in configs}
+
+
+def _paged_variants(q, k, v, ks, vs, scale, contiguous_args) -> dict:
+    """{name: callable}: the decode step over the cache k/v [B, H_kv, n, D] laid out as the engine's paged pool,
+    fast and exact, per page size of `PAGE_SIZES`; raises if the exact paged output differs from the contiguous
+    one in any bit."""
+    bsz, kv_heads, n, dim = k.shape
+    kv_len = torch.full((bsz,), n, dtype=torch.int64, device=k.device)
+    want = K.attention(*contiguous_args)
+    out = {}
+    for page in PAGE_SIZES:
+        per_row = -(-(n + PAGED_SLACK) // page)  # the table's blocks a row
+        table = (torch.randperm(bsz * per_row, device=k.device, dtype=torch.int32) + 1).view(bsz, per_row)  # [B, M]
+        pools = []
+        for cache in (k, v):
+            pool = torch.zeros(bsz * per_row + 1, kv_heads, page, dim, dtype=cache.dtype, device=k.device)
+            padded = torch.zeros(bsz, kv_heads, per_row * page, dim, dtype=cache.dtype, device=k.device)
+            padded[:, :, :n] = cache
+            pool[table.flatten().long()] = padded.view(bsz, kv_heads, per_row, page, dim).transpose(1, 2).flatten(0, 1)
+            pools.append(pool)  # [blocks, H_kv, page, D]; block 0 unused (the engine's trash block)
+        paged = (q, *pools, table, kv_len, scale, ks, vs)
+        if not torch.equal(K.paged_attention(*paged), want):
+            raise AssertionError(f"exact paged attention (pages of {page}) differs from the contiguous kernel's bits")
+        out[f"fast, paged (pages of {page})"] = lambda p=pools, t=table: decode_attention(
+            q[:, :, 0], *p, None, kv_len, scale, ks, vs, block_table=t
+        )
+        out[f"exact, paged (pages of {page})"] = lambda a=paged: K.paged_attention(*a)
+        out[f"exact, paged (pages of {page}), one chunk"] = lambda a=paged: _one_chunk(K.paged_attention, *a)
+    return out
 
 
 def _one_chunk(fn, *args):
