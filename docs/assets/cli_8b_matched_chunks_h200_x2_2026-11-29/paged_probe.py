@@ -51,7 +51,9 @@ for keys in (1024, 2048, 4096):
     row = []
     for split in (1024, 1 << 20):
         K.ATTN_SPLIT_KEYS = split
-        row.append(timeit(lambda: K.paged_attention(q, kp, vp, table, kv_len, 0.088, ks, vs)))
-        row.append(timeit(lambda: K.attention(q, kc, vc, valid, start, 0.088, ks, vs)))
+        paged = (q, kp, vp, table, kv_len, 0.088, ks, vs)
+        contiguous = (q, kc, vc, valid, start, 0.088, ks, vs)
+        row.append(timeit(lambda a=paged: K.paged_attention(*a)))
+        row.append(timeit(lambda a=contiguous: K.attention(*a)))
     print(f"keys {keys}: paged/1024 {row[0]:.1f} us, contiguous/1024 {row[1]:.1f}, paged/one {row[2]:.1f}, "
           f"contiguous/one {row[3]:.1f}", flush=True)  # fmt: skip
