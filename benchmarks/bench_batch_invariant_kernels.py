@@ -157,14 +157,15 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
     out[f"exact (batch-invariant, chunks of {K.ATTN_SPLIT_KEYS})"] = lambda: attention(*args)
     out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
     if decode:
-        out |= _paged_variants(q, k, v, ks, vs, scale, args)
+        out |= _paged_variants(q, k, v, ks, vs, scale, args, configs)
     return out | {f"exact config {c}": (lambda c=c: K.attention(*args, config=c)) for c in configs}
 
 
-def _paged_variants(q, k, v, ks, vs, scale, contiguous_args) -> dict:
+def _paged_variants(q, k, v, ks, vs, scale, contiguous_args, configs: tuple = ()) -> dict:
     """{name: callable}: the decode step over the cache k/v [B, H_kv, n, D] laid out as the engine's paged pool,
-    fast and exact, per page size of `PAGE_SIZES`; raises if the exact paged output differs from the contiguous
-    one in any bit."""
+    fast and exact, per page size of `PAGE_SIZES`, and the exact kernel under each of `configs` (named "... OTHER
+    BITS" where its output differs from the default's); raises if the exact paged output differs from the
+    contiguous one in any bit."""
     bsz, kv_heads, n, dim = k.shape
     kv_len = torch.full((bsz,), n, dtype=torch.int64, device=k.device)
     want = K.attention(*contiguous_args)
@@ -187,6 +188,10 @@ def _paged_variants(q, k, v, ks, vs, scale, contiguous_args) -> dict:
         )
         out[f"exact, paged (pages of {page})"] = lambda a=paged: K.paged_attention(*a)
         out[f"exact, paged (pages of {page}), one chunk"] = lambda a=paged: _one_chunk(K.paged_attention, *a)
+        for c in configs:
+            same = torch.equal(K.paged_attention(*paged, config=c), want)
+            name = f"exact, paged (pages of {page}), config {c}" + ("" if same else " OTHER BITS")
+            out[name] = lambda a=paged, c=c: K.paged_attention(*a, config=c)
     return out
 
 
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention-only", action="store_true", help="the attention rows only")
     p.add_argument("--shapes", action="store_true", help="only the attention at the 1.7B / 8B shapes, alternating")
     p.add_argument("--configs", nargs="*", default=[], metavar="ROWS,WARPS,STAGES",
-                   help="with --shapes: also time these exact-kernel configurations")  # fmt: skip
+                   help="with --shapes: also time these exact-kernel configurations (contiguous and paged)")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_batch_invariant_kernels: needs a CUDA GPU", file=sys.stderr)

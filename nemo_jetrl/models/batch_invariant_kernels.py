@@ -315,13 +315,15 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, sm_scale) -> tuple[to
     return out.transpose(1, 2), lse  # [1, H, T, D], [H, T]
 
 
-def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=None, v_scale=None) -> torch.Tensor:
+def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=None, v_scale=None,
+                    config: tuple[int, int, int] | None = None) -> torch.Tensor:  # fmt: skip
     """See `batch_invariant_attention.paged_attention`: the decode step of `attention` (same kernel, same
     configuration, same key-block order and chunks) with K/V read in place through block_table int32
-    [B, max_blocks] from one layer's pools [num_blocks, H_kv, page, D]; kv_len int64 [B]."""
+    [B, max_blocks] from one layer's pools [num_blocks, H_kv, page, D]; kv_len int64 [B]. config: as `attention`'s
+    (default `decode_config(q.dtype)`)."""
     bsz, heads, s_q, dim = q.shape
     _, kv_heads, page, _ = k_pool.shape
-    block_m, warps, stages = decode_config(q.dtype)
+    block_m, warps, stages = config or decode_config(q.dtype)
     is_fp8 = k_pool.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, 1, H, D]
     q_start = kv_len - 1  # [B] the query's column: the row's last key
