@@ -174,12 +174,12 @@ def _paged_variants(q, k, v, ks, vs, scale, contiguous_args, configs: tuple = ()
         per_row = -(-(n + PAGED_SLACK) // page)  # the table's blocks a row
         table = (torch.randperm(bsz * per_row, device=k.device, dtype=torch.int32) + 1).view(bsz, per_row)  # [B, M]
         pools = []
-        for cache in (k, v):
-            pool = torch.zeros(bsz * per_row + 1, kv_heads, page, dim, dtype=cache.dtype, device=k.device)
-            padded = torch.zeros(bsz, kv_heads, per_row * page, dim, dtype=cache.dtype, device=k.device)
-            padded[:, :, :n] = cache
+        for cache in (k, v):  # moved as bytes: indexing and fills need not support e4m3
+            pool = torch.zeros(bsz * per_row + 1, kv_heads, page, dim, dtype=torch.uint8, device=k.device)
+            padded = torch.zeros(bsz, kv_heads, per_row * page, dim, dtype=torch.uint8, device=k.device)
+            padded[:, :, :n] = cache.view(torch.uint8)
             pool[table.flatten().long()] = padded.view(bsz, kv_heads, per_row, page, dim).transpose(1, 2).flatten(0, 1)
-            pools.append(pool)  # [blocks, H_kv, page, D]; block 0 unused (the engine's trash block)
+            pools.append(pool.view(cache.dtype))  # [blocks, H_kv, page, D]; block 0 unused (the engine's trash block)
         paged = (q, *pools, table, kv_len, scale, ks, vs)
         if not torch.equal(K.paged_attention(*paged), want):
             raise AssertionError(f"exact paged attention (pages of {page}) differs from the contiguous kernel's bits")
