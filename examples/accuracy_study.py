@@ -49,6 +49,7 @@ ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8", "fp8_kv")
 LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_only_icepop", "fp8_kv_rollout_only",
              "fp8", "fp8_kv", "fp8_kv_matched")  # fmt: skip
 LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on request (--arms)
+SFT_FLAGS = ("--sft-max-time-s", "--sft-gate", "--sft-lr", "--sft-rows")  # what a stage hands each seed's SFT
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
@@ -189,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="long report: NAME=STAGE,STAGE: one stage of the seeds several calls ran apart")  # fmt: skip
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
     p.add_argument("--sft-gate", type=float, default=None, help="SFT held-out greedy accuracy gate")
+    p.add_argument("--sft-lr", type=float, default=None, help="SFT peak learning rate (default per form)")
+    p.add_argument("--sft-rows", type=int, default=None, help="SFT rows a step (default per form and length)")
     p.add_argument("overrides", nargs="*", help="run_grpo.py overrides for every arm (key=value ...)")
     return p
 
@@ -218,11 +221,8 @@ def sft_settings(args: argparse.Namespace) -> dict:
                             micro_batch_size=lengths["sft_micro"], max_positions=lengths["max_total"])  # fmt: skip
     else:
         settings = dict(SFT_SETTINGS["quick" if args.quick else "study"])
-    if args.sft_max_time_s is not None:
-        settings["max_time_s"] = args.sft_max_time_s
-    if args.sft_gate is not None:
-        settings["gate"] = args.sft_gate
-    return settings
+    flags = {"max_time_s": args.sft_max_time_s, "gate": args.sft_gate, "lr": args.sft_lr, "batch_size": args.sft_rows}
+    return settings | {key: value for key, value in flags.items() if value is not None}
 
 
 def stage_sft(args: argparse.Namespace) -> dict:
@@ -282,6 +282,17 @@ def stage_arms(args: argparse.Namespace) -> int:
     return 0 if all(job.result["rc"] == 0 for job in jobs) else 1
 
 
+def sft_argv(sub: argparse.Namespace) -> list[str]:
+    """This script's command line of one seed's SFT in a stage (`sub`: `seed_args`), the stage's --sft-* flags
+    included."""
+    argv = ["sft", "--study", "long", "--length", sub.length, "--seed", str(sub.seed), "--out", str(sub.out)]
+    argv += ["--quick"] * sub.quick + [f"--device={sub.device}"] * bool(sub.device)
+    for flag in SFT_FLAGS:
+        value = getattr(sub, flag[2:].replace("-", "_"))
+        argv += [f"{flag}={value}"] * (value is not None)
+    return argv
+
+
 def seed_args(args: argparse.Namespace, stage_dir: Path, seed: int) -> argparse.Namespace:
     """`args` for one seed of a stage: its directory and seed."""
     return argparse.Namespace(**{**vars(args), "out": stage_dir / f"seed{seed}", "seed": seed})
@@ -317,10 +328,7 @@ def stage_stage(args: argparse.Namespace) -> int:
 
     def sft_job(seed: int, gpu: str | None) -> accuracy_stage.Job:
         sub = seed_args(args, sft_root, seed)
-        argv = ["sft", "--study", "long", "--length", args.length, "--seed", str(seed), "--out", str(sub.out)]
-        argv += ["--quick"] * args.quick + [f"--device={args.device}"] * bool(args.device)
-        argv += [f"--sft-max-time-s={args.sft_max_time_s}"] * (args.sft_max_time_s is not None)
-        argv += [f"--sft-gate={args.sft_gate}"] * (args.sft_gate is not None)
+        argv = sft_argv(sub)
 
         def inline() -> int:
             stage_sft(sub)

@@ -272,3 +272,16 @@ def test_an_sft_stopped_by_a_cap_continues_where_it_stopped_as_one_run(tmp_path)
     curve = [[{k: r[k] for k in ("step", "loss", "forced_exact")} for r in map(json.loads, open(d / "sft_curve.jsonl"))]
              for d in (tmp_path / "whole", tmp_path / "split")]  # fmt: skip
     assert curve[0] == curve[1] and [r["step"] for r in curve[0]] == [2, 4]
+
+
+def test_the_sft_flags_set_the_long_sft_and_reach_each_seeds_process(tmp_path):
+    parse = study.build_parser().parse_args
+    default = study.sft_settings(parse(["sft", "--study", "long", "--length", "4k"]))
+    assert (default["lr"], default["batch_size"], default["micro_batch_size"]) == (5e-4, 16, 8)
+    stage = parse(["stage", "--study", "long", "--length", "4k", "--sft-lr", "2e-4", "--sft-rows", "32",
+                   "--sft-max-time-s", "540", "--out", str(tmp_path)])  # fmt: skip
+    want = default | {"lr": 2e-4, "batch_size": 32, "max_time_s": 540.0}
+    assert study.sft_settings(stage) == want
+    sub = study.seed_args(stage, tmp_path / "4k", 1)
+    argv = study.sft_argv(sub)  # what the seed's SFT process is started with
+    assert study.sft_settings(parse(argv)) == want and parse(argv).out == tmp_path / "4k" / "seed1"
