@@ -49,7 +49,8 @@ ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8", "fp8_kv")
 LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_only_icepop", "fp8_kv_rollout_only",
              "fp8", "fp8_kv", "fp8_kv_matched")  # fmt: skip
 LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on request (--arms)
-SFT_FLAGS = ("--sft-max-time-s", "--sft-gate", "--sft-lr", "--sft-rows")  # what a stage hands each seed's SFT
+# the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
+SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-lr": "lr", "--sft-rows": "batch_size"}
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
@@ -221,8 +222,13 @@ def sft_settings(args: argparse.Namespace) -> dict:
                             micro_batch_size=lengths["sft_micro"], max_positions=lengths["max_total"])  # fmt: skip
     else:
         settings = dict(SFT_SETTINGS["quick" if args.quick else "study"])
-    flags = {"max_time_s": args.sft_max_time_s, "gate": args.sft_gate, "lr": args.sft_lr, "batch_size": args.sft_rows}
-    return settings | {key: value for key, value in flags.items() if value is not None}
+    given = {key: _flag_value(args, flag) for flag, key in SFT_FLAGS.items()}
+    return settings | {key: value for key, value in given.items() if value is not None}
+
+
+def _flag_value(args: argparse.Namespace, flag: str):
+    """The value of `--flag-name` in `args` (argparse's dest: flag_name), None where not given."""
+    return getattr(args, flag[2:].replace("-", "_"))
 
 
 def stage_sft(args: argparse.Namespace) -> dict:
@@ -288,7 +294,7 @@ def sft_argv(sub: argparse.Namespace) -> list[str]:
     argv = ["sft", "--study", "long", "--length", sub.length, "--seed", str(sub.seed), "--out", str(sub.out)]
     argv += ["--quick"] * sub.quick + [f"--device={sub.device}"] * bool(sub.device)
     for flag in SFT_FLAGS:
-        value = getattr(sub, flag[2:].replace("-", "_"))
+        value = _flag_value(sub, flag)
         argv += [f"{flag}={value}"] * (value is not None)
     return argv
 
