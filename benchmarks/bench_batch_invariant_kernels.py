@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention-only", action="store_true", help="the attention rows only")
     p.add_argument("--shapes", action="store_true", help="only the attention at the 1.7B / 8B shapes, alternating")
     p.add_argument("--configs", nargs="*", default=[], metavar="ROWS,WARPS,STAGES",
-                   help="with --shapes: also time these exact-kernel configurations (contiguous and paged)")  # fmt: skip
+                   help="with --shapes: also time these exact-kernel configs, contiguous and paged")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_batch_invariant_kernels: needs a CUDA GPU", file=sys.stderr)

@@ -15,11 +15,11 @@ may not see leaves its running max, sum and output bit for bit unchanged, so a q
 many other queries share its program or how far the loop runs: decode, prefill and training give the same bits for
 the same query. The online softmax restarts at every chunk of `ATTN_SPLIT_KEYS` keys (from the row's first valid
 key) and the chunks are merged in order with separately rounded products: the trainer's and the prefill's programs
-merge as they go, a decode step runs one program a chunk and merges after (flash decoding), with the same bits. Elsewhere the twin runs
-(`attention_ref`): float64 scores and weights from elementwise products and innermost-dim sums (batch-invariant
-on CPU), rounded once. The trainer's forward (`batch_invariant_train`: padded rows and packed rows) writes each
-query's log-sum-exp too and takes its gradient from flash attention's backward over that output (the forward bits
-are what must match the rollout; gradients need not).
+merge as they go, a decode step runs one program a chunk and merges after (flash decoding), with the same bits.
+Elsewhere the twin runs (`attention_ref`): float64 scores and weights from elementwise products and innermost-dim
+sums (batch-invariant on CPU), rounded once. The trainer's forward (`batch_invariant_train`: padded rows and packed
+rows) writes each query's log-sum-exp too and takes its gradient from flash attention's backward over that output
+(the forward bits are what must match the rollout; gradients need not).
 
 Paged decode (`paged_attention`, continuous batching): one query per row over keys [0, kv_len) of the row, read
 through a block table from one layer's block pools (key j: block table[b, j // page], slot j % page). A row there

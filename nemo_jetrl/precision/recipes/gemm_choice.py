@@ -36,7 +36,8 @@ LibraryBackend = Literal["auto", "deep_gemm"]
 class FpropKernel(enum.Enum):
     """How a linear's forward GEMM is chosen: AUTO (the recipe's library GEMM, the device probe and the per-shape
     tuning deciding), CUBLAS (cuBLAS at every M, decode batches included, over at least `gemm.PADDED_MIN_ROWS`
-    rows), BATCH_INVARIANT (the exact mode's kernel: one K order whatever the shape). `FpropKernel("...")` refuses any other name."""
+    rows), BATCH_INVARIANT (the exact mode's kernel: one K order whatever the shape). `FpropKernel("...")` refuses
+    any other name."""
 
     AUTO = "auto"
     CUBLAS = "cublas"
