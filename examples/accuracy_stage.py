@@ -11,11 +11,15 @@ jobs (the length's also of the SFT jobs). `run_stage` does, within one deadline:
    machine still holds its resume file (`SFT_RESUME_FILE`, examples/accuracy_sft.py), else redoes it;
 2. then every pending arm of every variant and seed at once, one process each, spread round-robin over the GPUs
    (`CUDA_VISIBLE_DEVICES` per process), each told how many processes share its GPU (its memory preflight's
-   share); arms still running at the deadline are stopped (SIGTERM) and keep the steps their metrics.jsonl holds;
+   share); each arm saves its state and stops itself before the deadline (`arm_checkpoint_overrides`: NeMo-RL's
+   `checkpointing.checkpoint_must_save_by`), and arms still running at the deadline are stopped (SIGTERM) and keep
+   the steps their metrics.jsonl holds;
 3. with `pack`, one tar.gz of everything small (metrics, logs, SFT metadata and curve; no weights).
 
-Resumable: an arm whose status says `finished` or `time_limit` and whose metrics.jsonl exists is skipped, and a
-seed with no arm left skips its SFT. A 104M-parameter checkpoint (416 MB) cannot leave the device machine (files
+Resumable: an arm that saved a checkpoint before its last step continues from it in the next call on the same
+machine (its metrics.jsonl goes on from that step: back-to-back calls give an arm more steps); any other arm whose
+status says `finished` or `time_limit` and whose metrics.jsonl exists is skipped, and a seed with no arm left skips
+its SFT. A 104M-parameter checkpoint (416 MB) cannot leave the device machine (files
 back: 16 MiB each), so a fresh machine re-runs the SFT of the seeds it needs. `inline` runs every job in this
 process, one after another (the CPU tests).
 """
@@ -25,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,7 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
+from nemo_jetrl.utils.save_deadline import format_must_save_by
 
 DONE_REASONS = ("finished", "time_limit")
 LOG_TAIL_BYTES = 1 << 20  # the packed copy of a log keeps its last MiB
@@ -44,6 +53,8 @@ PACK_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 PACK_SKIP_NAMES = ("sft_corpus_sample.jsonl", ".nemo_jetrl.lock")  # the sample: reproducible, ~1 MB at 4K tokens
 STOP_GRACE_S = 20.0
 SFT_RESUME_FILE = "sft_resume.pt"  # an SFT stopped before its gate: its state, continued by the next call
+ARM_CHECKPOINTS = "checkpoints"  # an arm's run_grpo checkpoint_dir, in its log dir
+ARM_SAVE_MARGIN_S = 30.0  # an arm's checkpoint save and exit, before the stage's deadline
 
 
 @dataclass
@@ -98,7 +109,33 @@ def metrics_steps(metrics: Path) -> int:
 
 def arm_done(stage_dir: Path, status: dict, seed: int, arm: str) -> bool:
     entry = status["jobs"].get(f"seed{seed}/{arm}", {})
-    return entry.get("reason") in DONE_REASONS and (arm_dir(stage_dir, seed, arm) / "metrics.jsonl").is_file()
+    directory = arm_dir(stage_dir, seed, arm)
+    logged = (directory / "metrics.jsonl").is_file()
+    return entry.get("reason") in DONE_REASONS and logged and not arm_continues(directory)
+
+
+def arm_checkpoint_overrides(directory: Path, budget_s: float) -> list[str]:
+    """run_grpo overrides of an arm with its log dir `directory` that saves its state and stops within `budget_s`
+    seconds of its process's start (none when infinite), in `directory`/ARM_CHECKPOINTS, newest only."""
+    if not math.isfinite(budget_s):
+        return []
+    return [
+        "checkpointing.enabled=true", f"checkpointing.checkpoint_dir={directory / ARM_CHECKPOINTS}",
+        "checkpointing.keep_top_k=1", "checkpointing.save_period=1000000",
+        f"++checkpointing.checkpoint_must_save_by='{format_must_save_by(budget_s)}'",
+    ]  # fmt: skip
+
+
+def arm_continues(directory: Path) -> bool:
+    """An arm whose newest checkpoint is before its `grpo.max_num_steps` (its logged config.yaml): it stopped at a
+    stage's deadline, and its next run continues from there."""
+    steps = [int(m.group(1)) for p in (directory / ARM_CHECKPOINTS).glob("step_*/meta.json")
+             if (m := re.fullmatch(r"step_(\d+)", p.parent.name))]  # fmt: skip
+    if not steps:
+        return False
+    config = directory / "config.yaml"
+    max_steps = OmegaConf.load(config).grpo.max_num_steps if config.is_file() else None
+    return max_steps is None or max(steps) < max_steps
 
 
 def _popen(job: Job) -> tuple[subprocess.Popen, object]:
@@ -204,8 +241,12 @@ def run_stage(
     ready = [(d, s, a) for d, s, a in pending if s in passed]
     per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
     arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu) for i, (d, s, a) in enumerate(ready)]
-    for d, s, a in ready:  # a failed or unfinished earlier run: start it afresh
-        shutil.rmtree(arm_dir(d, s, a), ignore_errors=True)
+    continuing = [f"{d.name}/seed{s}/{a}" for d, s, a in ready if arm_continues(arm_dir(d, s, a))]
+    if continuing:
+        print(f"stage: {len(continuing)} arms continue from their checkpoints: {', '.join(continuing)}", flush=True)
+    for d, s, a in ready:  # a failed or unfinished earlier run without a checkpoint: start it afresh
+        if not arm_continues(arm_dir(d, s, a)):
+            shutil.rmtree(arm_dir(d, s, a), ignore_errors=True)
     run_jobs(arm_jobs, deadline, inline, poll_s=poll_s)
     for job, (d, s, a) in zip(arm_jobs, ready):
         status[d]["jobs"][f"seed{s}/{a}"] = {**job.result, "steps": metrics_steps(arm_dir(d, s, a) / "metrics.jsonl")}

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from nemo_jetrl.utils.save_deadline import process_age_s
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import accuracy_long_report  # noqa: E402
@@ -347,8 +349,14 @@ def stage_stage(args: argparse.Namespace) -> int:
         log_root = variant / f"seed{seed}"
         capacity = None if gib is None else gib / per_gpu
         argv = grpo_argv(seed_args(args, sft_root, seed), arm, log_root, overrides_of[variant], capacity)
-        return accuracy_stage.Job(f"{variant.name}/seed{seed}/{arm}", HERE / "run_grpo.py", argv,
-                                  log_root / "arms" / f"{arm}.log", gpu, inline=lambda: run_grpo.main(argv))  # fmt: skip
+
+        def with_budget(age_s: float) -> list[str]:  # the arm saves and stops before the deadline; its budget counts
+            budget = deadline - time.monotonic() - accuracy_stage.ARM_SAVE_MARGIN_S + age_s  # from its process's start
+            return argv + accuracy_stage.arm_checkpoint_overrides(accuracy_stage.arm_dir(variant, seed, arm), budget)
+
+        return accuracy_stage.Job(f"{variant.name}/seed{seed}/{arm}", HERE / "run_grpo.py", with_budget(0.0),
+                                  log_root / "arms" / f"{arm}.log", gpu,
+                                  inline=lambda: run_grpo.main(with_budget(process_age_s())))  # fmt: skip
 
     status = accuracy_stage.run_stage(sft_root, arms_of, seeds, gpus, deadline, sft_job, arm_job, args.inline)
     for d, st in status.items():

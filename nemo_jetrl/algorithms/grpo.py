@@ -55,6 +55,7 @@ from nemo_jetrl.utils.process_env import apply_trainer_env
 from nemo_jetrl.utils.progress import RunProgress, run_summary
 from nemo_jetrl.utils.python_gc import startup_objects_frozen
 from nemo_jetrl.utils.run_lock import lock_run_dirs, release_all
+from nemo_jetrl.utils.save_deadline import SaveDeadline
 from nemo_jetrl.utils.timers import Timer
 
 console = Console(stderr=True)
@@ -287,9 +288,10 @@ def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | 
     them, the device and the data before the first step (`preflight`), and the step's memory before anything
     (`memory_preflight`: derived token budgets, or a refusal naming the keys). With `checkpointing.enabled`, resumes from
     the latest valid checkpoint in `checkpoint_dir` (model, optimizer, RNG states, step; metrics.jsonl trimmed to
-    that step) and saves one every `save_period` steps.
+    that step) and saves one every `save_period` steps, and at `checkpoint_must_save_by` (then stops).
     """
     cfg = run_config(cfg, "run_grpo")
+    deadline = SaveDeadline(cfg.checkpointing.checkpoint_must_save_by)  # its budget counts from here
     env_lines = apply_trainer_env(cfg.policy.dtensor_cfg)  # before this process starts CUDA where it can
     main = start_ranks(cfg)  # torchrun: this rank's process group; rank 0 alone writes and prints
     for out in (console, checkpoint_console):
@@ -304,14 +306,14 @@ def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | 
         locks = lock_run_dirs(output_dirs(cfg))
     line = precision_line(cfg.policy)
     try:
-        return _run_locked(cfg, resolved, task, line, main, memory_estimates(memory))
+        return _run_locked(cfg, resolved, task, line, main, memory_estimates(memory), deadline)
     finally:
         release_all(locks)
 
 
 def _run_locked(
     cfg: RunConfig, resolved: DictConfig | None, task: Any | None, line: str | None, main: bool,
-    memory: dict[str, float],
+    memory: dict[str, float], deadline: SaveDeadline,
 ) -> dict[str, Any]:
     resume = load_resume_state(cfg) if main else None  # rank 0 first: it may move an earlier run's outputs aside
     sync_ranks(cfg)
@@ -341,7 +343,7 @@ def _run_locked(
     t0 = time.perf_counter()
     try:
         with startup_objects_frozen():  # collections during the steps skip start-up's objects
-            _train_loop(run, start_step, history, val_history)
+            _train_loop(run, start_step, history, val_history, deadline)
     except NonFiniteError:
         console.print("[red]run stopped on non-finite values; saved checkpoints are untouched[/]")
         raise
@@ -353,9 +355,10 @@ def _run_locked(
     return {"history": history, "validation": val_history, "summary": summary, "wall_time_s": wall}
 
 
-def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: list) -> None:
+def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: list, deadline: SaveDeadline) -> None:
     """Steps `start_step .. max_num_steps - 1` with logging, validation and checkpoints;
-    `grpo.max_consecutive_nonfinite_skips` steps skipped as non-finite in a row stop the run (before a save)."""
+    `grpo.max_consecutive_nonfinite_skips` steps skipped as non-finite in a row stop the run (before a save); a step
+    after which the next would pass `checkpoint_must_save_by` saves (checkpointing enabled) and stops the run."""
     cfg, g = run.cfg, run.cfg.grpo
     max_steps, val_period = g.max_num_steps, g.val_period
     skip_limit, skipped_in_a_row = g.max_consecutive_nonfinite_skips, 0
@@ -367,6 +370,7 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             val = validate(run, 0)
             val_history.append(val)
             run.logger.log_metrics(val, step=0, prefix="validation/")
+        deadline.start_steps()
         for step in range(start_step, max_steps):
             profiler = profile.for_step(step + 1) if profile is not None else None
             timer = Timer(memory_device=run.device, profile=profiler)  # CUDA: each phase's peak memory too
@@ -386,10 +390,15 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
             if skip_limit is not None and skipped_in_a_row >= skip_limit:
                 raise NonFiniteStreakError(skipped_in_a_row, step + 1)
-            if run.checkpoints is not None and (step + 1) % cfg.checkpointing.save_period == 0:
+            stop = deadline.step_done(run.device)  # as NeMo-RL: save every save_period steps, at the last and to stop
+            due = stop or (step + 1) % cfg.checkpointing.save_period == 0 or step + 1 == max_steps
+            if run.checkpoints is not None and due:
                 progress.phase("checkpoint")
                 state = checkpoint_state(run, step + 1)  # collective on several ranks; rank 0 holds the state
                 if run.is_main:
                     run.checkpoints.save(step + 1, state, metrics=checkpoint_metrics(metrics, val_history))
             progress.advance(step=step + 1, metrics=logged)
             run.logger.maybe_plot(step + 1)
+            if stop:
+                console.print(deadline.stop_line(step + 1, run.checkpoints is not None), soft_wrap=True)
+                break

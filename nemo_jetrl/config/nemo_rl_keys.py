@@ -131,9 +131,6 @@ GENERAL_RULES: dict[str, Rule] = {
     "logger.wandb.entity": no_effect("W&B logs to the logged-in account's default entity"),
     "logger.mlflow.run_name": no_effect("MLflow run names come from the log dir"),
     "logger.mlflow.*": no_effect("MLflow logs to a new run of logger.mlflow.experiment_name"),
-    "checkpointing.checkpoint_must_save_by": announced(
-        [None], "no deadline save here: checkpoints every checkpointing.save_period steps (resume from the last)"
-    ),
     "checkpointing.model_save_format": no_effect(
         "checkpoints hold torch tensors; examples/export_hf.py writes safetensors"
     ),

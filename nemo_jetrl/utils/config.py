@@ -7,6 +7,7 @@ from pydantic import field_validator
 from nemo_jetrl.config.errors import KeyedValueError
 from nemo_jetrl.config.section import NonNegativeInt, PathStr, PositiveInt, Section
 from nemo_jetrl.utils.checkpoint_files import normalize_metric_name
+from nemo_jetrl.utils.save_deadline import parse_must_save_by
 
 
 class WandbConfig(Section):
@@ -38,6 +39,8 @@ class CheckpointingConfig(Section):
     keep_top_k: PositiveInt | None = 3  # null = keep all
     metric_name: str | None = None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": best K; null = newest K
     higher_is_better: bool = True  # for metric_name
+    # 'DD:HH:MM:SS' from the run's start: save and stop before the next step would pass it (utils/save_deadline.py)
+    checkpoint_must_save_by: str | None = None
 
     @field_validator("metric_name")
     @classmethod
@@ -46,6 +49,17 @@ class CheckpointingConfig(Section):
         if value is not None:
             try:
                 normalize_metric_name(value)
+            except ValueError as exc:
+                raise KeyedValueError(str(exc)) from None
+        return value
+
+    @field_validator("checkpoint_must_save_by")
+    @classmethod
+    def _check_must_save_by(cls, value: str | None) -> str | None:
+        """NeMo-RL's 'DD:HH:MM:SS' (checked here so --validate-only finds a bad one)."""
+        if value is not None:
+            try:
+                parse_must_save_by(value)
             except ValueError as exc:
                 raise KeyedValueError(str(exc)) from None
         return value

@@ -109,7 +109,7 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "study"
     argv = ["stage", "--study", "long", "--quick", "--inline", "--seeds", "0", "--out", str(out),
-            "--pack", str(tmp_path / "quick.tar.gz")]  # fmt: skip
+            "--pack", str(tmp_path / "quick.tar.gz"), "--time-limit-s", "3000"]  # fmt: skip
     assert study.main(argv) == 0
     stage = out / "quick"
     status = json.loads((stage / "stage.json").read_text())["jobs"]  # the SFT's and the base variant's jobs
@@ -137,6 +137,12 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
         assert exact["fp8_kv_matched"] >= 0.99 and abs(tmpe["fp8_kv_matched"] - 1) < 1e-5, (exact, tmpe)
     assert "train/is_oob_ratio" in first["fp8_rollout_only_icepop"]
 
+    for arm in study.LONG_ARMS:  # under a deadline each arm checkpoints (its last step here: nothing to continue)
+        arm_dir = stage / "seed0" / "arms" / arm
+        assert (arm_dir / "checkpoints" / "step_1" / "meta.json").is_file() and not study.accuracy_stage.arm_continues(
+            arm_dir
+        )
+
     capsys.readouterr()
     assert study.main(argv) == 0  # again: every arm done, so no SFT and no arm runs
     printed = capsys.readouterr().out
@@ -145,7 +151,7 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
     with tarfile.open(tmp_path / "quick.tar.gz") as tar:
         names = tar.getnames()
     assert "quick/stage.json" in names and "quick/seed0/arms/fp8_kv/metrics.jsonl" in names
-    assert "quick/seed0/sft/sft_meta.json" in names and not any(n.endswith(".safetensors") for n in names)
+    assert "quick/seed0/sft/sft_meta.json" in names and not any(n.endswith((".safetensors", ".pt")) for n in names)
 
 
 def _cpu_linears_row_invariant(shape: dict) -> bool:

@@ -32,6 +32,16 @@ if kind.startswith("sft"):  # "sft_fail": a finished SFT whose held-out gate fai
     sys.exit(0)
 if kind == "bad":
     sys.exit(3)
+if kind == "saver":  # stops itself before the deadline, its newest checkpoint at step 3 of 10
+    log = os.path.join(out, "metrics.jsonl")
+    start = sum(1 for _ in open(log)) if os.path.exists(log) else 0
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+        for step in range(start + 1, start + 4):
+            f.write(json.dumps({"step": step, "train/reward_mean": 0.5}) + "\\n")
+    os.makedirs(os.path.join(out, "checkpoints", f"step_{start + 3}"), exist_ok=True)
+    open(os.path.join(out, "checkpoints", f"step_{start + 3}", "meta.json"), "w").write("{}")
+    open(os.path.join(out, "config.yaml"), "w").write("grpo:\\n  max_num_steps: 6\\n")
+    sys.exit(0)
 steps = 2 if kind == "fast" else 10**6
 with open(os.path.join(out, "metrics.jsonl"), "w") as f:
     for step in range(1, steps + 1):
@@ -89,6 +99,36 @@ def test_stage_spreads_arms_over_gpus_stops_at_the_deadline_and_resumes(tmp_path
                              poll_s=0.1)  # fmt: skip
     assert sorted(made) == [("bad", 0, "0"), ("bad", 1, "1")]
     assert status[stage_dir]["jobs"]["seed0/slow"]["reason"] == "time_limit"
+
+
+def test_an_arm_that_saved_before_its_last_step_continues_in_the_next_call(tmp_path):
+    """`saver` saves at step 3 of 6 and stops: the next call runs it again in the same directory (its metrics go on
+    from step 3), and once its checkpoint reaches step 6 it is done; a finished arm without a checkpoint is not rerun."""
+    stage_dir = tmp_path / "2k"
+    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir)
+    arms_of = {stage_dir: ["saver", "fast"]}
+    for call in range(3):
+        made.clear()
+        status = stage.run_stage(stage_dir, arms_of, [0], ["0"], time.monotonic() + 4.0, sft_job, arm_job, poll_s=0.1)
+        ran = sorted(a for a, _, _ in made)
+        assert ran == [["fast", "saver", "sft"], ["saver"], []][call], (call, ran)
+    saver = stage.arm_dir(stage_dir, 0, "saver")
+    assert stage.metrics_steps(saver / "metrics.jsonl") == 6 and status[stage_dir]["jobs"]["seed0/saver"]["steps"] == 6
+    assert not stage.arm_continues(saver)
+
+
+def test_arm_checkpoint_overrides_resolve_in_the_arms_config(tmp_path):
+    """The overrides an arm gets under a finite deadline: checkpointing into its directory, newest only, and NeMo-RL's
+    deadline key at the budget; none without a deadline."""
+    from nemo_jetrl.config import load_config
+    from nemo_jetrl.schema import validate_config
+
+    assert stage.arm_checkpoint_overrides(tmp_path, float("inf")) == []
+    overrides = stage.arm_checkpoint_overrides(tmp_path / "arm", 3725.9)
+    cfg = validate_config(load_config(REPO / "examples" / "configs" / "accuracy_long_fp8.yaml", overrides))
+    ckpt = cfg.checkpointing
+    assert (ckpt.enabled, ckpt.keep_top_k, ckpt.checkpoint_must_save_by) == (True, 1, "00:01:02:05")
+    assert Path(ckpt.checkpoint_dir) == tmp_path / "arm" / stage.ARM_CHECKPOINTS
 
 
 def test_a_seed_whose_sft_fails_its_gate_runs_no_arm_and_continues_or_redoes_its_sft(tmp_path):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from nemo_jetrl.config import load_config
+from nemo_jetrl.config.errors import ConfigError
 from nemo_jetrl.data.prompts import PromptFormatter
 from nemo_jetrl.models.loading import load_model_and_tokenizer
 from nemo_jetrl.schema import MasterConfig, validate_config
@@ -27,7 +28,6 @@ def resolved(*overrides: str) -> MasterConfig:
         (["data_plane.enabled=true"], "data_plane.enabled: true: NeMo-RL's TransferQueue data plane moves tensors"),
         (["policy.draft.enabled=true"], "policy.draft.enabled: true: speculative decoding (an Eagle draft) changes"),
         (["++policy.dtensor_cfg.context_parallel_size=2"], "context_parallel_size: 2: context parallelism is not"),
-        (["checkpointing.checkpoint_must_save_by='00:03:45:00'"], "checkpoint_must_save_by: '00:03:45:00': no dead"),
         (["policy.generation.backend=sglang"], "policy.generation.backend: 'sglang' -> native (nemo-jetrl's rollout"),
         (["policy.generation.top_p=0.9"], "policy.generation.backend: 'vllm' -> native: with top_p < 1 / top_k"),
         (["++policy.generation.vllm_cfg.is_mx=true"], "vllm_cfg.is_mx: true: MXFP8 (E8M0 scales per 1x32) needs"),
@@ -37,6 +37,17 @@ def test_what_runs_differently_is_accepted_with_one_start_up_line(overrides, lin
     cfg = resolved(*overrides)
     assert len(cfg.startup_notes) == 1 and line in cfg.startup_notes[0], cfg.startup_notes
     assert cfg.ignored_key_warnings == ()
+
+
+def test_checkpoint_must_save_by_is_honoured_and_a_bad_value_refused():
+    """NeMo-RL's deadline save runs here (utils/save_deadline.py): the value reaches the section without a start-up
+    line; a value that is not 'DD:HH:MM:SS' is refused naming the key."""
+    cfg = resolved("checkpointing.checkpoint_must_save_by='00:03:45:00'")
+    assert cfg.checkpointing.checkpoint_must_save_by == "00:03:45:00"
+    assert cfg.startup_notes == () and cfg.ignored_key_warnings == ()
+    assert resolved().checkpointing.checkpoint_must_save_by is None  # the file's null
+    with pytest.raises(ConfigError, match=r"checkpoint_must_save_by must be 'DD:HH:MM:SS'.*'3:45:00'"):
+        resolved("checkpointing.checkpoint_must_save_by='3:45:00'")
 
 
 def test_other_rollout_engines_run_on_the_native_one():
