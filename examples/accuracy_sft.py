@@ -108,9 +108,12 @@ def sft_batch(task: ScratchpadTask, problems, tokenizer) -> tuple[torch.Tensor, 
     return input_ids, label_ids
 
 
-def held_out_accuracy(engine: NativeGenerationEngine, tokenizer, task: ScratchpadTask, problems) -> float:
-    """Greedy exact-answer accuracy on `problems`, decoded as the GRPO loop decodes."""
-    out = engine.generate([tokenizer(p.prompt).input_ids for p in problems], greedy=True)
+def held_out_accuracy(
+    engine: NativeGenerationEngine, tokenizer, task: ScratchpadTask, problems, greedy: bool = True
+) -> float:
+    """Greedy (or, `greedy=False`, sampled at the engine's temperature 1) exact-answer accuracy on `problems`,
+    decoded as the GRPO loop decodes."""
+    out = engine.generate([tokenizer(p.prompt).input_ids for p in problems], greedy=greedy)
     texts = [
         tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
         for ids, mask in zip(out.input_ids, out.response_mask)
@@ -168,9 +171,12 @@ def _train_step(model, optim, task, problems, tokenizer, device, micro_batch_siz
     return total
 
 
-def _gate_check(model, engine, task, tokenizer, problems, device, gate: float, precheck: bool, rows: int) -> dict:
+def _gate_check(
+    model, engine, task, tokenizer, problems, device, gate: float, precheck: bool, rows: int, gate_sampled: float = 0.0
+) -> dict:
     """The held-out figures of one gate check (module docstring): greedy accuracy (None when the precheck skipped
-    the rollout) and, with `precheck`, the teacher-forced exact fraction and token accuracy."""
+    the rollout), with `precheck` the teacher-forced exact fraction and token accuracy, and with `gate_sampled` > 0
+    the sampled (temperature 1) accuracy once the greedy one reaches `gate`."""
     model.eval()
     row: dict[str, Any] = {}
     if precheck:
@@ -179,8 +185,19 @@ def _gate_check(model, engine, task, tokenizer, problems, device, gate: float, p
         )
     run_greedy = not precheck or row["forced_exact"] >= gate / 2
     row["greedy_accuracy"] = held_out_accuracy(engine, tokenizer, task, problems) if run_greedy else None
+    if gate_sampled > 0 and row["greedy_accuracy"] is not None and row["greedy_accuracy"] >= gate:
+        row["sampled_accuracy"] = held_out_accuracy(engine, tokenizer, task, problems, greedy=False)
     model.train()
     return row
+
+
+def gate_passed(check: dict, gate: float, gate_sampled: float) -> bool:
+    """The gate: greedy held-out accuracy >= `gate` and, with `gate_sampled` > 0, sampled accuracy >= it (a start
+    whose samples are almost never right gives GRPO no reward to learn from: docs/accuracy.md, the 1k lr sweep)."""
+    greedy, sampled = check["greedy_accuracy"], check.get("sampled_accuracy")
+    if greedy is None or greedy < gate:
+        return False
+    return gate_sampled <= 0 or (sampled is not None and sampled >= gate_sampled)
 
 
 def _load_resume(path: Path, settings: dict, model, optim, device: torch.device) -> dict[str, Any]:
@@ -220,10 +237,12 @@ def run_sft(
     precheck: bool = False,
     max_positions: int | None = None,
     max_new_steps: int | None = None,
+    gate_sampled: float = 0.0,
 ) -> dict[str, Any]:
     """Train, gate, save under `out`; returns the metadata written to sft_meta.json. `max_positions`: the model's
     position limit (default: the longest prompt + worked solution + eos). `max_new_steps`: at most this many steps
-    in this call (a cap like `max_time_s`, beside it). Continues from `out`'s resume file when its settings match."""
+    in this call (a cap like `max_time_s`, beside it). `gate_sampled`: the gate's least sampled accuracy (0: none;
+    `gate_passed`). Continues from `out`'s resume file when its settings match."""
     task = make_scratchpad_task(task_name, num_digits=num_digits, val_size=max(gate_size, 512), seed=data_seed)
     max_len = 1 + task.prompt_chars + task.max_response_chars + 1  # bos, prompt, solution, eos
     max_positions = max(max_len, max_positions or 0)
@@ -256,8 +275,9 @@ def run_sft(
         loss_value = _train_step(model, optim, task, task.train_batch(step, batch_size), tokenizer, device, micro)
         step += 1
         if step % eval_every == 0 or step == max_steps:
-            check = _gate_check(model, engine, task, tokenizer, gate_problems, device, gate, precheck, micro)
-            passed = check["greedy_accuracy"] is not None and check["greedy_accuracy"] >= gate
+            check = _gate_check(model, engine, task, tokenizer, gate_problems, device, gate, precheck, micro,
+                                gate_sampled)  # fmt: skip
+            passed = gate_passed(check, gate, gate_sampled)
             wall = earlier_s + time.perf_counter() - start
             row = {"step": step, "loss": round(loss_value, 5), **check, "wall_s": round(wall, 1)}
             curve.write(json.dumps(row) + "\n")
@@ -281,7 +301,8 @@ def run_sft(
         "num_digits": num_digits, "max_positions": max_positions, "data_seed": data_seed, "seed": seed,
         "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "gate": gate,
         "gate_passed": passed, "gate_size": gate_size, "gate_greedy_accuracy": check["greedy_accuracy"],
-        "gate_forced_exact": check.get("forced_exact"), "final_loss": loss_value,
+        "gate_forced_exact": check.get("forced_exact"), "gate_sampled": gate_sampled,
+        "gate_sampled_accuracy": check.get("sampled_accuracy"), "final_loss": loss_value,
         "train_tokens": step * batch_size * seq_len,
         "train_flops_estimate": step * batch_size * seq_len * train_flops_per_token(SHAPES[shape], seq_len),
         "wall_time_s": round(wall_s, 1), "calls": calls,

@@ -52,7 +52,8 @@ LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_on
              "fp8", "fp8_kv", "fp8_kv_matched")  # fmt: skip
 LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on request (--arms)
 # the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
-SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-lr": "lr", "--sft-rows": "batch_size"}
+SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
+             "--sft-lr": "lr", "--sft-rows": "batch_size"}  # fmt: skip
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
@@ -67,7 +68,7 @@ SFT_SETTINGS = {
                   gate=1.01, gate_size=16, max_time_s=60.0),
 }  # fmt: skip
 LONG_SFT = dict(shape="long", task_name="long_multiplication", lr=5e-4, max_steps=5000, warmup=100, eval_every=25,
-                gate=0.3, gate_size=64, max_time_s=240.0, precheck=True)  # fmt: skip
+                gate=0.3, gate_sampled=0.1, gate_size=64, max_time_s=240.0, precheck=True)  # fmt: skip
 QUICK_LONG_SFT = dict(shape="quick", task_name="long_multiplication", num_digits=2, batch_size=8, micro_batch_size=4,
                       lr=3e-3, max_steps=2, warmup=1, eval_every=2, gate=0.0, gate_size=4, max_time_s=60.0,
                       precheck=True)  # fmt: skip
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="long report: NAME=STAGE,STAGE: one stage of the seeds several calls ran apart")  # fmt: skip
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
     p.add_argument("--sft-gate", type=float, default=None, help="SFT held-out greedy accuracy gate")
+    p.add_argument("--sft-gate-sampled", type=float, default=None,
+                   help="SFT gate: least held-out accuracy sampled at temperature 1 (long: 0.1; 0: none)")  # fmt: skip
     p.add_argument("--sft-lr", type=float, default=None, help="SFT peak learning rate (default per form)")
     p.add_argument("--sft-rows", type=int, default=None, help="SFT rows a step (default per form and length)")
     p.add_argument("overrides", nargs="*", help="run_grpo.py overrides for every arm (key=value ...)")
@@ -238,9 +241,11 @@ def stage_sft(args: argparse.Namespace) -> dict:
     if args.quick:
         torch.set_num_threads(2)
     meta = accuracy_sft.run_sft(args.out / "sft", seed=args.seed, data_seed=1234, device=device, **sft_settings(args))
-    greedy = meta["gate_greedy_accuracy"]
+    greedy, sampled = meta["gate_greedy_accuracy"], meta.get("gate_sampled_accuracy")
     print(f"sft: {meta['steps']} steps, held-out greedy accuracy {'-' if greedy is None else f'{greedy:.3f}'} "
-          f"(gate {meta['gate']}), {meta['num_parameters']:,} parameters, {meta['wall_time_s']} s", flush=True)  # fmt: skip
+          f"(gate {meta['gate']}), sampled {'-' if sampled is None else f'{sampled:.3f}'} "
+          f"(gate {meta.get('gate_sampled', 0.0)}), {meta['num_parameters']:,} parameters, {meta['wall_time_s']} s",
+          flush=True)  # fmt: skip
     return meta
 
 

@@ -283,11 +283,34 @@ def test_an_sft_stopped_by_a_cap_continues_where_it_stopped_as_one_run(tmp_path)
 def test_the_sft_flags_set_the_long_sft_and_reach_each_seeds_process(tmp_path):
     parse = study.build_parser().parse_args
     default = study.sft_settings(parse(["sft", "--study", "long", "--length", "4k"]))
-    assert (default["lr"], default["batch_size"], default["micro_batch_size"]) == (5e-4, 16, 8)
+    assert (default["lr"], default["batch_size"], default["micro_batch_size"], default["gate_sampled"]) == (
+        5e-4, 16, 8, 0.1
+    )
     stage = parse(["stage", "--study", "long", "--length", "4k", "--sft-lr", "2e-4", "--sft-rows", "32",
-                   "--sft-max-time-s", "540", "--out", str(tmp_path)])  # fmt: skip
-    want = default | {"lr": 2e-4, "batch_size": 32, "max_time_s": 540.0}
+                   "--sft-max-time-s", "540", "--sft-gate-sampled", "0.2", "--out", str(tmp_path)])  # fmt: skip
+    want = default | {"lr": 2e-4, "batch_size": 32, "max_time_s": 540.0, "gate_sampled": 0.2}
     assert study.sft_settings(stage) == want
     sub = study.seed_args(stage, tmp_path / "4k", 1)
     argv = study.sft_argv(sub)  # what the seed's SFT process is started with
     assert study.sft_settings(parse(argv)) == want and parse(argv).out == tmp_path / "4k" / "seed1"
+
+
+def test_the_sft_gate_can_require_sampled_accuracy(tmp_path):
+    """A greedy gate of 0 passes at the first check; an impossible sampled gate then fails it, after a sampled
+    rollout whose accuracy the metadata records. The rule itself: greedy first, then sampled."""
+    gate_passed = study.accuracy_sft.gate_passed
+    assert not gate_passed({"greedy_accuracy": None}, 0.3, 0.0)
+    assert not gate_passed({"greedy_accuracy": 0.2, "sampled_accuracy": 0.9}, 0.3, 0.1)
+    assert gate_passed({"greedy_accuracy": 0.4}, 0.3, 0.0)
+    assert not gate_passed({"greedy_accuracy": 0.4, "sampled_accuracy": 0.05}, 0.3, 0.1)
+    assert not gate_passed({"greedy_accuracy": 0.4}, 0.3, 0.1)  # sampled not measured
+    assert gate_passed({"greedy_accuracy": 0.4, "sampled_accuracy": 0.1}, 0.3, 0.1)
+
+    def sft(out, gate_sampled):
+        settings = dict(study.QUICK_LONG_SFT, max_steps=2, gate=0.0, gate_sampled=gate_sampled)
+        return study.accuracy_sft.run_sft(out, seed=0, data_seed=1234, device=torch.device("cpu"), **settings)
+
+    plain, strict = sft(tmp_path / "plain", 0.0), sft(tmp_path / "strict", 1.01)
+    assert plain["gate_passed"] and plain["gate_sampled_accuracy"] is None
+    assert not strict["gate_passed"] and 0.0 <= strict["gate_sampled_accuracy"] <= 1.0
+    assert strict["gate_greedy_accuracy"] == plain["gate_greedy_accuracy"]  # the same run up to the gate
