@@ -134,7 +134,7 @@ def arm_continues(directory: Path) -> bool:
     if not steps:
         return False
     config = directory / "config.yaml"
-    max_steps = OmegaConf.load(config).grpo.max_num_steps if config.is_file() else None
+    max_steps = OmegaConf.select(OmegaConf.load(config), "grpo.max_num_steps") if config.is_file() else None
     return max_steps is None or max(steps) < max_steps
 
 

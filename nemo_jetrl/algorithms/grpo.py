@@ -291,7 +291,7 @@ def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | 
     that step) and saves one every `save_period` steps, and at `checkpoint_must_save_by` (then stops).
     """
     cfg = run_config(cfg, "run_grpo")
-    deadline = SaveDeadline(cfg.checkpointing.checkpoint_must_save_by)  # its budget counts from here
+    deadline = SaveDeadline(cfg.checkpointing.checkpoint_must_save_by)  # counted from the process's start
     env_lines = apply_trainer_env(cfg.policy.dtensor_cfg)  # before this process starts CUDA where it can
     main = start_ranks(cfg)  # torchrun: this rank's process group; rank 0 alone writes and prints
     for out in (console, checkpoint_console):

@@ -39,7 +39,7 @@ class CheckpointingConfig(Section):
     keep_top_k: PositiveInt | None = 3  # null = keep all
     metric_name: str | None = None  # "val:accuracy" / "val/accuracy" / "train:reward_mean": best K; null = newest K
     higher_is_better: bool = True  # for metric_name
-    # 'DD:HH:MM:SS' from the run's start: save and stop before the next step would pass it (utils/save_deadline.py)
+    # 'DD:HH:MM:SS' from the process's start: save and stop before the next step would pass it (utils/save_deadline.py)
     checkpoint_must_save_by: str | None = None
 
     @field_validator("metric_name")
