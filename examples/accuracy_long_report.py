@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from accuracy_report import (
     ARM_LABELS,
+    across_seeds,
     arm_summary,
     arm_table,
     fmt,
@@ -43,7 +44,8 @@ from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final")  # seeds vs arms
 MEAN_KEYS = ("heldout_accuracy_start", "heldout_accuracy_final", "heldout_sampled_accuracy_start",
              "heldout_sampled_accuracy_final", "reward_first", "reward_last", "response_length_last",
-             "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean", "is_oob_ratio_mean")  # fmt: skip
+             "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean", "is_oob_ratio_mean",
+             "token_mult_prob_error_max")  # fmt: skip
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 PANEL_COLUMNS = 3
 
@@ -136,7 +138,7 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
     rows = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=common) for a in arms} for s in seeds}
     mean = {}
     for arm in arms:
-        mean[arm] = {k: mean_of([rows[s][arm].get(k) for s in seeds]) for k in MEAN_KEYS}
+        mean[arm] = {k: across_seeds(k, [rows[s][arm].get(k) for s in seeds]) for k in MEAN_KEYS}
         bins = sorted(set.intersection(*(set(rows[s][arm]["mismatch_by_position"]) for s in seeds)))
         mean[arm]["mismatch_by_position"] = {b: mean_of([rows[s][arm]["mismatch_by_position"][b] for s in seeds])
                                              for b in bins}  # fmt: skip

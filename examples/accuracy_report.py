@@ -42,6 +42,7 @@ MEAN_KEYS = (
     "heldout_accuracy_start", "heldout_accuracy_final", "heldout_sampled_accuracy_start",
     "heldout_sampled_accuracy_final", "reward_first", "reward_last", "response_length_last",
     "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean", "is_oob_ratio_mean",
+    "token_mult_prob_error_max",
 )  # fmt: skip
 
 
@@ -74,6 +75,8 @@ def arm_summary(metrics_path: Path, max_step: int | None = None) -> dict[str, An
     for key in MISMATCH_KEYS:
         series = s.get(f"train/{key}")
         out[f"{key}_mean"] = None if series is None else float(np.mean(series[1]))
+    tmpe = s.get("train/token_mult_prob_error")  # its largest step: a burst a mean over steps hides
+    out["token_mult_prob_error_max"] = None if tmpe is None else float(np.max(tmpe[1]))
     out["timing_median_s"] = {
         phase: float(statistics.median(s[f"timing/{phase}"][1][1:].tolist() or s[f"timing/{phase}"][1].tolist()))
         for phase in PHASES
@@ -168,6 +171,12 @@ def mean_of(values: list[float | None]) -> float | None:
     return float(np.mean(kept)) if kept else None
 
 
+def across_seeds(key: str, values: list[float | None]) -> float | None:
+    """One figure of several seeds' `key`: the largest of the largest steps, the mean of anything else."""
+    kept = [v for v in values if v is not None]
+    return (max(kept) if kept else None) if key.endswith("_max") else mean_of(kept)
+
+
 def write_report(runs: list[Path], assets: Path | None = None) -> dict[str, Any]:
     """Summaries of every arm of every run (study directory), their mean, plots; see the module docstring."""
     arms = [a for a in ARM_LABELS if all((r / "arms" / a / "metrics.jsonl").is_file() for r in runs)]
@@ -182,7 +191,7 @@ def write_report(runs: list[Path], assets: Path | None = None) -> dict[str, Any]
     mean = {}
     for arm in arms:
         rows = [r["arms"][arm] for r in per_run]
-        mean[arm] = {k: mean_of([row[k] for row in rows]) for k in MEAN_KEYS}
+        mean[arm] = {k: across_seeds(k, [row[k] for row in rows]) for k in MEAN_KEYS}
         mean[arm]["timing_median_s"] = {
             phase: mean_of([row["timing_median_s"].get(phase) for row in rows]) for phase in PHASES
         }
@@ -227,8 +236,8 @@ def arm_table(arms: list[str], cell: Callable[[str, str, int], str], reward_from
     reward_head = "train reward, first -> last" if reward_from_first else "train reward, last 20 steps"
     lines = [
         f"| arm | held-out greedy: start -> final | held-out sampled: start -> final | {reward_head} | "
-        "token_mult_prob_error | gen_kl_error | exact_token_fraction | IS clip fraction |",
-        "|---|---|---|---|---|---|---|---|",
+        "token_mult_prob_error | its largest step | gen_kl_error | exact_token_fraction | IS clip fraction |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         oob = cell(arm, "is_oob_ratio_mean", 6) if arm.endswith(("_tis", "_icepop")) else "-"
@@ -237,7 +246,8 @@ def arm_table(arms: list[str], cell: Callable[[str, str, int], str], reward_from
             f"| {ARM_LABELS[arm]} | {cell(arm, 'heldout_accuracy_start', 3)} -> "
             f"{cell(arm, 'heldout_accuracy_final', 3)} | {cell(arm, 'heldout_sampled_accuracy_start', 3)} -> "
             f"{cell(arm, 'heldout_sampled_accuracy_final', 3)} | {reward} | "
-            f"{cell(arm, 'token_mult_prob_error_mean', 5)} | {cell(arm, 'gen_kl_error_mean', 6)} | "
+            f"{cell(arm, 'token_mult_prob_error_mean', 5)} | {cell(arm, 'token_mult_prob_error_max', 4)} | "
+            f"{cell(arm, 'gen_kl_error_mean', 6)} | "
             f"{cell(arm, 'exact_token_fraction_mean', 3)} | {oob} |"
         )
     return lines

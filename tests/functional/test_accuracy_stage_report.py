@@ -270,3 +270,20 @@ def test_each_arm_keeps_one_color_in_every_panel():
     arms = accuracy_study.LONG_ARMS + accuracy_study.LONG_OPTIONAL_ARMS
     assert set(arms) <= set(long_report.ARM_COLORS)
     assert len(set(long_report.ARM_COLORS.values())) == len(long_report.ARM_COLORS)
+
+
+def test_the_largest_step_shows_a_burst_that_the_mean_hides(tmp_path):
+    """One step of 34 among ten of 1.001 (the 1k lr sweep's FP8-rollout-only burst): the mean says 4.0, the largest
+    step says 34; across seeds the largest of them is kept, and the arm table prints it."""
+    import accuracy_report
+
+    _write_metrics(tmp_path / "arm", 10, 0.5, 1.001)
+    with open(tmp_path / "arm" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 11, "train/reward_mean": 0.5, "train/token_mult_prob_error": 34.0}) + "\n")
+    row = accuracy_report.arm_summary(tmp_path / "arm" / "metrics.jsonl")
+    assert row["token_mult_prob_error_max"] == 34.0
+    assert row["token_mult_prob_error_mean"] == pytest.approx((10 * 1.001 + 34.0) / 11)
+    assert accuracy_report.across_seeds("token_mult_prob_error_max", [1.2, 34.0, None]) == 34.0
+    assert accuracy_report.across_seeds("token_mult_prob_error_mean", [1.0, 3.0, None]) == 2.0
+    table = accuracy_report.arm_table(["fp8_rollout_only"], lambda arm, key, digits: f"<{key}>")
+    assert "| <token_mult_prob_error_mean> | <token_mult_prob_error_max> |" in table[2] and "its largest step" in table[0]
