@@ -36,7 +36,7 @@ ARM_LABELS = {
 PHASES = ("generation", "training", "logprobs", "refit", "reward", "total_step_time")
 MISMATCH_KEYS = ("token_mult_prob_error", "gen_kl_error", "exact_token_fraction", "is_oob_ratio")
 TAIL_STEPS = 20  # "last" figures: the mean over this many final steps
-TAIL_VALIDATIONS = 3  # final held-out accuracy: the mean of this many last validations
+TAIL_VALIDATIONS = 3  # final held-out accuracy: the mean of this many last validations after step 0
 SMOOTH = 10
 MEAN_KEYS = (
     "heldout_accuracy_start", "heldout_accuracy_final", "heldout_sampled_accuracy_start",
@@ -65,8 +65,10 @@ def arm_summary(metrics_path: Path, max_step: int | None = None) -> dict[str, An
     for name in ("accuracy", "sampled_accuracy"):
         key = f"validation/{name}"
         out[f"heldout_{name}_start"] = float(s[key][1][0]) if key in s else None
-        out[f"heldout_{name}_final"] = mean_tail(s.get(key), TAIL_VALIDATIONS)  # mean of the last validations
-        out[f"heldout_{name}_final_steps"] = s[key][0][-TAIL_VALIDATIONS:].tolist() if key in s else None
+        after = (s[key][0][s[key][0] > 0], s[key][1][s[key][0] > 0]) if key in s else None  # not the start's
+        after = after if after is not None and len(after[0]) else None
+        out[f"heldout_{name}_final"] = mean_tail(after, TAIL_VALIDATIONS)  # mean of the last validations
+        out[f"heldout_{name}_final_steps"] = after[0][-TAIL_VALIDATIONS:].tolist() if after is not None else None
     reward = s.get("train/reward_mean")
     window = min(TAIL_STEPS, max(1, len(steps) // 2))  # a short run's first and last windows do not overlap
     out["reward_first"] = mean_tail(reward, window, head=True)

@@ -215,7 +215,7 @@ def test_long_report_compares_arms_at_common_steps_and_seeds_against_arms(synthe
     assert four["mean"]["bf16"]["reward_last"] > 1.0  # the 4k stage's common step 14 includes them
     assert one["mean"]["fp8_rollout_only"]["token_mult_prob_error_mean"] == pytest.approx(1.002)
     assert one["mean"]["fp8_rollout_only"]["mismatch_by_position"] == pytest.approx({"00000": 1.002, "00128": 1.004})
-    assert one["mean"]["bf16"]["heldout_accuracy_final"] == pytest.approx(0.505)  # validations at 0, 5, 10
+    assert one["mean"]["bf16"]["heldout_accuracy_final"] == pytest.approx(0.505)  # validations at 5, 10 (not 0)
     verdict = one["seeds_vs_arms"]["reward_last"]
     assert verdict["arm_range"] == pytest.approx(0.1) and verdict["max_seed_spread"] == pytest.approx(0.01)
     assert verdict["seeds_disagree_more"] is False
@@ -287,3 +287,17 @@ def test_the_largest_step_shows_a_burst_that_the_mean_hides(tmp_path):
     assert accuracy_report.across_seeds("token_mult_prob_error_mean", [1.0, 3.0, None]) == 2.0
     table = accuracy_report.arm_table(["fp8_rollout_only"], lambda arm, key, digits: f"<{key}>")
     assert "| <token_mult_prob_error_mean> | <token_mult_prob_error_max> |" in table[2] and "its largest step" in table[0]
+
+
+def test_final_held_out_accuracy_leaves_out_the_start(tmp_path):
+    """A short run (validations at 0, 5, 10): "final" is the mean of 5 and 10; the start is the start, not part of
+    the final figure (it was, for runs of fewer than four validations)."""
+    import accuracy_report
+
+    (tmp_path / "arm").mkdir()
+    rows = [{"step": 0, "validation/accuracy": 0.9}, {"step": 5, "validation/accuracy": 0.1},
+            {"step": 10, "validation/accuracy": 0.2}] + [{"step": i, "train/reward_mean": 0.5} for i in range(1, 12)]  # fmt: skip
+    (tmp_path / "arm" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    row = accuracy_report.arm_summary(tmp_path / "arm" / "metrics.jsonl")
+    assert row["heldout_accuracy_start"] == 0.9 and row["heldout_accuracy_final_steps"] == [5, 10]
+    assert row["heldout_accuracy_final"] == pytest.approx(0.15)
