@@ -241,11 +241,12 @@ def run_stage(
     ready = [(d, s, a) for d, s, a in pending if s in passed]
     per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
     arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu) for i, (d, s, a) in enumerate(ready)]
-    continuing = [f"{d.name}/seed{s}/{a}" for d, s, a in ready if arm_continues(arm_dir(d, s, a))]
+    continuing = [(d, s, a) for d, s, a in ready if arm_continues(arm_dir(d, s, a))]
     if continuing:
-        print(f"stage: {len(continuing)} arms continue from their checkpoints: {', '.join(continuing)}", flush=True)
+        names = ", ".join(f"{d.name}/seed{s}/{a}" for d, s, a in continuing)
+        print(f"stage: {len(continuing)} arms continue from their checkpoints: {names}", flush=True)
     for d, s, a in ready:  # a failed or unfinished earlier run without a checkpoint: start it afresh
-        if not arm_continues(arm_dir(d, s, a)):
+        if (d, s, a) not in continuing:
             shutil.rmtree(arm_dir(d, s, a), ignore_errors=True)
     run_jobs(arm_jobs, deadline, inline, poll_s=poll_s)
     for job, (d, s, a) in zip(arm_jobs, ready):

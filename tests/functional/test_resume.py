@@ -1,5 +1,7 @@
 """Durability: kill-and-resume (a run SIGKILLed mid-step resumes from its last checkpoint and logs exactly the
-metrics of an uninterrupted run, bitwise on CPU, timing keys excluded) and the NaN/Inf guard (a non-finite loss,
+metrics of an uninterrupted run, bitwise on CPU, timing keys excluded), the deadline save
+(`checkpointing.checkpoint_must_save_by`: a spent budget saves after the first step and stops, and the continued run
+logs exactly the uninterrupted run's metrics) and the NaN/Inf guard (a non-finite loss,
 gradient, FP8 scale or reward stops the step before the optimizer; grpo.on_nonfinite skips the batch or stops)."""
 
 from __future__ import annotations
@@ -142,6 +144,22 @@ def _tiny_cfg(root: Path, *extra: str):
         *extra,
     ]
     return validate_config(load_config(REPO / "examples" / "configs" / "grpo_tiny.yaml", overrides))
+
+
+def test_a_spent_save_deadline_saves_stops_and_the_next_run_continues_bitwise(tmp_path, capsys):
+    steps = ("grpo.max_num_steps=3", "checkpointing.save_period=100")  # saves only at the deadline and the last step
+    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+    run_grpo(_tiny_cfg(reference, *steps))
+    first = run_grpo(_tiny_cfg(stopped, *steps, "++checkpointing.checkpoint_must_save_by='00:00:00:00'"))
+    out = "".join(capsys.readouterr())
+    assert len(first["history"]) == 1
+    assert "checkpoint_must_save_by (00:00:00:00) reached after step 1: saved step 1" in out
+    assert sorted(p.name for p in (stopped / "ckpt").glob("step_*")) == ["step_1"]
+    second = run_grpo(_tiny_cfg(stopped, *steps))  # no budget: runs to max_num_steps from the saved step
+    assert len(second["history"]) == 2
+    assert sorted(p.name for p in (stopped / "ckpt").glob("step_*")) == ["step_1", "step_3"]
+    assert [s for s, _ in _metrics(stopped)] == [1, 2, 3]
+    assert _metrics(stopped) == _metrics(reference)  # exact float equality, every key
 
 
 @pytest.fixture(scope="module")
