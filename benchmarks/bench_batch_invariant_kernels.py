@@ -135,7 +135,8 @@ def shape_rows(dev, rounds: int = 5, configs: tuple = ()) -> list[dict]:
 
 
 def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tuple = ()) -> dict:
-    """{name: callable}: the fast kernel, then the exact attention (its default and each of `configs`); decode: one
+    """{name: callable}: the fast kernel, then the exact attention (its default and each of `configs`, named "...
+    OTHER BITS" where its output differs from the default's); decode: one
     query per row over n keys of an e4m3 cache [bsz, 8, n, 128]; else the trainer's causal forward over bsz x n
     tokens (bf16)."""
     scale, ks, vs = 128**-0.5, torch.tensor(0.01, device=dev), torch.tensor(0.01, device=dev)
@@ -158,7 +159,11 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
     out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
     if decode:
         out |= _paged_variants(q, k, v, ks, vs, scale, args, configs)
-    return out | {f"exact config {c}": (lambda c=c: K.attention(*args, config=c)) for c in configs}
+    want = K.attention(*args)
+    for c in configs:  # named "... OTHER BITS" where the config's output differs from the default's
+        same = torch.equal(K.attention(*args, config=c), want)
+        out[f"exact config {c}" + ("" if same else " OTHER BITS")] = lambda c=c: K.attention(*args, config=c)
+    return out
 
 
 def _paged_variants(q, k, v, ks, vs, scale, contiguous_args, configs: tuple = ()) -> dict:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from accuracy_report import (
     ARM_LABELS,
+    MEAN_KEYS,
     across_seeds,
     arm_summary,
     arm_table,
@@ -41,11 +42,7 @@ from accuracy_report import (
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
-COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final")  # seeds vs arms
-MEAN_KEYS = ("heldout_accuracy_start", "heldout_accuracy_final", "heldout_sampled_accuracy_start",
-             "heldout_sampled_accuracy_final", "reward_first", "reward_last", "response_length_last",
-             "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean", "is_oob_ratio_mean",
-             "token_mult_prob_error_max")  # fmt: skip
+COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")  # seeds vs arms
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 PANEL_COLUMNS = 3
 

@@ -39,8 +39,8 @@ TAIL_STEPS = 20  # "last" figures: the mean over this many final steps
 TAIL_VALIDATIONS = 3  # final held-out accuracy: the mean of this many last validations after step 0
 SMOOTH = 10
 MEAN_KEYS = (
-    "heldout_accuracy_start", "heldout_accuracy_final", "heldout_sampled_accuracy_start",
-    "heldout_sampled_accuracy_final", "reward_first", "reward_last", "response_length_last",
+    "heldout_accuracy_start", "heldout_accuracy_final", "heldout_accuracy_mean", "heldout_sampled_accuracy_start",
+    "heldout_sampled_accuracy_final", "heldout_sampled_accuracy_mean", "reward_first", "reward_last", "response_length_last",
     "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean", "is_oob_ratio_mean",
     "token_mult_prob_error_max",
 )  # fmt: skip
@@ -69,6 +69,7 @@ def arm_summary(metrics_path: Path, max_step: int | None = None) -> dict[str, An
         after = after if after is not None and len(after[0]) else None
         out[f"heldout_{name}_final"] = mean_tail(after, TAIL_VALIDATIONS)  # mean of the last validations
         out[f"heldout_{name}_final_steps"] = after[0][-TAIL_VALIDATIONS:].tolist() if after is not None else None
+        out[f"heldout_{name}_mean"] = mean_tail(after, len(after[0])) if after is not None else None  # all of them
     reward = s.get("train/reward_mean")
     window = min(TAIL_STEPS, max(1, len(steps) // 2))  # a short run's first and last windows do not overlap
     out["reward_first"] = mean_tail(reward, window, head=True)
@@ -237,16 +238,18 @@ def arm_table(arms: list[str], cell: Callable[[str, str, int], str], reward_from
     """The per-arm markdown table of final figures; `cell(arm, summary key, digits)` formats one figure."""
     reward_head = "train reward, first -> last" if reward_from_first else "train reward, last 20 steps"
     lines = [
-        f"| arm | held-out greedy: start -> final | held-out sampled: start -> final | {reward_head} | "
-        "token_mult_prob_error | its largest step | gen_kl_error | exact_token_fraction | IS clip fraction |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| arm | held-out greedy: start -> final | greedy, mean after start | held-out sampled: start -> final | "
+        f"{reward_head} | token_mult_prob_error | its largest step | gen_kl_error | exact_token_fraction | "
+        "IS clip fraction |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         oob = cell(arm, "is_oob_ratio_mean", 6) if arm.endswith(("_tis", "_icepop")) else "-"
         reward = (f"{cell(arm, 'reward_first', 3)} -> " if reward_from_first else "") + cell(arm, "reward_last", 3)
         lines.append(
             f"| {ARM_LABELS[arm]} | {cell(arm, 'heldout_accuracy_start', 3)} -> "
-            f"{cell(arm, 'heldout_accuracy_final', 3)} | {cell(arm, 'heldout_sampled_accuracy_start', 3)} -> "
+            f"{cell(arm, 'heldout_accuracy_final', 3)} | {cell(arm, 'heldout_accuracy_mean', 3)} | "
+            f"{cell(arm, 'heldout_sampled_accuracy_start', 3)} -> "
             f"{cell(arm, 'heldout_sampled_accuracy_final', 3)} | {reward} | "
             f"{cell(arm, 'token_mult_prob_error_mean', 5)} | {cell(arm, 'token_mult_prob_error_max', 4)} | "
             f"{cell(arm, 'gen_kl_error_mean', 6)} | "

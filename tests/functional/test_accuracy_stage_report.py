@@ -287,6 +287,7 @@ def test_the_largest_step_shows_a_burst_that_the_mean_hides(tmp_path):
     assert accuracy_report.across_seeds("token_mult_prob_error_mean", [1.0, 3.0, None]) == 2.0
     table = accuracy_report.arm_table(["fp8_rollout_only"], lambda arm, key, digits: f"<{key}>")
     assert "| <token_mult_prob_error_mean> | <token_mult_prob_error_max> |" in table[2] and "its largest step" in table[0]
+    assert "-> <heldout_accuracy_final> | <heldout_accuracy_mean> |" in table[2] and "mean after start" in table[0]
 
 
 def test_final_held_out_accuracy_leaves_out_the_start(tmp_path):
@@ -301,3 +302,8 @@ def test_final_held_out_accuracy_leaves_out_the_start(tmp_path):
     row = accuracy_report.arm_summary(tmp_path / "arm" / "metrics.jsonl")
     assert row["heldout_accuracy_start"] == 0.9 and row["heldout_accuracy_final_steps"] == [5, 10]
     assert row["heldout_accuracy_final"] == pytest.approx(0.15)
+    rows += [{"step": s, "validation/accuracy": a} for s, a in ((15, 0.6), (20, 0.7), (25, 0.8))]
+    (tmp_path / "arm" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    row = accuracy_report.arm_summary(tmp_path / "arm" / "metrics.jsonl")  # final: the last three; mean: all five
+    assert row["heldout_accuracy_final"] == pytest.approx(0.7) and row["heldout_accuracy_final_steps"] == [15, 20, 25]
+    assert row["heldout_accuracy_mean"] == pytest.approx(0.48) and row["heldout_accuracy_start"] == 0.9
