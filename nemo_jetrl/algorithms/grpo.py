@@ -312,8 +312,13 @@ def run_grpo(cfg: RunConfig, resolved: DictConfig | None = None, *, task: Any | 
 
 
 def _run_locked(
-    cfg: RunConfig, resolved: DictConfig | None, task: Any | None, line: str | None, main: bool,
-    memory: dict[str, float], deadline: SaveDeadline,
+    cfg: RunConfig,
+    resolved: DictConfig | None,
+    task: Any | None,
+    line: str | None,
+    main: bool,
+    memory: dict[str, float],
+    deadline: SaveDeadline,
 ) -> dict[str, Any]:
     resume = load_resume_state(cfg) if main else None  # rank 0 first: it may move an earlier run's outputs aside
     sync_ranks(cfg)
