@@ -9,7 +9,10 @@ it, so GRPO starts from a model that is partly right. With `precheck` a check fi
 over the gate problems; the fraction whose every response token is the argmax (the worked solution greedy decoding
 would reproduce) is a near lower bound of greedy accuracy, and the greedy rollout runs only once it reaches half the
 gate (long responses make each rollout costly). Checks happen at fixed steps, so the stopping step depends on the
-seeds only (and on `max_time_s`, a wall-time cap). Writes an HF directory (weights, tokenizer, sft_meta.json,
+seeds only (and on `max_time_s`, a wall-time cap). With `fixed_steps` the gate does not stop training: it trains
+exactly that many steps (on `max_steps`' schedule, so the model is the one a gated run has at that step) and checks
+the gate once, at the end; starts of one length are then alike across seeds and calls, and the gate only decides
+whether GRPO may start from them. Writes an HF directory (weights, tokenizer, sft_meta.json,
 sft_curve.jsonl, sft_corpus_sample.jsonl) that `policy.model_name` can name. Used by examples/accuracy_study.py.
 
 An SFT stopped by its time cap before the gate leaves `sft_resume.pt` (weights, AdamW state, step, wall time) in its
@@ -238,11 +241,16 @@ def run_sft(
     max_positions: int | None = None,
     max_new_steps: int | None = None,
     gate_sampled: float = 0.0,
+    fixed_steps: int | None = None,
 ) -> dict[str, Any]:
     """Train, gate, save under `out`; returns the metadata written to sft_meta.json. `max_positions`: the model's
     position limit (default: the longest prompt + worked solution + eos). `max_new_steps`: at most this many steps
     in this call (a cap like `max_time_s`, beside it). `gate_sampled`: the gate's least sampled accuracy (0: none;
-    `gate_passed`). Continues from `out`'s resume file when its settings match."""
+    `gate_passed`). `fixed_steps`: train exactly this many steps, the gate checked at the last only (module
+    docstring). Continues from `out`'s resume file when its settings match."""
+    if fixed_steps is not None and not 0 < fixed_steps <= max_steps:
+        raise ValueError(f"fixed_steps={fixed_steps}: must be in 1..max_steps ({max_steps})")
+    last = fixed_steps or max_steps  # the step training ends at, whatever the gate says with fixed_steps
     task = make_scratchpad_task(task_name, num_digits=num_digits, val_size=max(gate_size, 512), seed=data_seed)
     max_len = 1 + task.prompt_chars + task.max_response_chars + 1  # bos, prompt, solution, eos
     max_positions = max(max_len, max_positions or 0)
@@ -268,15 +276,15 @@ def run_sft(
     curve = (out / "sft_curve.jsonl").open("a" if step else "w")
     start = time.perf_counter()
     passed, first_step = False, step
-    while (step < max_steps and not passed and time.perf_counter() - start < max_time_s
+    while (step < last and not (passed and fixed_steps is None) and time.perf_counter() - start < max_time_s
            and (max_new_steps is None or step - first_step < max_new_steps)):  # fmt: skip
         for group in optim.param_groups:
             group["lr"] = lr_at(step, lr, warmup, max_steps)
         loss_value = _train_step(model, optim, task, task.train_batch(step, batch_size), tokenizer, device, micro)
         step += 1
-        if step % eval_every == 0 or step == max_steps:
-            check = _gate_check(model, engine, task, tokenizer, gate_problems, device, gate, precheck, micro,
-                                gate_sampled)  # fmt: skip
+        if (step % eval_every == 0 and fixed_steps is None) or step == last:
+            check = _gate_check(model, engine, task, tokenizer, gate_problems, device, gate,
+                                precheck and fixed_steps is None, micro, gate_sampled)  # fmt: skip
             passed = gate_passed(check, gate, gate_sampled)
             wall = earlier_s + time.perf_counter() - start
             row = {"step": step, "loss": round(loss_value, 5), **check, "wall_s": round(wall, 1)}
@@ -286,7 +294,7 @@ def run_sft(
     curve.close()
     wall_s = earlier_s + time.perf_counter() - start
     resume = out / RESUME_FILE
-    if passed or step >= max_steps:
+    if passed or step >= last:
         resume.unlink(missing_ok=True)
     else:  # stopped by a cap: the next call continues here
         torch.save({"settings": settings, "step": step, "wall_s": wall_s, "calls": calls, "check": check,
@@ -299,7 +307,7 @@ def run_sft(
         "task": task_name, "shape": shape, **SHAPES[shape], "vocab_size": task.VOCAB_SIZE,
         "num_parameters": num_params, "linear_parameters": linear_parameters(SHAPES[shape]),
         "num_digits": num_digits, "max_positions": max_positions, "data_seed": data_seed, "seed": seed,
-        "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "gate": gate,
+        "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "fixed_steps": fixed_steps, "gate": gate,
         "gate_passed": passed, "gate_size": gate_size, "gate_greedy_accuracy": check["greedy_accuracy"],
         "gate_forced_exact": check.get("forced_exact"), "gate_sampled": gate_sampled,
         "gate_sampled_accuracy": check.get("sampled_accuracy"), "final_loss": loss_value,

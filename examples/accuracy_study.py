@@ -53,7 +53,7 @@ LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_on
 LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on request (--arms)
 # the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
 SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
-             "--sft-lr": "lr", "--sft-rows": "batch_size"}  # fmt: skip
+             "--sft-lr": "lr", "--sft-rows": "batch_size", "--sft-steps": "fixed_steps"}  # fmt: skip
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SFT gate: least held-out accuracy sampled at temperature 1 (long: 0.1; 0: none)")  # fmt: skip
     p.add_argument("--sft-lr", type=float, default=None, help="SFT peak learning rate (default per form)")
     p.add_argument("--sft-rows", type=int, default=None, help="SFT rows a step (default per form and length)")
+    p.add_argument("--sft-steps", type=int, default=None,
+                   help="SFT exactly this many steps, the gate checked once at the end (default: stop at the gate)")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="run_grpo.py overrides for every arm (key=value ...)")
     return p
 

@@ -287,8 +287,9 @@ def test_the_sft_flags_set_the_long_sft_and_reach_each_seeds_process(tmp_path):
         5e-4, 16, 8, 0.1
     )
     stage = parse(["stage", "--study", "long", "--length", "4k", "--sft-lr", "2e-4", "--sft-rows", "32",
-                   "--sft-max-time-s", "540", "--sft-gate-sampled", "0.2", "--out", str(tmp_path)])  # fmt: skip
-    want = default | {"lr": 2e-4, "batch_size": 32, "max_time_s": 540.0, "gate_sampled": 0.2}
+                   "--sft-max-time-s", "540", "--sft-gate-sampled", "0.2", "--sft-steps", "600",
+                   "--out", str(tmp_path)])  # fmt: skip
+    want = default | {"lr": 2e-4, "batch_size": 32, "max_time_s": 540.0, "gate_sampled": 0.2, "fixed_steps": 600}
     assert study.sft_settings(stage) == want
     sub = study.seed_args(stage, tmp_path / "4k", 1)
     argv = study.sft_argv(sub)  # what the seed's SFT process is started with
@@ -314,3 +315,24 @@ def test_the_sft_gate_can_require_sampled_accuracy(tmp_path):
     assert plain["gate_passed"] and plain["gate_sampled_accuracy"] is None
     assert not strict["gate_passed"] and 0.0 <= strict["gate_sampled_accuracy"] <= 1.0
     assert strict["gate_greedy_accuracy"] == plain["gate_greedy_accuracy"]  # the same run up to the gate
+
+
+def test_a_fixed_step_sft_trains_past_a_passed_gate_and_checks_it_once(tmp_path):
+    """With fixed_steps the gate stops nothing: a gate of 0 that a gated run passes at its first check (step 2)
+    lets the fixed run train on to step 3, which it checks (greedy measured, no precheck skip) and records; an
+    impossible gate fails at the same step; a fixed step past max_steps is refused."""
+    def sft(out, **kw):
+        settings = dict(study.QUICK_LONG_SFT, max_steps=4, gate=0.0) | kw
+        return study.accuracy_sft.run_sft(out, seed=0, data_seed=1234, device=torch.device("cpu"), **settings)
+
+    gated, fixed = sft(tmp_path / "gated"), sft(tmp_path / "fixed", fixed_steps=3)
+    assert (gated["steps"], gated["fixed_steps"], gated["gate_passed"]) == (2, None, True)
+    assert (fixed["steps"], fixed["fixed_steps"], fixed["gate_passed"]) == (3, 3, True)
+    assert [json.loads(r)["step"] for r in open(tmp_path / "fixed" / "sft_curve.jsonl")] == [3]  # one check
+    assert 0.0 <= fixed["gate_greedy_accuracy"] <= 1.0
+    strict = sft(tmp_path / "strict", fixed_steps=3, gate=1.01)
+    assert (strict["steps"], strict["gate_passed"]) == (3, False)
+    assert strict["gate_greedy_accuracy"] == fixed["gate_greedy_accuracy"]  # the same model at step 3
+    assert not (tmp_path / "strict" / study.accuracy_stage.SFT_RESUME_FILE).exists()  # done, not to be continued
+    with pytest.raises(ValueError, match="fixed_steps=5"):
+        sft(tmp_path / "past", fixed_steps=5)
