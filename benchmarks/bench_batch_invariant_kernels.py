@@ -136,9 +136,8 @@ def shape_rows(dev, rounds: int = 5, configs: tuple = ()) -> list[dict]:
 
 def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tuple = ()) -> dict:
     """{name: callable}: the fast kernel, then the exact attention (its default and each of `configs`, named "...
-    OTHER BITS" where its output differs from the default's); decode: one
-    query per row over n keys of an e4m3 cache [bsz, 8, n, 128]; else the trainer's causal forward over bsz x n
-    tokens (bf16)."""
+    OTHER BITS" where its output differs from the default's); decode: one query per row over n keys of an e4m3
+    cache [bsz, 8, n, 128]; else the trainer's causal forward over bsz x n tokens (bf16)."""
     scale, ks, vs = 128**-0.5, torch.tensor(0.01, device=dev), torch.tensor(0.01, device=dev)
     valid = torch.ones(bsz, n, dtype=torch.bool, device=dev)
     if decode:

@@ -42,7 +42,8 @@ from accuracy_report import (
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
-COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")  # seeds vs arms
+# seeds vs arms
+COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 PANEL_COLUMNS = 3
 

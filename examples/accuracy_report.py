@@ -40,9 +40,9 @@ TAIL_VALIDATIONS = 3  # final held-out accuracy: the mean of this many last vali
 SMOOTH = 10
 MEAN_KEYS = (
     "heldout_accuracy_start", "heldout_accuracy_final", "heldout_accuracy_mean", "heldout_sampled_accuracy_start",
-    "heldout_sampled_accuracy_final", "heldout_sampled_accuracy_mean", "reward_first", "reward_last", "response_length_last",
-    "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean", "is_oob_ratio_mean",
-    "token_mult_prob_error_max",
+    "heldout_sampled_accuracy_final", "heldout_sampled_accuracy_mean", "reward_first", "reward_last",
+    "response_length_last", "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean",
+    "is_oob_ratio_mean", "token_mult_prob_error_max",
 )  # fmt: skip
 
 

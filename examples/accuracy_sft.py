@@ -12,8 +12,8 @@ gate (long responses make each rollout costly). Checks happen at fixed steps, so
 seeds only (and on `max_time_s`, a wall-time cap). With `fixed_steps` the gate does not stop training: it trains
 exactly that many steps (on `max_steps`' schedule, so the model is the one a gated run has at that step) and checks
 the gate once, at the end; starts of one length are then alike across seeds and calls, and the gate only decides
-whether GRPO may start from them. Writes an HF directory (weights, tokenizer, sft_meta.json,
-sft_curve.jsonl, sft_corpus_sample.jsonl) that `policy.model_name` can name. Used by examples/accuracy_study.py.
+whether GRPO may start from them. Writes an HF directory (weights, tokenizer, sft_meta.json, sft_curve.jsonl,
+sft_corpus_sample.jsonl) that `policy.model_name` can name. Used by examples/accuracy_study.py.
 
 An SFT stopped by its time cap before the gate leaves `sft_resume.pt` (weights, AdamW state, step, wall time) in its
 directory; the next `run_sft` there with the same settings continues from it (same batches, same schedule: the
@@ -307,8 +307,8 @@ def run_sft(
         "task": task_name, "shape": shape, **SHAPES[shape], "vocab_size": task.VOCAB_SIZE,
         "num_parameters": num_params, "linear_parameters": linear_parameters(SHAPES[shape]),
         "num_digits": num_digits, "max_positions": max_positions, "data_seed": data_seed, "seed": seed,
-        "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "fixed_steps": fixed_steps, "gate": gate,
-        "gate_passed": passed, "gate_size": gate_size, "gate_greedy_accuracy": check["greedy_accuracy"],
+        "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "fixed_steps": fixed_steps,
+        "gate": gate, "gate_passed": passed, "gate_size": gate_size, "gate_greedy_accuracy": check["greedy_accuracy"],
         "gate_forced_exact": check.get("forced_exact"), "gate_sampled": gate_sampled,
         "gate_sampled_accuracy": check.get("sampled_accuracy"), "final_loss": loss_value,
         "train_tokens": step * batch_size * seq_len,
