@@ -8,7 +8,8 @@ in chunks (`ATTN_SPLIT_KEYS`, a decode step's chunks in parallel programs) and w
 chunks) beside the fast kernels. Decode also reads the cache as the engine's rollout does: paged (`PAGE_SIZES`
 keys a block, blocks shuffled, the table `PAGED_SLACK` keys wider than the row, as a recipe's
 max_total_sequence_length leaves it), fast and exact; the exact paged output is checked bitwise against the
-contiguous one before it is timed.
+contiguous one before it is timed. The exact decode also reads the same values from a bf16 cache (twice the bytes,
+no e4m3 widening): what the widening costs.
 
 FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
 (prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
@@ -30,7 +31,7 @@ from nemo_jetrl.models import batch_invariant_kernels as K
 from nemo_jetrl.models.batch_invariant_attention import attention
 from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant
 from nemo_jetrl.precision.kernels import triton_batch_invariant as T
-from nemo_jetrl.precision.kv import kv_quant
+from nemo_jetrl.precision.kv import kv_dequant, kv_quant
 
 PAGE_SIZES = (16, 64)  # policy.generation.kv_block_size: the default, and one key block of the exact kernel
 PAGED_SLACK = 512  # the table's keys beyond the row's (e.g. 4,608 against a 4,096-token response)
@@ -157,6 +158,9 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
     out[f"exact (batch-invariant, chunks of {K.ATTN_SPLIT_KEYS})"] = lambda: attention(*args)
     out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
     if decode:
+        # the same values in a bf16 cache: twice the bytes, no e4m3 widening (what the widening costs)
+        args16 = (q, kv_dequant(k, ks, q.dtype), kv_dequant(v, vs, q.dtype), valid, start, scale)
+        out["exact, bf16 cache (same values)"] = lambda: attention(*args16)
         out |= _paged_variants(q, k, v, ks, vs, scale, args, configs)
     want = K.attention(*args)
     for c in configs:  # named "... OTHER BITS" where the config's output differs from the default's
