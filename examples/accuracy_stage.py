@@ -8,7 +8,8 @@ jobs (the length's also of the SFT jobs). `run_stage` does, within one deadline:
 1. the SFT of every seed that still has an arm to run and no checkpoint that passed its held-out gate, in parallel
    (seed i on GPU i mod #GPUs); a seed whose SFT fails the gate runs no arm (`sft_gate_failed`: RL from a model
    that cannot yet do the task measures nothing) and, in the next call, continues that SFT where it stopped if the
-   machine still holds its resume file (`SFT_RESUME_FILE`, examples/accuracy_sft.py), else redoes it;
+   machine still holds its resume file (`SFT_RESUME_FILE`, examples/accuracy_sft.py), else redoes it, unless it
+   ran the `sft_fixed_steps` asked for again (`--sft-steps`): the same flags would train the same model again;
 2. then every pending arm of every variant and seed at once, one process each, spread round-robin over the GPUs
    (`CUDA_VISIBLE_DEVICES` per process), each told how many processes share its GPU (its memory preflight's
    share); each arm saves its state and stops itself before the deadline (`arm_checkpoint_overrides`: NeMo-RL's
@@ -204,6 +205,15 @@ def run_jobs(
             time.sleep(poll_s)
 
 
+def sft_settled(stage_dir: Path, seed: int, fixed_steps: int | None) -> bool:
+    """A finished SFT that ran `fixed_steps` steps (sft_meta.json's `fixed_steps` and `steps`): redoing it with the
+    same steps would train the same model, so its gate's verdict stands."""
+    if fixed_steps is None or not sft_done(stage_dir, seed):
+        return False
+    meta = json.loads((sft_dir(stage_dir, seed) / "sft_meta.json").read_text())
+    return meta.get("fixed_steps") == fixed_steps and meta.get("steps", 0) >= fixed_steps
+
+
 def gpu_of(index: int, gpus: list[str]) -> str | None:
     return gpus[index % len(gpus)] if gpus else None
 
@@ -218,9 +228,11 @@ def run_stage(
     arm_job: Callable[[Path, int, str, str | None, int], Job],
     inline: bool = False,
     poll_s: float = 1.0,
+    sft_fixed_steps: int | None = None,
 ) -> dict[Path, dict]:
     """The stage (module docstring): `arms_of` maps each variant directory to its arms; `sft_job(seed, gpu)`,
-    `arm_job(variant dir, seed, arm, gpu, processes on that GPU)`. Returns each directory's stage.json status."""
+    `arm_job(variant dir, seed, arm, gpu, processes on that GPU)`; `sft_fixed_steps`: the SFT's --sft-steps.
+    Returns each directory's stage.json status."""
     status = {d: load_status(d) for d in (sft_root, *arms_of)}
     runs = [(d, s, a) for d, arms in arms_of.items() for s in seeds for a in arms]
     pending = [(d, s, a) for d, s, a in runs if not arm_done(d, status[d], s, a)]
@@ -228,7 +240,11 @@ def run_stage(
     if done:
         print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
     seeds_pending = sorted({s for _, s, _ in pending})
-    need = [s for s in seeds_pending if not sft_passed(sft_root, s)]
+    settled = [s for s in seeds_pending if not sft_passed(sft_root, s) and sft_settled(sft_root, s, sft_fixed_steps)]
+    for s in settled:
+        print(f"stage: seed {s}'s SFT ran its {sft_fixed_steps} steps and failed its gate: not redone (change "
+              "--sft-steps or the gate)", flush=True)  # fmt: skip
+    need = [s for s in seeds_pending if not sft_passed(sft_root, s) and s not in settled]
     for s in need:  # an SFT that failed its gate continues from its resume file, else starts again from scratch
         if not (sft_dir(sft_root, s) / SFT_RESUME_FILE).is_file():
             shutil.rmtree(sft_dir(sft_root, s), ignore_errors=True)

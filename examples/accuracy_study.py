@@ -365,7 +365,8 @@ def stage_stage(args: argparse.Namespace) -> int:
                                   log_root / "arms" / f"{arm}.log", gpu,
                                   inline=lambda: run_grpo.main(with_budget(process_age_s())))  # fmt: skip
 
-    status = accuracy_stage.run_stage(sft_root, arms_of, seeds, gpus, deadline, sft_job, arm_job, args.inline)
+    status = accuracy_stage.run_stage(sft_root, arms_of, seeds, gpus, deadline, sft_job, arm_job, args.inline,
+                                      sft_fixed_steps=args.sft_steps)  # fmt: skip
     for d, st in status.items():
         print(f"stage {d.name}:\n{accuracy_stage.status_table(st)}", flush=True)
     if args.pack is not None:

@@ -153,6 +153,26 @@ def test_a_seed_whose_sft_fails_its_gate_runs_no_arm_and_continues_or_redoes_its
     assert not (stage.sft_dir(stage_dir, 2) / "earlier.txt").exists()  # no resume file: redone from scratch
 
 
+def test_a_fixed_step_sft_that_failed_its_gate_is_not_redone_with_the_same_steps(tmp_path):
+    stage_dir = tmp_path / "2k"
+    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir, gate_fails=(1,))
+
+    def call(fixed):
+        return stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0, 1], ["0"], time.monotonic() + 4.0, sft_job,
+                               arm_job, poll_s=0.1, sft_fixed_steps=fixed)  # fmt: skip
+
+    call(5)
+    meta = stage.sft_dir(stage_dir, 1) / "sft_meta.json"
+    meta.write_text(json.dumps({"gate_passed": False, "fixed_steps": 5, "steps": 5}))  # ran its 5 steps, failed
+    made.clear()
+    status = call(5)  # the same steps again: the verdict stands, nothing runs
+    assert made == [] and status[stage_dir]["jobs"]["seed1/fast"]["reason"] == "sft_gate_failed"
+    assert stage.sft_settled(stage_dir, 1, 5) and not stage.sft_settled(stage_dir, 1, 6)
+    assert not stage.sft_settled(stage_dir, 1, None)
+    status = call(6)  # more steps asked for: redone (the stand-in fails it again)
+    assert made == [("sft", 1, "0")]
+
+
 def test_run_jobs_honours_parallel_and_marks_jobs_not_started(tmp_path):
     script = tmp_path / "fake.py"
     script.write_text(FAKE)
