@@ -385,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage != "grpo" and args.arm is not None:
         print(f"error: --arm ({args.arm}) is only for the grpo stage (the arms stage takes --arms)", file=sys.stderr)
         return USER_ERROR
+    cap = sft_settings(args)["max_steps"] if args.sft_steps is not None else None
+    if cap is not None and not 0 < args.sft_steps <= cap:
+        print(f"error: --sft-steps {args.sft_steps}: must be 1 to the SFT's max_steps ({cap})", file=sys.stderr)
+        return USER_ERROR
     if args.stage == "grpo":
         return stage_grpo(args, args.arm)
     if args.study == "long" and args.stage in ("stage", "all"):  # all: the stage, then the report

@@ -336,3 +336,11 @@ def test_a_fixed_step_sft_trains_past_a_passed_gate_and_checks_it_once(tmp_path)
     assert not (tmp_path / "strict" / study.accuracy_stage.SFT_RESUME_FILE).exists()  # done, not to be continued
     with pytest.raises(ValueError, match="fixed_steps=5"):
         sft(tmp_path / "past", fixed_steps=5)
+
+
+def test_a_stage_refuses_sft_steps_past_max_steps_before_running_anything(tmp_path, capsys):
+    argv = ["stage", "--study", "long", "--length", "2k", "--sft-steps", "6000", "--out", str(tmp_path / "s")]
+    assert study.main(argv) == study.USER_ERROR
+    assert capsys.readouterr().err == "error: --sft-steps 6000: must be 1 to the SFT's max_steps (5000)\n"
+    assert not (tmp_path / "s").exists()  # nothing ran
+    assert study.main(["sft", "--study", "long", "--quick", "--sft-steps", "0", "--out", str(tmp_path)]) == 2
