@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 import types
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -40,6 +41,16 @@ def omegaconf_message(exc: Exception) -> str:
 
 class KeyedValueError(ValueError):
     """Raised by schema validators whose message already names the full dotted keys (printed as is)."""
+
+
+def keyed_check(check: Callable[[Any], Any], value: Any) -> Any:
+    """`value`, after `check(value)` passed; a ValueError of `check` (whose message names the key) is raised again as
+    a KeyedValueError, for a schema validator."""
+    try:
+        check(value)
+    except ValueError as exc:
+        raise KeyedValueError(str(exc)) from None
+    return value
 
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:

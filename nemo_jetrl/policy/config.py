@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from nemo_jetrl.config.errors import KeyedValueError
+from nemo_jetrl.config.errors import KeyedValueError, keyed_check
 from nemo_jetrl.config.section import (
     AutoBool,
     FiniteFloat,
@@ -101,11 +101,7 @@ class SequencePackingConfig(Section):
     @field_validator("algorithm")
     @classmethod
     def _check_algorithm(cls, value: str) -> str:
-        try:
-            check_algorithm(value)
-        except ValueError as exc:
-            raise KeyedValueError(str(exc)) from None
-        return value
+        return keyed_check(check_algorithm, value)
 
 
 class MemoryPreflightConfig(Section):
@@ -162,11 +158,7 @@ class PolicyConfig(Section):
     @field_validator("scheduler")
     @classmethod
     def _check_scheduler(cls, value: Any) -> Any:
-        try:
-            check_scheduler_config(value)
-        except ValueError as exc:
-            raise KeyedValueError(str(exc)) from None
-        return value
+        return keyed_check(check_scheduler_config, value)
 
     @model_validator(mode="after")
     def _check_policy(self) -> PolicyConfig:

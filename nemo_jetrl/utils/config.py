@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from nemo_jetrl.config.errors import KeyedValueError
+from nemo_jetrl.config.errors import keyed_check
 from nemo_jetrl.config.section import NonNegativeInt, PathStr, PositiveInt, Section
 from nemo_jetrl.utils.checkpoint_files import normalize_metric_name
 from nemo_jetrl.utils.save_deadline import parse_must_save_by
@@ -46,20 +46,10 @@ class CheckpointingConfig(Section):
     @classmethod
     def _check_metric_name(cls, value: str | None) -> str | None:
         """The spelling the checkpoint ranking reads (checked here so --validate-only finds it too)."""
-        if value is not None:
-            try:
-                normalize_metric_name(value)
-            except ValueError as exc:
-                raise KeyedValueError(str(exc)) from None
-        return value
+        return value if value is None else keyed_check(normalize_metric_name, value)
 
     @field_validator("checkpoint_must_save_by")
     @classmethod
     def _check_must_save_by(cls, value: str | None) -> str | None:
         """NeMo-RL's 'DD:HH:MM:SS' (checked here so --validate-only finds a bad one)."""
-        if value is not None:
-            try:
-                parse_must_save_by(value)
-            except ValueError as exc:
-                raise KeyedValueError(str(exc)) from None
-        return value
+        return value if value is None else keyed_check(parse_must_save_by, value)
