@@ -157,26 +157,30 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
         args = (q, k, v, valid, start, scale)
     out[f"exact (batch-invariant, chunks of {K.ATTN_SPLIT_KEYS})"] = lambda: attention(*args)
     out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
+    want = K.attention(*args)  # the default's output, against which configs and the paged kernel are checked
     if decode:
         # the same values in a bf16 cache: twice the bytes, no e4m3 widening (what the widening costs)
         args16 = (q, kv_dequant(k, ks, q.dtype), kv_dequant(v, vs, q.dtype), valid, start, scale)
         out["exact, bf16 cache (same values)"] = lambda: attention(*args16)
-        out |= _paged_variants(q, k, v, ks, vs, scale, args, configs)
-    want = K.attention(*args)
-    for c in configs:  # named "... OTHER BITS" where the config's output differs from the default's
-        same = torch.equal(K.attention(*args, config=c), want)
-        out[f"exact config {c}" + ("" if same else " OTHER BITS")] = lambda c=c: K.attention(*args, config=c)
+        out |= _paged_variants(q, k, v, ks, vs, scale, want, configs)
+    for c in configs:
+        name = _bits_named(f"exact config {c}", K.attention(*args, config=c), want)
+        out[name] = lambda c=c: K.attention(*args, config=c)
     return out
 
 
-def _paged_variants(q, k, v, ks, vs, scale, contiguous_args, configs: tuple = ()) -> dict:
+def _bits_named(name: str, got: torch.Tensor, want: torch.Tensor) -> str:
+    """`name`, with " OTHER BITS" where a configuration's output `got` differs from the default's `want`."""
+    return name if torch.equal(got, want) else f"{name} OTHER BITS"
+
+
+def _paged_variants(q, k, v, ks, vs, scale, want, configs: tuple = ()) -> dict:
     """{name: callable}: the decode step over the cache k/v [B, H_kv, n, D] laid out as the engine's paged pool,
     fast and exact, per page size of `PAGE_SIZES`, and the exact kernel under each of `configs` (named "... OTHER
-    BITS" where its output differs from the default's); raises if the exact paged output differs from the
-    contiguous one in any bit."""
+    BITS" where its output differs from the default's); raises if the exact paged output differs in any bit from
+    `want`, the contiguous exact kernel's."""
     bsz, kv_heads, n, dim = k.shape
     kv_len = torch.full((bsz,), n, dtype=torch.int64, device=k.device)
-    want = K.attention(*contiguous_args)
     out = {}
     for page in PAGE_SIZES:
         per_row = -(-(n + PAGED_SLACK) // page)  # the table's blocks a row
@@ -197,8 +201,7 @@ def _paged_variants(q, k, v, ks, vs, scale, contiguous_args, configs: tuple = ()
         out[f"exact, paged (pages of {page})"] = lambda a=paged: K.paged_attention(*a)
         out[f"exact, paged (pages of {page}), one chunk"] = lambda a=paged: _one_chunk(K.paged_attention, *a)
         for c in configs:
-            same = torch.equal(K.paged_attention(*paged, config=c), want)
-            name = f"exact, paged (pages of {page}), config {c}" + ("" if same else " OTHER BITS")
+            name = _bits_named(f"exact, paged (pages of {page}), config {c}", K.paged_attention(*paged, config=c), want)
             out[name] = lambda a=paged, c=c: K.paged_attention(*a, config=c)
     return out
 

@@ -84,11 +84,15 @@ def sft_done(stage_dir: Path, seed: int) -> bool:
     return (d / "sft_meta.json").is_file() and (d / "config.json").is_file() and any(d.glob("*.safetensors"))
 
 
+def sft_meta(stage_dir: Path, seed: int) -> dict | None:
+    """A finished SFT's sft_meta.json; None where the SFT has not finished."""
+    return json.loads((sft_dir(stage_dir, seed) / "sft_meta.json").read_text()) if sft_done(stage_dir, seed) else None
+
+
 def sft_passed(stage_dir: Path, seed: int) -> bool:
     """A finished SFT whose held-out gate passed (sft_meta.json's `gate_passed`): the only start its arms take."""
-    if not sft_done(stage_dir, seed):
-        return False
-    return bool(json.loads((sft_dir(stage_dir, seed) / "sft_meta.json").read_text())["gate_passed"])
+    meta = sft_meta(stage_dir, seed)
+    return meta is not None and bool(meta["gate_passed"])
 
 
 def load_status(stage_dir: Path) -> dict:
@@ -208,10 +212,8 @@ def run_jobs(
 def sft_settled(stage_dir: Path, seed: int, fixed_steps: int | None) -> bool:
     """A finished SFT that ran `fixed_steps` steps (sft_meta.json's `fixed_steps` and `steps`): redoing it with the
     same steps would train the same model, so its gate's verdict stands."""
-    if fixed_steps is None or not sft_done(stage_dir, seed):
-        return False
-    meta = json.loads((sft_dir(stage_dir, seed) / "sft_meta.json").read_text())
-    return meta.get("fixed_steps") == fixed_steps and meta.get("steps", 0) >= fixed_steps
+    meta = sft_meta(stage_dir, seed) if fixed_steps is not None else None
+    return meta is not None and meta.get("fixed_steps") == fixed_steps and meta.get("steps", 0) >= fixed_steps
 
 
 def gpu_of(index: int, gpus: list[str]) -> str | None:
@@ -240,11 +242,12 @@ def run_stage(
     if done:
         print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
     seeds_pending = sorted({s for _, s, _ in pending})
-    settled = [s for s in seeds_pending if not sft_passed(sft_root, s) and sft_settled(sft_root, s, sft_fixed_steps)]
+    unpassed = [s for s in seeds_pending if not sft_passed(sft_root, s)]
+    settled = [s for s in unpassed if sft_settled(sft_root, s, sft_fixed_steps)]
     for s in settled:
         print(f"stage: seed {s}'s SFT ran its {sft_fixed_steps} steps and failed its gate: not redone (change "
               "--sft-steps or the gate)", flush=True)  # fmt: skip
-    need = [s for s in seeds_pending if not sft_passed(sft_root, s) and s not in settled]
+    need = [s for s in unpassed if s not in settled]
     for s in need:  # an SFT that failed its gate continues from its resume file, else starts again from scratch
         if not (sft_dir(sft_root, s) / SFT_RESUME_FILE).is_file():
             shutil.rmtree(sft_dir(sft_root, s), ignore_errors=True)
