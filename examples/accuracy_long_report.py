@@ -5,10 +5,14 @@ A root holds stage directories (`<length>[-<tag>][_T<temperature>][_lr<lr>]/seed
 summarized (accuracy_report.arm_summary) up to the stage's **common step**, the last training step that every arm
 of every seed reached (a stage's arms are stopped at one deadline and run at different speeds), so arms are
 compared over the same steps. Per stage and figure it also states whether the seeds disagree more than the arms:
-the largest spread between the two seeds of one arm against the spread between the arms' seed means.
+the largest spread between the two seeds of one arm against the spread between the arms' seed means. A seed whose
+arms all went further than the common step (the seeds of one call run at different speeds) is also summarized up
+to its own common step (`runs_own_step`), so the steps it ran past the slowest seed are not left out.
 
 Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.png, by_stage.png}` (one panel per
-stage; curves are the mean over seeds) and, with `assets`, copies them there with the packed stages.
+stage; curves are the mean over seeds), `seeds_<stage>.png` for each stage named in `seed_curves` (a row per seed,
+every arm to its last step: held-out greedy accuracy, train reward, mismatch per step) and, with `assets`, copies
+them there with the packed stages.
 
 `combine` ({name: [stage, ...]}) makes one stage of the seeds that several calls ran apart (one GPU runs a stage
 once per seed, each call with its own `--tag`): `ROOT/<name>/seed<S>` links to the listed stage whose seed S passed
@@ -27,6 +31,7 @@ import numpy as np
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
+    SMOOTH,
     across_seeds,
     arm_summary,
     arm_table,
@@ -134,6 +139,9 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
             for s in seeds for a in arms]  # fmt: skip
     common = min(last)
     rows = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=common) for a in arms} for s in seeds}
+    own = {s: min(last[i * len(arms) : (i + 1) * len(arms)]) for i, s in enumerate(seeds)}  # each seed's own
+    runs_own_step = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=own[s]) for a in arms}
+                     for s in seeds if own[s] > common}  # fmt: skip
     mean = {}
     for arm in arms:
         mean[arm] = {k: across_seeds(k, [rows[s][arm].get(k) for s in seeds]) for k in MEAN_KEYS}
@@ -144,7 +152,7 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
     status = json.loads(status_path.read_text()) if status_path.is_file() else None
     return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
             "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms), "sft": sft, "status": status,
-            "series": series}  # fmt: skip
+            "seed_common_steps": own, "runs_own_step": runs_own_step, "series": series}  # fmt: skip
 
 
 ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure
@@ -203,27 +211,85 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
+SEED_PANELS = (
+    ("validation/accuracy", "held-out greedy accuracy", False),
+    ("train/reward_mean", f"train reward (smoothed over {SMOOTH} steps)", False),
+    ("train/token_mult_prob_error", "token_mult_prob_error - 1 (1e-9: exactly 0)", True),
+)
+
+
+def plot_seed_curves(st: dict, out_dir: Path) -> Path:
+    """`seeds_<stage>.png`: a row per seed, a column per SEED_PANELS figure, every arm to its own last step."""
+    seeds = st["seeds"]
+    fig = new_figure(len(SEED_PANELS), len(seeds))
+    axes = []
+    for row, seed in enumerate(seeds):
+        for col, (key, ylabel, log) in enumerate(SEED_PANELS):
+            ax = fig.add_subplot(len(seeds), len(SEED_PANELS), row * len(SEED_PANELS) + col + 1)
+            for arm in st["arms"]:
+                if key in st["series"][seed][arm]:
+                    steps, values = st["series"][seed][arm][key]  # [steps], [steps]
+                    if log:
+                        values = np.maximum(values - 1.0, 1e-9)
+                    elif key.startswith("train/"):
+                        values = smooth(values)
+                    ax.plot(steps, values, marker="o" if key.startswith("validation/") else None, markersize=3,
+                            label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
+            if log:
+                ax.set_yscale("log")
+            ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']}, {seed}")
+            axes.append(ax)
+    return save_figure(fig, axes, out_dir / f"seeds_{st['stage']}.png")
+
+
 def write_long_report(
-    root: Path, assets: Path | None = None, combine: dict[str, list[str]] | None = None
+    root: Path,
+    assets: Path | None = None,
+    combine: dict[str, list[str]] | None = None,
+    seed_curves: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Summaries and plots of every stage under `root` and of the `combine` stages (module docstring); returns the
-    summary."""
+    """Summaries and plots of every stage under `root` and of the `combine` stages, with per-seed curves of the
+    `seed_curves` stages (module docstring); returns the summary."""
     unpack_stages(root)
     for name, stages in (combine or {}).items():
         combine_stages(root, name, stages)
     stages = [st for st in (stage_summary(p) for p in find_stages(root)) if st is not None]
     if not stages:
         raise FileNotFoundError(f"no stage with arm metrics under {root}: run `accuracy_study.py stage --study long`")
+    by_name = {st["stage"]: st for st in stages}
+    unknown = [name for name in seed_curves or [] if name not in by_name]
+    if unknown:
+        raise FileNotFoundError(f"--seed-curves {', '.join(unknown)}: no such stage with arms (stages: "
+                                f"{', '.join(by_name)})")  # fmt: skip
     report = root / "report"
     report.mkdir(parents=True, exist_ok=True)
     summary = {"stages": [{k: v for k, v in st.items() if k != "series"} for st in stages]}
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = [report / "summary.json", *plot_stages(stages, report)]
+    files += [plot_seed_curves(by_name[name], report) for name in seed_curves or []]
     if assets is not None:
         assets.mkdir(parents=True, exist_ok=True)
         for path in files + sorted(root.glob("*.tar.gz")):
             shutil.copy(path, assets / path.name)
     return summary
+
+
+OWN_STEP_KEYS = (("heldout_accuracy_final", 3), ("heldout_accuracy_mean", 3), ("reward_last", 3),
+                 ("token_mult_prob_error_mean", 5))  # fmt: skip
+
+
+def own_step_table(st: dict[str, Any]) -> list[str]:
+    """Markdown: the seeds that ran past the stage's common step, each to its own (`runs_own_step`); [] if none."""
+    own = st.get("runs_own_step") or {}
+    if not own:
+        return []
+    heads = [f"{seed} to step {st['seed_common_steps'][seed]}: greedy final / mean after start / reward last / "
+             "token_mult_prob_error" for seed in own]  # fmt: skip
+    lines = ["| arm | " + " | ".join(heads) + " |", "|---|" + "---|" * len(own)]
+    for arm in st["arms"]:
+        cells = [" / ".join(fmt(own[seed][arm][key], digits) for key, digits in OWN_STEP_KEYS) for seed in own]
+        lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def format_long_tables(summary: dict[str, Any]) -> str:
@@ -241,6 +307,7 @@ def format_long_tables(summary: dict[str, Any]) -> str:
             return seed_cell(st["mean"][arm][key], [st["runs"][s][arm].get(key) for s in st["seeds"]], digits)
 
         lines += ["", *arm_table(st["arms"], cell, reward_from_first=True), ""]
+        lines += own_step_table(st)
         lines += position_table({arm: st["mean"][arm]["mismatch_by_position"] for arm in st["arms"]})
         lines.append("")
         for key, r in st["seeds_vs_arms"].items():

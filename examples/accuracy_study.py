@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--also", type=Path, action="append", default=[], help="report stage: another seed's study dir")
     p.add_argument("--combine", type=_combine, action="append", default=[],
                    help="long report: NAME=STAGE,STAGE: one stage of the seeds several calls ran apart")  # fmt: skip
+    p.add_argument("--seed-curves", action="append", default=[], metavar="STAGE",
+                   help="long report: also plot this stage's curves per seed (seeds_<STAGE>.png)")  # fmt: skip
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
     p.add_argument("--sft-gate", type=float, default=None, help="SFT held-out greedy accuracy gate")
     p.add_argument("--sft-gate-sampled", type=float, default=None,
@@ -401,7 +403,13 @@ def main(argv: list[str] | None = None) -> int:
         rc = stage_arms(args) if args.stage in ("arms", "all") else 0
     if args.stage in ("report", "all"):
         if args.study == "long":  # every stage directory under --out
-            summary = accuracy_long_report.write_long_report(args.out, args.assets, dict(args.combine))
+            try:  # a --combine or --seed-curves stage that is not there: one line
+                summary = accuracy_long_report.write_long_report(
+                    args.out, args.assets, dict(args.combine), args.seed_curves
+                )
+            except FileNotFoundError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return USER_ERROR
             print(accuracy_long_report.format_long_tables(summary))
         else:
             summary = accuracy_report.write_report([args.out, *args.also], args.assets)

@@ -327,3 +327,23 @@ def test_final_held_out_accuracy_leaves_out_the_start(tmp_path):
     row = accuracy_report.arm_summary(tmp_path / "arm" / "metrics.jsonl")  # final: the last three; mean: all five
     assert row["heldout_accuracy_final"] == pytest.approx(0.7) and row["heldout_accuracy_final_steps"] == [15, 20, 25]
     assert row["heldout_accuracy_mean"] == pytest.approx(0.48) and row["heldout_accuracy_start"] == 0.9
+
+
+def test_a_seed_that_ran_past_the_common_step_is_also_summarized_to_its_own(synthetic_root, tmp_path, capsys):
+    """1k: seed 1's fp8 arm stops at step 10, so the stage's common step is 10; seed 0's arms all reached 14 and are
+    also summarized to 14 (the reward of 9 after step 10 counts there), with their per-seed curves plotted."""
+    summary = long_report.write_long_report(synthetic_root, tmp_path / "assets", seed_curves=["1k"])
+    one, four = summary["stages"]
+    assert one["seed_common_steps"] == {"seed0": 14, "seed1": 10} and four["runs_own_step"] == {}
+    assert list(one["runs_own_step"]) == ["seed0"]
+    assert one["runs"]["seed0"]["bf16"]["reward_last"] == pytest.approx(0.5)  # to the common step
+    assert one["runs_own_step"]["seed0"]["bf16"]["reward_last"] == pytest.approx((3 * 0.5 + 4 * 9.0) / 7)
+    tables = long_report.format_long_tables(summary)
+    assert "| arm | seed0 to step 14: greedy final / mean after start / reward last / token_mult_prob_error |" in tables
+    assert "| BF16 | 0.500 / 0.500 / 5.357 / 1.00010 |" in tables and tables.count("to step 14") == 1
+    png = (tmp_path / "assets" / "seeds_1k.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert not (tmp_path / "assets" / "seeds_4k.png").exists()
+    rc = accuracy_study.main(["report", "--study", "long", "--out", str(synthetic_root), "--seed-curves", "9k"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: --seed-curves 9k: no such stage") and "1k, 4k" in err[0]
