@@ -44,6 +44,7 @@ from accuracy_report import (
     seed_cell,
     smooth,
 )
+from accuracy_stage import sft_label
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
@@ -98,8 +99,9 @@ def find_stages(root: Path) -> list[Path]:
 
 
 def sft_meta(stage: Path, seed: str) -> dict | None:
-    """The SFT metadata a stage's seed started from (a sweep variant `2k-t_T0.7` starts from `2k-t`'s SFT)."""
-    path = stage.parent / stage.name.split("_", 1)[0] / seed / "sft" / "sft_meta.json"
+    """The SFT metadata a stage's seed (or repeat: `seed1r2` starts from `seed1`'s) started from (a sweep variant
+    `2k-t_T0.7` starts from `2k-t`'s SFT)."""
+    path = stage.parent / stage.name.split("_", 1)[0] / sft_label(seed) / "sft" / "sft_meta.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -297,11 +299,14 @@ def format_long_tables(summary: dict[str, Any]) -> str:
     lines = []
     for st in summary["stages"]:
         lines += ["", f"### {st['stage']}: common step {st['common_step']} (last steps {st['last_steps']})", ""]
+        repeats = [seed for seed in st["sft"] if sft_label(seed) != seed]  # their SFT is listed once, as its seed's
         for seed, meta in st["sft"].items():
-            if meta:
+            if meta and seed not in repeats:
                 lines.append(f"- SFT {seed}: {meta['steps']} steps, gate greedy {fmt(meta['gate_greedy_accuracy'])} "
                              f"(passed: {meta['gate_passed']}), {meta['wall_time_s']} s"
                              + ("" if seed in st["seeds"] else ": its arms are left out"))  # fmt: skip
+        if repeats:
+            lines.append(f"- GRPO repeats from their seed's SFT (other GRPO seeds): {', '.join(repeats)}")
 
         def cell(arm: str, key: str, digits: int, st: dict = st) -> str:
             return seed_cell(st["mean"][arm][key], [st["runs"][s][arm].get(key) for s in st["seeds"]], digits)

@@ -3,7 +3,9 @@
 A stage is one response length and its sweep variants. The length's directory holds `seed<S>/sft/` (the SFT
 checkpoint every variant starts from); each variant's directory (the length's own for the base settings, e.g.
 `2k`, or `2k_T0.7`) holds `seed<S>/arms/<arm>/` (one run_grpo.py log dir each) and `stage.json`, the status of its
-jobs (the length's also of the SFT jobs). `run_stage` does, within one deadline:
+jobs (the length's also of the SFT jobs). With `repeats` R > 1 every arm also runs R - 1 more times from the same
+SFT start, in `seed<S>r<k>/arms/<arm>/` (k = 1..R-1, its own GRPO seed): runs that differ only in GRPO's sampling,
+to tell what an arm does from what chance does. `run_stage` does, within one deadline:
 
 1. the SFT of every seed that still has an arm to run and no checkpoint that passed its held-out gate, in parallel
    (seed i on GPU i mod #GPUs); a seed whose SFT fails the gate runs no arm (`sft_gate_failed`: RL from a model
@@ -71,8 +73,18 @@ class Job:
     result: dict = field(default_factory=dict)  # rc, reason, wall_s
 
 
-def arm_dir(stage_dir: Path, seed: int, arm: str) -> Path:
-    return stage_dir / f"seed{seed}" / "arms" / arm
+def run_label(seed: int, repeat: int = 0) -> str:
+    """The directory of one GRPO run per arm from seed `seed`'s SFT: `seed<S>`, or `seed<S>r<k>` for repeat k."""
+    return f"seed{seed}" + (f"r{repeat}" if repeat else "")
+
+
+def sft_label(label: str) -> str:
+    """The seed whose SFT a run label's arms start from: `seed1r2` -> `seed1`."""
+    return re.sub(r"r\d+$", "", label)
+
+
+def arm_dir(stage_dir: Path, seed: int, arm: str, repeat: int = 0) -> Path:
+    return stage_dir / run_label(seed, repeat) / "arms" / arm
 
 
 def sft_dir(stage_dir: Path, seed: int) -> Path:
@@ -112,9 +124,9 @@ def metrics_steps(metrics: Path) -> int:
     return len(read_metrics_jsonl(metrics).get("train/reward_mean", ((), ()))[0])
 
 
-def arm_done(stage_dir: Path, status: dict, seed: int, arm: str) -> bool:
-    entry = status["jobs"].get(f"seed{seed}/{arm}", {})
-    directory = arm_dir(stage_dir, seed, arm)
+def arm_done(stage_dir: Path, status: dict, seed: int, arm: str, repeat: int = 0) -> bool:
+    entry = status["jobs"].get(f"{run_label(seed, repeat)}/{arm}", {})
+    directory = arm_dir(stage_dir, seed, arm, repeat)
     logged = (directory / "metrics.jsonl").is_file()
     return entry.get("reason") in DONE_REASONS and logged and not arm_continues(directory)
 
@@ -227,21 +239,22 @@ def run_stage(
     gpus: list[str],
     deadline: float,
     sft_job: Callable[[int, str | None], Job],
-    arm_job: Callable[[Path, int, str, str | None, int], Job],
+    arm_job: Callable[[Path, int, str, str | None, int, int], Job],
     inline: bool = False,
     poll_s: float = 1.0,
     sft_fixed_steps: int | None = None,
+    repeats: int = 1,
 ) -> dict[Path, dict]:
     """The stage (module docstring): `arms_of` maps each variant directory to its arms; `sft_job(seed, gpu)`,
-    `arm_job(variant dir, seed, arm, gpu, processes on that GPU)`; `sft_fixed_steps`: the SFT's --sft-steps.
-    Returns each directory's stage.json status."""
+    `arm_job(variant dir, seed, arm, gpu, processes on that GPU, repeat)`; `sft_fixed_steps`: the SFT's
+    --sft-steps; `repeats`: GRPO runs per arm and seed. Returns each directory's stage.json status."""
     status = {d: load_status(d) for d in (sft_root, *arms_of)}
-    runs = [(d, s, a) for d, arms in arms_of.items() for s in seeds for a in arms]
-    pending = [(d, s, a) for d, s, a in runs if not arm_done(d, status[d], s, a)]
-    done = [f"{d.name}/seed{s}/{a}" for d, s, a in runs if (d, s, a) not in pending]
+    runs = [(d, s, a, r) for d, arms in arms_of.items() for s in seeds for r in range(repeats) for a in arms]
+    pending = [(d, s, a, r) for d, s, a, r in runs if not arm_done(d, status[d], s, a, r)]
+    done = [f"{d.name}/{run_label(s, r)}/{a}" for d, s, a, r in runs if (d, s, a, r) not in pending]
     if done:
         print(f"stage: {len(done)} arms already done: {', '.join(done)}", flush=True)
-    seeds_pending = sorted({s for _, s, _ in pending})
+    seeds_pending = sorted({s for _, s, _, _ in pending})
     unpassed = [s for s in seeds_pending if not sft_passed(sft_root, s)]
     settled = [s for s in unpassed if sft_settled(sft_root, s, sft_fixed_steps)]
     for s in settled:
@@ -257,23 +270,24 @@ def run_stage(
         status[sft_root]["jobs"][job.name] = job.result
     save_status(sft_root, status[sft_root])
     passed = {s for s in seeds_pending if sft_passed(sft_root, s)}
-    ready = [(d, s, a) for d, s, a in pending if s in passed]
+    ready = [run for run in pending if run[1] in passed]
     per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
-    arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu) for i, (d, s, a) in enumerate(ready)]
-    continuing = [(d, s, a) for d, s, a in ready if arm_continues(arm_dir(d, s, a))]
+    arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu, r) for i, (d, s, a, r) in enumerate(ready)]
+    continuing = [run for run in ready if arm_continues(arm_dir(*run))]
     if continuing:
-        names = ", ".join(f"{d.name}/seed{s}/{a}" for d, s, a in continuing)
+        names = ", ".join(f"{d.name}/{run_label(s, r)}/{a}" for d, s, a, r in continuing)
         print(f"stage: {len(continuing)} arms continue from their checkpoints: {names}", flush=True)
-    for d, s, a in ready:  # a failed or unfinished earlier run without a checkpoint: start it afresh
-        if (d, s, a) not in continuing:
-            shutil.rmtree(arm_dir(d, s, a), ignore_errors=True)
+    for run in ready:  # a failed or unfinished earlier run without a checkpoint: start it afresh
+        if run not in continuing:
+            shutil.rmtree(arm_dir(*run), ignore_errors=True)
     run_jobs(arm_jobs, deadline, inline, poll_s=poll_s)
-    for job, (d, s, a) in zip(arm_jobs, ready):
-        status[d]["jobs"][f"seed{s}/{a}"] = {**job.result, "steps": metrics_steps(arm_dir(d, s, a) / "metrics.jsonl")}
-    for d, s, a in pending:
-        if (d, s, a) not in ready:
+    for job, (d, s, a, r) in zip(arm_jobs, ready):
+        steps = metrics_steps(arm_dir(d, s, a, r) / "metrics.jsonl")
+        status[d]["jobs"][f"{run_label(s, r)}/{a}"] = {**job.result, "steps": steps}
+    for d, s, a, r in pending:
+        if (d, s, a, r) not in ready:
             reason = "sft_gate_failed" if sft_done(sft_root, s) else "no_sft"
-            status[d]["jobs"][f"seed{s}/{a}"] = {"rc": None, "reason": reason, "steps": 0}
+            status[d]["jobs"][f"{run_label(s, r)}/{a}"] = {"rc": None, "reason": reason, "steps": 0}
     for d in arms_of:
         save_status(d, status[d])
     return status

@@ -19,7 +19,8 @@ few steps of each stage. User errors exit with status 2.
 Study `long` (long multiplication, 1K-4K-token responses, 104M model, `LONG_ARMS`; `accuracy_long_<arm>.yaml`):
 one device call per stage, a stage being one response length (`--length` 1k / 2k / 4k: 7 / 10 / 13 digits) with
 optional sweep values (`--temperature`, `--lr`), for every seed of `--seeds` (accuracy_stage.py: SFT per seed, then
-all arms at once over `--gpus`, stopped at `--time-limit-s`, resumable, packed into one small tar.gz):
+all arms at once over `--gpus`, stopped at `--time-limit-s`, resumable, packed into one small tar.gz;
+`--repeats R` runs each arm R times from each SFT start, with other GRPO seeds):
 
     python3 examples/accuracy_study.py stage --study long --length 2k --out /tmp/acc_long --pack $OUT/2k.tar.gz
     python3 examples/accuracy_study.py report --study long --out /tmp/acc_long --assets docs/assets/accuracy_long
@@ -57,6 +58,7 @@ SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
+REPEAT_SEED_STRIDE = 1000  # a stage's repeat k of an arm runs with grpo.seed 42 + seed + this * k (--repeats)
 BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
 GRPO_MICRO_BATCH_TOKENS = 10240  # GRPO rows per micro-batch: the power of two whose rows fit in this
 SFT_STEP_TOKENS = 65536  # SFT rows per step: the power of two nearest this many tokens, in two micro-batches
@@ -129,6 +131,12 @@ def _int_list(text: str) -> list[int]:
     return _number_list(text, int)
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _tag(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9-]+", text):
         raise argparse.ArgumentTypeError(f"letters, digits and '-' only, got {text!r}")
@@ -178,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available; cpu with --quick)")
     p.add_argument("--arms", default=None, help="comma-separated arms of the arms / stage / all stages (default: all)")
     p.add_argument("--seeds", type=_int_list, default=[0, 1], help="stage: comma-separated seeds (one SFT each)")
+    p.add_argument("--repeats", type=_positive_int, default=1,
+                   help=f"stage: GRPO runs per arm from each seed's SFT (repeat k: seed<S>r<k>/, grpo.seed + "
+                        f"{REPEAT_SEED_STRIDE} k)")  # fmt: skip
     p.add_argument("--gpus", default=None, help="stage: comma-separated GPU indices (default: every CUDA device)")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="stage: one GPU's memory (default: queried)")
     p.add_argument("--inline", action="store_true", help="stage: run every job in this process, one after another")
@@ -264,7 +275,7 @@ def grpo_argv(
         "--config", str(CONFIGS / f"{prefix}{arm}.yaml"),
         f"policy.model_name={args.out / 'sft'}",
         f"logger.log_dir={(log_root or args.out) / 'arms' / arm}",
-        f"grpo.seed={42 + args.seed}",
+        f"grpo.seed={42 + args.seed + REPEAT_SEED_STRIDE * getattr(args, 'repeat', 0)}",
     ]  # fmt: skip
     if args.study == "long":
         argv += list(QUICK_LONG_GRPO_OVERRIDES) if args.quick else long_grpo_overrides(LONG_LENGTHS[args.length])
@@ -310,9 +321,9 @@ def sft_argv(sub: argparse.Namespace) -> list[str]:
     return argv
 
 
-def seed_args(args: argparse.Namespace, stage_dir: Path, seed: int) -> argparse.Namespace:
-    """`args` for one seed of a stage: its directory and seed."""
-    return argparse.Namespace(**{**vars(args), "out": stage_dir / f"seed{seed}", "seed": seed})
+def seed_args(args: argparse.Namespace, stage_dir: Path, seed: int, repeat: int = 0) -> argparse.Namespace:
+    """`args` for one seed of a stage: its directory (its SFT's), seed and GRPO repeat."""
+    return argparse.Namespace(**{**vars(args), "out": stage_dir / f"seed{seed}", "seed": seed, "repeat": repeat})
 
 
 def visible_gpus(args: argparse.Namespace) -> list[str]:
@@ -354,27 +365,30 @@ def stage_stage(args: argparse.Namespace) -> int:
         log = sub.out / "sft.log"
         return accuracy_stage.Job(f"sft/seed{seed}", HERE / "accuracy_study.py", argv, log, gpu, inline=inline)
 
-    def arm_job(variant: Path, seed: int, arm: str, gpu: str | None, per_gpu: int) -> accuracy_stage.Job:
-        log_root = variant / f"seed{seed}"
+    def arm_job(variant: Path, seed: int, arm: str, gpu: str | None, per_gpu: int, repeat: int) -> accuracy_stage.Job:
+        label = accuracy_stage.run_label(seed, repeat)
+        log_root = variant / label
         capacity = None if gib is None else gib / per_gpu
-        argv = grpo_argv(seed_args(args, sft_root, seed), arm, log_root, overrides_of[variant], capacity)
+        argv = grpo_argv(seed_args(args, sft_root, seed, repeat), arm, log_root, overrides_of[variant], capacity)
+        directory = accuracy_stage.arm_dir(variant, seed, arm, repeat)
 
         def with_budget(age_s: float) -> list[str]:  # the arm saves and stops before the deadline; its budget counts
             budget = deadline - time.monotonic() - accuracy_stage.ARM_SAVE_MARGIN_S + age_s  # from its process's start
-            return argv + accuracy_stage.arm_checkpoint_overrides(accuracy_stage.arm_dir(variant, seed, arm), budget)
+            return argv + accuracy_stage.arm_checkpoint_overrides(directory, budget)
 
-        return accuracy_stage.Job(f"{variant.name}/seed{seed}/{arm}", HERE / "run_grpo.py", with_budget(0.0),
+        return accuracy_stage.Job(f"{variant.name}/{label}/{arm}", HERE / "run_grpo.py", with_budget(0.0),
                                   log_root / "arms" / f"{arm}.log", gpu,
                                   inline=lambda: run_grpo.main(with_budget(process_age_s())))  # fmt: skip
 
     status = accuracy_stage.run_stage(sft_root, arms_of, seeds, gpus, deadline, sft_job, arm_job, args.inline,
-                                      sft_fixed_steps=args.sft_steps)  # fmt: skip
+                                      sft_fixed_steps=args.sft_steps, repeats=args.repeats)  # fmt: skip
     for d, st in status.items():
         print(f"stage {d.name}:\n{accuracy_stage.status_table(st)}", flush=True)
     if args.pack is not None:
         path = accuracy_stage.pack(list(status), args.pack)
         print(f"stage: packed {path} ({path.stat().st_size / 2**20:.2f} MiB)", flush=True)
-    reasons = [status[d]["jobs"][f"seed{s}/{a}"]["reason"] for d, arms in arms_of.items() for s in seeds for a in arms]
+    labels = [accuracy_stage.run_label(s, r) for s in seeds for r in range(args.repeats)]
+    reasons = [status[d]["jobs"][f"{label}/{a}"]["reason"] for d, arms in arms_of.items() for label in labels for a in arms]
     return 0 if all(r in accuracy_stage.DONE_REASONS for r in reasons) else 1
 
 

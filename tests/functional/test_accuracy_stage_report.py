@@ -61,10 +61,11 @@ def _stage_jobs(tmp_path: Path, stage_dir: Path, gate_fails: tuple[int, ...] = (
         out, kind = stage.sft_dir(stage_dir, seed), "sft_fail" if seed in gate_fails else "sft"
         return stage.Job(f"sft/seed{seed}", script, [str(out), kind, "-"], stage_dir / f"sft{seed}.log", gpu)
 
-    def arm_job(variant, seed, arm, gpu, per_gpu):
-        made.append((arm, seed, gpu))
-        out = stage.arm_dir(variant, seed, arm)
-        return stage.Job(f"seed{seed}/{arm}", script, [str(out), arm, str(per_gpu)], out.parent / f"{arm}.log", gpu)
+    def arm_job(variant, seed, arm, gpu, per_gpu, repeat):
+        made.append((arm, seed, gpu) + ((repeat,) if repeat else ()))
+        out = stage.arm_dir(variant, seed, arm, repeat)
+        name = f"{stage.run_label(seed, repeat)}/{arm}"
+        return stage.Job(name, script, [str(out), arm, str(per_gpu)], out.parent / f"{arm}.log", gpu)
 
     return sft_job, arm_job, made
 
@@ -347,3 +348,38 @@ def test_a_seed_that_ran_past_the_common_step_is_also_summarized_to_its_own(synt
     rc = accuracy_study.main(["report", "--study", "long", "--out", str(synthetic_root), "--seed-curves", "9k"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: --seed-curves 9k: no such stage") and "1k, 4k" in err[0]
+
+
+def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_sft(tmp_path):
+    """--repeats 3 with one seed: one SFT, three runs of each arm (seed0, seed0r1, seed0r2), each with its own
+    GRPO seed; the report counts the repeats as runs of seed 0's start."""
+    stage_dir = tmp_path / "2k"
+    sft_job, arm_job, made = _stage_jobs(tmp_path, stage_dir)
+    status = stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0], ["0", "1"], time.monotonic() + 4.0, sft_job,
+                             arm_job, poll_s=0.1, repeats=3)  # fmt: skip
+    assert sorted(made) == [("fast", 0, "0"), ("fast", 0, "0", 2), ("fast", 0, "1", 1), ("sft", 0, "0")]
+    jobs = status[stage_dir]["jobs"]
+    assert [jobs[k]["steps"] for k in ("seed0/fast", "seed0r1/fast", "seed0r2/fast")] == [2, 2, 2]
+    assert stage.sft_label("seed0r2") == "seed0" and stage.sft_label("seed12") == "seed12"
+    made.clear()  # again: all done
+    stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0], ["0"], time.monotonic() + 4.0, sft_job, arm_job,
+                    poll_s=0.1, repeats=3)  # fmt: skip
+    assert made == []
+    args = accuracy_study.build_parser().parse_args(["stage", "--study", "long", "--repeats", "3", "--out", str(tmp_path)])
+    seeds = [next(a for a in accuracy_study.grpo_argv(accuracy_study.seed_args(args, stage_dir, 1, r), "bf16")
+                  if a.startswith("grpo.seed=")) for r in range(3)]  # fmt: skip
+    assert seeds == ["grpo.seed=43", "grpo.seed=1043", "grpo.seed=2043"]
+    with pytest.raises(SystemExit):
+        accuracy_study.build_parser().parse_args(["stage", "--repeats", "0"])
+    root = tmp_path / "root"  # the report: three runs of seed 0's start, its SFT found for each
+    for label, reward in (("seed0", 0.5), ("seed0r1", 0.1), ("seed0r2", 0.3)):
+        for arm in ("bf16", "fp8"):
+            _write_metrics(root / "2k" / label / "arms" / arm, 10, reward, 1.0001)
+    (root / "2k" / "seed0" / "sft").mkdir()
+    meta = {"gate_passed": True, "steps": 1, "gate_greedy_accuracy": 0.4, "wall_time_s": 1.0}
+    (root / "2k" / "seed0" / "sft" / "sft_meta.json").write_text(json.dumps(meta))
+    (st,) = long_report.write_long_report(root)["stages"]
+    assert st["seeds"] == ["seed0", "seed0r1", "seed0r2"] and all(m["steps"] == 1 for m in st["sft"].values())
+    assert st["seeds_vs_arms"]["reward_last"]["max_seed_spread"] == pytest.approx(0.4)
+    tables = long_report.format_long_tables({"stages": [st]})
+    assert tables.count("- SFT seed0") == 1 and "- GRPO repeats from their seed's SFT (other GRPO seeds): seed0r1, seed0r2" in tables
