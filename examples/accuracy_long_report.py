@@ -5,7 +5,9 @@ A root holds stage directories (`<length>[-<tag>][_T<temperature>][_lr<lr>]/seed
 summarized (accuracy_report.arm_summary) up to the stage's **common step**, the last training step that every arm
 of every seed reached (a stage's arms are stopped at one deadline and run at different speeds), so arms are
 compared over the same steps. Per stage and figure it also states whether the seeds disagree more than the arms:
-the largest spread between the two seeds of one arm against the spread between the arms' seed means. A seed whose
+the largest spread between the two seeds of one arm against the spread between the arms' seed means, and per arm
+against BF16 the difference of means over the runs with a permutation test within starts (accuracy_stats.py:
+repeats of one start make it able to tell an arm from chance). A seed whose
 arms all went further than the common step (the seeds of one call run at different speeds) is also summarized up
 to its own common step (`runs_own_step`), so the steps it ran past the slowest seed are not left out.
 
@@ -45,11 +47,13 @@ from accuracy_report import (
     smooth,
 )
 from accuracy_stage import sft_label
+from accuracy_stats import permutation_test
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
 # seeds vs arms
 COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")
+VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final")  # arm against BF16 over runs
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 PANEL_COLUMNS = 3
 
@@ -130,6 +134,23 @@ def seeds_vs_arms(rows: dict[str, dict[str, dict]], arms: list[str]) -> dict[str
     return out
 
 
+def versus_bf16(rows: dict[str, dict[str, dict]], arms: list[str]) -> dict[str, dict]:
+    """Per arm other than BF16 and VERSUS_KEYS figure: accuracy_stats.permutation_test of its runs against BF16's,
+    grouped by start (a repeat's start is its seed's); {} without a BF16 arm."""
+    if "bf16" not in arms:
+        return {}
+
+    def by_start(arm: str, key: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for run, row in rows.items():
+            if row[arm].get(key) is not None:
+                out.setdefault(sft_label(run), []).append(row[arm][key])
+        return out
+
+    return {arm: {key: permutation_test(by_start(arm, key), by_start("bf16", key)) for key in VERSUS_KEYS}
+            for arm in arms if arm != "bf16"}  # fmt: skip
+
+
 def stage_summary(stage: Path) -> dict[str, Any] | None:
     """The stage's per-seed and mean figures at its common step (module docstring); None without arms."""
     sft = {p.name: sft_meta(stage, p.name) for p in sorted(stage.glob("seed*")) if (p / "arms").is_dir()}
@@ -153,7 +174,8 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
     status_path = stage / "stage.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else None
     return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
-            "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms), "sft": sft, "status": status,
+            "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms), "versus_bf16": versus_bf16(rows, arms),
+            "sft": sft, "status": status,
             "seed_common_steps": own, "runs_own_step": runs_own_step, "series": series}  # fmt: skip
 
 
@@ -276,6 +298,27 @@ def write_long_report(
     return summary
 
 
+def versus_lines(versus: dict[str, dict], alpha: float = 0.05) -> list[str]:
+    """Markdown bullets: each arm minus BF16 over the runs with the permutation test's p (accuracy_stats.py); one
+    line instead when the runs are too few for any p below `alpha`."""
+    tests = [t for by_key in versus.values() for t in by_key.values() if t["diff"] is not None]
+    if not tests:
+        return []
+    floor = min(2 / t["relabelings"] if t["exact"] else 0.0 for t in tests)  # the smallest p the runs allow
+    if floor >= alpha:
+        return [f"- arms against BF16: {tests[0]['runs'][0]} run(s) per arm from {tests[0]['starts']} start(s): a "
+                f"permutation test cannot go below p = {floor:.2f}, so no arm can be told from chance here "
+                "(`--repeats` runs more from each start)"]  # fmt: skip
+    lines = []
+    for arm, by_key in versus.items():
+        cells = [f"{key} {t['diff']:+.3f} (p = {t['p']:.3f})" for key, t in by_key.items() if t["diff"] is not None]
+        t = next(iter(by_key.values()))
+        lines.append(f"- {ARM_LABELS[arm]} - BF16 over {t['runs'][0]} and {t['runs'][1]} runs from {t['starts']} "
+                     f"start(s): {', '.join(cells)}; p: permutation test within starts, "
+                     f"{'exact' if t['exact'] else 'sampled'}, {t['relabelings']} relabelings")  # fmt: skip
+    return lines
+
+
 OWN_STEP_KEYS = (("heldout_accuracy_final", 3), ("heldout_accuracy_mean", 3), ("reward_last", 3),
                  ("token_mult_prob_error_mean", 5))  # fmt: skip
 
@@ -320,4 +363,5 @@ def format_long_tables(summary: dict[str, Any]) -> str:
                        None: "one seed or one arm: no comparison"}[r["seeds_disagree_more"]]  # fmt: skip
             lines.append(f"- {key}: arm range {fmt(r['arm_range'])}, largest seed spread "
                          f"{fmt(r['max_seed_spread'])}: {verdict}")  # fmt: skip
+        lines += versus_lines(st.get("versus_bf16") or {})
     return "\n".join(lines)

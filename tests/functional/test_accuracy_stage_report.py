@@ -383,3 +383,18 @@ def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_
     assert st["seeds_vs_arms"]["reward_last"]["max_seed_spread"] == pytest.approx(0.4)
     tables = long_report.format_long_tables({"stages": [st]})
     assert tables.count("- SFT seed0") == 1 and "- GRPO repeats from their seed's SFT (other GRPO seeds): seed0r1, seed0r2" in tables
+    # 3 runs per arm from one start: C(6, 3) = 20 relabelings, p >= 0.10: one line says no arm can be told apart
+    assert st["versus_bf16"]["fp8"]["heldout_accuracy_mean"]["relabelings"] == 20
+    assert "- arms against BF16: 3 run(s) per arm from 1 start(s): a permutation test cannot go below p = 0.10" in tables
+    for label, reward in (("seed0r3", 0.2), ("seed0r4", 0.4)):  # 5 runs per arm: 252 relabelings
+        for arm, shift in (("bf16", 0.0), ("fp8", -0.3)):
+            _write_metrics(root / "2k" / label / "arms" / arm, 10, reward + shift, 1.0001)
+    for arm in ("seed0r1", "seed0r2"):
+        _write_metrics(root / "2k" / arm / "arms" / "fp8", 10, {"seed0r1": 0.1, "seed0r2": 0.3}[arm] - 0.3, 1.0001)
+    _write_metrics(root / "2k" / "seed0" / "arms" / "fp8", 10, 0.5 - 0.3, 1.0001)
+    (st,) = long_report.write_long_report(root)["stages"]
+    t = st["versus_bf16"]["fp8"]["heldout_accuracy_mean"]
+    assert t["diff"] == pytest.approx(-0.3) and t["relabelings"] == 252 and t["exact"]
+    assert t["p"] < 0.05  # fp8 = bf16 - 0.3 in every run: 0.2..0.5 against -0.2..0.2 overlap in few relabelings
+    line = [x for x in long_report.format_long_tables({"stages": [st]}).splitlines() if x.startswith("- unified FP8 - BF16")]
+    assert len(line) == 1 and "over 5 and 5 runs from 1 start(s): heldout_accuracy_mean -0.300 (p = " in line[0]
