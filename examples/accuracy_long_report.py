@@ -7,9 +7,9 @@ of every seed reached (a stage's arms are stopped at one deadline and run at dif
 compared over the same steps. Per stage and figure it also states whether the seeds disagree more than the arms:
 the largest spread between the two seeds of one arm against the spread between the arms' seed means, and per arm
 against BF16 the difference of means over the runs with a permutation test within starts (accuracy_stats.py:
-repeats of one start make it able to tell an arm from chance). A seed whose
-arms all went further than the common step (the seeds of one call run at different speeds) is also summarized up
-to its own common step (`runs_own_step`), so the steps it ran past the slowest seed are not left out.
+repeats of one start make it able to tell an arm from chance). A seed whose arms all went further than the common
+step (the seeds of one call run at different speeds) is also summarized up to its own common step
+(`runs_own_step`), so the steps it ran past the slowest seed are not left out.
 
 Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.png, by_stage.png}` (one panel per
 stage; curves are the mean over seeds), `seeds_<stage>.png` for each stage named in `seed_curves` (a row per seed,
@@ -174,9 +174,9 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
     status_path = stage / "stage.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else None
     return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
-            "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms), "versus_bf16": versus_bf16(rows, arms),
-            "sft": sft, "status": status,
-            "seed_common_steps": own, "runs_own_step": runs_own_step, "series": series}  # fmt: skip
+            "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms),
+            "versus_bf16": versus_bf16(rows, arms), "sft": sft, "status": status, "seed_common_steps": own,
+            "runs_own_step": runs_own_step, "series": series}  # fmt: skip
 
 
 ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure

@@ -47,10 +47,11 @@ def permutation_test(a: dict[str, list[float]], b: dict[str, list[float]]) -> di
         p, exact, tried = hits / count, True, count
     else:
         rng = random.Random(0)
-        hits = sum(
-            abs(_difference(pools, [tuple(rng.sample(range(len(p)), k)) for p, k in zip(pools, sizes)], n_a, n_b, total))
-            >= abs(observed) - TIE
-            for _ in range(SAMPLES)
-        )
+
+        def sampled() -> float:
+            chosen = [tuple(rng.sample(range(len(pool)), k)) for pool, k in zip(pools, sizes)]
+            return _difference(pools, chosen, n_a, n_b, total)
+
+        hits = sum(abs(sampled()) >= abs(observed) - TIE for _ in range(SAMPLES))
         p, exact, tried = (hits + 1) / (SAMPLES + 1), False, SAMPLES
     return out | {"diff": observed, "p": p, "relabelings": tried, "exact": exact}

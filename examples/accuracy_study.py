@@ -388,7 +388,8 @@ def stage_stage(args: argparse.Namespace) -> int:
         path = accuracy_stage.pack(list(status), args.pack)
         print(f"stage: packed {path} ({path.stat().st_size / 2**20:.2f} MiB)", flush=True)
     labels = [accuracy_stage.run_label(s, r) for s in seeds for r in range(args.repeats)]
-    reasons = [status[d]["jobs"][f"{label}/{a}"]["reason"] for d, arms in arms_of.items() for label in labels for a in arms]
+    jobs = [(d, f"{label}/{a}") for d, arms in arms_of.items() for label in labels for a in arms]
+    reasons = [status[d]["jobs"][name]["reason"] for d, name in jobs]
     return 0 if all(r in accuracy_stage.DONE_REASONS for r in reasons) else 1
 
 

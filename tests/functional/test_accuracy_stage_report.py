@@ -347,7 +347,8 @@ def test_a_seed_that_ran_past_the_common_step_is_also_summarized_to_its_own(synt
     assert not (tmp_path / "assets" / "seeds_4k.png").exists()
     rc = accuracy_study.main(["report", "--study", "long", "--out", str(synthetic_root), "--seed-curves", "9k"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("error: --seed-curves 9k: no such stage") and "1k, 4k" in err[0]
+    assert rc == 2 and len(err) == 1 and "1k, 4k" in err[0]
+    assert err[0].startswith("error: --seed-curves 9k: no such stage")
 
 
 def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_sft(tmp_path):
@@ -365,12 +366,13 @@ def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_
     stage.run_stage(stage_dir, {stage_dir: ["fast"]}, [0], ["0"], time.monotonic() + 4.0, sft_job, arm_job,
                     poll_s=0.1, repeats=3)  # fmt: skip
     assert made == []
-    args = accuracy_study.build_parser().parse_args(["stage", "--study", "long", "--repeats", "3", "--out", str(tmp_path)])
+    parse = accuracy_study.build_parser().parse_args
+    args = parse(["stage", "--study", "long", "--repeats", "3", "--out", str(tmp_path)])
     seeds = [next(a for a in accuracy_study.grpo_argv(accuracy_study.seed_args(args, stage_dir, 1, r), "bf16")
                   if a.startswith("grpo.seed=")) for r in range(3)]  # fmt: skip
     assert seeds == ["grpo.seed=43", "grpo.seed=1043", "grpo.seed=2043"]
     with pytest.raises(SystemExit):
-        accuracy_study.build_parser().parse_args(["stage", "--repeats", "0"])
+        parse(["stage", "--repeats", "0"])
     root = tmp_path / "root"  # the report: three runs of seed 0's start, its SFT found for each
     for label, reward in (("seed0", 0.5), ("seed0r1", 0.1), ("seed0r2", 0.3)):
         for arm in ("bf16", "fp8"):
@@ -382,10 +384,13 @@ def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_
     assert st["seeds"] == ["seed0", "seed0r1", "seed0r2"] and all(m["steps"] == 1 for m in st["sft"].values())
     assert st["seeds_vs_arms"]["reward_last"]["max_seed_spread"] == pytest.approx(0.4)
     tables = long_report.format_long_tables({"stages": [st]})
-    assert tables.count("- SFT seed0") == 1 and "- GRPO repeats from their seed's SFT (other GRPO seeds): seed0r1, seed0r2" in tables
+    assert tables.count("- SFT seed0") == 1
+    assert "- GRPO repeats from their seed's SFT (other GRPO seeds): seed0r1, seed0r2" in tables
     # 3 runs per arm from one start: C(6, 3) = 20 relabelings, p >= 0.10: one line says no arm can be told apart
     assert st["versus_bf16"]["fp8"]["heldout_accuracy_mean"]["relabelings"] == 20
-    assert "- arms against BF16: 3 run(s) per arm from 1 start(s): a permutation test cannot go below p = 0.10" in tables
+    assert "- arms against BF16: 3 run(s) per arm from 1 start(s): a permutation test cannot go below p = 0.10" in (
+        tables
+    )
     for label, reward in (("seed0r3", 0.2), ("seed0r4", 0.4)):  # 5 runs per arm: 252 relabelings
         for arm, shift in (("bf16", 0.0), ("fp8", -0.3)):
             _write_metrics(root / "2k" / label / "arms" / arm, 10, reward + shift, 1.0001)
@@ -396,5 +401,6 @@ def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_
     t = st["versus_bf16"]["fp8"]["heldout_accuracy_mean"]
     assert t["diff"] == pytest.approx(-0.3) and t["relabelings"] == 252 and t["exact"]
     assert t["p"] < 0.05  # fp8 = bf16 - 0.3 in every run: 0.2..0.5 against -0.2..0.2 overlap in few relabelings
-    line = [x for x in long_report.format_long_tables({"stages": [st]}).splitlines() if x.startswith("- unified FP8 - BF16")]
+    lines = long_report.format_long_tables({"stages": [st]}).splitlines()
+    line = [x for x in lines if x.startswith("- unified FP8 - BF16")]
     assert len(line) == 1 and "over 5 and 5 runs from 1 start(s): heldout_accuracy_mean -0.300 (p = " in line[0]
