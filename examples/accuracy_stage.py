@@ -12,8 +12,10 @@ to tell what an arm does from what chance does. `run_stage` does, within one dea
    that cannot yet do the task measures nothing) and, in the next call, continues that SFT where it stopped if the
    machine still holds its resume file (`SFT_RESUME_FILE`, examples/accuracy_sft.py), else redoes it, unless it
    ran the `sft_fixed_steps` asked for again (`--sft-steps`): the same flags would train the same model again;
-2. then every pending arm of every variant and seed at once, one process each, spread round-robin over the GPUs
-   (`CUDA_VISIBLE_DEVICES` per process), each told how many processes share its GPU (its memory preflight's
+2. then every pending arm of every variant and seed at once, one process each, spread over the GPUs
+   (`CUDA_VISIBLE_DEVICES` per process; `arm_gpus`: each run's arms round-robin, the next run's shifted by one
+   GPU, so that an arm does not sit on the same GPU in every seed and the GPUs hold the same mix of arms), each
+   told how many processes share its GPU (its memory preflight's
    share); each arm saves its state and stops itself before the deadline (`arm_checkpoint_overrides`: NeMo-RL's
    `checkpointing.checkpoint_must_save_by`), and arms still running at the deadline are stopped (SIGTERM) and keep
    the steps their metrics.jsonl holds;
@@ -232,6 +234,15 @@ def gpu_of(index: int, gpus: list[str]) -> str | None:
     return gpus[index % len(gpus)] if gpus else None
 
 
+def arm_gpus(ready: list[tuple], arms_of: dict[Path, list[str]], gpus: list[str]) -> list[str | None]:
+    """The GPU of each `(variant, seed, arm, repeat)` of `ready` (module docstring, 2.): the arm's index in its
+    variant plus the index of its (variant, seed, repeat) run, modulo the GPUs."""
+    groups: dict[tuple, int] = {}
+    for d, s, _, r in ready:
+        groups.setdefault((d, s, r), len(groups))
+    return [gpu_of(arms_of[d].index(a) + groups[(d, s, r)], gpus) for d, s, a, r in ready]
+
+
 def run_stage(
     sft_root: Path,
     arms_of: dict[Path, list[str]],
@@ -271,8 +282,9 @@ def run_stage(
     save_status(sft_root, status[sft_root])
     passed = {s for s in seeds_pending if sft_passed(sft_root, s)}
     ready = [run for run in pending if run[1] in passed]
-    per_gpu = -(-len(ready) // max(1, len(gpus)))  # processes on the busiest GPU
-    arm_jobs = [arm_job(d, s, a, gpu_of(i, gpus), per_gpu, r) for i, (d, s, a, r) in enumerate(ready)]
+    placed = arm_gpus(ready, arms_of, gpus)
+    per_gpu = max((placed.count(g) for g in set(placed)), default=0)  # processes on the busiest GPU
+    arm_jobs = [arm_job(d, s, a, gpu, per_gpu, r) for gpu, (d, s, a, r) in zip(placed, ready)]
     continuing = [run for run in ready if arm_continues(arm_dir(*run))]
     if continuing:
         names = ", ".join(f"{d.name}/{run_label(s, r)}/{a}" for d, s, a, r in continuing)

@@ -404,3 +404,19 @@ def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_
     lines = long_report.format_long_tables({"stages": [st]}).splitlines()
     line = [x for x in lines if x.startswith("- unified FP8 - BF16")]
     assert len(line) == 1 and "over 5 and 5 runs from 1 start(s): heldout_accuracy_mean -0.300 (p = " in line[0]
+
+
+def test_an_arm_is_not_tied_to_one_gpu_and_the_gpus_hold_the_same_mix(tmp_path):
+    """4 arms x 2 seeds on 2 GPUs: plain round-robin put each arm on the same GPU in both seeds (bf16 and fp8 on
+    GPU 0, the other two on GPU 1: their step times measured the GPU's mix). Shifted by one GPU per seed, every arm
+    runs on both GPUs and both GPUs hold one run of every arm; 3 arms stay as round-robin had them."""
+    d = tmp_path / "2k"
+    arms = ["bf16", "fp8_rollout_only", "fp8", "fp8_kv"]
+    ready = [(d, s, a, 0) for s in (0, 1) for a in arms]
+    placed = stage.arm_gpus(ready, {d: arms}, ["0", "1"])
+    assert placed == ["0", "1", "0", "1", "1", "0", "1", "0"]
+    for gpu in ("0", "1"):
+        assert sorted(a for (_, _, a, _), g in zip(ready, placed) if g == gpu) == sorted(arms)
+    three = [(d, s, a, r) for s in (0,) for r in (0, 1) for a in arms[:3]]
+    assert stage.arm_gpus(three, {d: arms[:3]}, ["0", "1"]) == ["0", "1", "0", "1", "0", "1"]
+    assert stage.arm_gpus(ready, {d: arms}, []) == [None] * 8  # the CPU: no CUDA_VISIBLE_DEVICES
