@@ -7,7 +7,9 @@ of every seed reached (a stage's arms are stopped at one deadline and run at dif
 compared over the same steps. Per stage and figure it also states whether the seeds disagree more than the arms:
 the largest spread between the two seeds of one arm against the spread between the arms' seed means, and per arm
 against BF16 the difference of means over the runs with a permutation test within starts (accuracy_stats.py:
-repeats of one start make it able to tell an arm from chance). A seed whose arms all went further than the common
+repeats of one start make it able to tell an arm from chance), and where `accuracy_study.py evaluate` ran, each
+arm's last checkpoint through one BF16 referee (accuracy_eval.py) beside its own rollout's validation. A seed whose
+arms all went further than the common
 step (the seeds of one call run at different speeds) is also summarized up to its own common step
 (`runs_own_step`), so the steps it ran past the slowest seed are not left out.
 
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from accuracy_eval import reference_rows, reference_table
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
@@ -176,7 +179,7 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
     return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
             "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms),
             "versus_bf16": versus_bf16(rows, arms), "sft": sft, "status": status, "seed_common_steps": own,
-            "runs_own_step": runs_own_step, "series": series}  # fmt: skip
+            "runs_own_step": runs_own_step, "reference": reference_rows(stage, series), "series": series}  # fmt: skip
 
 
 ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure
@@ -356,6 +359,7 @@ def format_long_tables(summary: dict[str, Any]) -> str:
 
         lines += ["", *arm_table(st["arms"], cell, reward_from_first=True), ""]
         lines += own_step_table(st)
+        lines += reference_table(st)
         lines += position_table({arm: st["mean"][arm]["mismatch_by_position"] for arm in st["arms"]})
         lines.append("")
         for key, r in st["seeds_vs_arms"].items():

@@ -20,7 +20,8 @@ Study `long` (long multiplication, 1K-4K-token responses, 104M model, `LONG_ARMS
 one device call per stage, a stage being one response length (`--length` 1k / 2k / 4k: 7 / 10 / 13 digits) with
 optional sweep values (`--temperature`, `--lr`), for every seed of `--seeds` (accuracy_stage.py: SFT per seed, then
 all arms at once over `--gpus`, stopped at `--time-limit-s`, resumable, packed into one small tar.gz;
-`--repeats R` runs each arm R times from each SFT start, with other GRPO seeds):
+`--repeats R` runs each arm R times from each SFT start, with other GRPO seeds; `evaluate --variant STAGE` puts
+each arm's last checkpoint through one BF16 referee, accuracy_eval.py):
 
     python3 examples/accuracy_study.py stage --study long --length 2k --out /tmp/acc_long --pack $OUT/2k.tar.gz
     python3 examples/accuracy_study.py report --study long --out /tmp/acc_long --assets docs/assets/accuracy_long
@@ -42,6 +43,7 @@ from nemo_jetrl.utils.save_deadline import process_age_s
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import accuracy_eval  # noqa: E402
 import accuracy_long_report  # noqa: E402
 import accuracy_report  # noqa: E402
 import accuracy_sft  # noqa: E402
@@ -175,7 +177,7 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="accuracy_study.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("stage", choices=("sft", "grpo", "arms", "stage", "report", "all"))
+    p.add_argument("stage", choices=("sft", "grpo", "arms", "stage", "evaluate", "report", "all"))
     p.add_argument("--study", choices=("addition", "long"), default="addition", help="which study (docstring)")
     p.add_argument("--length", choices=tuple(LONG_LENGTHS), default="2k", help="long study: the response length")
     p.add_argument("--arm", choices=sorted(set(ARMS + LONG_ARMS + LONG_OPTIONAL_ARMS)), default=None,
@@ -203,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--also", type=Path, action="append", default=[], help="report stage: another seed's study dir")
     p.add_argument("--combine", type=_combine, action="append", default=[],
                    help="long report: NAME=STAGE,STAGE: one stage of the seeds several calls ran apart")  # fmt: skip
+    p.add_argument("--variant", default=None, metavar="STAGE",
+                   help="evaluate: the stage variant directory under --out whose arms to evaluate, e.g. 2k-kv7_T0.7")
+    p.add_argument("--reference-tests", type=_positive_int, default=4,
+                   help="evaluate: samples per held-out problem for the referee's pass@1")  # fmt: skip
     p.add_argument("--seed-curves", action="append", default=[], metavar="STAGE",
                    help="long report: also plot this stage's curves per seed (seeds_<STAGE>.png)")  # fmt: skip
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
@@ -393,6 +399,30 @@ def stage_stage(args: argparse.Namespace) -> int:
     return 0 if all(r in accuracy_stage.DONE_REASONS for r in reasons) else 1
 
 
+def stage_evaluate(args: argparse.Namespace) -> int:
+    """Every arm of `--variant` with a checkpoint, evaluated through one BF16 referee (accuracy_eval.py)."""
+    variant, wanted = args.out / (args.variant or ""), None
+    if args.arms:  # only these arms
+        wanted = study_arms(args)
+        if wanted is None:
+            return USER_ERROR
+    arms = accuracy_eval.arms_with_checkpoints(variant, wanted) if args.variant else []
+    if not arms:
+        print(f"error: evaluate needs --variant: a stage variant under {args.out} whose arms saved a checkpoint "
+              f"(none in {variant})", file=sys.stderr)  # fmt: skip
+        return USER_ERROR
+    deadline = time.monotonic() + (math.inf if args.time_limit_s is None else args.time_limit_s)
+    status = accuracy_eval.run_reference(variant, arms, visible_gpus(args), deadline, args.reference_tests, args.inline)
+    for name, entry in status.items():
+        res = entry["results"] or {}
+        print(f"  {name:28s} {entry['reason']!s:12s} step {res.get('checkpoint_step', '-')!s:5s} greedy "
+              f"{res.get('accuracy', '-')!s:8.8s} pass@1 {res.get('pass@1', '-')!s:8.8s}", flush=True)
+    if args.pack is not None:
+        path = accuracy_stage.pack([variant], args.pack)
+        print(f"evaluate: packed {path} ({path.stat().st_size / 2**20:.2f} MiB)", flush=True)
+    return 0 if all(entry["results"] is not None for entry in status.values()) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.stage == "grpo" and args.arm is None:
@@ -408,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR
     if args.stage == "grpo":
         return stage_grpo(args, args.arm)
+    if args.stage == "evaluate":
+        return stage_evaluate(args)
     if args.study == "long" and args.stage in ("stage", "all"):  # all: the stage, then the report
         rc = stage_stage(args)
     else:

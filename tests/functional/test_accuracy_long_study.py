@@ -153,6 +153,38 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
     assert "quick/stage.json" in names and "quick/seed0/arms/fp8_kv/metrics.jsonl" in names
     assert "quick/seed0/sft/sft_meta.json" in names and not any(n.endswith((".safetensors", ".pt")) for n in names)
 
+    # the referee: two FP8 arms' last checkpoints through one BF16 rollout, their own weights
+    import nemo_jetrl.evals.eval as eval_module
+    from nemo_jetrl.utils.checkpoint import CheckpointManager
+
+    seen, original = [], eval_module.load_checkpoint_policy
+
+    def recording(run, checkpoint_dir):
+        step = original(run, checkpoint_dir)
+        saved = CheckpointManager(Path(checkpoint_dir), keep_top_k=None).load_latest()["policy"]["model"]
+        now = run.policy.model.state_dict()
+        same = all(torch.equal(now[k].float(), v.float()) for k, v in saved.items())
+        g = run.cfg.policy.generation
+        seen.append((Path(checkpoint_dir).parent.name, run.cfg.policy.precision, g.precision, g.kv_cache_dtype,
+                     g.matched_kernels, same))  # fmt: skip
+        return step
+
+    monkeypatch.setattr(eval_module, "load_checkpoint_policy", recording)
+    evaluate = ["evaluate", "--study", "long", "--out", str(out), "--variant", "quick", "--inline", "--arms",
+                "fp8_kv,fp8_kv_matched", "--reference-tests", "2", "--pack", str(tmp_path / "ref.tar.gz")]  # fmt: skip
+    assert study.main(evaluate) == 0
+    assert sorted(seen) == [("fp8_kv", "bf16", "bf16", "auto", False, True),
+                            ("fp8_kv_matched", "bf16", "bf16", "auto", False, True)]  # fmt: skip
+    reference = json.loads((stage / "reference_eval.json").read_text())
+    assert set(reference) == {"seed0/fp8_kv", "seed0/fp8_kv_matched"}
+    for entry in reference.values():
+        res = entry["results"]
+        assert entry["reason"] == "finished" and res["checkpoint_step"] == 1 and res["num_tests_per_prompt"] == 2
+        assert res["num_prompts"] == 4 and 0.0 <= res["accuracy"] <= 1.0  # the arms' grpo.max_val_samples
+    with tarfile.open(tmp_path / "ref.tar.gz") as tar:
+        assert "quick/seed0/arms/fp8_kv/reference_eval/results.json" in tar.getnames()
+    assert study.main(["evaluate", "--study", "long", "--out", str(out), "--variant", "absent"]) == 2
+
 
 def _cpu_linears_row_invariant(shape: dict) -> bool:
     """Does this CPU's float32 GEMM (the FP8 emulation's and the lm_head's) give a row the same bits at every row

@@ -420,3 +420,20 @@ def test_an_arm_is_not_tied_to_one_gpu_and_the_gpus_hold_the_same_mix(tmp_path):
     three = [(d, s, a, r) for s in (0,) for r in (0, 1) for a in arms[:3]]
     assert stage.arm_gpus(three, {d: arms[:3]}, ["0", "1"]) == ["0", "1", "0", "1", "0", "1"]
     assert stage.arm_gpus(ready, {d: arms}, []) == [None] * 8  # the CPU: no CUDA_VISIBLE_DEVICES
+
+
+def test_the_report_puts_the_bf16_referee_beside_the_arms_own_validation(synthetic_root):
+    """seed 0's bf16 arm was evaluated at its checkpoint of step 12 (accuracy_eval.py): its own greedy validation
+    there is the one of step 10 (validations at 0, 5, 10); arms without a referee result show '-'."""
+    ref = synthetic_root / "1k" / "seed0" / "arms" / "bf16" / "reference_eval"
+    ref.mkdir()
+    (ref / "results.json").write_text(json.dumps({"checkpoint_step": 12, "accuracy": 0.7, "pass@1": 0.6}))
+    summary = long_report.write_long_report(synthetic_root)
+    one = summary["stages"][0]
+    assert one["reference"]["seed0"]["bf16"]["own_accuracy"] == pytest.approx(0.5)
+    assert one["reference"]["seed0"]["fp8"] is None and one["reference"]["seed1"]["bf16"] is None
+    assert summary["stages"][1]["reference"]["seed0"]["bf16"] is None  # the 4k stage: none evaluated
+    tables = long_report.format_long_tables(summary)
+    assert "| arm | seed0: step / own rollout greedy / BF16 referee greedy / referee pass@1 |" in tables
+    assert "| BF16 | 12 / 0.500 / 0.700 / 0.600 |" in tables and "| unified FP8 | - |" in tables
+    assert tables.count("BF16 referee") == 1
