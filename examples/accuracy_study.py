@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=1,
                    help=f"stage: GRPO runs per arm from each seed's SFT (repeat k: seed<S>r<k>/, grpo.seed + "
                         f"{REPEAT_SEED_STRIDE} k)")  # fmt: skip
+    p.add_argument("--same-grpo-seed", action="store_true",
+                   help="stage: --repeats keep the seed's grpo.seed (a control: how far do runs that differ only in "
+                        "the GPU's non-deterministic reductions drift apart?)")  # fmt: skip
     p.add_argument("--gpus", default=None, help="stage: comma-separated GPU indices (default: every CUDA device)")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="stage: one GPU's memory (default: queried)")
     p.add_argument("--inline", action="store_true", help="stage: run every job in this process, one after another")
@@ -281,7 +284,7 @@ def grpo_argv(
         "--config", str(CONFIGS / f"{prefix}{arm}.yaml"),
         f"policy.model_name={args.out / 'sft'}",
         f"logger.log_dir={(log_root or args.out) / 'arms' / arm}",
-        f"grpo.seed={42 + args.seed + REPEAT_SEED_STRIDE * getattr(args, 'repeat', 0)}",
+        f"grpo.seed={grpo_seed(args)}",
     ]  # fmt: skip
     if args.study == "long":
         argv += list(QUICK_LONG_GRPO_OVERRIDES) if args.quick else long_grpo_overrides(LONG_LENGTHS[args.length])
@@ -325,6 +328,13 @@ def sft_argv(sub: argparse.Namespace) -> list[str]:
         value = _flag_value(sub, flag)
         argv += [f"{flag}={value}"] * (value is not None)
     return argv
+
+
+def grpo_seed(args: argparse.Namespace) -> int:
+    """42 + the SFT seed, + REPEAT_SEED_STRIDE x the repeat unless `--same-grpo-seed` (a repeat then differs from
+    its seed's first run only where the GPU's reductions are not deterministic)."""
+    repeat = 0 if getattr(args, "same_grpo_seed", False) else getattr(args, "repeat", 0)
+    return 42 + args.seed + REPEAT_SEED_STRIDE * repeat
 
 
 def seed_args(args: argparse.Namespace, stage_dir: Path, seed: int, repeat: int = 0) -> argparse.Namespace:

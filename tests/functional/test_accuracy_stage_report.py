@@ -371,6 +371,10 @@ def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_
     seeds = [next(a for a in accuracy_study.grpo_argv(accuracy_study.seed_args(args, stage_dir, 1, r), "bf16")
                   if a.startswith("grpo.seed=")) for r in range(3)]  # fmt: skip
     assert seeds == ["grpo.seed=43", "grpo.seed=1043", "grpo.seed=2043"]
+    args = parse(["stage", "--study", "long", "--repeats", "3", "--same-grpo-seed", "--out", str(tmp_path)])
+    same = {a for r in range(3) for a in accuracy_study.grpo_argv(accuracy_study.seed_args(args, stage_dir, 1, r), "bf16")
+            if a.startswith("grpo.seed=")}  # fmt: skip
+    assert same == {"grpo.seed=43"}
     with pytest.raises(SystemExit):
         parse(["stage", "--repeats", "0"])
     root = tmp_path / "root"  # the report: three runs of seed 0's start, its SFT found for each
