@@ -57,6 +57,7 @@ from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 # seeds vs arms
 COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")
 VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final")  # arm against BF16 over runs
+FALLEN_FRACTION = 0.5  # a run "ended below half its start" (fallen_line): a count, not a test
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 PANEL_COLUMNS = 3
 
@@ -301,6 +302,20 @@ def write_long_report(
     return summary
 
 
+def fallen_line(st: dict[str, Any], fraction: float = FALLEN_FRACTION) -> list[str]:
+    """One markdown bullet: per arm, how many of its runs ended (final held-out greedy, at the common step) below
+    `fraction` of their start; [] without validations."""
+    counts = []
+    for arm in st["arms"]:
+        pairs = [(r[arm]["heldout_accuracy_start"], r[arm]["heldout_accuracy_final"]) for r in st["runs"].values()]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        if pairs:
+            counts.append(f"{ARM_LABELS[arm]} {sum(b < fraction * a for a, b in pairs)}/{len(pairs)}")
+    if not counts:
+        return []
+    return [f"- runs that ended below {fraction:g} x their start (held-out greedy): {', '.join(counts)}"]
+
+
 def versus_lines(versus: dict[str, dict], alpha: float = 0.05) -> list[str]:
     """Markdown bullets: each arm minus BF16 over the runs with the permutation test's p (accuracy_stats.py); one
     line instead when the runs are too few for any p below `alpha`."""
@@ -367,5 +382,6 @@ def format_long_tables(summary: dict[str, Any]) -> str:
                        None: "one seed or one arm: no comparison"}[r["seeds_disagree_more"]]  # fmt: skip
             lines.append(f"- {key}: arm range {fmt(r['arm_range'])}, largest seed spread "
                          f"{fmt(r['max_seed_spread'])}: {verdict}")  # fmt: skip
+        lines += fallen_line(st)
         lines += versus_lines(st.get("versus_bf16") or {})
     return "\n".join(lines)

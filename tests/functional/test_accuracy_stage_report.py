@@ -251,6 +251,11 @@ def test_long_report_compares_arms_at_common_steps_and_seeds_against_arms(synthe
     )
     assert "seeds disagree MORE than the arms" in tables and "arms differ more than the seeds" in tables
     assert "| pos 0+ | pos 128+ |" in tables
+    # validations equal the reward: no run of 1k moved from its start; in 4k every run's final is its start
+    assert "- runs that ended below 0.5 x their start (held-out greedy): BF16 0/2, FP8 rollout only 0/2, " in tables
+    late = dict(four, runs={s: {a: dict(r, heldout_accuracy_final=0.1) for a, r in arms.items()}
+                            for s, arms in four["runs"].items()})  # fmt: skip
+    assert long_report.fallen_line(late)[0].endswith("BF16 2/2, FP8 rollout only 2/2, unified FP8 2/2")
 
 
 def test_combine_makes_one_stage_of_the_seeds_two_calls_ran(synthetic_root, tmp_path):
