@@ -60,6 +60,7 @@ def run_reference(
     script = Path(run_eval.__file__)
     jobs = []
     for i, arm in enumerate(arms):
+        (arm / REFERENCE_DIR / "results.json").unlink(missing_ok=True)  # a failed run must not leave an older result
         argv = reference_argv(arm, tests)
         name = f"{arm.parent.parent.name}/{arm.name}"
         jobs.append(Job(f"reference/{name}", script, argv, arm / f"{REFERENCE_DIR}.log", gpu_of(i, gpus),

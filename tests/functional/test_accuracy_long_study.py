@@ -184,6 +184,12 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
     with tarfile.open(tmp_path / "ref.tar.gz") as tar:
         assert "quick/seed0/arms/fp8_kv/reference_eval/results.json" in tar.getnames()
     assert study.main(["evaluate", "--study", "long", "--out", str(out), "--variant", "absent"]) == 2
+    def broken(run, checkpoint_dir):
+        raise ValueError("a referee that fails")
+
+    monkeypatch.setattr(eval_module, "load_checkpoint_policy", broken)
+    assert study.main(evaluate[:-2]) == 1  # its earlier results.json is not read as this run's
+    assert all(v["results"] is None for v in json.loads((stage / "reference_eval.json").read_text()).values())
 
 
 def _cpu_linears_row_invariant(shape: dict) -> bool:
