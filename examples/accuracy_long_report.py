@@ -162,11 +162,12 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
     if not seeds or not arms:
         return None
     series = {s: {a: read_metrics_jsonl(stage / s / "arms" / a / "metrics.jsonl") for a in arms} for s in seeds}
-    last = [int(series[s][a]["train/reward_mean"][0][-1]) if "train/reward_mean" in series[s][a] else 0
-            for s in seeds for a in arms]  # fmt: skip
+    last_of = {s: [int(series[s][a]["train/reward_mean"][0][-1]) if "train/reward_mean" in series[s][a] else 0
+                   for a in arms] for s in seeds}  # fmt: skip
+    last = [step for s in seeds for step in last_of[s]]
     common = min(last)
     rows = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=common) for a in arms} for s in seeds}
-    own = {s: min(last[i * len(arms) : (i + 1) * len(arms)]) for i, s in enumerate(seeds)}  # each seed's own
+    own = {s: min(steps) for s, steps in last_of.items()}  # each seed's own common step
     runs_own_step = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=own[s]) for a in arms}
                      for s in seeds if own[s] > common}  # fmt: skip
     mean = {}
