@@ -80,7 +80,7 @@ def read_reference(arm: Path) -> dict | None:
 def reference_rows(stage: Path, series: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict | None]]:
     """Each run's and arm's referee results in a stage directory (`stage/<run>/arms/<arm>`; `series`: their
     metrics by run and arm), None where absent, with `own_accuracy`: the arm's own greedy validation at the
-    checkpoint's step (the last one at or before it)."""
+    checkpoint's step (the last one at or before it, at `own_step`)."""
     rows: dict[str, dict[str, dict | None]] = {}
     for run, by_arm in series.items():
         rows[run] = {}
@@ -88,16 +88,23 @@ def reference_rows(stage: Path, series: dict[str, dict[str, dict]]) -> dict[str,
             res = read_reference(stage / run / "arms" / arm)
             if res is not None:
                 steps, values = metrics.get("validation/accuracy", ([], []))  # [validations] each
-                own = [float(v) for s, v in zip(steps, values) if s <= res["checkpoint_step"]]
-                res = {**res, "own_accuracy": own[-1] if own else None}
+                own = [(int(s), float(v)) for s, v in zip(steps, values) if s <= res["checkpoint_step"]]
+                res = {**res, "own_step": own[-1][0] if own else None, "own_accuracy": own[-1][1] if own else None}
             rows[run][arm] = res
     return rows
 
 
+def referee_figures(res: dict | None) -> dict[str, float]:
+    """A run's referee result (`reference_rows`' entry) as the report's tested figures; {} where it has none."""
+    if res is None:
+        return {}
+    return {"referee_greedy": float(res["accuracy"]), "referee_pass@1": float(res["pass@1"])}
+
+
 def reference_table(st: dict) -> list[str]:
     """Markdown (accuracy_long_report's stage summary `st`, its `reference`): per arm and run, the checkpoint's
-    step, the arm's own greedy validation at that step, the referee's greedy accuracy and pass@1; [] when no arm
-    was evaluated."""
+    step, the arm's own greedy validation at that step (its own step in brackets where the last validation came
+    before the checkpoint), the referee's greedy accuracy and pass@1; [] when no arm was evaluated."""
     from accuracy_report import ARM_LABELS, fmt
 
     ref = st.get("reference") or {}
@@ -110,7 +117,12 @@ def reference_table(st: dict) -> list[str]:
         cells = []
         for run in runs:
             res = ref[run].get(arm)
-            cells.append("-" if res is None else f"{res['checkpoint_step']} / {fmt(res['own_accuracy'])} / "
-                         f"{fmt(res['accuracy'])} / {fmt(res['pass@1'])}")  # fmt: skip
+            if res is None:
+                cells.append("-")
+                continue
+            own_step = res.get("own_step")
+            at = f" (step {own_step})" if own_step is not None and own_step != res["checkpoint_step"] else ""
+            cells.append(f"{res['checkpoint_step']} / {fmt(res['own_accuracy'])}{at} / {fmt(res['accuracy'])} / "
+                         f"{fmt(res['pass@1'])}")  # fmt: skip
         lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(cells) + " |")
     return [*lines, ""]

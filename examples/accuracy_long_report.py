@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from accuracy_eval import reference_rows, reference_table
+from accuracy_eval import referee_figures, reference_rows, reference_table
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
@@ -56,7 +56,8 @@ from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
 # seeds vs arms
 COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")
-VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final")  # arm against BF16 over runs
+# arm against BF16 over runs: own validations at the common step, and the BF16 referee at each run's last checkpoint
+VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final", "referee_greedy", "referee_pass@1")
 FALLEN_FRACTION = 0.5  # a run "ended below half its start" (fallen_line): a count, not a test
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 PANEL_COLUMNS = 3
@@ -178,10 +179,12 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
                                              for b in bins}  # fmt: skip
     status_path = stage / "stage.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else None
+    reference = reference_rows(stage, series)
+    tested = {s: {a: {**rows[s][a], **referee_figures(reference[s][a])} for a in arms} for s in seeds}
     return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
             "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms),
-            "versus_bf16": versus_bf16(rows, arms), "sft": sft, "status": status, "seed_common_steps": own,
-            "runs_own_step": runs_own_step, "reference": reference_rows(stage, series), "series": series}  # fmt: skip
+            "versus_bf16": versus_bf16(tested, arms), "sft": sft, "status": status, "seed_common_steps": own,
+            "runs_own_step": runs_own_step, "reference": reference, "series": series}  # fmt: skip
 
 
 ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure

@@ -433,16 +433,34 @@ def test_an_arm_is_not_tied_to_one_gpu_and_the_gpus_hold_the_same_mix(tmp_path):
 
 def test_the_report_puts_the_bf16_referee_beside_the_arms_own_validation(synthetic_root):
     """seed 0's bf16 arm was evaluated at its checkpoint of step 12 (accuracy_eval.py): its own greedy validation
-    there is the one of step 10 (validations at 0, 5, 10); arms without a referee result show '-'."""
-    ref = synthetic_root / "1k" / "seed0" / "arms" / "bf16" / "reference_eval"
-    ref.mkdir()
-    (ref / "results.json").write_text(json.dumps({"checkpoint_step": 12, "accuracy": 0.7, "pass@1": 0.6}))
+    there is the one of step 10 (validations at 0, 5, 10), named with its step; arms without a referee result show
+    '-'. With every run refereed, the referee's figures are tested against BF16's like the own validations."""
+    def referee(stage: str, run: str, arm: str, step: int, greedy: float, pass1: float) -> None:
+        ref = synthetic_root / stage / run / "arms" / arm / "reference_eval"
+        ref.mkdir()
+        (ref / "results.json").write_text(json.dumps({"checkpoint_step": step, "accuracy": greedy, "pass@1": pass1}))
+
+    referee("1k", "seed0", "bf16", 12, 0.7, 0.6)
     summary = long_report.write_long_report(synthetic_root)
     one = summary["stages"][0]
     assert one["reference"]["seed0"]["bf16"]["own_accuracy"] == pytest.approx(0.5)
+    assert one["reference"]["seed0"]["bf16"]["own_step"] == 10
     assert one["reference"]["seed0"]["fp8"] is None and one["reference"]["seed1"]["bf16"] is None
     assert summary["stages"][1]["reference"]["seed0"]["bf16"] is None  # the 4k stage: none evaluated
+    assert one["versus_bf16"]["fp8"]["referee_greedy"]["diff"] is None  # no fp8 run refereed: nothing to test
     tables = long_report.format_long_tables(summary)
     assert "| arm | seed0: step / own rollout greedy / BF16 referee greedy / referee pass@1 |" in tables
-    assert "| BF16 | 12 / 0.500 / 0.700 / 0.600 |" in tables and "| unified FP8 | - |" in tables
+    assert "| BF16 | 12 / 0.500 (step 10) / 0.700 / 0.600 |" in tables and "| unified FP8 | - |" in tables
     assert tables.count("BF16 referee") == 1
+    referee("1k", "seed1", "bf16", 10, 0.9, 0.8)  # at a validation's own step: no step in brackets
+    for run, greedy in (("seed0", 0.4), ("seed1", 0.5)):
+        referee("1k", run, "fp8", 12, greedy, greedy - 0.2)
+    one = long_report.write_long_report(synthetic_root)["stages"][0]
+    test = one["versus_bf16"]["fp8"]
+    # fp8 - bf16: (0.4 + 0.5) / 2 - (0.7 + 0.9) / 2 = -0.35; pass@1 (0.2 + 0.3) / 2 - (0.6 + 0.8) / 2 = -0.45
+    assert test["referee_greedy"]["diff"] == pytest.approx(-0.35)
+    assert test["referee_pass@1"]["diff"] == pytest.approx(-0.45)
+    # one run per arm from 2 starts: 4 relabelings, two as far from 0 as the observed
+    assert test["referee_greedy"]["relabelings"] == 4 and test["referee_greedy"]["p"] == pytest.approx(0.5)
+    assert "| BF16 | 12 / 0.500 (step 10) / 0.700 / 0.600 | 10 / " in long_report.format_long_tables(
+        {"stages": [one]})
