@@ -435,6 +435,7 @@ def test_the_report_puts_the_bf16_referee_beside_the_arms_own_validation(synthet
     """seed 0's bf16 arm was evaluated at its checkpoint of step 12 (accuracy_eval.py): its own greedy validation
     there is the one of step 10 (validations at 0, 5, 10), named with its step; arms without a referee result show
     '-'. With every run refereed, the referee's figures are tested against BF16's like the own validations."""
+
     def referee(stage: str, run: str, arm: str, step: int, greedy: float, pass1: float) -> None:
         ref = synthetic_root / stage / run / "arms" / arm / "reference_eval"
         ref.mkdir()
@@ -462,5 +463,4 @@ def test_the_report_puts_the_bf16_referee_beside_the_arms_own_validation(synthet
     assert test["referee_pass@1"]["diff"] == pytest.approx(-0.45)
     # one run per arm from 2 starts: 4 relabelings, two as far from 0 as the observed
     assert test["referee_greedy"]["relabelings"] == 4 and test["referee_greedy"]["p"] == pytest.approx(0.5)
-    assert "| BF16 | 12 / 0.500 (step 10) / 0.700 / 0.600 | 10 / " in long_report.format_long_tables(
-        {"stages": [one]})
+    assert "| BF16 | 12 / 0.500 (step 10) / 0.700 / 0.600 | 10 / " in long_report.format_long_tables({"stages": [one]})
