@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# issue 43 (2 x H200): 1.7B shape, 8K-token responses, the shipped FP8+KV recipe fast (GPU 0) against
+# matched_kernels=auto (GPU 1), side by side, 4 steps each, mismatch by 1,024-position bins
+CALL=call43m; set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+[ -d /tmp/site/omegaconf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+D=/tmp/l8; X="grpo.num_prompts_per_step=4 grpo.num_generations_per_prompt=8 policy.max_total_sequence_length=8704 policy.generation.max_new_tokens=8192 grpo.mismatch_position_bin=1024"
+t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
+[ -f $D/ckpt/build_info.json ] || CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_cli_run.sh $D check build > $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
+echo "build ready at $(el) s"
+L=$(( 585 - $(el) ))
+CUDA_VISIBLE_DEVICES=0 GPU=0 STEPS=4 EXTRA="$X" COPY_TO=$OUT/fast timeout $L bash benchmarks/gpu_cli_run.sh $D fp8_kv > $OUT/stage_fast.log 2>&1 & 
+CUDA_VISIBLE_DEVICES=1 GPU=1 STEPS=4 EXTRA="$X" COPY_TO=$OUT/matched timeout $L bash benchmarks/gpu_cli_run.sh $D fp8_kv_matched > $OUT/stage_matched.log 2>&1 &
+wait; echo "runs done at $(el) s"
+grep -hE "preflight|auto ->|^error|Traceback" $OUT/stage_*.log | head -12
+python3 -m benchmarks.gpu_cli_report fp8_kv=$OUT/fast/fp8_kv fp8_kv_matched=$OUT/matched/fp8_kv_matched 2>&1 | tail -40
