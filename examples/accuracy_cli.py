@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-tests", type=_positive_int, default=4,
                    help="evaluate: samples per held-out problem for the referee's pass@1")  # fmt: skip
     p.add_argument("--seed-curves", action="append", default=[], metavar="STAGE",
-                   help="long report: also plot this stage's curves per seed (seeds_<STAGE>.png)")  # fmt: skip
+                   help="long report: also plot this stage's curves per seed (seeds_<STAGE>.png) and every run "
+                        "in one row (runs_<STAGE>.png)")  # fmt: skip
     p.add_argument("--sft-max-time-s", type=float, default=None, help="SFT wall-time cap (default per form)")
     p.add_argument("--sft-gate", type=float, default=None, help="SFT held-out greedy accuracy gate")
     p.add_argument("--sft-gate-sampled", type=float, default=None,

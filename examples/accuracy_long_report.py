@@ -15,8 +15,9 @@ step (the seeds of one call run at different speeds) is also summarized up to it
 
 Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.png, by_stage.png}` (one panel per
 stage; curves are the mean over seeds), `seeds_<stage>.png` for each stage named in `seed_curves` (a row per seed,
-every arm to its last step: held-out greedy accuracy, train reward, mismatch per step) and, with `assets`, copies
-them there with the packed stages.
+every arm to its last step: held-out greedy accuracy, train reward, mismatch per step) with `runs_<stage>.png`
+(every run in one row, and each arm's mean over its runs; accuracy_long_plots.py) and, with `assets`, copies them
+there with the packed stages.
 
 `combine` ({name: [stage, ...]}) makes one stage of the seeds that several calls ran apart (one GPU runs a stage
 once per seed, each call with its own `--tag`): `ROOT/<name>/seed<S>` links to the listed stage whose seed S passed
@@ -31,23 +32,18 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from accuracy_eval import referee_figures, reference_rows, reference_table
+from accuracy_long_plots import plot_run_overlay, plot_seed_curves, plot_stages
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
-    SMOOTH,
     across_seeds,
     arm_summary,
     arm_table,
     fmt,
     mean_of,
-    mean_series,
-    new_figure,
     position_table,
-    save_figure,
     seed_cell,
-    smooth,
 )
 from accuracy_stage import sft_label
 from accuracy_stats import permutation_test
@@ -57,10 +53,9 @@ from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 # seeds vs arms
 COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")
 # arm against BF16 over runs: own validations at the common step, and the BF16 referee at each run's last checkpoint
-VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final", "referee_greedy", "referee_pass@1")
+VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final", "reward_last", "referee_greedy", "referee_pass@1")
 FALLEN_FRACTION = 0.5  # a run "ended below half its start" (fallen_line): a count, not a test
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
-PANEL_COLUMNS = 3
 
 
 def unpack_stages(root: Path) -> None:
@@ -187,93 +182,6 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
             "runs_own_step": runs_own_step, "reference": reference, "series": series}  # fmt: skip
 
 
-ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure
-
-
-def _panels(count: int):
-    fig = new_figure(min(count, PANEL_COLUMNS), -(-count // PANEL_COLUMNS))
-    cols = min(count, PANEL_COLUMNS)
-    return fig, [fig.add_subplot(-(-count // PANEL_COLUMNS), cols, i + 1) for i in range(count)]
-
-
-def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
-    """reward.png, heldout.png, mismatch_position.png (a panel per stage) and by_stage.png."""
-    paths = []
-    for name, key, ylabel in (("reward", "train/reward_mean", "train reward (T of the stage, smoothed)"),
-                              ("heldout", "validation/sampled_accuracy", "held-out sampled accuracy")):  # fmt: skip
-        fig, axes = _panels(len(stages))
-        for ax, st in zip(axes, stages):
-            for arm in st["arms"]:
-                curve = mean_series([st["series"][s][arm] for s in st["seeds"]], key)
-                if curve is not None:
-                    keep = curve[0] <= st["common_step"]
-                    y = smooth(curve[1][keep]) if name == "reward" else curve[1][keep]
-                    ax.plot(curve[0][keep], y, marker=None if name == "reward" else "o", markersize=3,
-                            label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
-            ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']} ({len(st['seeds'])} seeds)")
-        paths.append(save_figure(fig, axes, out_dir / f"{name}.png"))
-    fig, axes = _panels(len(stages))
-    for ax, st in zip(axes, stages):
-        for arm in st["arms"]:
-            by_pos = st["mean"][arm]["mismatch_by_position"]
-            if by_pos:
-                excess = [max(v - 1.0, 1e-9) for v in by_pos.values()]
-                ax.plot([int(b) for b in by_pos], excess, marker="o", markersize=2, label=ARM_LABELS[arm],
-                        color=ARM_COLORS[arm])
-        ax.set_yscale("log")
-        ax.set(xlabel="response position (bin start)", ylabel="token_mult_prob_error - 1 (1e-9: exactly 0)", title=st["stage"])
-    paths.append(save_figure(fig, axes, out_dir / "mismatch_position.png"))
-    fig = new_figure(2)
-    ax_m, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    names = [st["stage"] for st in stages]
-    for arm in ARM_LABELS:
-        tmpe = [st["mean"].get(arm, {}).get("token_mult_prob_error_mean") for st in stages]
-        ref = [st["mean"].get("bf16", {}).get("reward_last") for st in stages]
-        rew = [st["mean"].get(arm, {}).get("reward_last") for st in stages]
-        if any(v is not None for v in tmpe):
-            ax_m.plot(names, [np.nan if v is None else max(v - 1.0, 1e-9) for v in tmpe], marker="o",
-                      label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
-        delta = [np.nan if r is None or b is None else r - b for r, b in zip(rew, ref)]
-        if not np.all(np.isnan(delta)):
-            ax_r.plot(names, delta, marker="o", label=ARM_LABELS[arm], color=ARM_COLORS[arm])
-    ax_m.set_yscale("log")
-    ax_m.set(xlabel="stage", ylabel="token_mult_prob_error - 1, mean over steps (1e-9: exactly 0)", title="mismatch by stage")
-    ax_r.set(xlabel="stage", ylabel="train reward, last steps: arm - BF16", title="reward vs BF16 by stage")
-    paths.append(save_figure(fig, [ax_m, ax_r], out_dir / "by_stage.png"))
-    return paths
-
-
-SEED_PANELS = (
-    ("validation/accuracy", "held-out greedy accuracy", False),
-    ("train/reward_mean", f"train reward (smoothed over {SMOOTH} steps)", False),
-    ("train/token_mult_prob_error", "token_mult_prob_error - 1 (1e-9: exactly 0)", True),
-)
-
-
-def plot_seed_curves(st: dict, out_dir: Path) -> Path:
-    """`seeds_<stage>.png`: a row per seed, a column per SEED_PANELS figure, every arm to its own last step."""
-    seeds = st["seeds"]
-    fig = new_figure(len(SEED_PANELS), len(seeds))
-    axes = []
-    for row, seed in enumerate(seeds):
-        for col, (key, ylabel, log) in enumerate(SEED_PANELS):
-            ax = fig.add_subplot(len(seeds), len(SEED_PANELS), row * len(SEED_PANELS) + col + 1)
-            for arm in st["arms"]:
-                if key in st["series"][seed][arm]:
-                    steps, values = st["series"][seed][arm][key]  # [steps], [steps]
-                    if log:
-                        values = np.maximum(values - 1.0, 1e-9)
-                    elif key.startswith("train/"):
-                        values = smooth(values)
-                    ax.plot(steps, values, marker="o" if key.startswith("validation/") else None, markersize=3,
-                            label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
-            if log:
-                ax.set_yscale("log")
-            ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']}, {seed}")
-            axes.append(ax)
-    return save_figure(fig, axes, out_dir / f"seeds_{st['stage']}.png")
-
-
 def write_long_report(
     root: Path,
     assets: Path | None = None,
@@ -298,7 +206,8 @@ def write_long_report(
     summary = {"stages": [{k: v for k, v in st.items() if k != "series"} for st in stages]}
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = [report / "summary.json", *plot_stages(stages, report)]
-    files += [plot_seed_curves(by_name[name], report) for name in seed_curves or []]
+    for name in seed_curves or []:
+        files += [plot_seed_curves(by_name[name], report), plot_run_overlay(by_name[name], report)]
     if assets is not None:
         assets.mkdir(parents=True, exist_ok=True)
         for path in files + sorted(root.glob("*.tar.gz")):

@@ -10,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
+import accuracy_long_plots as long_plots  # noqa: E402
 import accuracy_long_report as long_report  # noqa: E402
 import accuracy_stage as stage  # noqa: E402
 import accuracy_study  # noqa: E402
@@ -294,8 +296,8 @@ def test_a_short_runs_first_and_last_reward_windows_do_not_overlap(tmp_path):
 def test_each_arm_keeps_one_color_in_every_panel():
     """A panel with fewer arms must not shift the others' colors: one fixed, distinct color per arm."""
     arms = accuracy_study.LONG_ARMS + accuracy_study.LONG_OPTIONAL_ARMS
-    assert set(arms) <= set(long_report.ARM_COLORS)
-    assert len(set(long_report.ARM_COLORS.values())) == len(long_report.ARM_COLORS)
+    assert set(arms) <= set(long_plots.ARM_COLORS)
+    assert len(set(long_plots.ARM_COLORS.values())) == len(long_plots.ARM_COLORS)
 
 
 def test_the_largest_step_shows_a_burst_that_the_mean_hides(tmp_path):
@@ -350,10 +352,34 @@ def test_a_seed_that_ran_past_the_common_step_is_also_summarized_to_its_own(synt
     png = (tmp_path / "assets" / "seeds_1k.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert not (tmp_path / "assets" / "seeds_4k.png").exists()
+    png = (tmp_path / "assets" / "runs_1k.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     rc = accuracy_study.main(["report", "--study", "long", "--out", str(synthetic_root), "--seed-curves", "9k"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "1k, 4k" in err[0]
     assert err[0].startswith("error: --seed-curves 9k: no such stage")
+
+
+def test_the_runs_overlay_draws_every_run_thin_and_each_arms_mean_at_the_steps_all_runs_reached(
+    synthetic_root, tmp_path, monkeypatch
+):
+    """runs_<stage>.png: per panel, a thin line per run and arm and a thick one per arm, the runs' mean; the 1k
+    stage's fp8 arm stops at step 10 in seed 1, so its mean ends there while seed 0's line goes to 14."""
+    st = long_report.stage_summary(synthetic_root / "1k")
+    drawn = {}
+    monkeypatch.setattr(long_plots, "save_figure", lambda fig, axes, path: drawn.update(axes=axes) or path)
+    assert long_plots.plot_run_overlay(st, tmp_path) == tmp_path / "runs_1k.png"
+    reward = drawn["axes"][1]  # SEED_PANELS: held-out greedy, train reward, mismatch
+    thick = {ln.get_label(): ln for ln in reward.get_lines() if ln.get_linewidth() > 2}
+    thin = [ln for ln in reward.get_lines() if ln.get_linewidth() < 1]
+    assert len(thin) == len(st["arms"]) * 2 and set(thick) == {f"{long_plots.ARM_LABELS[a]}, mean of 2 runs"
+                                                               for a in st["arms"]}  # fmt: skip
+    fp8 = thick[f"{long_plots.ARM_LABELS['fp8']}, mean of 2 runs"]
+    assert fp8.get_xdata()[-1] == 10 and max(ln.get_xdata()[-1] for ln in thin) == 14
+    runs = [st["series"][run]["fp8"]["train/reward_mean"] for run in st["seeds"]]
+    steps = sorted(set(runs[0][0].tolist()) & set(runs[1][0].tolist()))
+    want = [(dict(zip(*map(list, runs[0])))[x] + dict(zip(*map(list, runs[1])))[x]) / 2 for x in steps]
+    assert list(fp8.get_ydata()) == pytest.approx(list(long_plots.smooth(np.array(want))))
 
 
 def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_sft(tmp_path):

@@ -1,0 +1,127 @@
+"""Plots of the long-response accuracy study's report (accuracy_long_report.py; docs/accuracy.md): a panel per
+stage (reward, held-out accuracy, mismatch by position; by_stage.png), a stage's curves per run
+(`seeds_<stage>.png`) and every run of a stage in one row, colored by arm (`runs_<stage>.png`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from accuracy_report import ARM_LABELS, SMOOTH, mean_series, new_figure, save_figure, smooth
+
+PANEL_COLUMNS = 3
+
+
+ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure
+
+
+def _panels(count: int):
+    fig = new_figure(min(count, PANEL_COLUMNS), -(-count // PANEL_COLUMNS))
+    cols = min(count, PANEL_COLUMNS)
+    return fig, [fig.add_subplot(-(-count // PANEL_COLUMNS), cols, i + 1) for i in range(count)]
+
+
+def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
+    """reward.png, heldout.png, mismatch_position.png (a panel per stage) and by_stage.png."""
+    paths = []
+    for name, key, ylabel in (("reward", "train/reward_mean", "train reward (T of the stage, smoothed)"),
+                              ("heldout", "validation/sampled_accuracy", "held-out sampled accuracy")):  # fmt: skip
+        fig, axes = _panels(len(stages))
+        for ax, st in zip(axes, stages):
+            for arm in st["arms"]:
+                curve = mean_series([st["series"][s][arm] for s in st["seeds"]], key)
+                if curve is not None:
+                    keep = curve[0] <= st["common_step"]
+                    y = smooth(curve[1][keep]) if name == "reward" else curve[1][keep]
+                    ax.plot(curve[0][keep], y, marker=None if name == "reward" else "o", markersize=3,
+                            label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
+            ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']} ({len(st['seeds'])} seeds)")
+        paths.append(save_figure(fig, axes, out_dir / f"{name}.png"))
+    fig, axes = _panels(len(stages))
+    for ax, st in zip(axes, stages):
+        for arm in st["arms"]:
+            by_pos = st["mean"][arm]["mismatch_by_position"]
+            if by_pos:
+                excess = [max(v - 1.0, 1e-9) for v in by_pos.values()]
+                ax.plot([int(b) for b in by_pos], excess, marker="o", markersize=2, label=ARM_LABELS[arm],
+                        color=ARM_COLORS[arm])
+        ax.set_yscale("log")
+        ax.set(xlabel="response position (bin start)", ylabel="token_mult_prob_error - 1 (1e-9: exactly 0)", title=st["stage"])
+    paths.append(save_figure(fig, axes, out_dir / "mismatch_position.png"))
+    fig = new_figure(2)
+    ax_m, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = [st["stage"] for st in stages]
+    for arm in ARM_LABELS:
+        tmpe = [st["mean"].get(arm, {}).get("token_mult_prob_error_mean") for st in stages]
+        ref = [st["mean"].get("bf16", {}).get("reward_last") for st in stages]
+        rew = [st["mean"].get(arm, {}).get("reward_last") for st in stages]
+        if any(v is not None for v in tmpe):
+            ax_m.plot(names, [np.nan if v is None else max(v - 1.0, 1e-9) for v in tmpe], marker="o",
+                      label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
+        delta = [np.nan if r is None or b is None else r - b for r, b in zip(rew, ref)]
+        if not np.all(np.isnan(delta)):
+            ax_r.plot(names, delta, marker="o", label=ARM_LABELS[arm], color=ARM_COLORS[arm])
+    ax_m.set_yscale("log")
+    ax_m.set(xlabel="stage", ylabel="token_mult_prob_error - 1, mean over steps (1e-9: exactly 0)", title="mismatch by stage")
+    ax_r.set(xlabel="stage", ylabel="train reward, last steps: arm - BF16", title="reward vs BF16 by stage")
+    paths.append(save_figure(fig, [ax_m, ax_r], out_dir / "by_stage.png"))
+    return paths
+
+
+SEED_PANELS = (
+    ("validation/accuracy", "held-out greedy accuracy", False),
+    ("train/reward_mean", f"train reward (smoothed over {SMOOTH} steps)", False),
+    ("train/token_mult_prob_error", "token_mult_prob_error - 1 (1e-9: exactly 0)", True),
+)
+
+
+def _shown(key: str, log: bool, values: np.ndarray) -> np.ndarray:
+    """A SEED_PANELS curve as drawn: the excess over 1 on a log axis, train figures smoothed, validations as logged."""
+    if log:
+        return np.maximum(values - 1.0, 1e-9)
+    return smooth(values) if key.startswith("train/") else values
+
+
+def plot_seed_curves(st: dict, out_dir: Path) -> Path:
+    """`seeds_<stage>.png`: a row per seed, a column per SEED_PANELS figure, every arm to its own last step."""
+    seeds = st["seeds"]
+    fig = new_figure(len(SEED_PANELS), len(seeds))
+    axes = []
+    for row, seed in enumerate(seeds):
+        for col, (key, ylabel, log) in enumerate(SEED_PANELS):
+            ax = fig.add_subplot(len(seeds), len(SEED_PANELS), row * len(SEED_PANELS) + col + 1)
+            for arm in st["arms"]:
+                if key in st["series"][seed][arm]:
+                    steps, values = st["series"][seed][arm][key]  # [steps], [steps]
+                    ax.plot(steps, _shown(key, log, values), marker="o" if key.startswith("validation/") else None, markersize=3,
+                            label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
+            if log:
+                ax.set_yscale("log")
+            ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']}, {seed}")
+            axes.append(ax)
+    return save_figure(fig, axes, out_dir / f"seeds_{st['stage']}.png")
+
+
+def plot_run_overlay(st: dict, out_dir: Path) -> Path:
+    """`runs_<stage>.png`: a column per SEED_PANELS figure, every run of every arm in one panel (thin, to its own
+    last step) and each arm's mean over its runs (thick, at the steps every run reached), so the spread of one
+    arm's runs shows beside the distance between the arms."""
+    fig = new_figure(len(SEED_PANELS), 1)
+    axes = []
+    for col, (key, ylabel, log) in enumerate(SEED_PANELS):
+        ax = fig.add_subplot(1, len(SEED_PANELS), col + 1)
+
+        for arm in st["arms"]:
+            runs = [st["series"][run][arm] for run in st["seeds"] if key in st["series"][run][arm]]
+            for metrics in runs:
+                steps, values = metrics[key]  # [steps], [steps]
+                ax.plot(steps, _shown(key, log, values), color=ARM_COLORS[arm], alpha=0.35, linewidth=0.8)
+            curve = mean_series(runs, key)
+            if curve is not None:
+                ax.plot(curve[0], _shown(key, log, curve[1]), color=ARM_COLORS[arm], linewidth=2.2,
+                        label=f"{ARM_LABELS[arm]}, mean of {len(runs)} runs")  # fmt: skip
+        if log:
+            ax.set_yscale("log")
+        ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']}: every run (thin) and the arm's mean")
+        axes.append(ax)
+    return save_figure(fig, axes, out_dir / f"runs_{st['stage']}.png")
