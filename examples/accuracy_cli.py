@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-lr", type=float, default=None, help="SFT peak learning rate (default per form)")
     p.add_argument("--sft-rows", type=int, default=None, help="SFT rows a step (default per form and length)")
     p.add_argument("--sft-steps", type=int, default=None,
-                   help="SFT this many steps, the gate checked once, at the end (default: stop at the gate)")  # fmt: skip
+                   help="SFT this many steps, the gate checked once, at the end "
+                        "(default: stop at the gate)")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="run_grpo.py overrides for every arm (key=value ...)")
     return p

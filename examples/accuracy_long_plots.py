@@ -10,8 +10,6 @@ import numpy as np
 from accuracy_report import ARM_LABELS, SMOOTH, mean_series, new_figure, save_figure, smooth
 
 PANEL_COLUMNS = 3
-
-
 ARM_COLORS = {arm: f"C{i}" for i, arm in enumerate(ARM_LABELS)}  # one color per arm in every panel and figure
 
 
@@ -43,10 +41,20 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
             by_pos = st["mean"][arm]["mismatch_by_position"]
             if by_pos:
                 excess = [max(v - 1.0, 1e-9) for v in by_pos.values()]
-                ax.plot([int(b) for b in by_pos], excess, marker="o", markersize=2, label=ARM_LABELS[arm],
-                        color=ARM_COLORS[arm])
+                ax.plot(
+                    [int(b) for b in by_pos],
+                    excess,
+                    marker="o",
+                    markersize=2,
+                    label=ARM_LABELS[arm],
+                    color=ARM_COLORS[arm],
+                )
         ax.set_yscale("log")
-        ax.set(xlabel="response position (bin start)", ylabel="token_mult_prob_error - 1 (1e-9: exactly 0)", title=st["stage"])
+        ax.set(
+            xlabel="response position (bin start)",
+            ylabel="token_mult_prob_error - 1 (1e-9: exactly 0)",
+            title=st["stage"],
+        )
     paths.append(save_figure(fig, axes, out_dir / "mismatch_position.png"))
     fig = new_figure(2)
     ax_m, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
@@ -62,7 +70,9 @@ def plot_stages(stages: list[dict], out_dir: Path) -> list[Path]:
         if not np.all(np.isnan(delta)):
             ax_r.plot(names, delta, marker="o", label=ARM_LABELS[arm], color=ARM_COLORS[arm])
     ax_m.set_yscale("log")
-    ax_m.set(xlabel="stage", ylabel="token_mult_prob_error - 1, mean over steps (1e-9: exactly 0)", title="mismatch by stage")
+    ax_m.set(
+        xlabel="stage", ylabel="token_mult_prob_error - 1, mean over steps (1e-9: exactly 0)", title="mismatch by stage"
+    )
     ax_r.set(xlabel="stage", ylabel="train reward, last steps: arm - BF16", title="reward vs BF16 by stage")
     paths.append(save_figure(fig, [ax_m, ax_r], out_dir / "by_stage.png"))
     return paths
@@ -93,8 +103,9 @@ def plot_seed_curves(st: dict, out_dir: Path) -> Path:
             for arm in st["arms"]:
                 if key in st["series"][seed][arm]:
                     steps, values = st["series"][seed][arm][key]  # [steps], [steps]
-                    ax.plot(steps, _shown(key, log, values), marker="o" if key.startswith("validation/") else None, markersize=3,
-                            label=ARM_LABELS[arm], color=ARM_COLORS[arm])  # fmt: skip
+                    marker = "o" if key.startswith("validation/") else None
+                    ax.plot(steps, _shown(key, log, values), marker=marker, markersize=3, label=ARM_LABELS[arm],
+                            color=ARM_COLORS[arm])  # fmt: skip
             if log:
                 ax.set_yscale("log")
             ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']}, {seed}")
@@ -110,7 +121,6 @@ def plot_run_overlay(st: dict, out_dir: Path) -> Path:
     axes = []
     for col, (key, ylabel, log) in enumerate(SEED_PANELS):
         ax = fig.add_subplot(1, len(SEED_PANELS), col + 1)
-
         for arm in st["arms"]:
             runs = [st["series"][run][arm] for run in st["seeds"] if key in st["series"][run][arm]]
             for metrics in runs:

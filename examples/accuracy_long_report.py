@@ -1,17 +1,17 @@
 """Report of the long-response accuracy study (docs/accuracy.md): every stage under a root, tables and plots.
 
 A root holds stage directories (`<length>[-<tag>][_T<temperature>][_lr<lr>]/seed<S>/arms/<arm>`, the SFT in
-`<length>[-<tag>]/seed<S>/sft`; accuracy_stage.py) or the stages' packed `*.tar.gz`, which are unpacked next to them first. Per stage, every arm of every seed is
-summarized (accuracy_report.arm_summary) up to the stage's **common step**, the last training step that every arm
-of every seed reached (a stage's arms are stopped at one deadline and run at different speeds), so arms are
-compared over the same steps. Per stage and figure it also states whether the seeds disagree more than the arms:
-the largest spread between the two seeds of one arm against the spread between the arms' seed means, and per arm
-against BF16 the difference of means over the runs with a permutation test within starts (accuracy_stats.py:
-repeats of one start make it able to tell an arm from chance), and where `accuracy_study.py evaluate` ran, each
-arm's last checkpoint through one BF16 referee (accuracy_eval.py) beside its own rollout's validation. A seed whose
-arms all went further than the common
-step (the seeds of one call run at different speeds) is also summarized up to its own common step
-(`runs_own_step`), so the steps it ran past the slowest seed are not left out.
+`<length>[-<tag>]/seed<S>/sft`; accuracy_stage.py) or the stages' packed `*.tar.gz`, which are unpacked next to them
+first. Per stage, every arm of every seed is summarized (accuracy_report.arm_summary) up to the stage's **common
+step**, the last training step that every arm of every seed reached (a stage's arms are stopped at one deadline and
+run at different speeds), so arms are compared over the same steps. Per stage and figure it also states whether the
+seeds disagree more than the arms: the largest spread between the two seeds of one arm against the spread between
+the arms' seed means, and per arm against BF16 the difference of means over the runs with a permutation test within
+starts (accuracy_stats.py: repeats of one start make it able to tell an arm from chance), and where
+`accuracy_study.py evaluate` ran, each arm's last checkpoint through one BF16 referee (accuracy_eval.py) beside its
+own rollout's validation. A seed whose arms all went further than the common step (the seeds of one call run at
+different speeds) is also summarized up to its own common step (`runs_own_step`), so the steps it ran past the
+slowest seed are not left out.
 
 Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.png, by_stage.png}` (one panel per
 stage; curves are the mean over seeds), `seeds_<stage>.png` for each stage named in `seed_curves` (a row per seed,
@@ -129,8 +129,9 @@ def seeds_vs_arms(rows: dict[str, dict[str, dict]], arms: list[str]) -> dict[str
         means = [mean_of([rows[seed][arm][key] for seed in rows]) for arm in arms]
         seed_spreads = {arm: spread([rows[seed][arm][key] for seed in rows]) for arm in arms}
         arm_range, worst = spread(means), max((v for v in seed_spreads.values() if v is not None), default=None)
+        more = None if arm_range is None or worst is None else worst > arm_range
         out[key] = {"arm_range": arm_range, "max_seed_spread": worst, "seed_spread": seed_spreads,
-                    "seeds_disagree_more": None if arm_range is None or worst is None else worst > arm_range}  # fmt: skip
+                    "seeds_disagree_more": more}  # fmt: skip
     return out
 
 

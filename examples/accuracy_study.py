@@ -108,8 +108,9 @@ def long_lengths(num_digits: int) -> dict[str, int]:
     total = _round_up(1 + task.prompt_chars + max_new, 128)
     sft_len = 1 + task.prompt_chars + task.max_response_chars + 1
     sft_batch = 2 ** round(math.log2(SFT_STEP_TOKENS / sft_len))
-    return dict(max_new_tokens=max_new, max_total=total, micro_rows=2 ** int(math.log2(GRPO_MICRO_BATCH_TOKENS // total)),
-                sft_batch=sft_batch, sft_micro=sft_batch // 2)  # fmt: skip
+    micro_rows = 2 ** int(math.log2(GRPO_MICRO_BATCH_TOKENS // total))
+    return dict(max_new_tokens=max_new, max_total=total, micro_rows=micro_rows, sft_batch=sft_batch,
+                sft_micro=sft_batch // 2)  # fmt: skip
 
 
 def long_grpo_overrides(num_digits: int) -> list[str]:
