@@ -3,13 +3,13 @@
     python3 -m benchmarks.bench_batch_invariant_kernels --out bi_kernels.json
     python3 -m benchmarks.bench_batch_invariant_kernels --shapes   # attention at the 1.7B / 8B shapes, alternating
 
-`--shapes`: decode steps of 64 rows over 1,024-8,192 keys and the trainer's forward; the exact kernel with its keys
-in chunks (`ATTN_SPLIT_KEYS`, a decode step's chunks in parallel programs) and with one chunk a row (as before the
-chunks) beside the fast kernels. Decode also reads the cache as the engine's rollout does: paged (`PAGE_SIZES`
-keys a block, blocks shuffled, the table `PAGED_SLACK` keys wider than the row, as a recipe's
-max_total_sequence_length leaves it), fast and exact; the exact paged output is checked bitwise against the
-contiguous one before it is timed. The exact decode also reads the same values from a bf16 cache (twice the bytes,
-no e4m3 widening): what the widening costs.
+`--shapes`: decode steps of 64 rows over 1,024-8,192 keys (8B), of 32 over 4,096 and 8,192 (1.7B, the 8K CLI run's
+batch) and the trainer's forward; the exact kernel with its keys in chunks (`ATTN_SPLIT_KEYS`, a decode step's
+chunks in parallel programs) and with one chunk a row (as before the chunks) beside the fast kernels. Decode also
+reads the cache as the engine's rollout does: paged (`PAGE_SIZES` keys a block, blocks shuffled, the table
+`PAGED_SLACK` keys wider than the row, as a recipe's max_total_sequence_length leaves it), fast and exact; the exact
+paged output is checked bitwise against the contiguous one before it is timed. The exact decode also reads the same
+values from a bf16 cache (twice the bytes, no e4m3 widening): what the widening costs.
 
 FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
 (prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
@@ -110,7 +110,9 @@ def attention_rows(dev) -> list[dict]:
 # (label, rows, query heads, keys) of the `--shapes` rows: H_kv 8, head_dim 128, an e4m3 cache for decode
 SHAPE_DECODE = [("decode 1.7B 128 x 640", 128, 16, 640), ("decode 8B 64 x 1024", 64, 32, 1024),
                 ("decode 8B 64 x 2048", 64, 32, 2048), ("decode 8B 64 x 4096", 64, 32, 4096),
-                ("decode 8B 64 x 8192", 64, 32, 8192), ("decode 8B 16 x 8192", 16, 32, 8192)]  # fmt: skip
+                ("decode 8B 64 x 8192", 64, 32, 8192), ("decode 8B 16 x 8192", 16, 32, 8192),
+                # the 1.7B CLI run at 8K-token responses (4 prompts x 8): its mean and its last context
+                ("decode 1.7B 32 x 4096", 32, 16, 4096), ("decode 1.7B 32 x 8192", 32, 16, 8192)]  # fmt: skip
 SHAPE_TRAIN = [("trainer fwd 1.7B 16 x 1024", 16, 16, 1024), ("trainer fwd 8B 4 x 4096", 4, 32, 4096)]
 
 
