@@ -40,7 +40,7 @@ def _tag(text: str) -> str:
 
 
 def _combine(text: str) -> tuple[str, list[str]]:
-    """`NAME=STAGE,STAGE,...` (`report --study long --combine`)."""
+    """`NAME=STAGE,STAGE,...` (`report --study long --combine` and `--pool`)."""
     name, sep, stages = text.partition("=")
     parts = [p for p in stages.split(",") if p]
     if not sep or not parts or not re.fullmatch(r"[A-Za-z0-9-]+", name) or any("/" in p for p in parts):
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--also", type=Path, action="append", default=[], help="report stage: another seed's study dir")
     p.add_argument("--combine", type=_combine, action="append", default=[],
                    help="long report: NAME=STAGE,STAGE: one stage of the seeds several calls ran apart")  # fmt: skip
+    p.add_argument("--pool", type=_combine, action="append", default=[],
+                   help="long report: NAME=STAGE,STAGE: each arm against BF16 over these stages' runs, each "
+                        "stage's starts kept apart")  # fmt: skip
     p.add_argument("--variant", default=None, metavar="STAGE",
                    help="evaluate: the stage variant under --out whose arms to evaluate, e.g. 2k-kv7_T0.7")  # fmt: skip
     p.add_argument("--reference-tests", type=_positive_int, default=4,

@@ -144,12 +144,28 @@ def versus_bf16(rows: dict[str, dict[str, dict]], arms: list[str]) -> dict[str, 
     def by_start(arm: str, key: str) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         for run, row in rows.items():
-            if row[arm].get(key) is not None:
+            if row.get(arm, {}).get(key) is not None:  # a pooled stage may lack the arm
                 out.setdefault(sft_label(run), []).append(row[arm][key])
         return out
 
     return {arm: {key: permutation_test(by_start(arm, key), by_start("bf16", key)) for key in VERSUS_KEYS}
             for arm in arms if arm != "bf16"}  # fmt: skip
+
+
+def tested_rows(st: dict[str, Any], prefix: str = "") -> dict[str, dict[str, dict]]:
+    """A stage summary's per-run figures at its common step with its BF16 referee's where it ran (versus_bf16's
+    rows), each run named `prefix` + its label."""
+    ref = st["reference"]
+    return {prefix + run: {a: {**st["runs"][run][a], **referee_figures(ref[run][a])} for a in st["arms"]}
+            for run in st["seeds"]}  # fmt: skip
+
+
+def pooled_versus(stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """versus_bf16 over the runs of several stages, each stage's starts kept apart (a start is `<stage>/<seed>`):
+    the stratified test of every run so far that shares a start with a BF16 run."""
+    rows = {k: v for st in stages for k, v in tested_rows(st, f"{st['stage']}/").items()}
+    arms = list(dict.fromkeys(a for st in stages for a in st["arms"]))
+    return {"stages": [st["stage"] for st in stages], "versus_bf16": versus_bf16(rows, arms)}
 
 
 def stage_summary(stage: Path) -> dict[str, Any] | None:
@@ -175,12 +191,11 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
                                              for b in bins}  # fmt: skip
     status_path = stage / "stage.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else None
-    reference = reference_rows(stage, series)
-    tested = {s: {a: {**rows[s][a], **referee_figures(reference[s][a])} for a in arms} for s in seeds}
-    return {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
-            "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms),
-            "versus_bf16": versus_bf16(tested, arms), "sft": sft, "status": status, "seed_common_steps": own,
-            "runs_own_step": runs_own_step, "reference": reference, "series": series}  # fmt: skip
+    st = {"stage": stage.name, "seeds": seeds, "arms": arms, "common_step": common, "last_steps": last,
+          "runs": rows, "mean": mean, "seeds_vs_arms": seeds_vs_arms(rows, arms), "sft": sft, "status": status,
+          "seed_common_steps": own, "runs_own_step": runs_own_step, "reference": reference_rows(stage, series),
+          "series": series}  # fmt: skip
+    return {**st, "versus_bf16": versus_bf16(tested_rows(st), arms)}
 
 
 def write_long_report(
@@ -188,6 +203,7 @@ def write_long_report(
     assets: Path | None = None,
     combine: dict[str, list[str]] | None = None,
     seed_curves: list[str] | None = None,
+    pool: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """Summaries and plots of every stage under `root` and of the `combine` stages, with per-seed curves of the
     `seed_curves` stages (module docstring); returns the summary."""
@@ -198,13 +214,16 @@ def write_long_report(
     if not stages:
         raise FileNotFoundError(f"no stage with arm metrics under {root}: run `accuracy_study.py stage --study long`")
     by_name = {st["stage"]: st for st in stages}
-    unknown = [name for name in seed_curves or [] if name not in by_name]
-    if unknown:
-        raise FileNotFoundError(f"--seed-curves {', '.join(unknown)}: no such stage with arms (stages: "
-                                f"{', '.join(by_name)})")  # fmt: skip
+    pooled_names = [name for names in (pool or {}).values() for name in names]
+    for flag, names in (("--seed-curves", seed_curves or []), ("--pool", pooled_names)):
+        unknown = [name for name in names if name not in by_name]
+        if unknown:
+            raise FileNotFoundError(f"{flag} {', '.join(unknown)}: no such stage with arms (stages: "
+                                    f"{', '.join(by_name)})")  # fmt: skip
     report = root / "report"
     report.mkdir(parents=True, exist_ok=True)
-    summary = {"stages": [{k: v for k, v in st.items() if k != "series"} for st in stages]}
+    summary = {"stages": [{k: v for k, v in st.items() if k != "series"} for st in stages],
+               "pools": {name: pooled_versus([by_name[n] for n in names]) for name, names in (pool or {}).items()}}
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = [report / "summary.json", *plot_stages(stages, report)]
     for name in seed_curves or []:
@@ -298,4 +317,7 @@ def format_long_tables(summary: dict[str, Any]) -> str:
                          f"{fmt(r['max_seed_spread'])}: {verdict}")  # fmt: skip
         lines += fallen_line(st)
         lines += versus_lines(st.get("versus_bf16") or {})
+    for name, pooled in (summary.get("pools") or {}).items():
+        head = f"### pooled {name}: {', '.join(pooled['stages'])} (each start's runs relabeled among themselves)"
+        lines += ["", head, "", *versus_lines(pooled["versus_bf16"])]
     return "\n".join(lines)

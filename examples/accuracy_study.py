@@ -379,9 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = stage_arms(args) if args.stage in ("arms", "all") else 0
     if args.stage in ("report", "all"):
         if args.study == "long":  # every stage directory under --out
-            try:  # a --combine or --seed-curves stage that is not there: one line
+            try:  # a --combine, --seed-curves or --pool stage that is not there: one line
                 summary = accuracy_long_report.write_long_report(
-                    args.out, args.assets, dict(args.combine), args.seed_curves
+                    args.out, args.assets, dict(args.combine), args.seed_curves, dict(args.pool)
                 )
             except FileNotFoundError as err:
                 print(f"error: {err}", file=sys.stderr)

@@ -441,6 +441,36 @@ def test_repeats_run_each_arm_again_from_the_same_sft_and_the_report_finds_that_
     assert len(line) == 1 and "over 5 and 5 runs from 1 start(s): heldout_accuracy_mean -0.300 (p = " in line[0]
 
 
+def test_pool_tests_each_arm_over_several_stages_runs_keeping_each_stages_starts_apart(tmp_path, capsys):
+    """--pool: stage "a" (one start, 2 runs per arm) and stage "b" (seed 0 of another SFT: one run per arm, and an
+    arm "a" lacks) pooled: fp8 - bf16 over 3 + 3 runs from 2 starts, C(4, 2) x C(2, 1) = 12 relabelings; the start
+    labels keep a's seed0 and b's seed0 apart (pooled as one start, C(6, 3) = 20)."""
+    root = tmp_path / "root"
+    for name, label, bf16, fp8 in (("a", "seed0", 0.6, 0.3), ("a", "seed0r1", 0.5, 0.2), ("b", "seed0", 0.7, 0.4)):
+        _write_metrics(root / name / label / "arms" / "bf16", 10, bf16, 1.0001)
+        _write_metrics(root / name / label / "arms" / "fp8", 10, fp8, 1.0003)
+    _write_metrics(root / "b" / "seed0" / "arms" / "fp8_kv", 10, 0.65, 1.0003)
+    summary = long_report.write_long_report(root, pool={"ab": ["a", "b"]})
+    pooled = summary["pools"]["ab"]
+    assert pooled["stages"] == ["a", "b"] and set(pooled["versus_bf16"]) == {"fp8", "fp8_kv"}
+    t = pooled["versus_bf16"]["fp8"]["heldout_accuracy_final"]
+    assert t["diff"] == pytest.approx(-0.3) and t["starts"] == 2 and t["relabelings"] == 12 and t["runs"] == [3, 3]
+    # every relabeling within a start moves fp8's runs only among its own start's: the observed split is the most
+    # extreme in both starts, and its mirror; 2 of 12
+    assert t["p"] == pytest.approx(2 / 12)
+    kv = pooled["versus_bf16"]["fp8_kv"]["heldout_accuracy_final"]
+    assert kv["starts"] == 1 and kv["diff"] == pytest.approx(-0.05)  # only b's start has fp8_kv
+    tables = long_report.format_long_tables(summary)
+    assert "### pooled ab: a, b (each start's runs relabeled among themselves)" in tables
+    # 12 relabelings cannot give p < 0.05: the one line says so, with the pooled runs' smallest possible p
+    assert "- arms against BF16: 3 run(s) per arm from 2 start(s): a permutation test cannot go below p = 0.17" in (
+        tables.split("### pooled ab")[1]
+    )
+    rc = accuracy_study.main(["report", "--study", "long", "--out", str(root), "--pool", "ab=a,zz"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["error: --pool zz: no such stage with arms (stages: a, b)"]
+
+
 def test_an_arm_is_not_tied_to_one_gpu_and_the_gpus_hold_the_same_mix(tmp_path):
     """4 arms x 2 seeds on 2 GPUs: plain round-robin put each arm on the same GPU in both seeds (bf16 and fp8 on
     GPU 0, the other two on GPU 1: their step times measured the GPU's mix). Shifted by one GPU per seed, every arm
