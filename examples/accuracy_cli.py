@@ -100,5 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-steps", type=int, default=None,
                    help="SFT this many steps, the gate checked once, at the end "
                         "(default: stop at the gate)")  # fmt: skip
+    p.add_argument("--sft-deterministic", action=argparse.BooleanOptionalAction, default=None,
+                   help="SFT training steps under torch's deterministic algorithms (the same start again)")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="run_grpo.py overrides for every arm (key=value ...)")
     return p

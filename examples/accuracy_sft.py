@@ -19,12 +19,19 @@ An SFT stopped by its time cap before the gate leaves `sft_resume.pt` (weights, 
 directory; the next `run_sft` there with the same settings continues from it (same batches, same schedule: the
 steps of both calls are those of one uninterrupted run), so a task whose gate takes longer than one device call
 spreads its SFT over several calls on one machine. A passed gate deletes the file.
+
+With `deterministic` the training steps run under `torch.use_deterministic_algorithms(True)` (and cuBLAS's fixed
+workspace, `CUBLAS_WORKSPACE_CONFIG`, set before the first CUDA call), so that one seed's SFT can give the same start
+again in another call or session; an operation without a deterministic implementation then raises instead of
+running. The gate checks (inference only) run as without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -174,6 +181,20 @@ def _train_step(model, optim, task, problems, tokenizer, device, micro_batch_siz
     return total
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool):
+    """torch's deterministic algorithms inside the block when `enabled`, the caller's setting restored after."""
+    if not enabled:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def _gate_check(
     model, engine, task, tokenizer, problems, device, gate: float, precheck: bool, rows: int, gate_sampled: float = 0.0
 ) -> dict:
@@ -242,15 +263,19 @@ def run_sft(
     max_new_steps: int | None = None,
     gate_sampled: float = 0.0,
     fixed_steps: int | None = None,
+    deterministic: bool = False,
 ) -> dict[str, Any]:
     """Train, gate, save under `out`; returns the metadata written to sft_meta.json. `max_positions`: the model's
     position limit (default: the longest prompt + worked solution + eos). `max_new_steps`: at most this many steps
     in this call (a cap like `max_time_s`, beside it). `gate_sampled`: the gate's least sampled accuracy (0: none;
     `gate_passed`). `fixed_steps`: train exactly this many steps, the gate checked at the last only (module
-    docstring). Continues from `out`'s resume file when its settings match."""
+    docstring). `deterministic`: the training steps under torch's deterministic algorithms (module docstring).
+    Continues from `out`'s resume file when its settings match."""
     if fixed_steps is not None and not 0 < fixed_steps <= max_steps:
         raise ValueError(f"fixed_steps={fixed_steps}: must be in 1..max_steps ({max_steps})")
     last = fixed_steps or max_steps  # the step training ends at, whatever the gate says with fixed_steps
+    if deterministic and device.type == "cuda":  # read when cuBLAS first allocates its workspace
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     task = make_scratchpad_task(task_name, num_digits=num_digits, val_size=max(gate_size, 512), seed=data_seed)
     max_len = 1 + task.prompt_chars + task.max_response_chars + 1  # bos, prompt, solution, eos
     max_positions = max(max_len, max_positions or 0)
@@ -269,7 +294,7 @@ def run_sft(
     out.mkdir(parents=True, exist_ok=True)
     settings = dict(task=task_name, shape=shape, num_digits=num_digits, data_seed=data_seed, seed=seed,
                     batch_size=batch_size, micro=micro, lr=lr, max_steps=max_steps, warmup=warmup,
-                    max_positions=max_positions)  # fmt: skip
+                    max_positions=max_positions, deterministic=deterministic)  # fmt: skip
     state = _load_resume(out / RESUME_FILE, settings, model, optim, device)
     step, earlier_s, calls = state["step"], state["wall_s"], state["calls"] + 1
     check, loss_value = state["check"], state["loss"]
@@ -280,7 +305,8 @@ def run_sft(
            and (max_new_steps is None or step - first_step < max_new_steps)):  # fmt: skip
         for group in optim.param_groups:
             group["lr"] = lr_at(step, lr, warmup, max_steps)
-        loss_value = _train_step(model, optim, task, task.train_batch(step, batch_size), tokenizer, device, micro)
+        with deterministic_algorithms(deterministic):
+            loss_value = _train_step(model, optim, task, task.train_batch(step, batch_size), tokenizer, device, micro)
         step += 1
         if (step % eval_every == 0 and fixed_steps is None) or step == last:
             check = _gate_check(model, engine, task, tokenizer, gate_problems, device, gate,
@@ -308,6 +334,7 @@ def run_sft(
         "num_parameters": num_params, "linear_parameters": linear_parameters(SHAPES[shape]),
         "num_digits": num_digits, "max_positions": max_positions, "data_seed": data_seed, "seed": seed,
         "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "fixed_steps": fixed_steps,
+        "deterministic": deterministic,
         "gate": gate, "gate_passed": passed, "gate_size": gate_size, "gate_greedy_accuracy": check["greedy_accuracy"],
         "gate_forced_exact": check.get("forced_exact"), "gate_sampled": gate_sampled,
         "gate_sampled_accuracy": check.get("sampled_accuracy"), "final_loss": loss_value,

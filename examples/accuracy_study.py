@@ -59,7 +59,8 @@ from accuracy_cli import (  # noqa: E402
 
 # the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
 SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
-             "--sft-lr": "lr", "--sft-rows": "batch_size", "--sft-steps": "fixed_steps"}  # fmt: skip
+             "--sft-lr": "lr", "--sft-rows": "batch_size", "--sft-steps": "fixed_steps",
+             "--sft-deterministic": "deterministic"}  # fmt: skip
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
 BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
@@ -245,7 +246,8 @@ def sft_argv(sub: argparse.Namespace) -> list[str]:
     argv += ["--quick"] * sub.quick + [f"--device={sub.device}"] * bool(sub.device)
     for flag in SFT_FLAGS:
         value = _flag_value(sub, flag)
-        argv += [f"{flag}={value}"] * (value is not None)
+        if value is not None:  # a bool (BooleanOptionalAction) as --flag / --no-flag
+            argv.append((flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag}={value}")
     return argv
 
 

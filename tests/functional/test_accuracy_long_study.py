@@ -326,12 +326,45 @@ def test_the_sft_flags_set_the_long_sft_and_reach_each_seeds_process(tmp_path):
     )
     stage = parse(["stage", "--study", "long", "--length", "4k", "--sft-lr", "2e-4", "--sft-rows", "32",
                    "--sft-max-time-s", "540", "--sft-gate-sampled", "0.2", "--sft-steps", "600",
-                   "--out", str(tmp_path)])  # fmt: skip
-    want = default | {"lr": 2e-4, "batch_size": 32, "max_time_s": 540.0, "gate_sampled": 0.2, "fixed_steps": 600}
+                   "--sft-deterministic", "--out", str(tmp_path)])  # fmt: skip
+    want = default | {"lr": 2e-4, "batch_size": 32, "max_time_s": 540.0, "gate_sampled": 0.2, "fixed_steps": 600,
+                      "deterministic": True}  # fmt: skip
     assert study.sft_settings(stage) == want
     sub = study.seed_args(stage, tmp_path / "4k", 1)
     argv = study.sft_argv(sub)  # what the seed's SFT process is started with
     assert study.sft_settings(parse(argv)) == want and parse(argv).out == tmp_path / "4k" / "seed1"
+    assert "--sft-deterministic" in argv and "deterministic" not in default  # off unless asked: run_sft's default
+    off = parse(["stage", "--study", "long", "--no-sft-deterministic", "--out", str(tmp_path)])
+    assert study.sft_settings(parse(study.sft_argv(study.seed_args(off, tmp_path, 0))))["deterministic"] is False
+
+
+def test_a_deterministic_sft_trains_under_deterministic_algorithms_and_restores_the_callers_setting(
+    tmp_path, monkeypatch
+):
+    """`deterministic`: every training step runs with torch's deterministic algorithms on, the gate checks and the
+    caller with them as they were; on the CPU (deterministic either way) the weights equal a plain run's bit for
+    bit, so the flag changes the algorithms, not the arithmetic."""
+    from safetensors.torch import load_file
+
+    seen = []
+    train_step = study.accuracy_sft._train_step
+
+    def recording(*args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(study.accuracy_sft, "_train_step", recording)
+    settings = dict(study.QUICK_LONG_SFT, max_steps=3, gate=2.0, max_time_s=600.0)
+    runs = {}
+    for flag in (True, False):
+        seen.clear()
+        meta = study.accuracy_sft.run_sft(tmp_path / str(flag), seed=0, data_seed=1234, device=torch.device("cpu"),
+                                          deterministic=flag, **settings)  # fmt: skip
+        assert seen == [flag] * 3 and meta["deterministic"] is flag
+        assert not torch.are_deterministic_algorithms_enabled()
+        runs[flag] = load_file(tmp_path / str(flag) / "model.safetensors")
+    on, off = runs[True], runs[False]
+    assert on.keys() == off.keys() and all(torch.equal(on[k], off[k]) for k in on)
 
 
 def test_the_sft_gate_can_require_sampled_accuracy(tmp_path):

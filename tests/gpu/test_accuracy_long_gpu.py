@@ -8,6 +8,8 @@ from the repo root with the CLI's imports (the carried wheels, docs/gpu_cli_run.
   arm is bitwise on-policy on the GPU too, the FP8-rollout-only arm is not.
 - The study's own SFT settings at 4k (104M parameters, 16 rows of 3,632 tokens in two micro-batches) for 12 steps:
   the loss falls and the printed seconds per step and TFLOP/s calibrate docs/accuracy.md's estimate.
+- `deterministic`: the 2k SFT twice from one seed, 6 steps each, gives the same weights bit for bit (the same start
+  in another call or session), and prints its seconds per step beside a plain run's.
 """
 
 from __future__ import annotations
@@ -67,3 +69,26 @@ def test_long_shape_sft_learns_on_the_gpu_and_reports_its_speed(tmp_path):
         f"\nlong SFT at 4k on {meta['device']}: {per_step:.3f} s/step (gate check included), "
         f"{meta['train_flops_estimate'] / meta['wall_time_s'] / 1e12:.0f} TFLOP/s by the estimate; {wall:.0f} s"
     )
+
+
+def test_a_deterministic_sft_gives_the_same_weights_twice_on_the_gpu(tmp_path):
+    import accuracy_sft
+    import accuracy_study
+    from safetensors.torch import load_file
+
+    settings = accuracy_study.sft_settings(accuracy_study.build_parser().parse_args(
+        ["sft", "--study", "long", "--length", "2k"]))  # fmt: skip
+    settings.update(max_steps=6, eval_every=6, warmup=2, gate=2.0, max_time_s=300.0)  # a gate no model passes
+    runs, walls = [], {}
+    for name, flag in (("a", True), ("b", True), ("plain", False)):
+        meta = accuracy_sft.run_sft(tmp_path / name, seed=3, data_seed=1234, device=torch.device("cuda"),
+                                    deterministic=flag, **settings)  # fmt: skip
+        assert meta["steps"] == 6 and meta["deterministic"] is flag
+        runs.append(load_file(tmp_path / name / "model.safetensors"))
+        walls[name] = meta["wall_time_s"] / 6
+    a, b, plain = runs
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.are_deterministic_algorithms_enabled()
+    same = all(torch.equal(a[k], plain[k]) for k in a)
+    print(f"\ndeterministic 2k SFT: {walls['a']:.3f} / {walls['b']:.3f} s/step against {walls['plain']:.3f} plain "
+          f"(gate check included); plain run's weights {'equal' if same else 'differ'}")
