@@ -38,10 +38,10 @@ from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
     across_seeds,
-    arm_summary,
     arm_table,
     fmt,
     mean_of,
+    metrics_summary,
     position_table,
     seed_cell,
 )
@@ -179,9 +179,9 @@ def stage_summary(stage: Path) -> dict[str, Any] | None:
                    for a in arms] for s in seeds}  # fmt: skip
     last = [step for s in seeds for step in last_of[s]]
     common = min(last)
-    rows = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=common) for a in arms} for s in seeds}
+    rows = {s: {a: metrics_summary(series[s][a], max_step=common) for a in arms} for s in seeds}
     own = {s: min(steps) for s, steps in last_of.items()}  # each seed's own common step
-    runs_own_step = {s: {a: arm_summary(stage / s / "arms" / a / "metrics.jsonl", max_step=own[s]) for a in arms}
+    runs_own_step = {s: {a: metrics_summary(series[s][a], max_step=own[s]) for a in arms}
                      for s in seeds if own[s] > common}  # fmt: skip
     mean = {}
     for arm in arms:
@@ -289,7 +289,8 @@ def own_step_table(st: dict[str, Any]) -> list[str]:
 
 
 def format_long_tables(summary: dict[str, Any]) -> str:
-    """Markdown per stage: SFT starts, final figures per arm, mismatch by position, seeds vs arms."""
+    """Markdown per stage: SFT starts, final figures per arm, mismatch by position, seeds vs arms, arms against
+    BF16; then each pooled test."""
     lines = []
     for st in summary["stages"]:
         lines += ["", f"### {st['stage']}: common step {st['common_step']} (last steps {st['last_steps']})", ""]

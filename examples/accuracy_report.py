@@ -54,9 +54,14 @@ def mean_tail(series: tuple[np.ndarray, np.ndarray] | None, n: int = TAIL_STEPS,
 
 
 def arm_summary(metrics_path: Path, max_step: int | None = None) -> dict[str, Any]:
-    """Final figures of one arm from its metrics.jsonl (None where a metric was never logged), from the steps up to
-    `max_step` when given (arms compared at the steps they all reached)."""
-    s = read_metrics_jsonl(metrics_path)
+    """Final figures of one arm from its metrics.jsonl (`metrics_summary`)."""
+    return metrics_summary(read_metrics_jsonl(metrics_path), max_step)
+
+
+def metrics_summary(s: dict[str, tuple[np.ndarray, np.ndarray]], max_step: int | None = None) -> dict[str, Any]:
+    """Final figures of one arm from its parsed metrics (`read_metrics_jsonl`: {key: (steps, values)}; None where a
+    metric was never logged), from the steps up to `max_step` when given (arms compared at the steps they all
+    reached)."""
     if max_step is not None:
         s = {k: (st[st <= max_step], v[st <= max_step]) for k, (st, v) in s.items()}
         s = {k: series for k, series in s.items() if len(series[0])}
@@ -185,11 +190,12 @@ def write_report(runs: list[Path], assets: Path | None = None) -> dict[str, Any]
     arms = [a for a in ARM_LABELS if all((r / "arms" / a / "metrics.jsonl").is_file() for r in runs)]
     if not arms:
         raise FileNotFoundError(f"no arm has metrics in every run of {[str(r) for r in runs]}: run the arms stage")
+    series = {a: [read_metrics_jsonl(r / "arms" / a / "metrics.jsonl") for r in runs] for a in arms}  # each run's
     per_run = []
-    for run in runs:
+    for i, run in enumerate(runs):
         meta_path = run / "sft" / "sft_meta.json"
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        arm_rows = {a: arm_summary(run / "arms" / a / "metrics.jsonl") for a in arms}
+        arm_rows = {a: metrics_summary(series[a][i]) for a in arms}
         per_run.append({"dir": str(run), "seed": meta.get("seed"), "sft": meta or None, "arms": arm_rows})
     mean = {}
     for arm in arms:
@@ -204,7 +210,6 @@ def write_report(runs: list[Path], assets: Path | None = None) -> dict[str, Any]
     report = runs[0] / "report"
     report.mkdir(parents=True, exist_ok=True)
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    series = {a: [read_metrics_jsonl(r / "arms" / a / "metrics.jsonl") for r in runs] for a in arms}
     note = f"mean of {len(runs)} seeds" if len(runs) > 1 else "one seed"
     position = {a: mean[a]["mismatch_by_position"] for a in arms}
     files = [report / "summary.json", *plot_arms(series, position, report, note)]
