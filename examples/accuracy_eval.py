@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from accuracy_stage import ARM_CHECKPOINTS, Job, gpu_of, run_jobs
+from accuracy_stage import ARM_CHECKPOINTS, Job, checkpoint_steps, gpu_of, run_jobs
 from omegaconf import OmegaConf
 
 REFERENCE_DIR = "reference_eval"
@@ -33,8 +33,7 @@ def arms_with_checkpoints(variant: Path, arms: list[str] | None = None) -> list[
     and their config.yaml."""
     return sorted(
         arm for arm in variant.glob("seed*/arms/*")
-        if (arms is None or arm.name in arms) and (arm / "config.yaml").is_file()
-        and any((arm / ARM_CHECKPOINTS).glob("step_*/meta.json"))
+        if (arms is None or arm.name in arms) and (arm / "config.yaml").is_file() and checkpoint_steps(arm)
     )  # fmt: skip
 
 

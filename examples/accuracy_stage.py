@@ -145,11 +145,16 @@ def arm_checkpoint_overrides(directory: Path, budget_s: float) -> list[str]:
     ]  # fmt: skip
 
 
+def checkpoint_steps(directory: Path) -> list[int]:
+    """The steps of an arm's saved checkpoints (`directory`/ARM_CHECKPOINTS/step_N with its meta.json)."""
+    return [int(m.group(1)) for p in (directory / ARM_CHECKPOINTS).glob("step_*/meta.json")
+            if (m := re.fullmatch(r"step_(\d+)", p.parent.name))]  # fmt: skip
+
+
 def arm_continues(directory: Path) -> bool:
     """An arm whose newest checkpoint is before its `grpo.max_num_steps` (its logged config.yaml): it stopped at a
     stage's deadline, and its next run continues from there."""
-    steps = [int(m.group(1)) for p in (directory / ARM_CHECKPOINTS).glob("step_*/meta.json")
-             if (m := re.fullmatch(r"step_(\d+)", p.parent.name))]  # fmt: skip
+    steps = checkpoint_steps(directory)
     if not steps:
         return False
     config = directory / "config.yaml"
