@@ -270,6 +270,21 @@ def versus_lines(versus: dict[str, dict], alpha: float = 0.05) -> list[str]:
     return lines
 
 
+def start_table(versus: dict[str, dict]) -> list[str]:
+    """Markdown table: each arm minus BF16 within each start (the mean of its runs there against BF16's), one row a
+    start, so that starts that disagree show; [] with fewer than two starts."""
+    rows = []
+    for arm, by_key in versus.items():
+        starts = list(dict.fromkeys(s for t in by_key.values() for s in t.get("by_start", {})))
+        for start in starts if len(starts) > 1 else []:
+            cells = [fmt(t.get("by_start", {}).get(start), 3, signed=True) for t in by_key.values()]
+            rows.append(f"| {ARM_LABELS[arm]} | {start} | {' | '.join(cells)} |")
+    if not rows:
+        return []
+    keys = list(next(iter(versus.values())))
+    return ["", f"| arm - BF16 | start | {' | '.join(keys)} |", "|---|---|" + "---|" * len(keys), *rows]
+
+
 OWN_STEP_KEYS = (("heldout_accuracy_final", 3), ("heldout_accuracy_mean", 3), ("reward_last", 3),
                  ("token_mult_prob_error_mean", 5))  # fmt: skip
 
@@ -318,7 +333,8 @@ def format_long_tables(summary: dict[str, Any]) -> str:
                          f"{fmt(r['max_seed_spread'])}: {verdict}")  # fmt: skip
         lines += fallen_line(st)
         lines += versus_lines(st.get("versus_bf16") or {})
+        lines += start_table(st.get("versus_bf16") or {})
     for name, pooled in (summary.get("pools") or {}).items():
         head = f"### pooled {name}: {', '.join(pooled['stages'])} (each start's runs relabeled among themselves)"
-        lines += ["", head, "", *versus_lines(pooled["versus_bf16"])]
+        lines += ["", head, "", *versus_lines(pooled["versus_bf16"]), *start_table(pooled["versus_bf16"])]
     return "\n".join(lines)

@@ -228,8 +228,8 @@ def write_report(runs: list[Path], assets: Path | None = None) -> dict[str, Any]
     return summary
 
 
-def fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def fmt(value: float | None, digits: int = 3, signed: bool = False) -> str:
+    return "-" if value is None else f"{value:{'+' if signed else ''}.{digits}f}"
 
 
 def seed_cell(mean: float | None, values: list[float | None], digits: int = 3) -> str:

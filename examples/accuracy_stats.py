@@ -30,10 +30,13 @@ def _difference(pools: list[list[float]], chosen: list[tuple[int, ...]], n_a: in
 def permutation_test(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str, Any]:
     """`a`, `b`: each arm's values by start. Only starts that both arms ran count. Returns the observed difference
     (mean of `a` minus mean of `b`), the two-sided p-value, the runs of each arm, the starts, the relabelings
-    (their count when exact) and whether p is exact; `diff` and `p` are None without a shared start."""
+    (their count when exact), whether p is exact, and each start's own difference of means (`by_start`, whether
+    the starts agree); `diff` and `p` are None without a shared start."""
     starts = [s for s in a if a[s] and b.get(s)]
     n_a, n_b = sum(len(a[s]) for s in starts), sum(len(b[s]) for s in starts)
-    out: dict[str, Any] = {"diff": None, "p": None, "runs": [n_a, n_b], "starts": len(starts), "relabelings": 0}
+    by_start = {s: sum(a[s]) / len(a[s]) - sum(b[s]) / len(b[s]) for s in starts}
+    out: dict[str, Any] = {"diff": None, "p": None, "runs": [n_a, n_b], "starts": len(starts), "relabelings": 0,
+                           "by_start": by_start}  # fmt: skip
     if not starts:
         return out | {"exact": True}
     pools = [list(a[s]) + list(b[s]) for s in starts]  # each start's runs, `a`'s first

@@ -272,6 +272,12 @@ def test_pool_tests_each_arm_over_several_stages_runs_keeping_each_stages_starts
     assert "- arms against BF16: 3 run(s) per arm from 2 start(s): a permutation test cannot go below p = 0.17" in (
         tables.split("### pooled ab")[1]
     )
+    # each start's own difference, one row a start: fp8 is 0.3 below bf16 in a's seed0 (2 runs) and in b's seed0
+    assert pooled["versus_bf16"]["fp8"]["heldout_accuracy_final"]["by_start"] == pytest.approx(
+        {"a/seed0": -0.3, "b/seed0": -0.3})
+    rows = [x for x in tables.split("### pooled ab")[1].splitlines() if x.startswith("| unified FP8 | ")]
+    assert len(rows) == 2 and rows[0].startswith("| unified FP8 | a/seed0 | -0.300 | -0.300 | ")
+    assert "| unified FP8 + FP8 KV | " not in tables.split("### pooled ab")[1]  # one start: no table row
     rc = accuracy_study.main(["report", "--study", "long", "--out", str(root), "--pool", "ab=a,zz"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["error: --pool zz: no such stage with arms (stages: a, b)"]

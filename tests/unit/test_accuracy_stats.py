@@ -34,8 +34,16 @@ def test_labels_are_exchanged_within_starts_only():
     b = {"x": [10.0, 10.1, 10.2], "y": [0.0, 0.1, 0.2]}
     t = accuracy_stats.permutation_test(a, b)
     assert t["diff"] == pytest.approx(0.5) and t["relabelings"] == 400 and t["p"] == pytest.approx(2 / 400)
+    assert t["by_start"] == pytest.approx({"x": 0.5, "y": 0.5})
     pooled = accuracy_stats.permutation_test({"s": a["x"] + a["y"]}, {"s": b["x"] + b["y"]})
     assert pooled["diff"] == pytest.approx(0.5) and pooled["relabelings"] == 924 and pooled["p"] > 0.5
+
+
+def test_starts_that_disagree_cancel_in_the_difference_and_show_in_by_start():
+    """The arm is 0.2 ahead from start x and 0.2 behind from start y: no difference over both, p = 1."""
+    t = accuracy_stats.permutation_test({"x": [0.8, 0.9], "y": [0.3, 0.4]}, {"x": [0.6, 0.7], "y": [0.5, 0.6]})
+    assert t["diff"] == pytest.approx(0.0) and t["p"] == 1.0
+    assert t["by_start"] == pytest.approx({"x": 0.2, "y": -0.2})
 
 
 def test_the_sampled_test_agrees_with_the_exact_one(monkeypatch):
