@@ -7,7 +7,8 @@ step**, the last training step that every arm of every seed reached (a stage's a
 run at different speeds), so arms are compared over the same steps. Per stage and figure it also states whether the
 seeds disagree more than the arms: the largest spread between the two seeds of one arm against the spread between
 the arms' seed means, and per arm against BF16 the difference of means over the runs with a permutation test within
-starts (accuracy_stats.py: repeats of one start make it able to tell an arm from chance), and where
+starts and the interval of shifts it does not reject (accuracy_stats.py: repeats of one start make it able to tell
+an arm from chance), and where
 `accuracy_study.py evaluate` ran, each arm's last checkpoint through one BF16 referee (accuracy_eval.py) beside its
 own rollout's validation. A seed whose arms all went further than the common step (the seeds of one call run at
 different speeds) is also summarized up to its own common step (`runs_own_step`), so the steps it ran past the
@@ -46,7 +47,7 @@ from accuracy_report import (
     seed_cell,
 )
 from accuracy_stage import sft_label
-from accuracy_stats import permutation_test
+from accuracy_stats import ALPHA, permutation_test
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
@@ -249,9 +250,18 @@ def fallen_line(st: dict[str, Any], fraction: float = FALLEN_FRACTION) -> list[s
     return [f"- runs that ended below {fraction:g} x their start (held-out greedy): {', '.join(counts)}"]
 
 
-def versus_lines(versus: dict[str, dict], alpha: float = 0.05) -> list[str]:
-    """Markdown bullets: each arm minus BF16 over the runs with the permutation test's p (accuracy_stats.py); one
-    line instead when the runs are too few for any p below `alpha`."""
+def interval_text(interval: list[float | None]) -> str:
+    """accuracy_stats' interval of the shift, e.g. `95%: -0.116 to +0.032`, or `95%: unbounded`."""
+    if interval[0] is None and interval[1] is None:
+        return f"{1 - ALPHA:.0%}: unbounded"
+    ends = ["unbounded" if end is None else f"{end:+.3f}" for end in interval]
+    return f"{1 - ALPHA:.0%}: {ends[0]} to {ends[1]}"
+
+
+def versus_lines(versus: dict[str, dict], alpha: float = ALPHA) -> list[str]:
+    """Markdown bullets: each arm minus BF16 over the runs with the permutation test's p and the interval of the
+    shift it does not reject (accuracy_stats.py); one line instead when the runs are too few for any p below
+    `alpha`."""
     tests = [t for by_key in versus.values() for t in by_key.values() if t["diff"] is not None]
     if not tests:
         return []
@@ -262,7 +272,8 @@ def versus_lines(versus: dict[str, dict], alpha: float = 0.05) -> list[str]:
                 "(`--repeats` runs more from each start)"]  # fmt: skip
     lines = []
     for arm, by_key in versus.items():
-        cells = [f"{key} {t['diff']:+.3f} (p = {t['p']:.3f})" for key, t in by_key.items() if t["diff"] is not None]
+        cells = [f"{key} {t['diff']:+.3f} (p = {t['p']:.3f}; {interval_text(t['interval'])})"
+                 for key, t in by_key.items() if t["diff"] is not None]  # fmt: skip
         t = next(iter(by_key.values()))
         lines.append(f"- {ARM_LABELS[arm]} - BF16 over {t['runs'][0]} and {t['runs'][1]} runs from {t['starts']} "
                      f"start(s): {', '.join(cells)}; p: permutation test within starts, "

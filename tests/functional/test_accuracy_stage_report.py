@@ -245,6 +245,9 @@ def test_the_report_counts_repeats_as_runs_of_their_seeds_start(tmp_path):
     lines = long_report.format_long_tables({"stages": [st]}).splitlines()
     line = [x for x in lines if x.startswith("- unified FP8 - BF16")]
     assert len(line) == 1 and "over 5 and 5 runs from 1 start(s): heldout_accuracy_mean -0.300 (p = " in line[0]
+    low, high = t["interval"]  # every fp8 run is bf16's minus 0.3: the shifts not rejected lie around -0.3
+    assert low < -0.3 < high and f"; 95%: {low:+.3f} to {high:+.3f})" in line[0]
+    assert long_report.interval_text([None, None]) == "95%: unbounded"  # runs too few for p < 0.05
 
 
 def test_pool_tests_each_arm_over_several_stages_runs_keeping_each_stages_starts_apart(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The permutation test of the accuracy study's report (examples/accuracy_stats.py): exact p-values worked out by
-hand, relabeling within starts only, the sampled form against the exact one, and no test without a shared start."""
+hand, relabeling within starts only, the sampled form against the exact one, no test without a shared start, and
+the interval of shifts the test does not reject (worked out by hand, and against the test run on shifted runs)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,37 @@ def test_the_sampled_test_agrees_with_the_exact_one(monkeypatch):
 def test_no_shared_start_gives_no_test():
     t = accuracy_stats.permutation_test({"x": [1.0]}, {"y": [0.0]})
     assert t["diff"] is None and t["p"] is None and t["runs"] == [0, 0] and t["starts"] == 0
+
+
+def test_the_interval_of_four_runs_against_four_is_the_one_worked_out_by_hand():
+    """a - d against b, a = 1.0..0.7, b = 0.3..0.0 (difference 0.7 - d): the test rejects (2 of 70 relabelings, the
+    observed one and its mirror) until the nearest swap is as far from 0. Swapping a's 0.7 - d with b's 0.3 gives
+    0.5 - d / 2, as far as 0.7 - d at d = 0.4; swapping a's 1.0 - d with b's 0.0 gives 0.2 - d / 2, as far at
+    d = 1.0. So the 95% interval is [0.4, 1.0]."""
+    t = accuracy_stats.permutation_test({"s": [1.0, 0.9, 0.8, 0.7]}, {"s": [0.1, 0.2, 0.0, 0.3]})
+    assert t["interval"] == pytest.approx([0.4, 1.0], abs=1e-6)
+    moved = accuracy_stats.permutation_test({"s": [1.25, 1.15, 1.05, 0.95]}, {"s": [0.1, 0.2, 0.0, 0.3]})
+    assert moved["interval"] == pytest.approx([0.65, 1.25], abs=1e-6)  # the arm 0.25 higher: the interval too
+
+
+def test_the_intervals_ends_are_where_the_test_on_shifted_runs_turns(monkeypatch):
+    """Two starts, sampled relabelings (17,640 exist): just inside each end the test of the shifted runs keeps p >= 0.05, just
+    outside it rejects; the interval holds the observed difference."""
+    a = {"x": [0.61, 0.72, 0.55, 0.80, 0.66], "y": [0.31, 0.45, 0.38, 0.52]}
+    b = {"x": [0.50, 0.58, 0.47, 0.69, 0.52], "y": [0.35, 0.29, 0.40, 0.33]}
+    monkeypatch.setattr(accuracy_stats, "MAX_EXACT", 1000)
+    t = accuracy_stats.permutation_test(a, b)
+    assert not t["exact"] and t["relabelings"] == accuracy_stats.SAMPLES
+    low, high = t["interval"]
+    assert low < t["diff"] < high
+
+    def p_shifted(d: float) -> float:
+        return accuracy_stats.permutation_test({s: [v - d for v in runs] for s, runs in a.items()}, b)["p"]
+
+    for end, outward in ((low, -1e-4), (high, 1e-4)):
+        assert p_shifted(end - outward) >= 0.05 > p_shifted(end + outward)
+
+
+def test_runs_too_few_for_any_p_below_alpha_leave_the_interval_unbounded():
+    t = accuracy_stats.permutation_test({"s": [0.9, 0.8, 0.7]}, {"s": [0.1, 0.2, 0.0]})  # 20 relabelings: p >= 0.1
+    assert t["p"] == pytest.approx(0.1) and t["interval"] == [None, None]
