@@ -1,6 +1,7 @@
 """Plots of the long-response accuracy study's report (accuracy_long_report.py; docs/accuracy.md): a panel per
 stage (reward, held-out accuracy, mismatch by position; by_stage.png), a stage's curves per run
-(`seeds_<stage>.png`) and every run of a stage in one row, colored by arm (`runs_<stage>.png`)."""
+(`seeds_<stage>.png`), every run of a stage in one row, colored by arm (`runs_<stage>.png`), and each arm's
+difference from BF16 by start with its pooled interval (`versus_<pool>.png`)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,58 @@ def plot_run_overlay(st: dict, out_dir: Path) -> Path:
         ax.set(xlabel="GRPO step", ylabel=ylabel, title=f"{st['stage']}: every run (thin) and the arm's mean")
         axes.append(ax)
     return save_figure(fig, axes, out_dir / f"runs_{st['stage']}.png")
+
+
+VERSUS_PANELS = ("heldout_accuracy_mean", "heldout_accuracy_final", "referee_greedy")
+JET_RL_GAP = -0.1  # Jet-RL: FP8 rollout only 9.8-10.3% below BF16 (arXiv 2601.14243)
+
+
+def versus_rows(versus: dict[str, dict], key: str) -> list[tuple[str, str, float, float | None, float | None]]:
+    """Rows of a `versus_<pool>.png` panel: per arm, (start, arm, its difference from BF16 there, None, None) for
+    each start, then ("all starts", arm, the difference over every run, the interval's ends)."""
+    rows = []
+    for arm, by_key in versus.items():
+        t = by_key.get(key)
+        if t is None or t["diff"] is None:
+            continue
+        rows += [(start, arm, diff, None, None) for start, diff in t["by_start"].items()]
+        rows.append(("all starts", arm, t["diff"], *t["interval"]))
+    return rows
+
+
+def plot_versus(name: str, versus: dict[str, dict], out_dir: Path) -> Path:
+    """`versus_<name>.png`: a panel per VERSUS_PANELS figure, a row per start (each arm's difference from BF16
+    there, a dot) and per arm the difference over every run with its 95% interval (a bar; a hollow mark where the
+    runs allow none), beside 0 and Jet-RL's gap."""
+    fig = new_figure(len(VERSUS_PANELS), 1)
+    axes = []
+    for col, key in enumerate(VERSUS_PANELS):
+        ax = fig.add_subplot(1, len(VERSUS_PANELS), col + 1)
+        rows = versus_rows(versus, key)
+        labels = list(dict.fromkeys(start for start, *_ in rows if start != "all starts"))
+        arms = list(dict.fromkeys(arm for _, arm, *_ in rows))
+        for i, arm in enumerate(arms):
+            offset = 0.25 * (i - (len(arms) - 1) / 2) / max(len(arms), 1)
+            mine = [r for r in rows if r[1] == arm]
+            starts = [(labels.index(r[0]) + offset, r[2]) for r in mine if r[0] != "all starts"]
+            ax.plot([d for _, d in starts], [y for y, _ in starts], "o", color=ARM_COLORS[arm], markersize=4)
+            _, _, diff, low, high = mine[-1]
+            y = len(labels) + 0.5 + offset
+            if low is None or high is None:  # too few runs for any p below 0.05: no interval, a hollow mark
+                ax.plot([diff], [y], "D", color=ARM_COLORS[arm], fillstyle="none",
+                        label=f"{ARM_LABELS[arm]}: all starts (too few runs for an interval)")  # fmt: skip
+            else:
+                ax.errorbar([diff], [y], xerr=[[diff - low], [high - diff]], fmt="D", color=ARM_COLORS[arm],
+                            capsize=4, label=f"{ARM_LABELS[arm]}: all starts, 95% interval")  # fmt: skip
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.axvline(JET_RL_GAP, color="grey", linestyle="--", linewidth=0.8, label="Jet-RL's gap (about -0.1)")
+        ax.set_yticks([*range(len(labels)), len(labels) + 0.5], [*labels, "all starts"], fontsize=7)
+        ax.invert_yaxis()
+        ax.set(xlabel=f"{key}: arm - BF16", title=f"{name}: each start, and all runs")
+        ax.grid(alpha=0.3)
+        axes.append(ax)
+    handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}  # one entry a label
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
+    path = out_dir / f"versus_{name}.png"
+    fig.savefig(path, bbox_inches="tight")
+    return path

@@ -17,7 +17,8 @@ slowest seed are not left out.
 Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.png, by_stage.png}` (one panel per
 stage; curves are the mean over seeds), `seeds_<stage>.png` for each stage named in `seed_curves` (a row per seed,
 every arm to its last step: held-out greedy accuracy, train reward, mismatch per step) with `runs_<stage>.png`
-(every run in one row, and each arm's mean over its runs; accuracy_long_plots.py) and, with `assets`, copies them
+(every run in one row, and each arm's mean over its runs; accuracy_long_plots.py), `versus_<pool>.png` for each
+`pool` (each arm's difference from BF16 by start, and over all runs with its interval) and, with `assets`, copies them
 there with the packed stages.
 
 `combine` ({name: [stage, ...]}) makes one stage of the seeds that several calls ran apart (one GPU runs a stage
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy_eval import referee_figures, reference_rows, reference_table
-from accuracy_long_plots import plot_run_overlay, plot_seed_curves, plot_stages
+from accuracy_long_plots import plot_run_overlay, plot_seed_curves, plot_stages, plot_versus
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
@@ -229,6 +230,7 @@ def write_long_report(
     files = [report / "summary.json", *plot_stages(stages, report)]
     for name in seed_curves or []:
         files += [plot_seed_curves(by_name[name], report), plot_run_overlay(by_name[name], report)]
+    files += [plot_versus(name, pooled["versus_bf16"], report) for name, pooled in summary["pools"].items()]
     if assets is not None:
         assets.mkdir(parents=True, exist_ok=True)
         for path in files + sorted(root.glob("*.tar.gz")):

@@ -281,6 +281,13 @@ def test_pool_tests_each_arm_over_several_stages_runs_keeping_each_stages_starts
     rows = [x for x in tables.split("### pooled ab")[1].splitlines() if x.startswith("| unified FP8 | ")]
     assert len(rows) == 2 and rows[0].startswith("| unified FP8 | a/seed0 | -0.300 | -0.300 | ")
     assert "| unified FP8 + FP8 KV | " not in tables.split("### pooled ab")[1]  # one start: no table row
+    # versus_ab.png's rows: each start's difference, then all runs' with the interval (none: 12 relabelings)
+    rows = long_plots.versus_rows(pooled["versus_bf16"], "heldout_accuracy_final")
+    assert [(r[0], r[1], round(r[2], 9), r[3], r[4]) for r in rows] == [
+        ("a/seed0", "fp8", -0.3, None, None), ("b/seed0", "fp8", -0.3, None, None),
+        ("all starts", "fp8", -0.3, None, None), ("b/seed0", "fp8_kv", -0.05, None, None),
+        ("all starts", "fp8_kv", -0.05, None, None)]  # fmt: skip
+    assert (root / "report" / "versus_ab.png").stat().st_size > 10_000
     rc = accuracy_study.main(["report", "--study", "long", "--out", str(root), "--pool", "ab=a,zz"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["error: --pool zz: no such stage with arms (stages: a, b)"]
