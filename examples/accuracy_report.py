@@ -244,8 +244,8 @@ def arm_table(arms: list[str], cell: Callable[[str, str, int], str], reward_from
     reward_head = "train reward, first -> last" if reward_from_first else "train reward, last 20 steps"
     lines = [
         f"| arm | held-out greedy: start -> final | greedy, mean after start | held-out sampled: start -> final | "
-        f"{reward_head} | token_mult_prob_error, mean of steps | its largest step | gen_kl_error | exact_token_fraction | "
-        "IS clip fraction |",
+        f"{reward_head} | token_mult_prob_error, mean of steps | its largest step | gen_kl_error | "
+        "exact_token_fraction | IS clip fraction |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in arms:

@@ -74,8 +74,8 @@ def test_the_interval_of_four_runs_against_four_is_the_one_worked_out_by_hand():
 
 
 def test_the_intervals_ends_are_where_the_test_on_shifted_runs_turns(monkeypatch):
-    """Two starts, sampled relabelings (17,640 exist): just inside each end the test of the shifted runs keeps p >= 0.05, just
-    outside it rejects; the interval holds the observed difference."""
+    """Two starts, sampled relabelings (17,640 exist): just inside each end the test of the shifted runs keeps
+    p >= 0.05, just outside it rejects; the interval holds the observed difference."""
     a = {"x": [0.61, 0.72, 0.55, 0.80, 0.66], "y": [0.31, 0.45, 0.38, 0.52]}
     b = {"x": [0.50, 0.58, 0.47, 0.69, 0.52], "y": [0.35, 0.29, 0.40, 0.33]}
     monkeypatch.setattr(accuracy_stats, "MAX_EXACT", 1000)
