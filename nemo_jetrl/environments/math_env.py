@@ -15,86 +15,51 @@ Per response (config `env.math`: environments/config.py's `MathEnvConfig`, NeMo-
 `math_verify_impl: dapo_math_verify` scores with DAPO's string check instead (environments/dapo_verify.py):
 `correct_reward` or `wrong_reward`, a response without an `Answer:` line counted as a parse failure.
 
-Each verification (parse + verify of one response) runs under `verify_timeout_s` (a SIGALRM interval timer, main
-thread only; elsewhere it runs without a limit, after one warning). A timeout gives `wrong_reward` and is counted.
+Each verification (parse + verify of one response) runs under `verify_timeout_s` in this process's verifier process
+(verify_worker.py: a hard limit, from any thread; the process is killed where sympy's C code overruns and a new one
+starts). A timeout gives `wrong_reward` and is counted. An injected `verify_fn` runs in-process under a SIGALRM
+timer instead (main thread only; elsewhere without a limit, after one warning).
 Counts since the last `pop_metrics()`: `parse_failures`, `gold_parse_failures`, `verify_timeouts`, `num_scored`
 (the GRPO loop logs them as `train/env/...` and `validation/env/...`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from nemo_jetrl.environments import math_judge
 from nemo_jetrl.environments.config import MathEnvConfig
 from nemo_jetrl.environments.dapo_verify import NO_ANSWER, dapo_check
+from nemo_jetrl.environments.math_judge import default_verify, judge, last_boxed
+from nemo_jetrl.environments.verify_worker import (
+    VerificationTimeout,
+    VerifierStartError,
+    shared_verifier,
+    time_limit,
+    verdict_of,
+)
 
-AnswerFormat = Literal["boxed", "any"]
-_BOXED_COMMANDS = ("\\boxed", "\\fbox")
+__all__ = ["MathEnvironment", "VerificationTimeout", "last_boxed", "time_limit"]
 MAX_GOLD_WARNINGS = 5
-
-
-class VerificationTimeout(BaseException):
-    """Raised by the timer inside math-verify/sympy; a BaseException so their `except Exception` cannot swallow it."""
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` with balanced braces, or None."""
-    start = max(text.rfind(cmd + "{") for cmd in _BOXED_COMMANDS)
-    if start < 0:
-        return None
-    i = text.index("{", start)
-    depth = 0
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j]
-    return None  # unbalanced (truncated response)
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise VerificationTimeout in the block after `seconds` (no limit when None or off the main thread)."""
-    if seconds is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise VerificationTimeout(f"verification exceeded {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, float(seconds))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _gold_candidates(answer: str) -> list[str]:
-    text = answer.strip()
-    if len(text) >= 2 and text[0] == text[-1] == "$":
-        text = text.strip("$").strip()
-    return [text if any(c in text for c in _BOXED_COMMANDS) else f"\\boxed{{{text}}}", answer]
+WARMUP = (judge, ("boxed", "\\boxed{1}", "1", True))  # math-verify's imports and parser, before the first limit
 
 
 class MathEnvironment:
     """Scores decoded responses against reference answers with math-verify; see the module docstring.
 
     `verify_fn(gold, pred) -> bool` defaults to `math_verify.verify` with its own timer off (ours covers the whole
-    verification); tests pass a slow one to exercise the timeout.
+    verification), run in the verifier process; an injected one (tests: a slow one) runs in-process.
     """
 
     def __init__(self, cfg: MathEnvConfig | None = None, *, verify_fn: Callable[[Any, Any], bool] | None = None):
         self.cfg = cfg if cfg is not None else MathEnvConfig()
-        self._verify = verify_fn or (lambda gold, pred: verify(gold, pred, timeout_seconds=None))
+        self._verify = verify_fn or default_verify
+        self._hard_limit = verify_fn is None and self.cfg.verify_timeout_s is not None
         self._gold_cache: dict[str, list] = {}
         self._bad_gold_warned: set[str] = set()
         self._thread_warned = False
@@ -103,62 +68,78 @@ class MathEnvironment:
     # ------------------------------------------------------------------ parsing
     def parse_gold(self, answer: str) -> list:
         """math-verify's parse of the reference (cached); [] when it cannot be parsed."""
-        if answer not in self._gold_cache:
-            parsed: list = []
-            for candidate in _gold_candidates(answer):
-                parsed = parse(candidate, [LatexExtractionConfig(), ExprExtractionConfig()], parsing_timeout=None)
-                if parsed:
-                    break
-            if len(self._gold_cache) > 100_000:
-                self._gold_cache.clear()
-            self._gold_cache[answer] = parsed
-        return self._gold_cache[answer]
+        return math_judge.parse_gold(answer, self._gold_cache)
 
     def parse_response(self, response: str) -> list:
         """The response's final answer parsed by math-verify; [] when there is none in `answer_format`."""
-        if self.cfg.answer_format == "boxed":
-            boxed = last_boxed(response)
-            if boxed is None or not boxed.strip():
-                return []
-            return parse(f"\\boxed{{{boxed}}}", [LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=None)
-        extraction = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-        return parse(response, extraction, parsing_timeout=None)
+        return math_judge.parse_response(response, self.cfg.answer_format)
 
     # ------------------------------------------------------------------ rewards
     def reward(self, response: str, answer: str) -> float:
         """Reward of one decoded response (counts parse failures / timeouts for `pop_metrics`)."""
+        return self._rewards([response], [answer])[0]
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
+        """Rewards of decoded responses: float32 `[n]` (one batch to the verifier process)."""
+        if len(responses) != len(answers):
+            raise ValueError(f"score: {len(responses)} responses but {len(answers)} answers")
+        return torch.tensor(self._rewards(list(responses), list(answers)), dtype=torch.float32)
+
+    def _rewards(self, responses: list[str], answers: list[str]) -> list[float]:
         cfg = self.cfg
-        self._counts["num_scored"] += 1
+        self._counts["num_scored"] += len(responses)
         if cfg.math_verify_impl == "dapo_math_verify":
-            correct, pred = dapo_check(response, answer)
-            self._counts["parse_failures"] += pred == NO_ANSWER
-            return cfg.correct_reward if correct else cfg.wrong_reward
+            checks = [dapo_check(r, a) for r, a in zip(responses, answers)]
+            self._counts["parse_failures"] += sum(pred == NO_ANSWER for _, pred in checks)
+            return [cfg.correct_reward if correct else cfg.wrong_reward for correct, _ in checks]
+        usable = [self._gold_usable(a) for a in answers]
+        return [self._reward_of(v) for v in self._judge(responses, answers, usable)]
+
+    def _gold_usable(self, answer: str) -> bool:
+        """Whether the reference parsed (counted and warned about where it parsed to no math expression)."""
         try:
-            with time_limit(cfg.verify_timeout_s):
+            with time_limit(self.cfg.verify_timeout_s):
                 gold = self.parse_gold(answer)
         except VerificationTimeout:
             self._gold_cache[answer] = gold = []
         if not any(not isinstance(g, str) for g in gold):  # strings only: no math expression
             self._counts["gold_parse_failures"] += 1
             self._warn_bad_gold(answer)
-        self._warn_off_main_thread()
-        try:
-            with time_limit(cfg.verify_timeout_s):
-                pred = self.parse_response(response)
-                if not pred:
-                    self._counts["parse_failures"] += 1
-                    return cfg.no_answer_reward
-                correct = bool(gold) and bool(self._verify(gold, pred))
-        except VerificationTimeout:
+        return bool(gold)
+
+    def _reward_of(self, verdict: str) -> float:
+        cfg = self.cfg
+        if verdict == "timeout":
             self._counts["verify_timeouts"] += 1
             return cfg.wrong_reward
-        return (cfg.correct_reward if correct else cfg.wrong_reward) + cfg.format_reward
+        if verdict == "no_answer":
+            self._counts["parse_failures"] += 1
+            return cfg.no_answer_reward
+        return (cfg.correct_reward if verdict == "correct" else cfg.wrong_reward) + cfg.format_reward
 
-    def score(self, responses: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
-        """Rewards of decoded responses: float32 `[n]`."""
-        if len(responses) != len(answers):
-            raise ValueError(f"score: {len(responses)} responses but {len(answers)} answers")
-        return torch.tensor([self.reward(r, a) for r, a in zip(responses, answers)], dtype=torch.float32)
+    def _judge(self, responses: list[str], answers: list[str], usable: list[bool]) -> list[str]:
+        """math_judge.judge of each response ("no_answer", "correct", "wrong", or "timeout"): in the verifier process
+        (a hard limit), or in-process under the SIGALRM timer."""
+        cfg = self.cfg
+        if self._hard_limit:
+            jobs = [(cfg.answer_format, r, a, u) for r, a, u in zip(responses, answers, usable)]
+            try:
+                outcomes = shared_verifier(WARMUP).run_many(judge, jobs, cfg.verify_timeout_s)
+            except VerifierStartError as err:  # e.g. inside a daemonic process, which may not have children
+                self._hard_limit = False
+                warnings.warn(f"{err}: verifying in-process, under a timer that sympy's C code can overrun",
+                              stacklevel=4)  # fmt: skip
+            else:
+                return ["timeout" if kind == "timeout" else verdict_of((kind, value)) for kind, value in outcomes]
+        self._warn_off_main_thread()
+        verdicts = []
+        for r, a, u in zip(responses, answers, usable):
+            try:
+                with time_limit(cfg.verify_timeout_s):
+                    verdicts.append(judge(cfg.answer_format, r, a, u, self._verify, self._gold_cache))
+            except VerificationTimeout:
+                verdicts.append("timeout")
+        return verdicts
 
     def pop_metrics(self) -> dict[str, float]:
         """Counts since the last call (`parse_failures`, `gold_parse_failures`, `verify_timeouts`, `num_scored`)."""
@@ -178,7 +159,7 @@ class MathEnvironment:
         )
 
     def _warn_off_main_thread(self) -> None:
-        if self._thread_warned or self.cfg.verify_timeout_s is None:
+        if self._thread_warned or self.cfg.verify_timeout_s is None or self._hard_limit:
             return
         if threading.current_thread() is not threading.main_thread():
             self._thread_warned = True
