@@ -157,7 +157,12 @@ class VerifierProcess:
         if not parent.poll(START_TIMEOUT_S):
             proc.kill()
             raise VerifierStartError(f"the verifier process did not start within {START_TIMEOUT_S:.0f} s")
-        parent.recv()
+        try:
+            parent.recv()
+        except EOFError:  # it exited first: its warm-up raised (the traceback is on stderr) or it was killed
+            proc.join(timeout=5.0)
+            why = f"the verifier process exited before it was ready (exit code {proc.exitcode})"
+            raise VerifierStartError(why) from None
         self._proc, self._conn = proc, parent
 
     def _kill(self) -> None:

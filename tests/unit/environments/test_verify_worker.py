@@ -8,12 +8,13 @@ import operator
 import signal
 import threading
 import time
+import warnings
 
 import pytest
 
 from nemo_jetrl.environments.config import MathEnvConfig
 from nemo_jetrl.environments.math_env import MathEnvironment
-from nemo_jetrl.environments.verify_worker import GRACE_S, VerificationTimeout, VerifierProcess
+from nemo_jetrl.environments.verify_worker import GRACE_S, VerificationTimeout, VerifierProcess, VerifierStartError
 
 HUGE = "\\boxed{10^{10^{10}}!}"  # sympy evaluates the power and the factorial: no end without a limit
 
@@ -80,3 +81,24 @@ def test_a_batch_goes_on_in_a_new_child_after_the_job_that_killed_the_old_one(ve
     outcomes = verifier.run_many(operator.call, jobs, 0.2)
     assert [kind for kind, _ in outcomes] == ["ok", "ok", "timeout", "ok"] and verifier.kills == 1
     assert outcomes[0][1] == 1 and outcomes[3][1] == 2 and "killed" in outcomes[2][1]
+
+
+def test_a_child_whose_warmup_fails_is_a_start_error_naming_its_exit():
+    """MathEnvironment falls back to the in-process timer on VerifierStartError, with one warning."""
+    broken = VerifierProcess(warmup=(int, ("x",)))
+    with pytest.raises(VerifierStartError, match="exited before it was ready \\(exit code 1\\)"):
+        broken.run(abs, (-1,), 5.0)
+    assert broken.pid is None
+
+
+def test_the_math_environment_verifies_in_process_with_one_warning_where_no_verifier_starts(monkeypatch):
+    from nemo_jetrl.environments import math_env
+
+    broken = VerifierProcess(warmup=(int, ("x",)))
+    monkeypatch.setattr(math_env, "shared_verifier", lambda warmup=None: broken)
+    env = MathEnvironment()
+    with pytest.warns(UserWarning, match="verifying in-process"):
+        assert env.reward("\\boxed{2}", "2") == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        assert env.score(["\\boxed{3}", "\\boxed{5}"], ["3", "4"]).tolist() == [1.0, 0.0]
