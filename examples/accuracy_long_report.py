@@ -288,9 +288,9 @@ def start_table(versus: dict[str, dict]) -> list[str]:
     start, so that starts that disagree show; [] with fewer than two starts."""
     rows = []
     for arm, by_key in versus.items():
-        starts = list(dict.fromkeys(s for t in by_key.values() for s in t.get("by_start", {})))
+        starts = list(dict.fromkeys(s for t in by_key.values() for s in t["by_start"]))
         for start in starts if len(starts) > 1 else []:
-            cells = [fmt(t.get("by_start", {}).get(start), 3, signed=True) for t in by_key.values()]
+            cells = [fmt(t["by_start"].get(start), 3, signed=True) for t in by_key.values()]
             rows.append(f"| {ARM_LABELS[arm]} | {start} | {' | '.join(cells)} |")
     if not rows:
         return []

@@ -36,13 +36,7 @@ from nemo_jetrl.environments import math_judge
 from nemo_jetrl.environments.config import MathEnvConfig
 from nemo_jetrl.environments.dapo_verify import NO_ANSWER, dapo_check
 from nemo_jetrl.environments.math_judge import default_verify, judge, last_boxed
-from nemo_jetrl.environments.verify_worker import (
-    VerificationTimeout,
-    VerifierStartError,
-    shared_verifier,
-    time_limit,
-    verdict_of,
-)
+from nemo_jetrl.environments.verify_worker import VerificationTimeout, VerifierStartError, shared_verifier, time_limit
 
 __all__ = ["MathEnvironment", "VerificationTimeout", "last_boxed", "time_limit"]
 MAX_GOLD_WARNINGS = 5
@@ -130,7 +124,10 @@ class MathEnvironment:
                 warnings.warn(f"{err}: verifying in-process, under a timer that sympy's C code can overrun",
                               stacklevel=4)  # fmt: skip
             else:
-                return ["timeout" if kind == "timeout" else verdict_of((kind, value)) for kind, value in outcomes]
+                for kind, value in outcomes:
+                    if kind == "error":  # raised in the child: the caller's, as in-process
+                        raise value
+                return [value if kind == "ok" else "timeout" for kind, value in outcomes]
         self._warn_off_main_thread()
         verdicts = []
         for r, a, u in zip(responses, answers, usable):

@@ -1,13 +1,14 @@
 """A hard time limit for answer verification: the work runs in a child process that is killed when it overruns.
 
-math-verify evaluates a response's answer with sympy, and a response can ask for work that never ends: `10^{10^{10}}!`
-makes sympy raise 10 to the 10^10 in CPython's big-integer code, a C loop that no Python signal interrupts, so the
-SIGALRM timer of `time_limit` fires and waits forever for the loop to return. Here the verification runs in a child
-process (one per process, shared, started on first use, `spawn` so it inherits neither threads nor CUDA): the child
-runs each call under its own `time_limit` (Python-level overruns end there and the child lives on, caches warm);
-the parent waits `seconds + GRACE_S` for the answer and otherwise kills the child, raises VerificationTimeout, and
-starts a new child on the next call. It works from any thread (the in-process timer works on the main thread only).
-Torch-free: the child imports this module and the called function's, nothing else of the trainer.
+math-verify evaluates a response's answer with sympy, and a response can ask for work that never ends:
+`\\boxed{10^{10^{10}}!}` makes sympy raise 10 to the 10^10 and take its factorial. An in-process SIGALRM timer
+(`time_limit`) should stop that, and once did not: a CI run sat in sympy's power for over 17 minutes under a 0.3 s
+timer (why was not found; CPython's power checks signals). So the verification runs in a child process (one per
+process, shared, started on first use, `spawn` so it inherits neither threads nor CUDA): the child runs each call
+under its own `time_limit` (Python-level overruns end there and the child lives on, caches warm); the parent waits
+`seconds + GRACE_S` for the answer and otherwise kills the child, reports a timeout, and starts a new child for the
+next call. It works from any thread (the in-process timer works on the main thread only). Torch-free: the child
+imports this module and the called function's, nothing else of the trainer.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ class VerificationTimeout(BaseException):
 
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise VerificationTimeout in the block after `seconds` (no limit when None or off the main thread). Python
-    code only: a C loop holding the interpreter runs on past it (VerifierProcess is the hard limit)."""
+    """Raise VerificationTimeout in the block after `seconds` (no limit when None or off the main thread). Not a hard
+    limit: the handler runs only between Python bytecodes, and code that catches it stops it (VerifierProcess is the
+    hard limit)."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
