@@ -48,6 +48,15 @@ def _combine(text: str) -> tuple[str, list[str]]:
     return name, parts
 
 
+def _twins(text: str) -> tuple[str, list[str]]:
+    """`NAME=STAGE,STAGE` (`report --study long --twins`): exactly two stages."""
+    name, parts = _combine(text)
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"NAME=STAGE,STAGE: two stages (e.g. 2k-twins=2k-rep7b_T0.7,2k-rep7c_T0.7), "
+                                         f"got {len(parts)} in {text!r}")  # fmt: skip
+    return name, parts
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="accuracy_study.py", description=DESCRIPTION)
     p.add_argument("stage", choices=("sft", "grpo", "arms", "stage", "evaluate", "report", "all"))
@@ -84,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", type=_combine, action="append", default=[],
                    help="long report: NAME=STAGE,STAGE: each arm against BF16 over these stages' runs, each "
                         "stage's starts kept apart")  # fmt: skip
+    p.add_argument("--twins", type=_twins, action="append", default=[],
+                   help="long report: NAME=STAGE,STAGE: the runs two stages ran from one deterministic start under "
+                        "one GRPO config, side by side (GPU nondeterminism alone)")  # fmt: skip
     p.add_argument("--variant", default=None, metavar="STAGE",
                    help="evaluate: the stage variant under --out whose arms to evaluate, e.g. 2k-kv7_T0.7")  # fmt: skip
     p.add_argument("--reference-tests", type=_positive_int, default=4,

@@ -191,3 +191,17 @@ def plot_versus(name: str, versus: dict[str, dict], out_dir: Path) -> Path:
     path = out_dir / f"versus_{name}.png"
     fig.savefig(path, bbox_inches="tight")
     return path
+
+
+def plot_twins(tw: dict, stages: list[dict], out_dir: Path) -> Path:
+    """`twins_<name>.png`: a panel per twin pair (accuracy_twins.py), its two runs' held-out greedy accuracy to each
+    one's last step (the first stage's solid, the second's dashed) and a dotted line at the last step both reached."""
+    fig, axes = _panels(len(tw["pairs"]))
+    for ax, pair in zip(axes, tw["pairs"]):
+        for st, style in zip(stages, ("-", "--")):
+            steps, values = st["series"][pair["run"]][pair["arm"]]["validation/accuracy"]  # [validations] x2
+            ax.plot(steps, values, style, marker="o", markersize=3, color=ARM_COLORS[pair["arm"]], label=st["stage"])
+        ax.axvline(pair["step"], color="grey", linestyle=":", linewidth=0.8)
+        ax.set(xlabel="GRPO step", ylabel="held-out greedy accuracy", ylim=(0, 1),
+               title=f"{pair['run']}, {ARM_LABELS[pair['arm']]}")  # fmt: skip
+    return save_figure(fig, axes, out_dir / f"twins_{tw['name']}.png")

@@ -18,8 +18,9 @@ Writes `ROOT/report/{summary.json, reward.png, heldout.png, mismatch_position.pn
 stage; curves are the mean over seeds), `seeds_<stage>.png` for each stage named in `seed_curves` (a row per seed,
 every arm to its last step: held-out greedy accuracy, train reward, mismatch per step) with `runs_<stage>.png`
 (every run in one row, and each arm's mean over its runs; accuracy_long_plots.py), `versus_<pool>.png` for each
-`pool` (each arm's difference from BF16 by start, and over all runs with its interval) and, with `assets`, copies them
-there with the packed stages.
+`pool` (each arm's difference from BF16 by start, and over all runs with its interval), `twins_<name>.png` for each
+`twins` pair of stages (one start and GRPO config run twice; accuracy_twins.py) and, with `assets`, copies them there
+with the packed stages.
 
 `combine` ({name: [stage, ...]}) makes one stage of the seeds that several calls ran apart (one GPU runs a stage
 once per seed, each call with its own `--tag`): `ROOT/<name>/seed<S>` links to the listed stage whose seed S passed
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy_eval import referee_figures, reference_rows, reference_table
-from accuracy_long_plots import plot_run_overlay, plot_seed_curves, plot_stages, plot_versus
+from accuracy_long_plots import plot_run_overlay, plot_seed_curves, plot_stages, plot_twins, plot_versus
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
@@ -49,6 +50,7 @@ from accuracy_report import (
 )
 from accuracy_stage import sft_label
 from accuracy_stats import ALPHA, permutation_test
+from accuracy_twins import twins_lines, twins_summary
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 
@@ -206,9 +208,11 @@ def write_long_report(
     combine: dict[str, list[str]] | None = None,
     seed_curves: list[str] | None = None,
     pool: dict[str, list[str]] | None = None,
+    twins: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """Summaries and plots of every stage under `root` and of the `combine` stages, with per-seed curves of the
-    `seed_curves` stages (module docstring); returns the summary."""
+    `seed_curves` stages, the `pool` tests and the `twins` comparisons ({name: [stage, stage]}; accuracy_twins.py)
+    (module docstring); returns the summary."""
     unpack_stages(root)
     for name, stages in (combine or {}).items():
         combine_stages(root, name, stages)
@@ -217,7 +221,8 @@ def write_long_report(
         raise FileNotFoundError(f"no stage with arm metrics under {root}: run `accuracy_study.py stage --study long`")
     by_name = {st["stage"]: st for st in stages}
     pooled_names = [name for names in (pool or {}).values() for name in names]
-    for flag, names in (("--seed-curves", seed_curves or []), ("--pool", pooled_names)):
+    twin_names = [name for names in (twins or {}).values() for name in names]
+    for flag, names in (("--seed-curves", seed_curves or []), ("--pool", pooled_names), ("--twins", twin_names)):
         unknown = [name for name in names if name not in by_name]
         if unknown:
             raise FileNotFoundError(f"{flag} {', '.join(unknown)}: no such stage with arms (stages: "
@@ -225,12 +230,15 @@ def write_long_report(
     report = root / "report"
     report.mkdir(parents=True, exist_ok=True)
     summary = {"stages": [{k: v for k, v in st.items() if k != "series"} for st in stages],
-               "pools": {name: pooled_versus([by_name[n] for n in names]) for name, names in (pool or {}).items()}}
+               "pools": {name: pooled_versus([by_name[n] for n in names]) for name, names in (pool or {}).items()},
+               "twins": {name: twins_summary(root, name, *(by_name[n] for n in names))
+                         for name, names in (twins or {}).items()}}  # fmt: skip
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = [report / "summary.json", *plot_stages(stages, report)]
     for name in seed_curves or []:
         files += [plot_seed_curves(by_name[name], report), plot_run_overlay(by_name[name], report)]
     files += [plot_versus(name, pooled["versus_bf16"], report) for name, pooled in summary["pools"].items()]
+    files += [plot_twins(tw, [by_name[n] for n in tw["stages"]], report) for tw in summary["twins"].values()]
     if assets is not None:
         assets.mkdir(parents=True, exist_ok=True)
         for path in files + sorted(root.glob("*.tar.gz")):
@@ -350,4 +358,6 @@ def format_long_tables(summary: dict[str, Any]) -> str:
     for name, pooled in (summary.get("pools") or {}).items():
         head = f"### pooled {name}: {', '.join(pooled['stages'])} (each start's runs relabeled among themselves)"
         lines += ["", head, "", *versus_lines(pooled["versus_bf16"]), *start_table(pooled["versus_bf16"])]
+    for tw in (summary.get("twins") or {}).values():
+        lines += ["", *twins_lines(tw)]
     return "\n".join(lines)

@@ -56,6 +56,7 @@ from accuracy_cli import (  # noqa: E402
     REPEAT_SEED_STRIDE,
     build_parser,
 )
+from accuracy_twins import TwinMismatch  # noqa: E402
 
 # the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
 SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
@@ -381,11 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         rc = stage_arms(args) if args.stage in ("arms", "all") else 0
     if args.stage in ("report", "all"):
         if args.study == "long":  # every stage directory under --out
-            try:  # a --combine, --seed-curves or --pool stage that is not there: one line
+            try:  # a --combine, --seed-curves, --pool or --twins stage that is not there, or no twins: one line
                 summary = accuracy_long_report.write_long_report(
-                    args.out, args.assets, dict(args.combine), args.seed_curves, dict(args.pool)
+                    args.out, args.assets, dict(args.combine), args.seed_curves, dict(args.pool), dict(args.twins)
                 )
-            except FileNotFoundError as err:
+            except (FileNotFoundError, TwinMismatch) as err:
                 print(f"error: {err}", file=sys.stderr)
                 return USER_ERROR
             print(accuracy_long_report.format_long_tables(summary))
