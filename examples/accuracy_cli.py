@@ -114,5 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: stop at the gate)")  # fmt: skip
     p.add_argument("--sft-deterministic", action=argparse.BooleanOptionalAction, default=None,
                    help="SFT training steps under torch's deterministic algorithms (the same start again)")  # fmt: skip
+    p.add_argument("--sft-init-from", default=None, metavar="DIR",
+                   help="SFT from this finished SFT's weights (a curriculum); {seed} is each seed's, e.g. "
+                        "/tmp/acc_long/2k-cur/seed{seed}/sft")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="run_grpo.py overrides for every arm (key=value ...)")
     return p

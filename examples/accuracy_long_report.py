@@ -333,8 +333,10 @@ def format_long_tables(summary: dict[str, Any]) -> str:
         repeats = [seed for seed in st["sft"] if sft_label(seed) != seed]  # their SFT is listed once, as its seed's
         for seed, meta in st["sft"].items():
             if meta and seed not in repeats:
+                source = meta.get("init_from")  # a curriculum: the SFT it started from
                 lines.append(f"- SFT {seed}: {meta['steps']} steps, gate greedy {fmt(meta['gate_greedy_accuracy'])} "
                              f"(passed: {meta['gate_passed']}), {meta['wall_time_s']} s"
+                             + (f", from {source['path']} ({source['steps']} steps)" if source else "")
                              + ("" if seed in st["seeds"] else ": its arms are left out"))  # fmt: skip
         if repeats:
             lines.append(f"- GRPO repeats from their seed's SFT (other GRPO seeds): {', '.join(repeats)}")

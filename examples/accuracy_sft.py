@@ -20,6 +20,10 @@ directory; the next `run_sft` there with the same settings continues from it (sa
 steps of both calls are those of one uninterrupted run), so a task whose gate takes longer than one device call
 spreads its SFT over several calls on one machine. A passed gate deletes the file.
 
+With `init_from` (a finished SFT's directory that passed its gate, of the same task and shape) the model starts
+from that SFT's weights instead of a fresh initialization: a curriculum, e.g. a 4k SFT from a 2k one (the rotary
+positions carry over; the longer limit only widens the tokenizer's and config's). Its metadata records the source.
+
 With `deterministic` the training steps run under `torch.use_deterministic_algorithms(True)` (and cuBLAS's fixed
 workspace, `CUBLAS_WORKSPACE_CONFIG`, set before the first CUDA call), so that one seed's SFT can give the same start
 again in another call or session; an operation without a deterministic implementation then raises instead of
@@ -224,6 +228,34 @@ def gate_passed(check: dict, gate: float, gate_sampled: float) -> bool:
     return gate_sampled <= 0 or (sampled is not None and sampled >= gate_sampled)
 
 
+def init_path(template: str | Path | None, seed: int) -> Path | None:
+    """An `--sft-init-from` value for one seed: `{seed}` in it becomes the seed."""
+    return None if template is None else Path(str(template).format(seed=seed))
+
+
+def init_source(init_from: Path, task_name: str, shape: str) -> dict[str, Any]:
+    """The metadata of the SFT `init_from` names, checked: it exists, passed its gate and trained `task_name` on
+    `shape`; raises FileNotFoundError / ValueError naming what is wrong."""
+    meta_path = Path(init_from) / "sft_meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"--sft-init-from {init_from}: no sft_meta.json there (not a finished SFT)")
+    meta = json.loads(meta_path.read_text())
+    if not meta.get("gate_passed"):
+        raise ValueError(f"--sft-init-from {init_from}: that SFT did not pass its gate ({meta.get('steps')} steps)")
+    if (meta.get("task"), meta.get("shape")) != (task_name, shape):
+        raise ValueError(f"--sft-init-from {init_from}: it trained {meta.get('task')} on the {meta.get('shape')!r} "
+                         f"shape, this SFT {task_name} on {shape!r}")  # fmt: skip
+    return meta
+
+
+def load_init(model, init_from: Path, task_name: str, shape: str) -> dict[str, Any]:
+    """`init_from`'s weights into `model` (init_source checks it first); returns what sft_meta.json records of it."""
+    meta = init_source(init_from, task_name, shape)
+    source = Qwen3ForCausalLM.from_pretrained(init_from, dtype=torch.float32, local_files_only=True)
+    model.load_state_dict(source.state_dict())
+    return {"path": str(init_from), **{k: meta.get(k) for k in ("num_digits", "steps", "gate_greedy_accuracy")}}
+
+
 def _load_resume(path: Path, settings: dict, model, optim, device: torch.device) -> dict[str, Any]:
     """An unfinished SFT's state from `path` into `model` and `optim` when its settings equal `settings`; else (no
     file, other settings) a fresh start's: step 0, no wall time, no call before."""
@@ -264,13 +296,14 @@ def run_sft(
     gate_sampled: float = 0.0,
     fixed_steps: int | None = None,
     deterministic: bool = False,
+    init_from: Path | None = None,
 ) -> dict[str, Any]:
     """Train, gate, save under `out`; returns the metadata written to sft_meta.json. `max_positions`: the model's
     position limit (default: the longest prompt + worked solution + eos). `max_new_steps`: at most this many steps
     in this call (a cap like `max_time_s`, beside it). `gate_sampled`: the gate's least sampled accuracy (0: none;
     `gate_passed`). `fixed_steps`: train exactly this many steps, the gate checked at the last only (module
-    docstring). `deterministic`: the training steps under torch's deterministic algorithms (module docstring).
-    Continues from `out`'s resume file when its settings match."""
+    docstring). `deterministic`: the training steps under torch's deterministic algorithms; `init_from`: start from
+    that SFT's weights (module docstring). Continues from `out`'s resume file when its settings match."""
     if fixed_steps is not None and not 0 < fixed_steps <= max_steps:
         raise ValueError(f"fixed_steps={fixed_steps}: must be in 1..max_steps ({max_steps})")
     last = fixed_steps or max_steps  # the step training ends at, whatever the gate says with fixed_steps
@@ -282,7 +315,9 @@ def run_sft(
     tokenizer = build_char_tokenizer(task.ALPHABET, task.VOCAB_SIZE, model_max_length=max_positions)
     torch.manual_seed(seed)
     config = model_config(SHAPES[shape], max_positions=max_positions, vocab_size=task.VOCAB_SIZE)
-    model = Qwen3ForCausalLM(config).to(device).train()
+    model = Qwen3ForCausalLM(config)
+    source = None if init_from is None else load_init(model, Path(init_from), task_name, shape)
+    model = model.to(device).train()
     num_params = sum(p.numel() for p in model.parameters())
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=device.type == "cuda")
     engine = NativeGenerationEngine(
@@ -295,6 +330,8 @@ def run_sft(
     settings = dict(task=task_name, shape=shape, num_digits=num_digits, data_seed=data_seed, seed=seed,
                     batch_size=batch_size, micro=micro, lr=lr, max_steps=max_steps, warmup=warmup,
                     max_positions=max_positions, deterministic=deterministic)  # fmt: skip
+    if source is not None:  # (absent otherwise: resume files written before the option still match)
+        settings["init_from"] = source["path"]
     state = _load_resume(out / RESUME_FILE, settings, model, optim, device)
     step, earlier_s, calls = state["step"], state["wall_s"], state["calls"] + 1
     check, loss_value = state["check"], state["loss"]
@@ -334,7 +371,7 @@ def run_sft(
         "num_parameters": num_params, "linear_parameters": linear_parameters(SHAPES[shape]),
         "num_digits": num_digits, "max_positions": max_positions, "data_seed": data_seed, "seed": seed,
         "batch_size": batch_size, "micro_batch_size": micro, "lr": lr, "steps": step, "fixed_steps": fixed_steps,
-        "deterministic": deterministic,
+        "deterministic": deterministic, "init_from": source,
         "gate": gate, "gate_passed": passed, "gate_size": gate_size, "gate_greedy_accuracy": check["greedy_accuracy"],
         "gate_forced_exact": check.get("forced_exact"), "gate_sampled": gate_sampled,
         "gate_sampled_accuracy": check.get("sampled_accuracy"), "final_loss": loss_value,

@@ -61,7 +61,7 @@ from accuracy_twins import TwinMismatch  # noqa: E402
 # the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
 SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
              "--sft-lr": "lr", "--sft-rows": "batch_size", "--sft-steps": "fixed_steps",
-             "--sft-deterministic": "deterministic"}  # fmt: skip
+             "--sft-deterministic": "deterministic", "--sft-init-from": "init_from"}  # fmt: skip
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
 BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
@@ -185,7 +185,9 @@ def stage_sft(args: argparse.Namespace) -> dict:
     device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
     if args.quick:
         torch.set_num_threads(2)
-    meta = accuracy_sft.run_sft(args.out / "sft", seed=args.seed, data_seed=1234, device=device, **sft_settings(args))
+    settings = sft_settings(args)
+    settings["init_from"] = accuracy_sft.init_path(settings.get("init_from"), args.seed)
+    meta = accuracy_sft.run_sft(args.out / "sft", seed=args.seed, data_seed=1234, device=device, **settings)
     greedy, sampled = meta["gate_greedy_accuracy"], meta.get("gate_sampled_accuracy")
     print(f"sft: {meta['steps']} steps, held-out greedy accuracy {'-' if greedy is None else f'{greedy:.3f}'} "
           f"(gate {meta['gate']}), sampled {'-' if sampled is None else f'{sampled:.3f}'} "
@@ -282,6 +284,13 @@ def stage_stage(args: argparse.Namespace) -> int:
     if arms is None or sweep_arms is None:
         return USER_ERROR
     seeds = args.seeds
+    sft = sft_settings(args)
+    try:  # an --sft-init-from SFT that is missing or unfit: one line before any SFT starts
+        for seed in seeds if sft.get("init_from") else []:
+            accuracy_sft.init_source(accuracy_sft.init_path(sft["init_from"], seed), sft["task_name"], sft["shape"])
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USER_ERROR
     gpus = visible_gpus(args)
     gib = args.gpu_memory_gib
     if gpus and gib is None:

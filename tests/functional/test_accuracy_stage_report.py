@@ -219,13 +219,15 @@ def test_the_report_counts_repeats_as_runs_of_their_seeds_start(tmp_path):
         for arm in ("bf16", "fp8"):
             _write_metrics(root / "2k" / label / "arms" / arm, 10, reward, 1.0001)
     (root / "2k" / "seed0" / "sft").mkdir()
-    meta = {"gate_passed": True, "steps": 1, "gate_greedy_accuracy": 0.4, "wall_time_s": 1.0}
+    meta = {"gate_passed": True, "steps": 1, "gate_greedy_accuracy": 0.4, "wall_time_s": 1.0,
+            "init_from": {"path": "/x/1k/seed0/sft", "steps": 500}}  # a curriculum's SFT names its source
     (root / "2k" / "seed0" / "sft" / "sft_meta.json").write_text(json.dumps(meta))
     (st,) = long_report.write_long_report(root)["stages"]
     assert st["seeds"] == ["seed0", "seed0r1", "seed0r2"] and all(m["steps"] == 1 for m in st["sft"].values())
     assert st["seeds_vs_arms"]["reward_last"]["max_seed_spread"] == pytest.approx(0.4)
     tables = long_report.format_long_tables({"stages": [st]})
     assert tables.count("- SFT seed0") == 1
+    assert "- SFT seed0: 1 steps, gate greedy 0.400 (passed: True), 1.0 s, from /x/1k/seed0/sft (500 steps)" in tables
     assert "- GRPO repeats from their seed's SFT (other GRPO seeds): seed0r1, seed0r2" in tables
     # 3 runs per arm from one start: C(6, 3) = 20 relabelings, p >= 0.10: one line says no arm can be told apart
     assert st["versus_bf16"]["fp8"]["heldout_accuracy_mean"]["relabelings"] == 20
