@@ -57,7 +57,8 @@ from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
 # seeds vs arms
 COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_final", "heldout_accuracy_mean")
 # arm against BF16 over runs: own validations at the common step, and the BF16 referee at each run's last checkpoint
-VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final", "reward_last", "referee_greedy", "referee_pass@1")
+VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final", "reward_last", "referee_greedy", "referee_pass@1",
+               "heldout_reference_accuracy_mean")  # the last: the BF16 referee at every validation (val_reference)
 FALLEN_FRACTION = 0.5  # a run "ended below half its start" (fallen_line): a count, not a test
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 

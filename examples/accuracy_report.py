@@ -42,7 +42,8 @@ MEAN_KEYS = (
     "heldout_accuracy_start", "heldout_accuracy_final", "heldout_accuracy_mean", "heldout_sampled_accuracy_start",
     "heldout_sampled_accuracy_final", "heldout_sampled_accuracy_mean", "reward_first", "reward_last",
     "response_length_last", "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean",
-    "is_oob_ratio_mean", "token_mult_prob_error_max",
+    "is_oob_ratio_mean", "token_mult_prob_error_max", "heldout_reference_accuracy_start",
+    "heldout_reference_accuracy_final", "heldout_reference_accuracy_mean",
 )  # fmt: skip
 
 
@@ -67,7 +68,7 @@ def metrics_summary(s: dict[str, tuple[np.ndarray, np.ndarray]], max_step: int |
         s = {k: series for k, series in s.items() if len(series[0])}
     steps = s.get("train/reward_mean", (np.zeros(0), np.zeros(0)))[0]
     out: dict[str, Any] = {"steps": int(steps[-1]) if len(steps) else 0}
-    for name in ("accuracy", "sampled_accuracy"):
+    for name in ("accuracy", "sampled_accuracy", "reference_accuracy"):  # reference: grpo.val_reference's referee
         key = f"validation/{name}"
         out[f"heldout_{name}_start"] = float(s[key][1][0]) if key in s else None
         after = (s[key][0][s[key][0] > 0], s[key][1][s[key][0] > 0]) if key in s else None  # not the start's

@@ -70,6 +70,9 @@ class GrpoConfig(Section):
     val_period: Annotated[StrictInt, Field(ge=-1)] = 10  # 0 or -1 disables validation (as in NeMo-RL)
     val_at_start: bool = True
     val_at_end: bool = False  # one more validation after the last step (when the period did not just run one)
+    # also validate greedy through a BF16 referee of the same weights (plain linears, BF16 KV):
+    # validation/reference_accuracy, comparable across precisions (algorithms/validation.py)
+    val_reference: bool = False
     max_val_samples: PositiveInt = 512
     seed: Seed = 42
     on_nonfinite: Literal["skip", "stop"] = "skip"  # non-finite loss / grad / FP8 scale: skip the batch or stop

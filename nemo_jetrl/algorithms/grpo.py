@@ -43,6 +43,7 @@ from nemo_jetrl.algorithms.rollout_io import (
     step_generator,
 )
 from nemo_jetrl.algorithms.run_config import RunConfig, run_config
+from nemo_jetrl.algorithms.validation import check_reference, env_metrics, validate
 from nemo_jetrl.environments import make_task
 from nemo_jetrl.generation.interfaces import max_prompt_length, rollout_phase
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
@@ -78,13 +79,10 @@ def setup(cfg: RunConfig, task: Any | None = None) -> GrpoSetup:
         task = make_task(cfg.data, cfg.env, tokenizer=tok, max_prompt_tokens=limit)
     logger = Logger(cfg.logger) if placed.is_main else NullLogger()
     checkpoints = checkpoint_manager(cfg.checkpointing) if cfg.checkpointing.enabled else None
-    return GrpoSetup(cfg, policy, engine, loss_fn, task, logger, checkpoints, device, placed.is_main, placed.startup)
-
-
-def _env_metrics(task: Any) -> dict[str, float]:
-    """The task's environment counters since the last call (`env/parse_failures`, ...); {} for tasks without any."""
-    pop = getattr(task, "pop_metrics", None)
-    return {f"env/{k}": v for k, v in pop().items()} if pop is not None else {}
+    run = GrpoSetup(cfg, policy, engine, loss_fn, task, logger, checkpoints, device, placed.is_main, placed.startup)
+    if cfg.grpo.val_reference:
+        check_reference(run)  # refused at start-up, before any rollout
+    return run
 
 
 def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
@@ -94,26 +92,6 @@ def _on_nonfinite(run: GrpoSetup, step: int, err: NonFiniteError) -> None:
         raise err
     console.print(f"[yellow]step {step + 1}: {err}; batch skipped (grpo.on_nonfinite=skip)[/]")
     _guard_state(run)  # the state the next step starts from
-
-
-def validate(run: GrpoSetup, step: int) -> dict[str, float]:
-    """Held-out accuracy: greedy (deterministic) and sampled at the rollout temperature."""
-    if needs_kv_bootstrap(run):  # validation before the first step: FP8 KV scales from the step's prompts
-        bootstrap_kv_scales(run, step)
-    problems = run.task.validation(run.cfg.grpo.max_val_samples)
-    prompt_ids = encode_prompts(run.policy.tokenizer, [p.prompt for p in problems])
-    answers = [p.answer for p in problems]
-    metrics = {}
-    with rollout_phase(run.engine) as engine:
-        for name, greedy in (("accuracy", True), ("sampled_accuracy", False)):
-            gen = step_generator(run.cfg.grpo.seed + 7, step, run.device)
-            out = engine.generate(prompt_ids, greedy=greedy, generator=gen)
-            rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
-            metrics[name] = float((rewards > 0.5).float().mean())
-            env_metrics = _env_metrics(run.task)
-            if greedy:
-                metrics.update(env_metrics)
-    return metrics
 
 
 def _generate_batch(run: GrpoSetup, batch_index: int, num_prompts: int, timer: Timer) -> Rollout:
@@ -174,10 +152,10 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         with rollout_phase(run.engine):
             train, generated, ds_metrics = _collect_rollout(run, timer)
     except NonFiniteError as err:
-        env_metrics = _env_metrics(run.task)
+        env_counts = env_metrics(run.task)
         _on_nonfinite(run, step, err)
-        return {**env_metrics, "nonfinite_skipped": 1.0}
-    env_metrics = _env_metrics(run.task)
+        return {**env_counts, "nonfinite_skipped": 1.0}
+    env_counts = env_metrics(run.task)
     with timer.time("reward"):
         advantages = group_advantages(
             train.rewards, group, leave_one_out=g.use_leave_one_out_baseline, normalize_std=g.normalize_rewards
@@ -208,7 +186,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         bad = _nonfinite_logprobs(batch)
         if bad is not None:  # e.g. a temperature so small that logits / temperature overflow
             _on_nonfinite(run, step, NonFiniteError(bad, run.policy.step))
-            return {**env_metrics, "nonfinite_skipped": 1.0}
+            return {**env_counts, "nonfinite_skipped": 1.0}
     metrics = nemo_rl_rollout_metrics(generated, train, advantages, g.use_dynamic_sampling)
     metrics.update(
         reward_mean=metrics["reward"],
@@ -216,7 +194,7 @@ def grpo_step(run: GrpoSetup, step: int, timer: Timer, progress: RunProgress) ->
         mean_response_length=metrics["mean_gen_tokens_per_sample"],
         truncated_fraction=metrics["truncation_rate"],
         **ds_metrics,
-        **env_metrics,
+        **env_counts,
     )
     if not from_train:
         metrics.update(

@@ -30,3 +30,4 @@ class GrpoSetup:
     is_main: bool = True  # logs, prints and writes checkpoints (torchrun: rank 0; the others run silently)
     startup: str | None = None  # how the run is spread over ranks (torchrun), printed at start
     next_batch: int = 0  # the next training data batch (dynamic sampling draws several per step)
+    reference_engine: Any = None  # grpo.val_reference's BF16 referee (validation.reference_engine); False: none needed

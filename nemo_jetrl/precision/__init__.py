@@ -20,6 +20,7 @@ _EXPORTS = {
     "QuantizedWeight": "quantized",
     "quantize_shared_input": "shared_input",
     "rollout_mode": "linear",
+    "linear_mode": "linear",
     "act_dequant": "quant",
     "act_quant": "quant",
     "act_quant_dual": "quant",

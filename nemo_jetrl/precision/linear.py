@@ -36,8 +36,9 @@ from nemo_jetrl.precision.recipes.gemm_choice import (  # noqa: F401  (fprop_bac
 from nemo_jetrl.utils.dtensor import local_tensor  # noqa: F401  (re-exported: the FP8 layers' shard view)
 
 AUTO_GEMM = GemmChoice()  # no switch: the library GEMMs, device and shape deciding
-Mode = Literal["train", "rollout"]
-_MODES = ("train", "rollout")
+# reference: the plain linear on the master weight whatever the flags (a BF16 referee's rollout of the same weights)
+Mode = Literal["train", "rollout", "reference"]
+_MODES = ("train", "rollout", "reference")
 
 
 def output_dtype(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.dtype:
@@ -153,7 +154,8 @@ class Fp8Linear(FpropKernelSwitch, nn.Module):
     """Linear layer with a master `weight` [N, K] (+ bias) that runs its GEMMs in FP8 (the recipe's scale layout).
 
     mode "train": FP8 autograd if `train_fp8`; mode "rollout": FP8 forward without autograd if `rollout_fp8`;
-    otherwise a plain `F.linear`. Output dtype: the autocast dtype when autocast is on, else x's dtype.
+    otherwise, and always in mode "reference", a plain `F.linear`. Output dtype: the autocast dtype when autocast
+    is on, else x's dtype.
     `fprop_kernel` (`FpropKernel`, precision/recipes/gemm_choice.py): how the forward GEMM is chosen.
     """
 
@@ -309,7 +311,7 @@ class Fp8Linear(FpropKernelSwitch, nn.Module):
             return quantized_input_forward(x, self.quantized_weight(), bias, self.out_features, linear_gemm(self).fprop)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
-        use_fp8 = self.train_fp8 if self.mode == "train" else self.rollout_fp8
+        use_fp8 = {"train": self.train_fp8, "rollout": self.rollout_fp8}.get(self.mode, False)
         if not use_fp8:
             return self._plain_linear(x)
         out_dtype = output_dtype(x)
@@ -344,13 +346,18 @@ class Fp8Linear(FpropKernelSwitch, nn.Module):
         )
 
 
-@contextlib.contextmanager
-def rollout_mode(model: nn.Module) -> Iterator[nn.Module]:
+def rollout_mode(model: nn.Module) -> contextlib.AbstractContextManager[nn.Module]:
     """Set `mode="rollout"` on every Fp8Linear of `model` for the block; restore the previous modes after."""
+    return linear_mode(model, "rollout")
+
+
+@contextlib.contextmanager
+def linear_mode(model: nn.Module, mode: Mode) -> Iterator[nn.Module]:
+    """Set `mode` on every Fp8Linear of `model` for the block; restore the previous modes after."""
     modules = [m for m in model.modules() if isinstance(m, Fp8Linear)]
     previous = [m.mode for m in modules]
     for m in modules:
-        m.mode = "rollout"
+        m.mode = mode
     try:
         yield model
     finally:

@@ -127,6 +127,9 @@ def test_quick_long_stage_runs_every_arm_resumes_and_packs(tmp_path, monkeypatch
         bins = sorted(k for k in first[arm] if k.startswith("train/mismatch_pos/"))
         assert bins[0] == "train/mismatch_pos/00000" and len(bins) >= 2, arm  # 16-token bins of the response
         assert "validation/sampled_accuracy" in {k for r in rows for k in r}
+        val = next(r for r in rows if "validation/accuracy" in r)  # the base config's grpo.val_reference: the referee
+        assert 0.0 <= val["validation/reference_accuracy"] <= 1.0, arm
+        assert arm != "bf16" or val["validation/reference_accuracy"] == val["validation/accuracy"]
     tmpe = {a: first[a]["train/token_mult_prob_error"] for a in study.LONG_ARMS}
     assert tmpe["fp8_rollout_only"] > 1.001 > tmpe["fp8"] >= 1.0  # BF16 trainer scoring an FP8 rollout
     assert tmpe["fp8_kv_rollout_only"] > 1.001 and first["fp8_kv_rollout_only"]["train/refit/kv_k_scale_max"] > 0

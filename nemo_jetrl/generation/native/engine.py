@@ -39,7 +39,7 @@ from nemo_jetrl.models.forward_plan import AttnHook, ForwardInputs, ForwardPlan
 from nemo_jetrl.models.logits import compute_logits
 from nemo_jetrl.models.moe import decode_syncs_host
 from nemo_jetrl.models.moe_routing import RoutingRecord, observing
-from nemo_jetrl.precision import rollout_mode
+from nemo_jetrl.precision import linear_mode as with_linear_mode
 from nemo_jetrl.utils.device_memory import release_cached_memory
 
 
@@ -63,6 +63,9 @@ class NativeGenerationEngine(GenerationInterface):
     the whole batch at once (or continuous_batching=True), sequences queue for a paged KV pool of kv_block_size-
     token blocks (preempted and recomputed when it runs dry) and take the rows of those that finish; otherwise
     the batch is decoded in one static batch as before.
+
+    linear_mode: "rollout" runs the FP8 layers' rollout forward (the recipe's); "reference" their plain linear on
+    the master weights (with kv_cache_dtype None: a BF16 referee of the same weights, `grpo.val_reference`).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class NativeGenerationEngine(GenerationInterface):
         max_model_len: int | None = None,
         continuous_batching: bool | None = None,
         kv_block_size: int | None = None,
+        linear_mode: str = "rollout",
     ) -> None:
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
         if max_new_tokens < 1:
@@ -134,6 +138,9 @@ class NativeGenerationEngine(GenerationInterface):
         self.max_num_seqs = None if max_num_seqs is None else int(max_num_seqs)
         self.kv_cache_memory_bytes = None if kv_cache_memory_bytes is None else int(kv_cache_memory_bytes)
         self.gpu_memory_utilization = None if gpu_memory_utilization is None else float(gpu_memory_utilization)
+        if linear_mode not in ("rollout", "reference"):
+            raise ValueError(f"linear_mode must be 'rollout' or 'reference', got {linear_mode!r}")
+        self.linear_mode = linear_mode
         self.max_model_len = None if max_model_len is None else int(max_model_len)
         if self.max_model_len is not None:  # one total cap per row: the tighter of the two
             self.max_total_length = min(self.max_total_length or self.max_model_len, self.max_model_len)
@@ -205,7 +212,7 @@ class NativeGenerationEngine(GenerationInterface):
         budget = engine_kv_budget(self, prompt_ids, caps)
         if not budget.whole_batch or self.continuous_batching:
             rollout = ContinuousRollout(self, prompt_ids, budget, caps)
-            with torch.no_grad(), rollout_mode(self.model):
+            with torch.no_grad(), with_linear_mode(self.model, self.linear_mode):
                 out = rollout.run(greedy, generator)
             self.last_rollout_stats, self.last_rollout_timings = rollout.stats, rollout.stats.timings()
             return out
@@ -214,7 +221,7 @@ class NativeGenerationEngine(GenerationInterface):
         ids, mask = left_pad(prompt_ids, prompt_len + num_steps, self.pad_token_id, self.device)
         limits = torch.tensor([len(p) + c for p, c in zip(prompt_ids, caps)], device=self.device)  # [B] real tokens
         clock = StreamClock(self.device)
-        with torch.no_grad(), rollout_mode(self.model):
+        with torch.no_grad(), with_linear_mode(self.model, self.linear_mode):
             out = self._run(ids, mask, prompt_len, greedy=greedy, generator=generator, limits=limits, clock=clock)
         self.last_rollout_timings = rollout_time_parts(  # _run's last sync followed every mark
             clock.total("rollout"), prefill=clock.total("prefill"), cuda_graph_capture=clock.total("capture")
@@ -245,7 +252,7 @@ class NativeGenerationEngine(GenerationInterface):
         mask[:, :width] = attention_mask.to(self.device).long()
         forced = (ids.clone(), mask.clone())
         mask[:, prompt_length:] = 0
-        with torch.no_grad(), rollout_mode(self.model):
+        with torch.no_grad(), with_linear_mode(self.model, self.linear_mode):
             out = self._run(ids, mask, prompt_length, forced=forced, num_steps=width - prompt_length)
         return out.generation_logprobs
 
