@@ -16,6 +16,29 @@ LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,
 REPEAT_SEED_STRIDE = 1000  # a stage's repeat k of an arm runs with grpo.seed 42 + seed + this * k (--repeats)
 
 
+# the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
+SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
+             "--sft-lr": "lr", "--sft-rows": "batch_size", "--sft-steps": "fixed_steps",
+             "--sft-deterministic": "deterministic", "--sft-init-from": "init_from"}  # fmt: skip
+
+
+def flag_value(args: argparse.Namespace, flag: str):
+    """The value of `--flag-name` in `args` (argparse's dest: flag_name), None where not given."""
+    return getattr(args, flag[2:].replace("-", "_"))
+
+
+def sft_argv(sub: argparse.Namespace) -> list[str]:
+    """This script's command line of one seed's SFT in a stage (`sub`: `seed_args`), the stage's --sft-* flags
+    included."""
+    argv = ["sft", "--study", "long", "--length", sub.length, "--seed", str(sub.seed), "--out", str(sub.out)]
+    argv += ["--quick"] * sub.quick + [f"--device={sub.device}"] * bool(sub.device)
+    for flag in SFT_FLAGS:
+        value = flag_value(sub, flag)
+        if value is not None:  # a bool (BooleanOptionalAction) as --flag / --no-flag
+            argv.append((flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag}={value}")
+    return argv
+
+
 def _number_list(text: str, kind: type = float) -> list:
     try:
         return [kind(x) for x in text.split(",") if x.strip()]

@@ -139,6 +139,7 @@ def plot_run_overlay(st: dict, out_dir: Path) -> Path:
 
 
 VERSUS_PANELS = ("heldout_accuracy_mean", "heldout_accuracy_final", "referee_greedy")
+VERSUS_IF_MEASURED = ("heldout_reference_accuracy_mean",)  # grpo.val_reference's referee: stages that logged it
 JET_RL_GAP = -0.1  # Jet-RL: FP8 rollout only 9.8-10.3% below BF16 (arXiv 2601.14243)
 
 
@@ -155,14 +156,20 @@ def versus_rows(versus: dict[str, dict], key: str) -> list[tuple[str, str, float
     return rows
 
 
+def versus_panels(versus: dict[str, dict]) -> list[str]:
+    """The figures `versus_<pool>.png` draws: VERSUS_PANELS, and each of VERSUS_IF_MEASURED some run measured."""
+    return [*VERSUS_PANELS, *(key for key in VERSUS_IF_MEASURED if versus_rows(versus, key))]
+
+
 def plot_versus(name: str, versus: dict[str, dict], out_dir: Path) -> Path:
-    """`versus_<name>.png`: a panel per VERSUS_PANELS figure, a row per start (each arm's difference from BF16
+    """`versus_<name>.png`: a panel per `versus_panels` figure, a row per start (each arm's difference from BF16
     there, a dot) and per arm the difference over every run with its 95% interval (a bar; a hollow mark where the
     runs allow none), beside 0 and Jet-RL's gap."""
-    fig = new_figure(len(VERSUS_PANELS), 1)
+    panels = versus_panels(versus)
+    fig = new_figure(len(panels), 1)
     axes = []
-    for col, key in enumerate(VERSUS_PANELS):
-        ax = fig.add_subplot(1, len(VERSUS_PANELS), col + 1)
+    for col, key in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), col + 1)
         rows = versus_rows(versus, key)
         labels = list(dict.fromkeys(start for start, *_ in rows if start != "all starts"))
         arms = list(dict.fromkeys(arm for _, arm, *_ in rows))

@@ -54,14 +54,13 @@ from accuracy_cli import (  # noqa: E402
     LONG_LENGTHS,
     LONG_OPTIONAL_ARMS,
     REPEAT_SEED_STRIDE,
+    SFT_FLAGS,
     build_parser,
+    flag_value,
+    sft_argv,
 )
 from accuracy_twins import TwinMismatch  # noqa: E402
 
-# the --sft-* flags -> the run_sft setting each sets; a stage hands them all to each seed's SFT process
-SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
-             "--sft-lr": "lr", "--sft-rows": "batch_size", "--sft-steps": "fixed_steps",
-             "--sft-deterministic": "deterministic", "--sft-init-from": "init_from"}  # fmt: skip
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
 BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
@@ -172,13 +171,8 @@ def sft_settings(args: argparse.Namespace) -> dict:
                             micro_batch_size=lengths["sft_micro"], max_positions=lengths["max_total"])  # fmt: skip
     else:
         settings = dict(SFT_SETTINGS["quick" if args.quick else "study"])
-    given = {key: _flag_value(args, flag) for flag, key in SFT_FLAGS.items()}
+    given = {key: flag_value(args, flag) for flag, key in SFT_FLAGS.items()}
     return settings | {key: value for key, value in given.items() if value is not None}
-
-
-def _flag_value(args: argparse.Namespace, flag: str):
-    """The value of `--flag-name` in `args` (argparse's dest: flag_name), None where not given."""
-    return getattr(args, flag[2:].replace("-", "_"))
 
 
 def stage_sft(args: argparse.Namespace) -> dict:
@@ -240,18 +234,6 @@ def stage_arms(args: argparse.Namespace) -> int:
     limit = math.inf if args.time_limit_s is None else args.time_limit_s
     accuracy_stage.run_jobs(jobs, time.monotonic() + limit, parallel=args.parallel)
     return 0 if all(job.result["rc"] == 0 for job in jobs) else 1
-
-
-def sft_argv(sub: argparse.Namespace) -> list[str]:
-    """This script's command line of one seed's SFT in a stage (`sub`: `seed_args`), the stage's --sft-* flags
-    included."""
-    argv = ["sft", "--study", "long", "--length", sub.length, "--seed", str(sub.seed), "--out", str(sub.out)]
-    argv += ["--quick"] * sub.quick + [f"--device={sub.device}"] * bool(sub.device)
-    for flag in SFT_FLAGS:
-        value = _flag_value(sub, flag)
-        if value is not None:  # a bool (BooleanOptionalAction) as --flag / --no-flag
-            argv.append((flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag}={value}")
-    return argv
 
 
 def grpo_seed(args: argparse.Namespace) -> int:

@@ -290,6 +290,7 @@ def test_pool_tests_each_arm_over_several_stages_runs_keeping_each_stages_starts
         ("all starts", "fp8", -0.3, None, None), ("b/seed0", "fp8_kv", -0.05, None, None),
         ("all starts", "fp8_kv", -0.05, None, None)]  # fmt: skip
     assert (root / "report" / "versus_ab.png").stat().st_size > 10_000
+    assert long_plots.versus_panels(pooled["versus_bf16"]) == list(long_plots.VERSUS_PANELS)  # no referee series
     rc = accuracy_study.main(["report", "--study", "long", "--out", str(root), "--pool", "ab=a,zz"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["error: --pool zz: no such stage with arms (stages: a, b)"]
@@ -328,3 +329,25 @@ def test_the_report_puts_the_bf16_referee_beside_the_arms_own_validation(synthet
     # one run per arm from 2 starts: 4 relabelings, two as far from 0 as the observed
     assert test["referee_greedy"]["relabelings"] == 4 and test["referee_greedy"]["p"] == pytest.approx(0.5)
     assert "| BF16 | 12 / 0.500 (step 10) / 0.700 / 0.600 | 10 / " in long_report.format_long_tables({"stages": [one]})
+
+
+def test_the_referee_at_every_validation_is_summarized_and_tested_against_bf16(tmp_path):
+    """grpo.val_reference's `validation/reference_accuracy`: its mean after the start per run, fp8 - bf16 over the
+    runs, and a fourth panel in versus_<pool>.png."""
+    root = tmp_path / "root"
+    for label, reward in (("seed0", 0.5), ("seed0r1", 0.3)):
+        for arm, ref in (("bf16", reward), ("fp8", reward - 0.2)):
+            path = root / "2k" / label / "arms" / arm
+            _write_metrics(path, 10, reward, 1.0001)
+            rows = [{"step": step, "validation/reference_accuracy": ref} for step in (0, 5, 10)]
+            with (path / "metrics.jsonl").open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+    (root / "2k" / "seed0" / "sft").mkdir()
+    meta = {"gate_passed": True, "steps": 1, "gate_greedy_accuracy": 0.4, "wall_time_s": 1.0}
+    (root / "2k" / "seed0" / "sft" / "sft_meta.json").write_text(json.dumps(meta))
+    (st,) = long_report.write_long_report(root)["stages"]
+    assert st["runs"]["seed0r1"]["fp8"]["heldout_reference_accuracy_mean"] == pytest.approx(0.1)
+    t = st["versus_bf16"]["fp8"]["heldout_reference_accuracy_mean"]
+    assert t["diff"] == pytest.approx(-0.2) and t["relabelings"] == 6  # C(4, 2): one start, 2 + 2 runs
+    assert t["by_start"] == pytest.approx({"seed0": -0.2})
+    assert long_plots.versus_panels(st["versus_bf16"])[-1] == "heldout_reference_accuracy_mean"
