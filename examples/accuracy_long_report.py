@@ -49,7 +49,7 @@ from accuracy_report import (
     seed_cell,
 )
 from accuracy_stage import sft_label
-from accuracy_stats import ALPHA, permutation_test
+from accuracy_stats import ALPHA, POWER, permutation_test, runs_needed, within_start_sd
 from accuracy_twins import twins_lines, twins_summary
 
 from nemo_jetrl.utils.metrics_jsonl import read_metrics_jsonl
@@ -59,6 +59,7 @@ COMPARED = ("reward_last", "heldout_sampled_accuracy_final", "heldout_accuracy_f
 # arm against BF16 over runs: own validations at the common step, and the BF16 referee at each run's last checkpoint
 VERSUS_KEYS = ("heldout_accuracy_mean", "heldout_accuracy_final", "reward_last", "referee_greedy", "referee_pass@1",
                "heldout_reference_accuracy_mean")  # the last: the BF16 referee at every validation (val_reference)
+POWER_KEY, POWER_GAPS = "heldout_accuracy_mean", (0.1, 0.05)  # Jet-RL's gap (about 0.1) and half of it
 FALLEN_FRACTION = 0.5  # a run "ended below half its start" (fallen_line): a count, not a test
 LENGTH_ORDER = {"quick": 0, "1k": 1, "2k": 2, "4k": 3}
 
@@ -145,16 +146,30 @@ def versus_bf16(rows: dict[str, dict[str, dict]], arms: list[str]) -> dict[str, 
     grouped by start (a repeat's start is its seed's); {} without a BF16 arm."""
     if "bf16" not in arms:
         return {}
-
-    def by_start(arm: str, key: str) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        for run, row in rows.items():
-            if row.get(arm, {}).get(key) is not None:  # a pooled stage may lack the arm
-                out.setdefault(sft_label(run), []).append(row[arm][key])
-        return out
-
-    return {arm: {key: permutation_test(by_start(arm, key), by_start("bf16", key)) for key in VERSUS_KEYS}
+    return {arm: {key: permutation_test(by_start(rows, arm, key), by_start(rows, "bf16", key)) for key in VERSUS_KEYS}
             for arm in arms if arm != "bf16"}  # fmt: skip
+
+
+def by_start(rows: dict[str, dict[str, dict]], arm: str, key: str) -> dict[str, list[float]]:
+    """`arm`'s `key` of every run in `rows` that has it, grouped by start (a repeat's start is its seed's)."""
+    out: dict[str, list[float]] = {}
+    for run, row in rows.items():
+        if row.get(arm, {}).get(key) is not None:  # a pooled stage may lack the arm
+            out.setdefault(sft_label(run), []).append(row[arm][key])
+    return out
+
+
+def power_of(rows: dict[str, dict[str, dict]], arms: list[str], key: str = POWER_KEY) -> dict[str, dict]:
+    """Per arm other than BF16: how far its and BF16's runs scatter within their starts (`key`, pooled SD) and the
+    runs per arm a test would need to find each of POWER_GAPS (accuracy_stats.runs_needed)."""
+    out = {}
+    for arm in (a for a in arms if a != "bf16"):
+        mine = by_start(rows, arm, key)
+        sd, dof = within_start_sd([mine, by_start(rows, "bf16", key)])
+        if sd is not None:
+            out[arm] = {"key": key, "sd": sd, "dof": dof, "runs": sum(len(v) for v in mine.values()),
+                        "runs_needed": {f"{gap:g}": runs_needed(sd, gap) for gap in POWER_GAPS}}  # fmt: skip
+    return out
 
 
 def tested_rows(st: dict[str, Any], prefix: str = "") -> dict[str, dict[str, dict]]:
@@ -170,7 +185,8 @@ def pooled_versus(stages: list[dict[str, Any]]) -> dict[str, Any]:
     the stratified test of every run so far that shares a start with a BF16 run."""
     rows = {k: v for st in stages for k, v in tested_rows(st, f"{st['stage']}/").items()}
     arms = list(dict.fromkeys(a for st in stages for a in st["arms"]))
-    return {"stages": [st["stage"] for st in stages], "versus_bf16": versus_bf16(rows, arms)}
+    return {"stages": [st["stage"] for st in stages], "versus_bf16": versus_bf16(rows, arms),
+            "power": power_of(rows, arms)}  # fmt: skip
 
 
 def stage_summary(stage: Path) -> dict[str, Any] | None:
@@ -292,6 +308,18 @@ def versus_lines(versus: dict[str, dict], alpha: float = ALPHA) -> list[str]:
     return lines
 
 
+def power_lines(power: dict[str, dict]) -> list[str]:
+    """Markdown bullets: per arm, the runs' spread within their starts and the runs a test would need (power_of)."""
+    lines = []
+    for arm, p in power.items():
+        gaps = " / ".join(p["runs_needed"])
+        lines.append(f"- {ARM_LABELS[arm]} and BF16: runs of one start scatter by SD {p['sd']:.3f} in {p['key']} "
+                     f"({p['dof']} degrees of freedom); to find a gap of {gaps} with power {POWER:.0%} at p < "
+                     f"{ALPHA} a test needs about {' / '.join(str(n) for n in p['runs_needed'].values())} runs an "
+                     f"arm (normal approximation; here {p['runs']})")  # fmt: skip
+    return lines
+
+
 def start_table(versus: dict[str, dict]) -> list[str]:
     """Markdown table: each arm minus BF16 within each start (the mean of its runs there against BF16's), one row a
     start, so that starts that disagree show; [] with fewer than two starts."""
@@ -360,7 +388,8 @@ def format_long_tables(summary: dict[str, Any]) -> str:
         lines += start_table(st.get("versus_bf16") or {})
     for name, pooled in (summary.get("pools") or {}).items():
         head = f"### pooled {name}: {', '.join(pooled['stages'])} (each start's runs relabeled among themselves)"
-        lines += ["", head, "", *versus_lines(pooled["versus_bf16"]), *start_table(pooled["versus_bf16"])]
+        lines += ["", head, "", *versus_lines(pooled["versus_bf16"]), *power_lines(pooled.get("power") or {}),
+                  *start_table(pooled["versus_bf16"])]  # fmt: skip
     for tw in (summary.get("twins") or {}).values():
         lines += ["", *twins_lines(tw)]
     return "\n".join(lines)

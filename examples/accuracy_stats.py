@@ -104,3 +104,28 @@ def permutation_test(a: dict[str, list[float]], b: dict[str, list[float]], alpha
     interval = [test.interval_end(-1.0, span, alpha), test.interval_end(1.0, span, alpha)]
     return out | {"diff": test.observed, "p": test.p(), "relabelings": test.rows, "exact": test.exact,
                   "interval": interval}  # fmt: skip
+
+
+POWER = 0.8
+
+
+def within_start_sd(groups: list[dict[str, list[float]]]) -> tuple[float | None, int]:
+    """The standard deviation of runs around their own start's mean, pooled over every start with two or more runs
+    in any of `groups` (each {start: [run values]}, e.g. one per arm), and its degrees of freedom; (None, 0) without
+    a repeated start."""
+    squares, dof = 0.0, 0
+    for group in groups:
+        for values in group.values():
+            if len(values) > 1:
+                squares += float(np.var(values, ddof=1)) * (len(values) - 1)
+                dof += len(values) - 1
+    return (math.sqrt(squares / dof), dof) if dof else (None, 0)
+
+
+def runs_needed(sd: float, gap: float, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Runs per arm for a two-sided test at `alpha` to find a shift of `gap` with probability `power` when runs
+    scatter by `sd` (normal approximation, runs of one start: 2 (z_(1-alpha/2) + z_power)^2 sd^2 / gap^2)."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    return math.ceil(2 * z * z * sd * sd / (gap * gap))

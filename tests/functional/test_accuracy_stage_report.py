@@ -273,6 +273,14 @@ def test_pool_tests_each_arm_over_several_stages_runs_keeping_each_stages_starts
     assert kv["starts"] == 1 and kv["diff"] == pytest.approx(-0.05)  # only b's start has fp8_kv
     tables = long_report.format_long_tables(summary)
     assert "### pooled ab: a, b (each start's runs relabeled among themselves)" in tables
+    # the spread within a's start: bf16 0.6 / 0.5 and fp8 0.3 / 0.2 (variance 0.005 each, 1 dof each); b's single
+    # runs add nothing; 2 x 2.80^2 x 0.005 / gap^2 runs: 7.8 -> 8 for 0.1, 31.4 -> 32 for 0.05
+    power = pooled["power"]["fp8"]
+    assert power["dof"] == 2 and power["sd"] == pytest.approx(0.005**0.5) and power["runs"] == 3
+    assert power["runs_needed"] == {"0.1": 8, "0.05": 32}
+    assert ("- unified FP8 and BF16: runs of one start scatter by SD 0.071 in heldout_accuracy_mean (2 degrees of "
+            "freedom); to find a gap of 0.1 / 0.05 with power 80% at p < 0.05 a test needs about 8 / 32 runs an arm "
+            "(normal approximation; here 3)") in tables  # fmt: skip
     # 12 relabelings cannot give p < 0.05: the one line says so, with the pooled runs' smallest possible p
     assert "- arms against BF16: 3 run(s) per arm from 2 start(s): a permutation test cannot go below p = 0.17" in (
         tables.split("### pooled ab")[1]

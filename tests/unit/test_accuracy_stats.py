@@ -94,3 +94,14 @@ def test_the_intervals_ends_are_where_the_test_on_shifted_runs_turns(monkeypatch
 def test_runs_too_few_for_any_p_below_alpha_leave_the_interval_unbounded():
     t = accuracy_stats.permutation_test({"s": [0.9, 0.8, 0.7]}, {"s": [0.1, 0.2, 0.0]})  # 20 relabelings: p >= 0.1
     assert t["p"] == pytest.approx(0.1) and t["interval"] == [None, None]
+
+
+def test_the_spread_within_starts_pools_every_repeated_start_and_sizes_a_test():
+    """[1, 3] (variance 2, 1 degree of freedom) and [2, 2, 5] (variance 3, 2): pooled (2 + 6) / 3; a start of one
+    run adds nothing. Runs a test needs: 2 (1.96 + 0.84)^2 (sd / gap)^2, the "16 / effect^2" rule."""
+    sd, dof = accuracy_stats.within_start_sd([{"a": [1.0, 3.0], "c": [7.0]}, {"b": [2.0, 2.0, 5.0]}])
+    assert dof == 3 and sd == pytest.approx((8 / 3) ** 0.5)
+    assert accuracy_stats.within_start_sd([{"a": [1.0]}]) == (None, 0)
+    assert accuracy_stats.runs_needed(1.0, 1.0) == 16  # 15.7 rounded up
+    assert accuracy_stats.runs_needed(0.05, 0.1) == 4 and accuracy_stats.runs_needed(0.1, 0.05) == 63
+    assert accuracy_stats.runs_needed(1.0, 1.0, power=0.5) == 8  # z_0.5 = 0: 2 x 1.96^2
