@@ -32,8 +32,8 @@ def _setup(config: str, tmp_path: Path, *overrides: str) -> grpo.GrpoSetup:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
-    fp8 = _setup("grpo_tiny.yaml", tmp, "+grpo.val_reference=true", "policy.generation.kv_cache_dtype=fp8")
-    bf16 = _setup("grpo_tiny_bf16.yaml", tmp, "+grpo.val_reference=true")
+    fp8 = _setup("grpo_tiny.yaml", tmp, "grpo.val_reference=true", "policy.generation.kv_cache_dtype=fp8")
+    bf16 = _setup("grpo_tiny_bf16.yaml", tmp, "grpo.val_reference=true")
     return fp8, bf16
 
 
