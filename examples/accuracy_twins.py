@@ -92,11 +92,6 @@ def _first_difference(a: dict, b: dict, step: int) -> int | None:
     return min(found, default=None)
 
 
-def _last_step(series: dict) -> int:
-    steps = series.get("train/reward_mean", (np.zeros(0),))[0]
-    return int(steps[-1]) if len(steps) else 0
-
-
 def twin_pairs(root: Path, st_a: dict[str, Any], st_b: dict[str, Any]) -> list[dict[str, Any]]:
     """Every twin pair of two stage summaries (accuracy_long_report.stage_summary, with their series); raises
     TwinMismatch naming each pair that is not one, or when the stages share no run."""
@@ -111,7 +106,7 @@ def twin_pairs(root: Path, st_a: dict[str, Any], st_b: dict[str, Any]) -> list[d
     pairs = []
     for run, arm in itertools.product(runs, arms):
         sa, sb = st_a["series"][run][arm], st_b["series"][run][arm]
-        step = min(_last_step(sa), _last_step(sb))
+        step = min(metrics_summary(sa)["steps"], metrics_summary(sb)["steps"])  # each run's last training step
         fa, fb = metrics_summary(sa, max_step=step), metrics_summary(sb, max_step=step)
         va, vb = _validations(sa, step), _validations(sb, step)
         shared = sorted(set(va) & set(vb) - {0})

@@ -45,9 +45,7 @@ def validate(run: GrpoSetup, step: int) -> dict[str, float]:
     with rollout_phase(run.engine) as engine:
         for name, greedy in (("accuracy", True), ("sampled_accuracy", False)):
             gen = step_generator(run.cfg.grpo.seed + 7, step, run.device)
-            out = engine.generate(prompt_ids, greedy=greedy, generator=gen)
-            rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
-            metrics[name] = float((rewards > 0.5).float().mean())
+            metrics[name] = _accuracy(run, engine.generate(prompt_ids, greedy=greedy, generator=gen), answers)
             counters = env_metrics(run.task)
             if greedy:
                 metrics.update(counters)
@@ -56,11 +54,15 @@ def validate(run: GrpoSetup, step: int) -> dict[str, float]:
             if referee is None:  # the rollout is the referee already
                 metrics["reference_accuracy"] = metrics["accuracy"]
             else:
-                out = referee.generate(prompt_ids, greedy=True)
-                rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
-                metrics["reference_accuracy"] = float((rewards > 0.5).float().mean())
+                metrics["reference_accuracy"] = _accuracy(run, referee.generate(prompt_ids, greedy=True), answers)
                 env_metrics(run.task)  # the referee's parse failures are not the run's
     return metrics
+
+
+def _accuracy(run: GrpoSetup, out: Any, answers: list) -> float:
+    """The fraction of a validation rollout's responses the task scores correct (reward > 0.5)."""
+    rewards = run.task.score(decode_responses(run.policy.tokenizer, out), answers)
+    return float((rewards > 0.5).float().mean())
 
 
 def _native(engine: Any) -> Any:

@@ -311,7 +311,7 @@ class Fp8Linear(FpropKernelSwitch, nn.Module):
             return quantized_input_forward(x, self.quantized_weight(), bias, self.out_features, linear_gemm(self).fprop)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: expected input [..., {self.in_features}], got {tuple(x.shape)}")
-        use_fp8 = {"train": self.train_fp8, "rollout": self.rollout_fp8}.get(self.mode, False)
+        use_fp8 = (self.mode == "train" and self.train_fp8) or (self.mode == "rollout" and self.rollout_fp8)
         if not use_fp8:
             return self._plain_linear(x)
         out_dtype = output_dtype(x)

@@ -3,7 +3,8 @@
 Colocated by design: the engine holds the trainer's module objects (weights by reference), so after an optimizer
 step the rollout sees the new weights (and, in unified FP8, the very FP8 weight bits and scales the trainer cached)
 with no copy. Generation runs under `torch.no_grad()` (not inference_mode: the trainer later runs autograd on the
-same parameters) and inside the precision package's `rollout_mode(model)`.
+same parameters) and with its FP8 layers in the engine's `linear_mode` (precision's `linear_mode(model, mode)`:
+"rollout", or "reference" for a BF16 referee).
 
 CUDA fast path (`cuda_graphs=True` on a CUDA model): static-shape decode over a pre-allocated cache, the step
 captured once per rollout in a CUDA graph (`cuda_graph.py`), attention reading the stored (optionally FP8) cache
