@@ -1,7 +1,8 @@
 """Plots of the long-response accuracy study's report (accuracy_long_report.py; docs/accuracy.md): a panel per
 stage (reward, held-out accuracy, mismatch by position; by_stage.png), a stage's curves per run
 (`seeds_<stage>.png`), every run of a stage in one row, colored by arm (`runs_<stage>.png`), and each arm's
-difference from BF16 by start with its pooled interval (`versus_<pool>.png`)."""
+difference from BF16 by start with its pooled interval (`versus_<pool>.png`), twin runs (`twins_<name>.png`) and
+every run's policy entropy against its mismatch (`mismatch_entropy.png`)."""
 
 from __future__ import annotations
 
@@ -193,9 +194,13 @@ def plot_versus(name: str, versus: dict[str, dict], out_dir: Path) -> Path:
         ax.set(xlabel=f"{key}: arm - BF16", title=f"{name}: each start, and all runs")
         ax.grid(alpha=0.3)
         axes.append(ax)
+    return _save_with_one_legend(fig, axes, out_dir / f"versus_{name}.png", ncols=3)
+
+
+def _save_with_one_legend(fig, axes: list, path: Path, ncols: int) -> Path:
+    """Save `fig` with one legend below its panels, an entry per label over all `axes`."""
     handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}  # one entry a label
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
-    path = out_dir / f"versus_{name}.png"
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=ncols, fontsize=8)
     fig.savefig(path, bbox_inches="tight")
     return path
 
@@ -212,3 +217,31 @@ def plot_twins(tw: dict, stages: list[dict], out_dir: Path) -> Path:
         ax.set(xlabel="GRPO step", ylabel="held-out greedy accuracy", ylim=(0, 1),
                title=f"{pair['run']}, {ARM_LABELS[pair['arm']]}")  # fmt: skip
     return save_figure(fig, axes, out_dir / f"twins_{tw['name']}.png")
+
+
+LENGTH_MARKERS = {"1k": "o", "2k": "s", "4k": "^"}  # mismatch_entropy.png: a marker per response length
+
+
+def plot_mismatch_entropy(points: list[dict], fits: dict[str, dict], out_dir: Path) -> Path:
+    """`mismatch_entropy.png`: a point per run (accuracy_entropy.entropy_points), its mean policy entropy against
+    token_mult_prob_error - 1 (left) and 1 - exact_token_fraction (right), log-log, colored by arm, a marker per
+    response length; `fits` (token_mult_prob_error's, per arm) drawn as lines."""
+    fig = new_figure(2)
+    axes = [fig.add_subplot(1, 2, i + 1) for i in range(2)]
+    for ax, key, ylabel in ((axes[0], "tmpe_excess", "token_mult_prob_error - 1, mean over steps"),
+                            (axes[1], "inexact", "1 - exact_token_fraction, mean over steps")):  # fmt: skip
+        for arm in dict.fromkeys(p["arm"] for p in points):
+            for length, marker in LENGTH_MARKERS.items():
+                pts = [p for p in points if p["arm"] == arm and p["length"] == length and (p[key] or 0) > 0]
+                if pts:
+                    ax.scatter([p["entropy"] for p in pts], [p[key] for p in pts], marker=marker, s=18,
+                               color=ARM_COLORS.get(arm, "k"), label=f"{ARM_LABELS.get(arm, arm)}, {length}")  # fmt: skip
+        ax.set(xscale="log", yscale="log", xlabel="policy entropy, nats a sampled token (train/approx_entropy)",
+               ylabel=ylabel, title=ylabel.split(",")[0] + " against entropy, a point per run")  # fmt: skip
+    span = np.array([min(p["entropy"] for p in points), max(p["entropy"] for p in points)])  # [2]
+    for arm, f in fits.items():
+        axes[0].plot(span, 10 ** (f["intercept"] + f["slope"] * np.log10(span)), color=ARM_COLORS.get(arm, "k"),
+                     linewidth=1, label=f"{ARM_LABELS.get(arm, arm)}: ~entropy^{f['slope']:.2f}, r {f['r']:.2f}")  # fmt: skip
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    return _save_with_one_legend(fig, axes, out_dir / "mismatch_entropy.png", ncols=4)

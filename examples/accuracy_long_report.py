@@ -19,8 +19,9 @@ stage; curves are the mean over seeds), `seeds_<stage>.png` for each stage named
 every arm to its last step: held-out greedy accuracy, train reward, mismatch per step) with `runs_<stage>.png`
 (every run in one row, and each arm's mean over its runs; accuracy_long_plots.py), `versus_<pool>.png` for each
 `pool` (each arm's difference from BF16 by start, and over all runs with its interval), `twins_<name>.png` for each
-`twins` pair of stages (one start and GRPO config run twice; accuracy_twins.py) and, with `assets`, copies them there
-with the packed stages.
+`twins` pair of stages (one start and GRPO config run twice; accuracy_twins.py), `mismatch_entropy.png` (every run's
+policy entropy against its mismatch; accuracy_entropy.py) and, with `assets`, copies them there with the packed
+stages.
 
 `combine` ({name: [stage, ...]}) makes one stage of the seeds that several calls ran apart (one GPU runs a stage
 once per seed, each call with its own `--tag`): `ROOT/<name>/seed<S>` links to the listed stage whose seed S passed
@@ -35,8 +36,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import accuracy_long_plots as plots
+from accuracy_entropy import entropy_fit, entropy_lines, entropy_points
 from accuracy_eval import referee_figures, reference_rows, reference_table
-from accuracy_long_plots import plot_run_overlay, plot_seed_curves, plot_stages, plot_twins, plot_versus
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
@@ -249,13 +251,16 @@ def write_long_report(
     summary = {"stages": [{k: v for k, v in st.items() if k != "series"} for st in stages],
                "pools": {name: pooled_versus([by_name[n] for n in names]) for name, names in (pool or {}).items()},
                "twins": {name: twins_summary(root, name, *(by_name[n] for n in names))
-                         for name, names in (twins or {}).items()}}  # fmt: skip
+                         for name, names in (twins or {}).items()},
+               "entropy_points": entropy_points(stages, skip=set(combine or {}))}  # fmt: skip
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    files = [report / "summary.json", *plot_stages(stages, report)]
+    files = [report / "summary.json", *plots.plot_stages(stages, report)]
     for name in seed_curves or []:
-        files += [plot_seed_curves(by_name[name], report), plot_run_overlay(by_name[name], report)]
-    files += [plot_versus(name, pooled["versus_bf16"], report) for name, pooled in summary["pools"].items()]
-    files += [plot_twins(tw, [by_name[n] for n in tw["stages"]], report) for tw in summary["twins"].values()]
+        files += [plots.plot_seed_curves(by_name[name], report), plots.plot_run_overlay(by_name[name], report)]
+    files += [plots.plot_versus(name, pooled["versus_bf16"], report) for name, pooled in summary["pools"].items()]
+    files += [plots.plot_twins(tw, [by_name[n] for n in tw["stages"]], report) for tw in summary["twins"].values()]
+    if points := summary["entropy_points"]:
+        files.append(plots.plot_mismatch_entropy(points, entropy_fit(points), report))
     if assets is not None:
         assets.mkdir(parents=True, exist_ok=True)
         for path in files + sorted(root.glob("*.tar.gz")):
@@ -392,4 +397,5 @@ def format_long_tables(summary: dict[str, Any]) -> str:
                   *start_table(pooled["versus_bf16"])]  # fmt: skip
     for tw in (summary.get("twins") or {}).values():
         lines += ["", *twins_lines(tw)]
+    lines += entropy_lines(summary.get("entropy_points") or [])
     return "\n".join(lines)

@@ -43,7 +43,7 @@ MEAN_KEYS = (
     "heldout_sampled_accuracy_final", "heldout_sampled_accuracy_mean", "reward_first", "reward_last",
     "response_length_last", "token_mult_prob_error_mean", "gen_kl_error_mean", "exact_token_fraction_mean",
     "is_oob_ratio_mean", "token_mult_prob_error_max", "heldout_reference_accuracy_start",
-    "heldout_reference_accuracy_final", "heldout_reference_accuracy_mean",
+    "heldout_reference_accuracy_final", "heldout_reference_accuracy_mean", "approx_entropy_mean",
 )  # fmt: skip
 
 
@@ -84,6 +84,8 @@ def metrics_summary(s: dict[str, tuple[np.ndarray, np.ndarray]], max_step: int |
     for key in MISMATCH_KEYS:
         series = s.get(f"train/{key}")
         out[f"{key}_mean"] = None if series is None else float(np.mean(series[1]))
+    entropy = s.get("train/approx_entropy")  # the trainer's entropy of the sampled tokens (accuracy_entropy.py)
+    out["approx_entropy_mean"] = None if entropy is None else float(np.mean(entropy[1]))
     tmpe = s.get("train/token_mult_prob_error")  # its largest step: a burst a mean over steps hides
     out["token_mult_prob_error_max"] = None if tmpe is None else float(np.max(tmpe[1]))
     out["timing_median_s"] = {
