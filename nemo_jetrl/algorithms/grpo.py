@@ -49,6 +49,7 @@ from nemo_jetrl.generation.interfaces import max_prompt_length, rollout_phase
 from nemo_jetrl.policy.interfaces import TrainBatch, split_global_batches
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError, NonFiniteStreakError
 from nemo_jetrl.precision.config import precision_line
+from nemo_jetrl.precision.kernels import tune_cache
 from nemo_jetrl.precision.recipes.gemm_choice import deep_gemm_status
 from nemo_jetrl.utils.logger import Logger, NullLogger
 from nemo_jetrl.utils.phase_profile import ProfileRequest
@@ -362,6 +363,8 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             logged = run.logger.log_metrics(metrics, step=step + 1, prefix="train/")
             timing = timer.get_timing_metrics()
             run.logger.log_metrics({**timing, **nemo_rl_timing(timing), **timer.get_memory_metrics()}, step=step + 1)
+            if run.is_main:  # the timed kernel picks the rollout took (the start's validation's too)
+                tune_cache.record_used_picks(run.logger.log_dir)
             history.append(metrics)
             periodic = val_period > 0 and (step + 1) % val_period == 0
             if periodic or (g.val_at_end and step + 1 == max_steps):  # NeMo-RL's val_at_end: the last step too

@@ -13,19 +13,22 @@ the bias and casting. The pure-torch twin is `gemm._emulated_mm` (same FP8 bits,
 FP32 accumulation order (tests: relative error, GPU).
 
 Configurations are timed once per (M bucket, N, K) on first use, and `fp8_blockwise_mm` keeps cuBLAS where it is
-faster; a CUDA-graph capture must be preceded by an
+faster; the pick is shared by every process of a machine through `tune_cache` (the candidates sum in different
+orders: one pick per machine keeps its processes' rollouts alike). A CUDA-graph capture must be preceded by an
 eager call with the same shapes (the engine's `CapturedStep` warm-up does this).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
+from nemo_jetrl.precision.kernels import tune_cache
 from nemo_jetrl.precision.kernels.device import cold_copies, on_device, time_in_graph
 
 BLOCK_K = 128
@@ -38,6 +41,7 @@ CANDIDATES = tuple(
     (block_n, split_k, 8, stages) for block_n in (64, 128) for split_k in (1, 2, 4, 8) for stages in (3, 4)
 )
 Config = tuple[int, int, int, int]
+_CANDIDATES_ID = hashlib.sha1(repr(CANDIDATES).encode()).hexdigest()[:10]  # another list: shared picks timed afresh
 # The library GEMM a shape's Triton candidates are timed against (cuBLAS or DeepGEMM, handed in by the dispatcher
 # `precision.gemm`, which this module does not import): (x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias) -> [M, N]
 LibraryGemm = Callable[..., torch.Tensor]
@@ -162,11 +166,29 @@ def tuned_config(
     device_index: int,
     library: LibraryGemm | None,
 ) -> Config | None:
-    """Times every candidate (and the `library` GEMM when one is named) once on random operands of the shape,
-    as the rollout runs them: inside a CUDA graph (no launch overhead) with weights cold in L2 (`time_in_graph`).
+    """The pick of the machine's first process for this shape (`tune_cache.shared_pick`), else timed here:
+    `time_candidates`. Must not run inside a CUDA-graph capture: the first call of a shape happens in the eager
+    warm-up."""
+    name = getattr(library, "__name__", "none") if library is not None else "none"
+    key = (f"fp8_gemm_small_m|{torch.cuda.get_device_name(device_index)}|torch {torch.__version__}|triton "
+           f"{triton.__version__}|m {m_bucket}|n {n}|k {k}|{out_dtype}|bias {has_bias}|vs {name}|candidates {_CANDIDATES_ID}")  # fmt: skip
+    pick = tune_cache.shared_pick(
+        key, lambda: time_candidates(m_bucket, n, k, out_dtype, has_bias, device_index, library)
+    )
+    return None if pick is None else tuple(pick)
 
-    Must not run inside a CUDA-graph capture: the first call of a shape happens in the eager warm-up.
-    """
+
+def time_candidates(
+    m_bucket: int,
+    n: int,
+    k: int,
+    out_dtype: torch.dtype,
+    has_bias: bool,
+    device_index: int,
+    library: LibraryGemm | None,
+) -> Config | None:
+    """Times every candidate (and the `library` GEMM when one is named) once on random operands of the shape,
+    as the rollout runs them: inside a CUDA graph (no launch overhead) with weights cold in L2 (`time_in_graph`)."""
     device = torch.device("cuda", device_index)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m_bucket, k, device=device, generator=gen).to(torch.float8_e4m3fn)
@@ -185,4 +207,3 @@ def tuned_config(
     if library is not None:
         timings[None] = time_in_graph([lambda w=w, s=s: library(x, xs, w, s, out_dtype, bias) for w, s in operands])
     return min(timings, key=timings.get)
-
