@@ -125,3 +125,17 @@ def test_the_gpu_suite_runner_lists_every_gpu_test_file_once():
     listed = re.search(r"^FILES=\((.*?)\)", script, re.S | re.M).group(1).split() + ["test_torchrun_gpu"]
     assert len(listed) == len(set(listed))
     assert sorted(listed) == sorted(p.stem for p in GPU_TESTS)
+
+
+def test_the_gpu_wheels_tool_names_packages_uv_lock_pins():
+    """tools/gpu_wheels.sh fetches its PACKAGES at uv.lock's versions: each must be pinned there (a renamed or
+    dropped dependency would stop the tool, and with it the next GPU session's set-up)."""
+    import re
+    import tomllib
+
+    root = Path(__file__).parents[2]
+    script = (root / "tools" / "gpu_wheels.sh").read_text()
+    names = re.search(r"PACKAGES=\(([^)]*)\)", script).group(1).split()
+    pinned = {p["name"] for p in tomllib.loads((root / "uv.lock").read_text())["package"]}
+    assert len(names) == 9 and "pydantic-core" in names and "hydra-core" in names
+    assert [n for n in names if n not in pinned] == []
