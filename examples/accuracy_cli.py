@@ -13,6 +13,7 @@ LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_on
              "fp8", "fp8_kv", "fp8_kv_matched")  # fmt: skip
 LONG_OPTIONAL_ARMS = ("fp8_kv_exact",)  # the exact mode: slower, so only on request (--arms)
 LONG_LENGTHS = {"1k": 7, "2k": 10, "4k": 13}  # data.num_digits: responses of 1,086 / 2,151 / 3,576 tokens at most
+BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
 REPEAT_SEED_STRIDE = 1000  # a stage's repeat k of an arm runs with grpo.seed 42 + seed + this * k (--repeats)
 
 
@@ -20,6 +21,18 @@ REPEAT_SEED_STRIDE = 1000  # a stage's repeat k of an arm runs with grpo.seed 42
 SFT_FLAGS = {"--sft-max-time-s": "max_time_s", "--sft-gate": "gate", "--sft-gate-sampled": "gate_sampled",
              "--sft-lr": "lr", "--sft-rows": "batch_size", "--sft-steps": "fixed_steps",
              "--sft-deterministic": "deterministic", "--sft-init-from": "init_from"}  # fmt: skip
+
+
+def variant_settings(stage: str) -> dict[str, str | float]:
+    """The length, sampling temperature and learning rate a stage directory's name encodes (accuracy_study.variants:
+    `2k-rep7_T0.7` -> 2k, 0.7, the base lr; no suffix: the base config's)."""
+    head, *suffixes = stage.split("_")
+    out: dict[str, str | float] = {"length": head.split("-", 1)[0], "temperature": BASE_TEMPERATURE, "lr": BASE_LR}
+    for suffix in suffixes:
+        for prefix, key in (("T", "temperature"), ("lr", "lr")):
+            if suffix.startswith(prefix) and re.fullmatch(r"[0-9.e+-]+", suffix[len(prefix):]):
+                out[key] = float(suffix[len(prefix):])
+    return out
 
 
 def flag_value(args: argparse.Namespace, flag: str):

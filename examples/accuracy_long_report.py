@@ -39,6 +39,7 @@ from typing import Any
 import accuracy_long_plots as plots
 from accuracy_entropy import entropy_fit, entropy_lines, entropy_points
 from accuracy_eval import referee_figures, reference_rows, reference_table
+from accuracy_overview import overview_lines
 from accuracy_report import (
     ARM_LABELS,
     MEAN_KEYS,
@@ -252,7 +253,7 @@ def write_long_report(
                "pools": {name: pooled_versus([by_name[n] for n in names]) for name, names in (pool or {}).items()},
                "twins": {name: twins_summary(root, name, *(by_name[n] for n in names))
                          for name, names in (twins or {}).items()},
-               "entropy_points": entropy_points(stages, skip=set(combine or {}))}  # fmt: skip
+               "combined": sorted(combine or {}), "entropy_points": entropy_points(stages, skip=set(combine or {}))}  # fmt: skip
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = [report / "summary.json", *plots.plot_stages(stages, report)]
     for name in seed_curves or []:
@@ -359,9 +360,9 @@ def own_step_table(st: dict[str, Any]) -> list[str]:
 
 
 def format_long_tables(summary: dict[str, Any]) -> str:
-    """Markdown per stage: SFT starts, final figures per arm, mismatch by position, seeds vs arms, arms against
-    BF16; then each pooled test."""
-    lines = []
+    """Markdown: every stage at a glance (accuracy_overview.py); per stage SFT starts, final figures per arm,
+    mismatch by position, seeds vs arms, arms against BF16; then each pooled test, the twins, entropy."""
+    lines = overview_lines(summary["stages"], skip=set(summary.get("combined") or ()))
     for st in summary["stages"]:
         lines += ["", f"### {st['stage']}: common step {st['common_step']} (last steps {st['last_steps']})", ""]
         repeats = [seed for seed in st["sft"] if sft_label(seed) != seed]  # their SFT is listed once, as its seed's

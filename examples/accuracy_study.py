@@ -50,6 +50,8 @@ import accuracy_stage  # noqa: E402
 import run_grpo  # noqa: E402
 from accuracy_cli import (  # noqa: E402
     ARMS,
+    BASE_LR,
+    BASE_TEMPERATURE,
     LONG_ARMS,
     LONG_LENGTHS,
     LONG_OPTIONAL_ARMS,
@@ -63,7 +65,6 @@ from accuracy_twins import TwinMismatch  # noqa: E402
 
 CONFIGS = HERE / "configs"
 USER_ERROR = 2
-BASE_TEMPERATURE, BASE_LR = 1.0, 2.0e-5  # accuracy_long_base.yaml's sampling temperature and learning rate
 GRPO_MICRO_BATCH_TOKENS = 10240  # GRPO rows per micro-batch: the power of two whose rows fit in this
 SFT_STEP_TOKENS = 65536  # SFT rows per step: the power of two nearest this many tokens, in two micro-batches
 # the study's SFT on the GPU, and the quick CPU form
