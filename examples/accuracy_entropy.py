@@ -1,4 +1,4 @@
-"""Policy entropy against the rollout's mismatch, over every run of the long study (docs/accuracy.md).
+"""Policy entropy against the rollout's mismatch, over every run of the long study (docs/accuracy_long.md).
 
 The mismatch an FP8 rollout adds is a per-token figure: how far its sampling distribution lies from the trainer's.
 Where the policy is nearly certain of each token, rounding the GEMMs moves little probability mass, whatever the

@@ -1,4 +1,4 @@
-"""One referee for every arm of the long-response accuracy study (docs/accuracy.md): each arm's last checkpoint
+"""One referee for every arm of the long-response accuracy study (docs/accuracy_long.md): each arm's last checkpoint
 evaluated through the same BF16 rollout.
 
 An arm's own validation runs through its own rollout engine, so an FP8 arm's held-out accuracy carries its rollout's

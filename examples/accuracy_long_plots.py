@@ -1,4 +1,4 @@
-"""Plots of the long-response accuracy study's report (accuracy_long_report.py; docs/accuracy.md): a panel per
+"""Plots of the long-response accuracy study's report (accuracy_long_report.py; docs/accuracy_long.md): a panel per
 stage (reward, held-out accuracy, mismatch by position; by_stage.png), a stage's curves per run
 (`seeds_<stage>.png`), every run of a stage in one row, colored by arm (`runs_<stage>.png`), and each arm's
 difference from BF16 by start with its pooled interval (`versus_<pool>.png`), twin runs (`twins_<name>.png`) and

@@ -1,4 +1,4 @@
-"""Report of the long-response accuracy study (docs/accuracy.md): every stage under a root, tables and plots.
+"""Report of the long-response accuracy study (docs/accuracy_long.md): every stage under a root, tables and plots.
 
 A root holds stage directories (`<length>[-<tag>][_T<temperature>][_lr<lr>]/seed<S>/arms/<arm>`, the SFT in
 `<length>[-<tag>]/seed<S>/sft`; accuracy_stage.py) or the stages' packed `*.tar.gz`, which are unpacked next to them

@@ -1,4 +1,4 @@
-"""One table of every stage of the long study (docs/accuracy.md): its settings, its runs, and the two figures the
+"""One table of every stage of the long study (docs/accuracy_long.md): its settings, its runs, and the two figures the
 study asks about, FP8 rollout only against BF16 and how far the FP8 rollout's sampling lay from the trainer's.
 
 A row per stage (combined views of other stages' runs left out): the length, sampling temperature and learning

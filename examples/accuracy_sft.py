@@ -1,4 +1,4 @@
-"""SFT stage of the accuracy studies (docs/accuracy.md): a Qwen3 trained from scratch on worked scratchpad solutions.
+"""SFT stage of the accuracy studies (docs/accuracy.md, docs/accuracy_long.md): a Qwen3 trained from scratch on worked scratchpad solutions.
 
 A fresh `Qwen3ForCausalLM` (`SHAPES`) with a character-level tokenizer learns the worked solutions of a builtin
 scratchpad task (`task_name`: `long_addition`, ~220 tokens, or `long_multiplication`, 1K-4K tokens; loss on the
@@ -49,8 +49,8 @@ from nemo_jetrl.environments.scratchpad_task import ScratchpadTask
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
 
-# study: the 50M GPU model of docs/accuracy.md (~220-token addition); long: the 104M model of its long-response
-# study (multiplication); quick: a CPU smoke model. Every linear dim is a multiple of 128 (FP8 blocks).
+# study: the 50M GPU model of docs/accuracy.md (~220-token addition); long: the 104M model of docs/accuracy_long.md
+# (multiplication); quick: a CPU smoke model. Every linear dim is a multiple of 128 (FP8 blocks).
 SHAPES: dict[str, dict[str, int]] = {
     "study": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=6,
                   num_key_value_heads=2, head_dim=128),
@@ -221,7 +221,7 @@ def _gate_check(
 
 def gate_passed(check: dict, gate: float, gate_sampled: float) -> bool:
     """The gate: greedy held-out accuracy >= `gate` and, with `gate_sampled` > 0, sampled accuracy >= it (a start
-    whose samples are almost never right gives GRPO no reward to learn from: docs/accuracy.md, the 1k lr sweep)."""
+    whose samples are almost never right gives GRPO no reward to learn from: docs/accuracy_long.md, the 1k lr sweep)."""
     greedy, sampled = check["greedy_accuracy"], check.get("sampled_accuracy")
     if greedy is None or greedy < gate:
         return False

@@ -1,4 +1,4 @@
-"""One device call = one stage of the long-response accuracy study (docs/accuracy.md): the runner.
+"""One device call = one stage of the long-response accuracy study (docs/accuracy_long.md): the runner.
 
 A stage is one response length and its sweep variants. The length's directory holds `seed<S>/sft/` (the SFT
 checkpoint every variant starts from); each variant's directory (the length's own for the base settings, e.g.

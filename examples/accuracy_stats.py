@@ -1,4 +1,4 @@
-"""An arm against BF16 over a stage's runs (docs/accuracy.md): the difference of means, a permutation test within
+"""An arm against BF16 over a stage's runs (docs/accuracy_long.md): the difference of means, a permutation test within
 starts, and the interval of shifts that test does not reject.
 
 The runs of one SFT start (a seed and its repeats, `accuracy_study.py stage --repeats`) differ only in GRPO's

@@ -7,7 +7,7 @@ from the repo root with the CLI's imports (the carried wheels, docs/gpu_cli_run.
   as processes over every visible GPU (`CUDA_VISIBLE_DEVICES` per process), one GRPO step each, packed; the matched
   arm is bitwise on-policy on the GPU too, the FP8-rollout-only arm is not.
 - The study's own SFT settings at 4k (104M parameters, 16 rows of 3,632 tokens in two micro-batches) for 12 steps:
-  the loss falls and the printed seconds per step and TFLOP/s calibrate docs/accuracy.md's estimate.
+  the loss falls and the printed seconds per step and TFLOP/s calibrate docs/accuracy_long.md's estimate.
 - `deterministic`: the 2k SFT twice from one seed, 6 steps each, gives the same weights bit for bit (the same start
   in another call or session), and prints its seconds per step beside a plain run's.
 """
