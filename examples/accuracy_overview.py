@@ -5,7 +5,7 @@ A row per stage (combined views of other stages' runs left out): the length, sam
 rate its name encodes, the starts (SFTs) and runs an arm, the step the arms are compared at, FP8 rollout only minus
 BF16 in held-out greedy accuracy after the start and in the BF16 referee's greedy accuracy (`accuracy_study.py
 evaluate` on the last checkpoint, else `grpo.val_reference` at every validation; each with the permutation test's
-p, accuracy_long_report.versus_bf16), and FP8 rollout only's mean `token_mult_prob_error` - 1
+p, accuracy_versus.versus_bf16), and FP8 rollout only's mean `token_mult_prob_error` - 1
 and policy entropy over its runs.
 """
 

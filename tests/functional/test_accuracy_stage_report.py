@@ -18,6 +18,7 @@ import accuracy_long_plots as long_plots  # noqa: E402
 import accuracy_long_report as long_report  # noqa: E402
 import accuracy_stage as stage  # noqa: E402
 import accuracy_study  # noqa: E402
+import accuracy_versus  # noqa: E402
 
 
 def _write_metrics(path: Path, steps: int, reward: float, tmpe: float, late_reward: float | None = None) -> None:
@@ -249,7 +250,7 @@ def test_the_report_counts_repeats_as_runs_of_their_seeds_start(tmp_path):
     assert len(line) == 1 and "over 5 and 5 runs from 1 start(s): heldout_accuracy_mean -0.300 (p = " in line[0]
     low, high = t["interval"]  # every fp8 run is bf16's minus 0.3: the shifts not rejected lie around -0.3
     assert low < -0.3 < high and f"; 95%: {low:+.3f} to {high:+.3f})" in line[0]
-    assert long_report.interval_text([None, None]) == "95%: unbounded"  # runs too few for p < 0.05
+    assert accuracy_versus.interval_text([None, None]) == "95%: unbounded"  # runs too few for p < 0.05
 
 
 def test_pool_tests_each_arm_over_several_stages_runs_keeping_each_stages_starts_apart(tmp_path, capsys):
@@ -325,7 +326,7 @@ def test_the_report_puts_the_bf16_referee_beside_the_arms_own_validation(synthet
     tables = long_report.format_long_tables(summary)
     assert "| arm | seed0: step / own rollout greedy / BF16 referee greedy / referee pass@1 |" in tables
     assert "| BF16 | 12 / 0.500 (step 10) / 0.700 / 0.600 |" in tables and "| unified FP8 | - |" in tables
-    assert tables.count("BF16 referee") == 1
+    assert tables.count("BF16 referee greedy") == 1  # the one refereed stage's table (the overview names it too)
     referee("1k", "seed1", "bf16", 10, 0.9, 0.8)  # at a validation's own step: no step in brackets
     for run, greedy in (("seed0", 0.4), ("seed1", 0.5)):
         referee("1k", run, "fp8", 12, greedy, greedy - 0.2)
