@@ -53,23 +53,36 @@ def shared_pick(key: str, tune: Callable[[], Any]) -> Any:
     """The pick stored under `key`, else `tune()`'s (JSON-able) result, stored for every later process. Concurrent
     callers serialize on the file's lock, so a key is timed once per machine."""
     path = cache_path()
-    if path is None:
+    value = _MISSING if path is None or str(path) in _unusable else _from_file(path, key, tune)
+    if value is _MISSING:
         value = tune()
-    else:
+    _used[key] = value
+    return value
+
+
+_MISSING = object()
+_unusable: set[str] = set()  # files this process could not use (said once each); it times for itself there
+
+
+def _from_file(path: Path, key: str, tune: Callable[[], Any]) -> Any:
+    """`key`'s pick from `path`, timed and stored there when absent; _MISSING (after one line) where the file cannot
+    be locked or written (a read-only home, a filesystem without locks): the caller times for itself."""
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(path.suffix + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             picks = _read(path)
-            if key in picks:
-                value = picks[key]
-            else:
-                value = tune()
-                picks[key] = value
+            if key not in picks:
+                picks[key] = tune()
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(picks, indent=1, sort_keys=True) + "\n")
                 os.replace(tmp, path)  # readers never see half a file
-    _used[key] = value
-    return value
+            return picks[key]
+    except OSError as err:
+        _unusable.add(str(path))
+        print(f"kernel picks: {path} not usable ({err.__class__.__name__}: {err.strerror or err}); each process "
+              f"times its own (set {ENV} to a writable file, or off)", flush=True)  # fmt: skip
+        return _MISSING
 
 
 def used_picks() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from nemo_jetrl.precision.kernels import tune_cache
 def fresh_state(monkeypatch):
     monkeypatch.setattr(tune_cache, "_used", {})
     monkeypatch.setattr(tune_cache, "_recorded", {})
+    monkeypatch.setattr(tune_cache, "_unusable", set())
 
 
 def _pick_in_process(cache: str, timed_log: str, out: mp.Queue) -> None:
@@ -104,3 +105,16 @@ def test_tuned_config_takes_the_shared_pick_in_a_new_process(tmp_path, monkeypat
     (key,) = json.loads(Path(tmp_path / "picks.json").read_text())
     assert "NVIDIA H200" in key and "m 64|n 4096|k 12288" in key and "vs none" in key
     triton_gemm.tuned_config.cache_clear()
+
+
+def test_an_unusable_file_is_named_once_and_each_process_times_its_own(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")  # the cache's parent is a file: mkdir fails
+    monkeypatch.setenv(tune_cache.ENV, str(blocker / "picks.json"))
+    calls = []
+    for _ in range(2):
+        assert tune_cache.shared_pick("k", lambda: calls.append(1) or [64, 2, 8, 3]) == [64, 2, 8, 3]
+    assert len(calls) == 2  # timed in each call, as with `off`
+    out = capsys.readouterr().out
+    assert out.count("not usable (FileExistsError") == 1 and "each process times its own" in out
+    assert tune_cache.used_picks() == {"k": [64, 2, 8, 3]}
