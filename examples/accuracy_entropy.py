@@ -14,14 +14,10 @@ import math
 from typing import Any
 
 import numpy as np
+from accuracy_cli import variant_settings
 from accuracy_report import ARM_LABELS, fmt
 
 MIN_FIT_RUNS = 3  # fewer points than this: no line
-
-
-def stage_length(stage: str) -> str:
-    """The response length of a stage name (`2k-rep7_T0.7` -> `2k`)."""
-    return stage.split("-", 1)[0].split("_", 1)[0]
 
 
 def entropy_points(stages: list[dict[str, Any]], skip: set[str] | frozenset = frozenset()) -> list[dict[str, Any]]:
@@ -31,6 +27,7 @@ def entropy_points(stages: list[dict[str, Any]], skip: set[str] | frozenset = fr
     for st in stages:
         if st["stage"] in skip:
             continue
+        length = variant_settings(st["stage"])["length"]
         for run in st["seeds"]:
             for arm in st["arms"]:
                 row = st["runs"][run][arm]
@@ -38,15 +35,14 @@ def entropy_points(stages: list[dict[str, Any]], skip: set[str] | frozenset = fr
                 if entropy is None or tmpe is None:
                     continue
                 exact = row.get("exact_token_fraction_mean")
-                points.append({"stage": st["stage"], "run": run, "arm": arm, "length": stage_length(st["stage"]),
-                               "entropy": entropy, "tmpe_excess": tmpe - 1.0,
-                               "inexact": None if exact is None else 1.0 - exact})  # fmt: skip
+                points.append({"stage": st["stage"], "run": run, "arm": arm, "length": length, "entropy": entropy,
+                               "tmpe_excess": tmpe - 1.0, "inexact": None if exact is None else 1.0 - exact})  # fmt: skip
     return points
 
 
 def entropy_fit(points: list[dict[str, Any]], key: str = "tmpe_excess") -> dict[str, dict[str, Any]]:
-    """Per arm with at least MIN_FIT_RUNS positive points that spread in both: log10(`key`) = slope * log10(entropy) + intercept, the
-    correlation of the two logs and the number of runs."""
+    """Per arm with at least MIN_FIT_RUNS positive points that spread in both: log10(`key`) = slope *
+    log10(entropy) + intercept, the correlation of the two logs and the number of runs."""
     fits = {}
     for arm in dict.fromkeys(p["arm"] for p in points):
         pts = [(p["entropy"], p[key]) for p in points if p["arm"] == arm and p[key] and p[key] > 0 and p["entropy"] > 0]
