@@ -6,8 +6,8 @@ import argparse
 import re
 from pathlib import Path
 
-DESCRIPTION = ("The accuracy studies (docs/accuracy.md, docs/accuracy_long.md): SFT a Qwen3 from scratch on a scratchpad task, then GRPO "
-               "in precision arms.")
+DESCRIPTION = ("The accuracy studies (docs/accuracy.md, docs/accuracy_long.md): SFT a Qwen3 from scratch on a "
+               "scratchpad task, then GRPO in precision arms.")
 ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8", "fp8_kv")
 LONG_ARMS = ("bf16", "fp8_rollout_only", "fp8_rollout_only_tis", "fp8_rollout_only_icepop", "fp8_kv_rollout_only",
              "fp8", "fp8_kv", "fp8_kv_matched")  # fmt: skip

@@ -36,7 +36,8 @@ def entropy_points(stages: list[dict[str, Any]], skip: set[str] | frozenset = fr
                     continue
                 exact = row.get("exact_token_fraction_mean")
                 points.append({"stage": st["stage"], "run": run, "arm": arm, "length": length, "entropy": entropy,
-                               "tmpe_excess": tmpe - 1.0, "inexact": None if exact is None else 1.0 - exact})  # fmt: skip
+                               "tmpe_excess": tmpe - 1.0,
+                               "inexact": None if exact is None else 1.0 - exact})  # fmt: skip
     return points
 
 

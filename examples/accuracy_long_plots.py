@@ -235,13 +235,15 @@ def plot_mismatch_entropy(points: list[dict], fits: dict[str, dict], out_dir: Pa
                 pts = [p for p in points if p["arm"] == arm and p["length"] == length and (p[key] or 0) > 0]
                 if pts:
                     ax.scatter([p["entropy"] for p in pts], [p[key] for p in pts], marker=marker, s=18,
-                               color=ARM_COLORS.get(arm, "k"), label=f"{ARM_LABELS.get(arm, arm)}, {length}")  # fmt: skip
+                               color=ARM_COLORS.get(arm, "k"),
+                               label=f"{ARM_LABELS.get(arm, arm)}, {length}")  # fmt: skip
         ax.set(xscale="log", yscale="log", xlabel="policy entropy, nats a sampled token (train/approx_entropy)",
                ylabel=ylabel, title=ylabel.split(",")[0] + " against entropy, a point per run")  # fmt: skip
     span = np.array([min(p["entropy"] for p in points), max(p["entropy"] for p in points)])  # [2]
     for arm, f in fits.items():
+        label = f"{ARM_LABELS.get(arm, arm)}: ~entropy^{f['slope']:.2f}, r {f['r']:.2f}"
         axes[0].plot(span, 10 ** (f["intercept"] + f["slope"] * np.log10(span)), color=ARM_COLORS.get(arm, "k"),
-                     linewidth=1, label=f"{ARM_LABELS.get(arm, arm)}: ~entropy^{f['slope']:.2f}, r {f['r']:.2f}")  # fmt: skip
+                     linewidth=1, label=label)
     for ax in axes:
         ax.grid(alpha=0.3)
     return _save_with_one_legend(fig, axes, out_dir / "mismatch_entropy.png", ncols=4)

@@ -201,7 +201,8 @@ def write_long_report(
                "pools": {name: pooled_versus([by_name[n] for n in names]) for name, names in (pool or {}).items()},
                "twins": {name: twins_summary(root, name, *(by_name[n] for n in names))
                          for name, names in (twins or {}).items()},
-               "combined": sorted(combine or {}), "entropy_points": entropy_points(stages, skip=set(combine or {}))}  # fmt: skip
+               "combined": sorted(combine or {}),
+               "entropy_points": entropy_points(stages, skip=set(combine or {}))}  # fmt: skip
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = [report / "summary.json", *plots.plot_stages(stages, report)]
     for name in seed_curves or []:

@@ -1,4 +1,5 @@
-"""SFT stage of the accuracy studies (docs/accuracy.md, docs/accuracy_long.md): a Qwen3 trained from scratch on worked scratchpad solutions.
+"""SFT stage of the accuracy studies (docs/accuracy.md, docs/accuracy_long.md): a Qwen3 trained from scratch on
+worked scratchpad solutions.
 
 A fresh `Qwen3ForCausalLM` (`SHAPES`) with a character-level tokenizer learns the worked solutions of a builtin
 scratchpad task (`task_name`: `long_addition`, ~220 tokens, or `long_multiplication`, 1K-4K tokens; loss on the

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The accuracy studies (docs/accuracy.md, docs/accuracy_long.md): SFT a Qwen3 from scratch on a scratchpad task, then GRPO in precision arms.
+"""The accuracy studies (docs/accuracy.md, docs/accuracy_long.md): SFT a Qwen3 from scratch on a scratchpad task,
+then GRPO in precision arms.
 
 Study `addition` (the default: long addition, ~220-token responses, 50M model, five arms):
 

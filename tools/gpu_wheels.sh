@@ -25,6 +25,7 @@ for pin in $pins; do
   case $pin in antlr4-python3-runtime==*) sdists+=("$pin") ;; *) wheels+=("$pin") ;; esac  # no wheel on PyPI
 done
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$DEST" "${wheels[@]}"
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$DEST" "${wheels[@]}"
 "$PYTHON" -m pip wheel -q --no-deps -w "$DEST" "${sdists[@]}"  # pure Python: built here, runs there
 ls "$DEST"

@@ -40,8 +40,9 @@ def _write(path: Path, val: list[float], ref: list[float] | None, tmpe: float, e
 
 
 def test_the_overview_has_a_row_per_stage_with_its_tests_and_mismatch(tmp_path):
-    """2k-a_T0.7: a start with two repeats, FP8 rollout only 0.1 below BF16 after the start in its own validation (p 2/6: two of six relabelings as low) and
-    0.05 below in the referee at every validation; 1k: one run, no referee; `1k-both` a combined view, left out."""
+    """2k-a_T0.7: a start with two repeats, FP8 rollout only 0.1 below BF16 after the start in its own validation
+    (p 2/6: two of six relabelings as low) and 0.05 below in the referee at every validation; 1k: one run, no
+    referee; `1k-both` a combined view, left out."""
     root = tmp_path / "root"
     for run in ("seed0", "seed0r1"):
         arms = root / "2k-a_T0.7" / run / "arms"

@@ -171,7 +171,8 @@ def tuned_config(
     warm-up."""
     name = getattr(library, "__name__", "none") if library is not None else "none"
     key = (f"fp8_gemm_small_m|{torch.cuda.get_device_name(device_index)}|torch {torch.__version__}|triton "
-           f"{triton.__version__}|m {m_bucket}|n {n}|k {k}|{out_dtype}|bias {has_bias}|vs {name}|candidates {_CANDIDATES_ID}")  # fmt: skip
+           f"{triton.__version__}|m {m_bucket}|n {n}|k {k}|{out_dtype}|bias {has_bias}|vs {name}"
+           f"|candidates {_CANDIDATES_ID}")  # fmt: skip
     pick = tune_cache.shared_pick(
         key, lambda: time_candidates(m_bucket, n, k, out_dtype, has_bias, device_index, library)
     )
