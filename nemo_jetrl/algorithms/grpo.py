@@ -363,8 +363,6 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
             logged = run.logger.log_metrics(metrics, step=step + 1, prefix="train/")
             timing = timer.get_timing_metrics()
             run.logger.log_metrics({**timing, **nemo_rl_timing(timing), **timer.get_memory_metrics()}, step=step + 1)
-            if run.is_main:  # the timed kernel picks the rollout took (the start's validation's too)
-                tune_cache.record_used_picks(run.logger.log_dir)
             history.append(metrics)
             periodic = val_period > 0 and (step + 1) % val_period == 0
             if periodic or (g.val_at_end and step + 1 == max_steps):  # NeMo-RL's val_at_end: the last step too
@@ -372,6 +370,8 @@ def _train_loop(run: GrpoSetup, start_step: int, history: list, val_history: lis
                 val = validate(run, step + 1)
                 val_history.append(val)
                 logged.update(run.logger.log_metrics(val, step=step + 1, prefix="validation/"))
+            if run.is_main:  # the timed kernel picks the step's and its validation's rollouts took (the start's too)
+                tune_cache.record_used_picks(run.logger.log_dir)
             skipped = metrics.get("nonfinite_skipped") == 1.0
             skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
             if skip_limit is not None and skipped_in_a_row >= skip_limit:
