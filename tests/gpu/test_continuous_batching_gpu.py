@@ -119,6 +119,28 @@ def test_paged_decode_attention_matches_its_twin(fp8, impl):
             assert err.item() < (2e-3 if fp8 else 1e-2), (splits, b, err.item())
 
 
+@pytest.mark.parametrize("config", [None, (4, 4), (4, 3), (8, 2)], ids=["default", "w4b4", "w4b3", "w8b2"])
+def test_cuda_kernel_over_a_long_paged_cache_matches_its_twin(config):
+    """A table 4,608 keys wide (`default_config` takes 3 CTAs/SM from 2,048 up), rows of 1 to 4,600 keys: every
+    launch configuration and split count gives the twin's output within FP8's error, each row its own keys."""
+    torch.manual_seed(0)
+    blocks, H, Hk, D, page = 1200, 16, 8, 128, 16
+    ks, vs = (torch.tensor(3.0 / 448, device="cuda") for _ in range(2))
+    k = kv_quant(torch.randn(blocks, Hk, page, D, device="cuda", dtype=torch.bfloat16), ks)
+    v = kv_quant(torch.randn(blocks, Hk, page, D, device="cuda", dtype=torch.bfloat16), vs)
+    table = torch.randperm(blocks, device="cuda")[: 4 * 288].view(4, 288).to(torch.int32)  # [B, 288 pages]
+    q = torch.randn(4, H, D, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([1, 2049, 4600, 3000], device="cuda")  # [B] keys per row
+    ref = paged_decode_attention_ref(q, k, v, table, lens, 0.088, ks, vs)  # [B, H, D]
+    for splits in (None, 1, 3, 5):
+        out = decode_attention(
+            q, k, v, None, lens, 0.088, ks, vs, block_table=table, num_splits=splits, impl="cuda", cuda_config=config
+        )
+        for b in range(q.shape[0]):
+            err = (out[b].float() - ref[b].float()).norm() / ref[b].float().norm()
+            assert err.item() < 2e-3, (config, splits, b, err.item())
+
+
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_paged_kv_write_is_bitwise_its_twin(fp8):
     _, k_pool, v_pool, table, _, ks, vs = paged_case(fp8)

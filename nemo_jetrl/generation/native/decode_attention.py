@@ -68,6 +68,7 @@ def decode_attention(
     block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
     impl: str = "auto",
+    cuda_config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Decode attention on the GPU. q [B, H, D]; k_buf/v_buf [B, H_kv, S_max, D] (strided views of the cache are
     fine, last dim contiguous); key_valid [B, >= S_max] bool (1 = attend); kv_len: int64 device tensor, 0-dim (all
@@ -78,7 +79,9 @@ def decode_attention(
     None (every key below kv_len is attended), S_max = max_blocks * page.
 
     impl: "triton" (any cache), "cuda" (the hand-written e4m3-cache kernel, `fp8_decode_cuda.py`), or "auto": the
-    CUDA kernel wherever it fits, Triton elsewhere."""
+    CUDA kernel wherever it fits, Triton elsewhere. cuda_config: the CUDA kernel's (warps per CTA, CTAs per
+    multiprocessor its registers must allow), which also sets its default split count; None:
+    `fp8_decode_cuda.default_config(S_max)`."""
     import triton
 
     bsz, heads, dim = q.shape
@@ -108,8 +111,10 @@ def decode_attention(
         if impl == "cuda" and problem is not None:
             raise ValueError(f"decode_attention: the CUDA kernel {problem}")
         on_cuda_kernel = problem is None
+    if on_cuda_kernel and cuda_config is None:
+        cuda_config = fp8_decode_cuda.default_config(s_max)
     if num_splits is None and on_cuda_kernel:
-        num_splits = fp8_decode_cuda.default_splits(q, kv_heads, s_max)
+        num_splits = fp8_decode_cuda.default_splits(q, kv_heads, s_max, min_blocks=cuda_config[1])
     elif num_splits is None:  # enough programs to fill the GPU, at least 256 keys per split
         num_splits = max(1, min(triton.cdiv(s_max, 256), triton.cdiv(4 * 132, bsz * kv_heads)))
     out = torch.empty_like(q)
@@ -120,7 +125,7 @@ def decode_attention(
     if on_cuda_kernel:
         fp8_decode_cuda.launch(
             q, k_buf, v_buf, key_valid, kv_len, sm_scale, k_scale, v_scale, out, part_out, part_lse, slen=slen,
-            block_table=block_table, s_max=s_max,
+            block_table=block_table, s_max=s_max, num_warps=cuda_config[0], min_blocks=cuda_config[1],
         )  # fmt: skip
         if part_out is None:
             return out

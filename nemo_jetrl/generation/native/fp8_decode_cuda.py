@@ -219,9 +219,20 @@ extern "C" __global__ void __launch_bounds__(NW * 32, __MINB__) fp8_decode_atten
 """
 
 
+LONG_KEYS = 2048  # from this many keys a row may hold (the cache's width) up, `default_config` takes 3 CTAs/SM
+
+
+def default_config(s_max: int) -> tuple[int, int]:
+    """(warps per CTA, CTAs per SM the registers must allow) for a cache of s_max keys a row. 4 x 4 caps a thread
+    at 128 registers (a few spilled words): best over short caches, where a second wave of CTAs matters; 4 x 3
+    allows 168 (no spill): faster over long caches, where each CTA streams thousands of keys
+    (docs/performance_history.md, "Decode attention")."""
+    return (4, 3) if s_max >= LONG_KEYS else (4, 4)
+
+
 def kernel_source(num_warps: int = 4, min_blocks: int = 4) -> str:
     """The CUDA source for one configuration: warps per CTA, CTAs per SM the register allocation must allow
-    (4 x 4 warps caps it at 128 registers: a few spilled words, and a full second wave at batch 128 x 8 KV heads)."""
+    (`default_config`)."""
     return _SOURCE.replace("__NW__", str(num_warps)).replace("__MINB__", str(min_blocks))
 
 

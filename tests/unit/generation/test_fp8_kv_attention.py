@@ -70,6 +70,17 @@ def test_cuda_kernel_splits_fill_the_last_wave(programs, s_max, slots, splits):
     assert balanced_splits(programs, s_max, slots) == splits
 
 
+@pytest.mark.parametrize(("s_max", "config"), [(704, (4, 4)), (2047, (4, 4)), (2048, (4, 3)), (8704, (4, 3))])
+def test_cuda_kernel_takes_three_ctas_per_sm_over_long_caches(s_max, config):
+    """A long cache's CTAs stream thousands of keys each: 3 CTAs/SM (no register spill) beat 4 there; short ones
+    keep 4 (a fuller second wave). With 3 CTAs/SM the split count fills 3 slots per SM, not 4."""
+    from nemo_jetrl.generation.native.fp8_decode_cuda import balanced_splits, default_config
+
+    assert default_config(s_max) == config
+    assert balanced_splits(256, 8704, 132 * 3) == 3  # the 1.7B shape's 8K batch: 32 rows x 8 KV heads
+    assert balanced_splits(256, 8704, 132 * 4) == 2
+
+
 def test_cuda_decode_kernel_refuses_what_it_cannot_serve():
     """impl="cuda" off a GPU (or with a bf16 cache) is a clear error, never a silent fallback; "auto" falls back."""
     pytest.importorskip("triton")
