@@ -209,3 +209,24 @@ def test_capture_survives_a_dead_cycle_holding_an_older_graph():
     assert gc.isenabled()
     assert torch.equal(out, 64 * x + sum(range(64)))
     assert torch.equal(new(x + 1), 64 * (x + 1) + sum(range(64)))  # the replay reads the new input
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9], ids=["fused", "nucleus"])
+def test_sampling_with_an_int_draw_counter_never_waits_for_the_device(top_p):
+    """The static rollout loop samples with the step as a Python int. Sent to the GPU as a tensor it was a blocking
+    copy: every decode step waited for the device to drain, and the device then idled through the next graph
+    launch. Under CUDA's sync check nothing in sampling may block, and the draws equal a device counter's."""
+    from nemo_jetrl.generation.native.sampler import SamplingParams, sample, sequence_keys
+
+    logits = torch.randn(8, 1000, device="cuda")
+    keys = sequence_keys(3, torch.arange(8, device="cuda"))
+    params = SamplingParams(temperature=0.8, top_p=top_p)
+    want = sample(logits, params, keys=keys, counters=torch.full((8,), 2, device="cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = [sample(logits, params, keys=keys, counters=step) for step in range(3)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got[2][0], want[0]) and torch.equal(got[2][1], want[1])
+    assert not torch.equal(got[0][0], got[1][0]) or not torch.equal(got[1][0], got[2][0])

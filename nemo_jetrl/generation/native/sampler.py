@@ -69,8 +69,16 @@ def seed_of(generator: torch.Generator | None) -> int:
 
 
 def uniforms(keys: torch.Tensor, counters: torch.Tensor | int) -> torch.Tensor:
-    """[B] float64 in [0, 1): draw number `counters` [B] (or one int for all) of the streams `keys` [B] int64."""
-    bits = mix64(keys ^ mix64(torch.as_tensor(counters, dtype=torch.int64, device=keys.device)))
+    """[B] float64 in [0, 1): draw number `counters` [B] (or one int for all) of the streams `keys` [B] int64.
+
+    An int counter is mixed on the host into a 0-dim CPU tensor, which a GPU kernel takes as a scalar argument: a
+    Python int sent to the GPU as a tensor is a blocking copy, which stalled every decode step until the device
+    had drained (the bits are the same: int64 arithmetic wraps alike on both)."""
+    if isinstance(counters, torch.Tensor):
+        counters = counters.to(dtype=torch.int64, device=keys.device)
+    else:
+        counters = torch.tensor(int(counters), dtype=torch.int64)  # 0-dim, on the host
+    bits = mix64(keys ^ mix64(counters))
     return _shr(bits, 11).double() * (2.0**-53)
 
 
