@@ -37,6 +37,13 @@ def load_events(path: str) -> list[dict]:
     return [e for e in events if e.get("ph") == "X" and "dur" in e]
 
 
+def sync_calls(events: list[dict]) -> int:
+    """How many CUDA runtime calls in the trace made the host wait for the device (stream, device or event
+    synchronize; a blocking copy's wait is one of these)."""
+    waits = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+    return sum(1 for e in events if e.get("cat") == "cuda_runtime" and e.get("name") in waits)
+
+
 def idle_gaps(events: list[dict], min_gap_us: float) -> tuple[list[tuple[float, float]], float, float]:
     """(gaps [(start, end) us], busy us, span us) of the device timeline."""
     device = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in DEVICE_CATS)

@@ -45,3 +45,15 @@ def test_a_trace_without_device_events(tmp_path):
     path.write_text(json.dumps([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]))
     out = trace_gaps.report(str(path))
     assert out["gaps"] == 0 and out["idle_ms"] == 0.0 and out["busy_ms"] == 0.0
+
+
+def test_sync_calls_count_the_host_waits_only(tmp_path):
+    """A blocking wait for the device counts; launches, copies queued without a wait and host ops do not."""
+    events = trace_gaps.load_events(_trace(tmp_path, False))
+    assert trace_gaps.sync_calls(events) == 1
+    more = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 70, "dur": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 71, "dur": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "cudaStreamSynchronize", "ts": 72, "dur": 1},  # not a runtime call
+    ]
+    assert trace_gaps.sync_calls(events + more) == 2
