@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# issue 43 (1 x H200): the sampler's per-step sync removed, the FP8 decode kernel at 3 CTAs/SM over long caches;
+# their GPU tests, then the 1.7B shape's 8K-token CLI runs: shipped FP8+KV, then shipped BF16 (3 steps each)
+set -u
+export PYTHONUNBUFFERED=1
+[ -d /tmp/site/omegaconf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+D=/tmp/l8; X="grpo.num_prompts_per_step=4 grpo.num_generations_per_prompt=8 policy.max_total_sequence_length=8704 policy.generation.max_new_tokens=8192 grpo.mismatch_position_bin=1024"
+t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
+timeout 70 python3 -m pytest -q -n 0 tests/gpu/test_cuda_graph_decode.py tests/gpu/test_continuous_batching_gpu.py -k "never_waits or long_paged" > $OUT/tests.log 2>&1; echo "tests rc $? at $(el) s"; tail -3 $OUT/tests.log
+[ -f $D/ckpt/build_info.json ] || bash benchmarks/gpu_cli_run.sh $D check build > $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
+echo "build ready at $(el) s"
+STEPS=3 EXTRA="$X" COPY_TO=$OUT/r timeout 215 bash benchmarks/gpu_cli_run.sh $D fp8_kv > $OUT/stage_fp8.log 2>&1
+echo "fp8 rc $? at $(el) s"
+STEPS=3 EXTRA="$X" COPY_TO=$OUT/r timeout $(( 588 - $(el) )) bash benchmarks/gpu_cli_run.sh $D bf16 > $OUT/stage_bf16.log 2>&1
+echo "bf16 rc $? at $(el) s"
+grep -hE "^error|Traceback" $OUT/stage_*.log | head -4
+python3 -m benchmarks.gpu_cli_report bf16=$OUT/r/bf16 fp8_kv=$OUT/r/fp8_kv 2>&1 | head -24
