@@ -282,3 +282,34 @@ def test_prompt_plus_response_is_capped_at_max_total_length(tiny_model, prompts)
     free = engine(tiny_model, max_new_tokens=MAX_NEW, stop_token_ids=[]).generate(prompts, greedy=True)
     loose = engine(tiny_model, max_new_tokens=MAX_NEW, max_total_length=10_000, stop_token_ids=[])
     assert torch.equal(loose.generate(prompts, greedy=True).input_ids, free.input_ids)
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [{}, {"static_decode": True}, {"continuous_batching": True, "sync_every": 100}],
+    ids=["prefix", "static", "continuous"],
+)
+def test_decode_steps_send_no_python_value_to_the_device(tiny_model, prompts, monkeypatch, loop):
+    """`torch.tensor` / `torch.as_tensor` given a device turn a host value into a device tensor: on a GPU a blocking
+    copy, which stalled every decode step until the device drained (the sampler's draw counter did). In each
+    rollout loop, sampled, the calls with a device may not grow with the number of decode steps."""
+    calls = []
+
+    def spy(real):
+        def make(*args, **kwargs):
+            if kwargs.get("device") is not None:
+                calls.append(real.__name__)
+            return real(*args, **kwargs)
+
+        return make
+
+    monkeypatch.setattr(torch, "tensor", spy(torch.tensor))
+    monkeypatch.setattr(torch, "as_tensor", spy(torch.as_tensor))
+    counts = []
+    for steps in (4, 12):
+        calls.clear()
+        eng = engine(tiny_model, max_new_tokens=steps, temperature=1.0, **loop)
+        out = eng.generate(prompts, generator=torch.Generator().manual_seed(3))
+        assert int(out.response_lengths.max()) == steps
+        counts.append(len(calls))
+    assert counts[0] == counts[1], counts
