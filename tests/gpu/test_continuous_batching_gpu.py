@@ -121,7 +121,7 @@ def test_paged_decode_attention_matches_its_twin(fp8, impl):
 
 @pytest.mark.parametrize("config", [None, (4, 4), (4, 3), (8, 2)], ids=["default", "w4b4", "w4b3", "w8b2"])
 def test_cuda_kernel_over_a_long_paged_cache_matches_its_twin(config):
-    """A table 4,608 keys wide (`default_config` takes 3 CTAs/SM from 2,048 up), rows of 1 to 4,600 keys: every
+    """A table 4,608 keys wide (`default_config` takes 3 CTAs/SM from 4,096 up), rows of 1 to 4,600 keys: every
     launch configuration and split count gives the twin's output within FP8's error, each row its own keys."""
     torch.manual_seed(0)
     blocks, H, Hk, D, page = 1200, 16, 8, 128, 16

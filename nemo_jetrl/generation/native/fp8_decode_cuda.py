@@ -219,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, __MINB__) fp8_decode_atten
 """
 
 
-LONG_KEYS = 2048  # from this many keys a row may hold (the cache's width) up, `default_config` takes 3 CTAs/SM
+LONG_KEYS = 4096  # from this many keys a row may hold (the cache's width) up, `default_config` takes 3 CTAs/SM
 
 
 def default_config(s_max: int) -> tuple[int, int]:
