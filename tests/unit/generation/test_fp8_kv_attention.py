@@ -70,7 +70,9 @@ def test_cuda_kernel_splits_fill_the_last_wave(programs, s_max, slots, splits):
     assert balanced_splits(programs, s_max, slots) == splits
 
 
-@pytest.mark.parametrize(("s_max", "config"), [(704, (4, 4)), (2560, (4, 4)), (4095, (4, 4)), (4096, (4, 3)), (8704, (4, 3))])
+@pytest.mark.parametrize(
+    ("s_max", "config"), [(704, (4, 4)), (2560, (4, 4)), (4095, (4, 4)), (4096, (4, 3)), (8704, (4, 3))]
+)
 def test_cuda_kernel_takes_three_ctas_per_sm_over_long_caches(s_max, config):
     """A long cache's CTAs stream thousands of keys each: 3 CTAs/SM (no register spill) beat 4 from 4,096 keys up;
     shorter ones keep 4 (measured faster at 1,536 keys of a 2,560-key cache). With 3 CTAs/SM the split count fills
