@@ -46,7 +46,8 @@ def place(cfg: RunConfig, *, init_reference_model: bool) -> Placement:
     problems = multi_rank_problems(policy_cfg, spec)
     if problems:
         raise ValueError("; ".join(problems))
-    # several ranks: no captured micro-batches; Ray: no matched-kernel self-check (`auto` is off: one line each)
+    # several ranks: no captured micro-batches (`auto` is off: one line); the matched kernels' `auto` is the ranks'
+    # self-check on every backend (rank 0's line)
     switch_lines = worker_switch_lines(policy_cfg, spec.backend) if spec.num_workers > 1 else []
     if spec.backend == "ray":  # one FSDP2 trainer shard + rollout engine per worker (docs/cluster.md)
         from nemo_jetrl.distributed.ray_policy import build_ray_policy_and_engine
@@ -54,9 +55,6 @@ def place(cfg: RunConfig, *, init_reference_model: bool) -> Placement:
         configure_cpu_process(cluster.num_cpu_threads, cpu_compute=False)
         for line in switch_lines:
             announce(line)
-        if policy_cfg.generation.matched_kernels == "auto":  # off, as the line says: the workers run no self-check
-            gen = policy_cfg.generation.model_copy(update={"matched_kernels": False})
-            policy_cfg = policy_cfg.model_copy(update={"generation": gen})
         policy, engine = build_ray_policy_and_engine(
             policy_cfg, spec, cfg.grpo.seed, init_reference_model=init_reference_model
         )

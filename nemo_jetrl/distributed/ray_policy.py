@@ -157,4 +157,6 @@ def build_ray_policy_and_engine(
     group = RayWorkerGroup(spec, env_vars=trainer_env(policy_cfg.dtensor_cfg)[0])  # as NeMo-RL's policy workers'
     payload = group.put(worker_setup_payload(policy_cfg, spec, seed))
     info = group.run("setup", "setup", common=(payload, init_reference_model))[0]
+    for line in info.get("startup_lines", ()):
+        print(line, flush=True)  # rank 0's: the workers' `auto` switches as they resolved them
     return RayPolicy(group, policy_cfg, info, init_reference_model=init_reference_model), RayGeneration(group)

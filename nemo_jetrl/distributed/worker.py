@@ -62,7 +62,8 @@ class PolicyWorker:
     def setup(self, payload: Mapping[str, Any], init_reference_model: bool = False) -> dict[str, Any]:
         """The trainer of this rank (`NativePolicy` on the plan over the worker group, as a torchrun rank builds
         it) and its colocated rollout engine; the trainer's first refit fills the engine's replica. `payload`:
-        the driver's `worker_setup_payload`."""
+        the driver's `worker_setup_payload`. The `auto` switches' start-up lines (the matched kernels' self-check,
+        run by the workers together) go back to the driver, which prints rank 0's."""
         from nemo_jetrl.generation.build import build_local_engine
         from nemo_jetrl.policy.native import NativePolicy
         from nemo_jetrl.policy.parallel.plan import ParallelPlan
@@ -72,14 +73,14 @@ class PolicyWorker:
         plan = ParallelPlan.from_process_group(self.device, spec.tensor_parallel_size)
         self.policy = NativePolicy(
             policy_cfg, PrecisionRecipe.from_config(policy_cfg), self.device, plan=plan,
-            init_reference_model=init_reference_model, seed=seed,
+            init_reference_model=init_reference_model, seed=seed, announce_lines=False,
         )  # fmt: skip
         self.engine = build_local_engine(
             policy_cfg.generation, self.policy, spec, self.device,
             max_total_length=policy_cfg.max_total_sequence_length, seed=seed,
         )  # fmt: skip
         info = {"layer_map": self.policy.layer_map, "tokenizer": self.policy.tokenizer}
-        return {**info, "parameter_bytes": self.policy.parameter_bytes()}
+        return {**info, "parameter_bytes": self.policy.parameter_bytes(), "startup_lines": self.policy.startup_lines}
 
     def call(self, method: str, *args: Any) -> tuple[str, Any, dict[str, Any] | None]:
         """Collective: `NativePolicy.<method>(*args)` on every worker -> ("ok", result, what the driver mirrors:

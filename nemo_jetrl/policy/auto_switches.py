@@ -11,9 +11,9 @@
   FP8 forward GEMMs on cuBLAS at every M (`models.batch_invariant.match_kernels`), kept only where the start-up
   self-check (`models.matched_check`) finds every product row-invariant on this device at this model's shapes,
   so that the rollout's logprobs equal the trainer's bit for bit; never where the config rules it out (the exact
-  mode already runs its kernels; another rollout precision; vLLM; Ray; tensor-parallel shards; the opt-in causal
-  trainer attention; ...). Under torchrun every rank checks its own device and the ranks agree: one rank's
-  difference switches them all back.
+  mode already runs its kernels; another rollout precision; vLLM; tensor-parallel shards; the opt-in causal
+  trainer attention; ...). On several ranks (torchrun, or Ray's workers) every rank checks its own device and the
+  ranks agree: one rank's difference switches them all back.
 
 `true` and `false` stay what they say (a `true` the config cannot honour is refused by config validation).
 """
@@ -77,14 +77,13 @@ def train_graphs_auto_blocker(policy_cfg: Any, device: torch.device | str, moe: 
     return None
 
 
-def matched_kernels_blocker(policy_cfg: Any, backend: str = "local") -> str | None:
+def matched_kernels_blocker(policy_cfg: Any) -> str | None:
     """Why a `PolicyConfig` rules `matched_kernels: auto` out (None: the self-check decides)."""
     gen, fp8, tp = policy_cfg.generation, policy_cfg.fp8_cfg, policy_cfg.dtensor_cfg.tensor_parallel_size
     fp8_anywhere = "fp8" in (policy_cfg.precision, gen.precision)
     reasons = (
         (gen.deterministic, "policy.generation.deterministic: true already runs its kernels"),
         (gen.backend != "native", f"policy.generation.backend: {gen.backend} (the native engine's path)"),
-        (backend not in ("local", "torchrun"), f"cluster.backend: {backend} (set true to run it on the workers)"),
         (tp > 1, f"policy.dtensor_cfg.tensor_parallel_size {tp} (the check does not cover tensor-parallel shards)"),
         (gen.precision != policy_cfg.precision, "the trainer and the rollout run different precisions"),
         (gen.kv_cache_dtype == "fp8" and not fp8.train_kv_fake_quant,
@@ -115,7 +114,7 @@ def apply_matched_kernels(
             match_kernels(model, device)
         return bool(value), None
     key = "policy.generation.matched_kernels: auto"
-    blocker = matched_kernels_blocker(policy_cfg, "torchrun" if ranks is not None else "local")
+    blocker = matched_kernels_blocker(policy_cfg)
     if blocker is not None:
         return False, f"{key} -> off: {blocker}"
     from nemo_jetrl.models.matched_check import matched_kernels_problem
@@ -133,10 +132,9 @@ def apply_matched_kernels(
 
 
 def worker_switch_lines(policy_cfg: Any, backend: str) -> list[str]:
-    """The two switches on a multi-worker backend (torchrun, Ray): train graphs' `auto` is off (one line), matched
-    kernels' `auto` too on Ray (under torchrun the ranks' self-check decides and rank 0 says so); `true` train
-    graphs, and matched kernels with tensor-parallel shards (whose row invariance the check does not cover), are
-    refused."""
+    """The two switches on a multi-worker backend (torchrun, Ray): train graphs' `auto` is off (one line; the
+    matched kernels' `auto` is the ranks' self-check, whose line rank 0 gives); `true` train graphs, and matched
+    kernels with tensor-parallel shards (whose row invariance the check does not cover), are refused."""
     if policy_cfg.train_cuda_graphs is True:
         raise ValueError(f"policy.train_cuda_graphs needs the local backend (cluster.backend: local, not {backend})")
     gen, tp = policy_cfg.generation, policy_cfg.dtensor_cfg.tensor_parallel_size
@@ -145,8 +143,6 @@ def worker_switch_lines(policy_cfg: Any, backend: str) -> list[str]:
             f"policy.generation.matched_kernels: true with policy.dtensor_cfg.tensor_parallel_size {tp}: the row "
             "invariance it rests on is not checked for tensor-parallel shards; set tensor_parallel_size: 1"
         )
-    lines = [f"policy.train_cuda_graphs: auto -> off: cluster.backend: {backend} (its workers' trainers run eagerly)"]
-    lines = lines if policy_cfg.train_cuda_graphs == AUTO else []
-    if gen.matched_kernels == AUTO and backend != "torchrun":  # torchrun: the ranks' self-check says it (rank 0)
-        lines.append(f"policy.generation.matched_kernels: auto -> off: {matched_kernels_blocker(policy_cfg, backend)}")
-    return lines
+    if policy_cfg.train_cuda_graphs != AUTO:
+        return []
+    return [f"policy.train_cuda_graphs: auto -> off: cluster.backend: {backend} (its workers' trainers run eagerly)"]

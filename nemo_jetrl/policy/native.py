@@ -63,12 +63,17 @@ class NativePolicy(TrainerCore, PolicyInterface):
         seed: int = 0,
         model: torch.nn.Module | None = None,
         tokenizer: Any = None,
+        announce_lines: bool = True,
     ) -> None:
         """`init_reference_model`: keep a frozen copy of the loaded weights (the KL penalty's reference).
         `model` / `tokenizer`: use these (e.g. a random-weight benchmark model) instead of loading model_name.
-        `plan`: the ranks the trainer spreads over (default: this process alone)."""
+        `plan`: the ranks the trainer spreads over (default: this process alone). `announce_lines`: print the
+        start-up lines of the `auto` switches (the first rank; a Ray worker's driver prints them instead), which
+        `startup_lines` keeps either way."""
         self.cfg = cfg = typed_section(policy_cfg, "PolicyConfig", "NativePolicy")
         self.plan = plan if plan is not None else ParallelPlan.single()
+        self.startup_lines: list[str] = []
+        self._announce_lines = announce_lines
         self.recipe, self.device = recipe, device
         self.compute_dtype = DTYPES[cfg.compute_dtype]
         self.temperature = float(cfg.generation.temperature)
@@ -123,9 +128,11 @@ class NativePolicy(TrainerCore, PolicyInterface):
         self._last_train_batch: TrainBatch | None = None  # for the post_step pass
         self.train_graphs: MicroBatchGraphs | None = None  # policy.train_cuda_graphs (policy/train_graphs.py)
         graphs, line = (
-            (False, None) if self._graphs_off_on_ranks() else resolve_train_cuda_graphs(cfg, device, moe=self.moe is not None)
+            (False, None)
+            if self._graphs_off_on_ranks()
+            else resolve_train_cuda_graphs(cfg, device, moe=self.moe is not None)
         )
-        announce(line)  # auto: on one CUDA device where correct
+        self._startup_line(line)  # auto: on one CUDA device where correct
         if graphs:
             self.train_graphs = MicroBatchGraphs(self.model, watched=self._captured_inputs)
         elif cfg.dtensor_cfg.activation_checkpointing and cfg.fp8_cfg.transient_train_weights:
@@ -138,7 +145,7 @@ class NativePolicy(TrainerCore, PolicyInterface):
     def _choose_kernels(self, model: torch.nn.Module, recipe: PrecisionRecipe, device: torch.device) -> None:
         """Kernel choices both sides share, set on the model before a replica is copied from it (and before it is
         sharded). `matched_kernels: auto` runs the start-up self-check, on several ranks on each rank's device with
-        one verdict for all (rank 0 prints it); Ray's driver hands its workers `auto` as false."""
+        one verdict for all (rank 0 says it; under Ray the driver prints rank 0's line)."""
         if self.cfg.generation.deterministic:  # the exact mode: batch-invariant kernels on both sides
             if not recipe.unified:
                 raise ValueError(
@@ -149,7 +156,13 @@ class NativePolicy(TrainerCore, PolicyInterface):
         else:  # true, or auto: where the config allows it and the start-up self-check passes (on every rank)
             ranks = self.plan if self.plan.distributed else None
             _, line = apply_matched_kernels(model, self.cfg, recipe, device, self.compute_dtype, ranks)
-            if self.plan.is_main:
+            self._startup_line(line)
+
+    def _startup_line(self, line: str | None) -> None:
+        """Keep an `auto` switch's start-up line; the first rank prints it (unless `announce_lines` is off)."""
+        if line:
+            self.startup_lines.append(line)
+            if self._announce_lines and self.plan.is_main:
                 announce(line)
 
     def _graphs_off_on_ranks(self) -> bool:

@@ -9,7 +9,7 @@ lr: the step-2 weights and the KV scales calibrated from them agree to the bound
 the Ray run's shard count. The tiny config runs the `jetrl_kv` recipe: FP8 KV cache with per-step QKV calibration;
 `fixed` also takes prev_logprobs from the training forward and runs matched kernels, `dynamic` calibrates the KV
 scales after the update (post_step), `packed` runs matched kernels over packed rows (the batch-invariant varlen
-attention).
+attention). `matched_kernels: auto` is the workers' joint self-check.
 """
 
 from __future__ import annotations
@@ -129,6 +129,23 @@ def test_two_ray_workers_match_the_single_process_run(tmp_path, ray_cluster, bat
     atol = 0.0 if batching is FIXED else 2 * 2 * lr
     for name, value in a["policy"]["model"].items():
         torch.testing.assert_close(b["policy"]["model"][name], value, rtol=0, atol=atol, msg=name)
+
+
+def test_ray_workers_run_the_matched_kernels_self_check_together(tmp_path, ray_cluster, capsys):
+    """`matched_kernels: auto` on Ray: both workers run the start-up self-check on their own device, the ranks take
+    one verdict, and the driver prints rank 0's line: the one process's verdict with the ranks named (on a CPU the
+    float32 GEMMs are not row-invariant, so both say off)."""
+    auto = "policy.generation.matched_kernels=auto"
+    local = setup(_cfg(tmp_path / "local", auto))
+    local_lines = [line for line in capsys.readouterr().out.splitlines() if "matched_kernels: auto" in line]
+    del local
+    run = setup(_cfg(tmp_path / "ray", auto, "cluster.backend=ray"))
+    ray_lines = [line for line in capsys.readouterr().out.splitlines() if "matched_kernels: auto" in line]
+    run.policy.group.shutdown()
+    head = "policy.generation.matched_kernels: auto -> off: not row-invariant on cpu"
+    assert len(local_lines) == 1 and local_lines[0].startswith(f"{head}: "), local_lines
+    problem = local_lines[0].removeprefix(f"{head}: ").removesuffix(" (true forces it)")
+    assert ray_lines == [f"{head} (2 ranks): {problem} (rank 0) (true forces it)"]
 
 
 def test_a_worker_raising_inside_a_collective_is_one_error_and_the_checkpoint_survives(tmp_path, ray_cluster):

@@ -119,11 +119,13 @@ def test_native_policy_resolves_both_and_prints_one_line_each(capsys):
     assert exact_parts(policy.model) == (MATCHED_PARTS if on else NO_EXACT_PARTS)
 
 
-def test_ray_workers_take_auto_as_off_and_refuse_what_they_cannot_run():
+def test_ray_workers_take_train_graphs_auto_as_off_and_refuse_what_they_cannot_run():
+    """The matched kernels' `auto` is not decided here: Ray's workers run the self-check together (their line comes
+    back from rank 0); train graphs' `auto` is off on the workers (one line)."""
     cfg = _cfg()
+    assert matched_kernels_blocker(cfg) is None
     assert worker_switch_lines(cfg, "ray") == [
         "policy.train_cuda_graphs: auto -> off: cluster.backend: ray (its workers' trainers run eagerly)",
-        "policy.generation.matched_kernels: auto -> off: cluster.backend: ray (set true to run it on the workers)",
     ]
     cfg.generation.matched_kernels, cfg.train_cuda_graphs = True, False
     assert worker_switch_lines(cfg, "ray") == []
@@ -169,7 +171,7 @@ def test_torchrun_ranks_run_the_self_check_each_and_take_one_verdict(monkeypatch
     ]
     tp2 = _cfg(dtensor_cfg={"tensor_parallel_size": 2})
     reason = "policy.dtensor_cfg.tensor_parallel_size 2 (the check does not cover tensor-parallel shards)"
-    assert matched_kernels_blocker(tp2, "torchrun") == reason
+    assert matched_kernels_blocker(tp2) == reason
     tp_ranks = _Ranks(None)
     got = apply_matched_kernels(random_tiny_qwen3(0, num_layers=1), tp2, PrecisionRecipe.preset("jetrl"), CPU,
                                 torch.bfloat16, tp_ranks)  # fmt: skip
