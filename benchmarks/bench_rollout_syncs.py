@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             "idle_ms": gaps["idle_ms"], "idle_after_sync_ms": gaps["after_sync_ms"], "top_idle_ops_ms": gaps["top_ops_ms"],
         })  # fmt: skip
         print(results[-1], flush=True)
-        del engine, model, prof
+        del engine, model, prof, rollout
         torch.cuda.empty_cache()
     title = (
         f"rollout syncs on {info['device']}: {args.shape} x {layers} layers, batch {args.batch}, "
