@@ -2,6 +2,7 @@
 rollout, per precision preset (GPU only).
 
     python3 -m benchmarks.bench_rollout_syncs --shape qwen3-1.7b --batch 32 --prompt-len 7680 --gen-len 128
+    python3 -m benchmarks.bench_rollout_syncs --quick      # CPU smoke test (tiny shapes; no CUDA calls to count)
 
 Per preset (default `jetrl_kv` and `bf16`): random weights of the shape, the native engine as GRPO runs it (CUDA
 graphs, device sampling, fixed lengths); one warm-up `generate`, one timed (its decode seconds per step), one
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import trace_gaps
-from benchmarks.common import SHAPES, build_model, parse_gpu_bench, print_table, write_json
+from benchmarks.common import SHAPES, TINY, build_model, device_info, print_table, write_json
 from benchmarks.rollout_engines import calibrate
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
@@ -34,11 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=7680)
     p.add_argument("--gen-len", type=int, default=128)
     p.add_argument("--presets", nargs="*", default=["jetrl_kv", "bf16"])
-    parsed = parse_gpu_bench(p, argv)
-    if parsed is None:
-        return 2
-    args, dev, info = parsed
+    p.add_argument("--quick", action="store_true", help="tiny shapes on this machine's device (CPU smoke test)")
+    p.add_argument("--out", default=None, help="JSON output path")
+    args = p.parse_args(argv)
     shape = dict(SHAPES[args.shape])
+    if args.quick:
+        shape, args.layers, args.batch, args.prompt_len, args.gen_len = TINY, 2, 4, 8, 4
+    elif not torch.cuda.is_available():
+        print(f"{p.prog}: needs a CUDA GPU (or --quick)", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = device_info(dev)
     layers = args.layers or shape["num_hidden_layers"]
     prompt_t = torch.randint(1, shape["vocab_size"], (args.batch, args.prompt_len), generator=torch.Generator())
     prompts = prompt_t.tolist()
@@ -50,22 +57,24 @@ def main(argv: list[str] | None = None) -> int:
             convert_to_fp8(model, recipe)
         engine = NativeGenerationEngine(
             model, max_new_tokens=args.gen_len, stop_token_ids=[], pad_token_id=0,
-            kv_cache_dtype=recipe.kv_cache_dtype, cuda_graphs=True,
+            kv_cache_dtype=recipe.kv_cache_dtype, cuda_graphs=dev.type == "cuda",
         )  # fmt: skip
         if recipe.kv_fp8:
             engine.update_weights(kv_scales=calibrate(model, prompt_t[:8].to(dev)))
 
         def rollout(e=engine):
             e.generate(prompts, generator=torch.Generator(device=dev).manual_seed(2))
-            torch.cuda.synchronize(dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
 
         rollout()
         rollout()
         decode_s = engine.rollout_timings()["decode"]
         with tempfile.TemporaryDirectory() as tmp:
-            with torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-            ) as prof:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if dev.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            with torch.profiler.profile(activities=activities) as prof:
                 rollout()
             trace = str(Path(tmp) / "rollout.json")
             prof.export_chrome_trace(trace)
@@ -79,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         })  # fmt: skip
         print(results[-1], flush=True)
         del engine, model, prof, rollout
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     title = (
-        f"rollout syncs on {info['device']}: {args.shape} x {layers} layers, batch {args.batch}, "
+        f"rollout syncs on {info['device']}: {'tiny' if args.quick else args.shape} x {layers} layers, batch {args.batch}, "
         f"{args.prompt_len} -> {args.gen_len} tokens (decode unprofiled; syncs and idle time from the profiled run)"
     )
     headers = ["preset", "decode ms/step", "syncs/step", "device busy ms", "idle ms", "idle after a sync ms"]
