@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import trace_gaps
-from benchmarks.common import SHAPES, TINY, build_model, device_info, print_table, write_json
+from benchmarks.common import SHAPES, TINY, build_model, device_info, report
 from benchmarks.rollout_engines import calibrate
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     headers = ["preset", "decode ms/step", "syncs/step", "device busy ms", "idle ms", "idle after a sync ms"]
     keys = ["preset", "decode_ms_per_step", "syncs_per_step", "busy_ms", "idle_ms", "idle_after_sync_ms"]
-    table = print_table(title, headers, [[r[k] for k in keys] for r in results])
-    write_json(args.out, {**info, "args": vars(args), "results": results, "table": table})
+    report(title, headers, keys, results, args=args, info=info, shape=shape, n_layers=layers)
     return 0
 
 

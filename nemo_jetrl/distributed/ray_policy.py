@@ -16,6 +16,7 @@ from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.worker import worker_setup_payload
 from nemo_jetrl.distributed.worker_group import RayWorkerGroup
 from nemo_jetrl.generation.interfaces import GenerationInterface, GenerationOutput
+from nemo_jetrl.policy.auto_switches import announce
 from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.policy.interfaces import LossFunction, PolicyInterface, TrainBatch
 from nemo_jetrl.policy.nonfinite import NonFiniteError, NonFiniteStateError
@@ -158,5 +159,5 @@ def build_ray_policy_and_engine(
     payload = group.put(worker_setup_payload(policy_cfg, spec, seed))
     info = group.run("setup", "setup", common=(payload, init_reference_model))[0]
     for line in info.get("startup_lines", ()):
-        print(line, flush=True)  # rank 0's: the workers' `auto` switches as they resolved them
+        announce(line)  # rank 0's: the workers' `auto` switches as they resolved them
     return RayPolicy(group, policy_cfg, info, init_reference_model=init_reference_model), RayGeneration(group)
