@@ -90,7 +90,7 @@ def fp8_blockwise_mm(
     with DeepGEMM in cuBLAS's place for the products it takes (`deep_gemm_adapter.fits`; same operands, its own FP32
     summation order), "auto" itself where it cannot run. "batch_invariant": the exact mode's GEMM (Triton on CUDA,
     the block-exact float64 twin elsewhere; 128x128 weight tiles). "scaled_mm_padded": "scaled_mm" over at least
-    PADDED_MIN_ROWS rows (zero rows added, sliced off), what `matched_kernels` runs at every M.
+    PADDED_MIN_ROWS rows (rows added, their outputs sliced off), what `matched_kernels` runs at every M.
     """
     _check_operands(x_fp8, x_scale, w_fp8, w_scale, w_blocks, block)
     if backend == "batch_invariant":
@@ -245,11 +245,11 @@ def _scaled_mm(
     x_fp8, x_scale, w_fp8, w_scale, out_dtype, bias, w_blocks, caps: ScaledMMCaps, min_rows: int = 0
 ) -> torch.Tensor:
     m = x_fp8.shape[0]
-    pad_m = max(m + -m % 16, min_rows) - m
-    if pad_m:  # cuBLASLt wants 16-aligned dims (and `min_rows`); padded rows are sliced off
-        x_fp8 = F.pad(x_fp8.view(torch.uint8), (0, 0, 0, pad_m)).view(_FP8)
-        x_scale = F.pad(x_scale, (0, 0, 0, pad_m), value=1.0)
-    a_scale = _column_major(x_scale)  # a_scale: (Mp, K/128), column-major (the Triton quantizer writes it so)
+    rows = max(m + -m % 16, min_rows)
+    if rows != m:  # cuBLASLt wants 16-aligned dims (and `min_rows`); the added rows' outputs are sliced off
+        x_fp8, a_scale = _with_rows(x_fp8, x_scale, rows)
+    else:
+        a_scale = _column_major(x_scale)  # a_scale: (M, K/128), column-major (the Triton quantizer writes it so)
     if w_blocks == "128x128":
         nb, kb = w_scale.shape
         rows = -(-kb // 4) * 4 if caps.pad_tile_scale_rows else kb
@@ -277,6 +277,18 @@ def _scaled_mm(
     if bias is not None and not fused_bias:
         out = out.float() + bias.float()
     return out.to(out_dtype)
+
+
+def _with_rows(x_fp8: torch.Tensor, x_scale: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x_fp8 [M, K] and x_scale [M, K/128] copied into `rows` >= M rows, the scales column-major as scaled_mm takes
+    them: one copy each. The added rows are left unwritten: a GEMM's output row reads only its own row of x and its
+    scales, so they change no bit of the M rows kept (`F.pad` took two fills and a third copy more)."""
+    m, k = x_fp8.shape
+    x_rows = torch.empty((rows, k), dtype=torch.uint8, device=x_fp8.device)  # x_rows: [Mp, K] e4m3 bits
+    x_rows[:m].copy_(x_fp8.view(torch.uint8))
+    s_rows = torch.empty((x_scale.shape[1], rows), dtype=x_scale.dtype, device=x_scale.device).t()  # [Mp, K/128]
+    s_rows[:m].copy_(x_scale)
+    return x_rows.view(_FP8), s_rows
 
 
 def _column_major(t: torch.Tensor) -> torch.Tensor:

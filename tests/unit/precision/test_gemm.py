@@ -156,3 +156,39 @@ def test_the_matched_pin_hands_cublas_at_least_64_rows_and_slices_them_off(monke
     want = act_dequant(xq, xs) @ weight_dequant(wq, ws).t()  # this CPU's float32 GEMM may round by row count
     assert padded.shape == plain.shape == (rows, 128)
     assert torch.allclose(padded, want, rtol=1e-5, atol=1e-4) and torch.allclose(plain, want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_row_padding_writes_each_operand_once(monkeypatch):
+    """A padded product (the matched pin at a decode batch) costs one copy of x and one of its scales, straight into
+    the column-major layout scaled_mm takes: no fills (the added rows change no output row kept, which the GPU test
+    `test_cublas_fp8_row_at_decode_prefill_and_trainer_sizes` checks bitwise) and no second copy of the scales."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nemo_jetrl.precision import gemm
+
+    class Writes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ("copy_", "fill_", "zero_", "constant_pad_nd", "clone", "contiguous"):
+                self.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    caps = gemm.ScaledMMCaps(pad_tile_scale_rows=False, fp32_out=True, groups_1x128_b=True)
+    handed = []
+    monkeypatch.setattr(gemm, "scaled_mm_caps", lambda device: caps)
+    monkeypatch.setattr(
+        gemm, "_call_scaled_mm", lambda a, b, a_s, b_s, *rest: handed.append((a, a_s)) or a.new_zeros(a.shape[0], 128)
+    )
+    gen = torch.Generator().manual_seed(5)
+    xq, xs = act_quant(torch.randn(5, 256, generator=gen))
+    wq, ws = weight_quant(torch.randn(128, 256, generator=gen))
+    with Writes() as writes:
+        fp8_blockwise_mm(xq, xs, wq, ws, torch.bfloat16, backend="scaled_mm_padded")
+    ((a, a_scale),) = handed
+    assert writes.ops == ["copy_", "copy_"]
+    assert a.shape == (64, 256) and a_scale.shape == (64, 2) and a_scale.stride() == (1, 64)
+    assert torch.equal(a[:5].view(torch.uint8), xq.view(torch.uint8)) and torch.equal(a_scale[:5], xs)
