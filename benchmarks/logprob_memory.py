@@ -45,15 +45,16 @@ def random_batch(rows: int, seq: int, vocab: int, seed: int = 0) -> TrainBatch:
     return TrainBatch(ids, ones, ones, advantages, torch.zeros(rows, seq))
 
 
-def peak_allocations(snapshot: dict, device: int) -> tuple[int, list[tuple[int, str]]]:
-    """Replays the allocator's trace: the most bytes alive at once and the TOP largest blocks alive then, each with
-    the innermost frame of this package (or the innermost frame) that allocated it."""
+def _replay(snapshot: dict, device: int) -> tuple[int, dict[int, tuple[int, str]], int, str]:
+    """Replays the allocator's trace: the most bytes alive at once, the blocks alive then (address -> size, the
+    innermost frame of this package, or the innermost frame, that allocated it), the event at which the peak was
+    reached and the site of the allocation that reached it."""
     trace = snapshot["device_traces"][device]
     freed = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
     live: dict[int, tuple[int, str]] = {}
-    total = best = 0
+    total = best = best_at = 0
     best_live: dict[int, tuple[int, str]] = {}
-    for event in trace:
+    for i, event in enumerate(trace):
         action, addr, size = event["action"], event["addr"], event["size"]
         if action == "alloc":
             frames = event.get("frames") or []
@@ -63,10 +64,32 @@ def peak_allocations(snapshot: dict, device: int) -> tuple[int, list[tuple[int, 
             live[addr] = (size, where)
             total += size
             if total > best:
-                best, best_live = total, dict(live)
+                best, best_live, best_at = total, dict(live), i
         elif action == freed and addr in live:
             total -= live.pop(addr)[0]
+    trigger = trace[best_at] if trace else None
+    return best, best_live, best_at, (best_live[trigger["addr"]][1] if best else "?")
+
+
+def peak_allocations(snapshot: dict, device: int) -> tuple[int, list[tuple[int, str]]]:
+    """The most bytes alive at once and the TOP largest blocks alive then, each with its site (`_replay`)."""
+    best, best_live, _, _ = _replay(snapshot, device)
     return best, sorted(best_live.values(), reverse=True)[:TOP]
+
+
+def peak_sites(snapshot: dict, device: int) -> dict:
+    """The blocks alive at the peak summed by site (largest first: bytes, blocks, site), the site whose allocation
+    reached the peak, and how far into the trace it came (0-1): where in a pass the peak is, and what two recipes'
+    peaks hold apart."""
+    best, best_live, best_at, trigger = _replay(snapshot, device)
+    sums: dict[str, list[int]] = {}
+    for size, where in best_live.values():
+        entry = sums.setdefault(where, [0, 0])
+        entry[0] += size
+        entry[1] += 1
+    events = len(snapshot["device_traces"][device])
+    ranked = sorted(((b, n, w) for w, (b, n) in sums.items()), reverse=True)
+    return {"peak": best, "reached_by": trigger, "at": best_at / max(events - 1, 1), "sites": ranked}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -132,6 +155,9 @@ def main(argv: list[str] | None = None) -> dict:
             torch.cuda.memory._record_memory_history(enabled=None)
             _, top = peak_allocations(snap, device.index or 0)
             result["peak_allocations"] = [{"gib": size / GIB, "site": where} for size, where in top]
+            sites = peak_sites(snap, device.index or 0)
+            result["peak_reached_by"], result["peak_at_fraction"] = sites["reached_by"], sites["at"]
+            result["peak_sites"] = [{"gib": b / GIB, "blocks": n, "site": w} for b, n, w in sites["sites"]]
     else:
         run()
     est_pass = fixed + per_token * result["tokens"]
@@ -143,6 +169,13 @@ def main(argv: list[str] | None = None) -> dict:
               f"{result['pass_peak_gib']:.2f} GiB ({result['pass_peak_per_token_bytes'] / 1024:.1f} KiB/token)", flush=True)  # fmt: skip
     for row in result.get("peak_allocations", []):
         print(f"  {row['gib']:8.3f} GiB  {row['site']}")
+    if "peak_sites" in result:
+        print(
+            f"alive at the peak by site (reached by {result['peak_reached_by']}, "
+            f"{result['peak_at_fraction']:.0%} into the pass):"
+        )
+        for row in result["peak_sites"][: 2 * TOP]:
+            print(f"  {row['gib']:8.3f} GiB  {row['blocks']:5d} blocks  {row['site']}")
     write_json(args.out, result)
     return result
 

@@ -47,3 +47,14 @@ def test_the_training_pass_runs_one_step_and_reports_the_training_term(tmp_path)
                                    "--seq", "64"])  # fmt: skip
     assert result["pass"] == "train" and result["tokens"] == 128
     assert result["estimate_per_token_bytes"] > logprob["estimate_per_token_bytes"] > 0  # training keeps more
+
+
+def test_the_peak_by_site_sums_the_blocks_and_names_the_allocation_that_reached_it():
+    trace = [
+        _alloc(1, 100, "a.py"), _alloc(2, 50, "b.py"), _alloc(6, 40, "b.py"), _free(1, 100),
+        _alloc(3, 300, "c.py"), _alloc(4, 20, "b.py"), _free(3, 300), _alloc(5, 10, "e.py"),
+    ]  # fmt: skip
+    sites = logprob_memory.peak_sites({"device_traces": [trace]}, 0)
+    assert sites["peak"] == 410 and sites["reached_by"] == "b.py:7 f"  # blocks 2, 6, 3, 4: reached at block 4
+    assert sites["sites"] == [(300, 1, "c.py:7 f"), (110, 3, "b.py:7 f")]
+    assert sites["at"] == 5 / 7
