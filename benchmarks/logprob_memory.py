@@ -145,7 +145,10 @@ def main(argv: list[str] | None = None) -> dict:
             # Python frames only: with C++ stacks too (the default), the training pass's recomputation raised a
             # SystemError in an autograd Function on torch 2.11 (docs/long_responses.md)
             torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
-        run()
+        # with the trace recording, a checkpointed recomputation's early stop (an exception torch raises to end it)
+        # surfaced as a SystemError in an autograd Function on torch 2.11; the trace runs each recomputation whole
+        with torch.utils.checkpoint.set_checkpoint_early_stop(not args.snapshot):
+            run()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
         result |= {"allocated_before_gib": before / GIB, "pass_peak_gib": peak / GIB,
