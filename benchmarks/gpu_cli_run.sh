@@ -5,9 +5,12 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_cli_run.sh OUT_DIR [STAGE ...]
 #
 # From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
-# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched report (default:
-# all but fp8 and fp8_kv_matched, in order; fp8 = FP8 linears with a BF16 KV cache, grpo_math_random_1p7B.yaml;
-# fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto);
+# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched side_by_side
+# report (default: check build bf16 fp8_kv report, in order; fp8 = FP8 linears with a BF16 KV cache,
+# grpo_math_random_1p7B.yaml; fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto;
+# side_by_side = bf16 and fp8_kv at the same time, one GPU each, PAIR_GPUS="0 1" by default (BF16's GPU first; "1 0"
+# swaps them): both runs see the same host, and a second call with the GPUs swapped separates the GPUs from the
+# precisions; each run's console goes to OUT/<variant>.log only);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json, OUT/phases.png (the median step by phase).
@@ -27,7 +30,7 @@
 # (docs/long_responses.md).
 set -euo pipefail
 
-OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched report]}
+OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched side_by_side report]}
 shift
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
@@ -135,6 +138,25 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
     [ "$rc" -eq 0 ] || { echo "error: the $variant run failed (rc $rc); see $OUT/$variant.log" >&2; exit "$rc"; }
 }
 
+stage_side_by_side() {  # bf16 and fp8_kv at once, one GPU each (PAIR_GPUS)
+    local gpus pid rc_bf16=0 rc_fp8=0
+    read -r -a gpus <<< "${PAIR_GPUS:-0 1}"
+    if [ ${#gpus[@]} -ne 2 ] || [ "${gpus[0]}" = "${gpus[1]}" ] || [ "$NPROC" -ne 1 ]; then
+        echo "error: side_by_side runs one GPU per precision: PAIR_GPUS names two different GPUs (got" \
+            "'${PAIR_GPUS:-0 1}') and NPROC is 1 (got $NPROC)" >&2
+        exit 2
+    fi
+    echo "bf16 on GPU ${gpus[0]}, fp8_kv on GPU ${gpus[1]}, at the same time (consoles: $OUT/bf16$SUFFIX.log," \
+        "$OUT/fp8_kv$SUFFIX.log)"
+    (export CUDA_VISIBLE_DEVICES=${gpus[0]}; GPU=${gpus[0]}; run_variant bf16 > /dev/null) &
+    pid=$!
+    (export CUDA_VISIBLE_DEVICES=${gpus[1]}; GPU=${gpus[1]}; run_variant fp8_kv > /dev/null) || rc_fp8=$?
+    wait "$pid" || rc_bf16=$?
+    [ "$rc_bf16" -eq 0 ] && [ "$rc_fp8" -eq 0 ] && return 0
+    echo "error: side_by_side: bf16 rc $rc_bf16, fp8_kv rc $rc_fp8" >&2
+    exit 1
+}
+
 stage_report() {
     echo
     echo "per-phase GRPO step time (median over steps 2..$STEPS; first step in brackets) and peak GPU memory:"
@@ -156,7 +178,9 @@ for stage in "${STAGES[@]}"; do
         check) stage_check ;;
         build) stage_build ;;
         bf16 | fp8 | fp8_kv | fp8_kv_matched) run_variant "$stage" ;;
+        side_by_side) stage_side_by_side ;;
         report) stage_report ;;
-        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv fp8_kv_matched report)" >&2; exit 2 ;;
+        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv fp8_kv_matched side_by_side report)" >&2
+           exit 2 ;;
     esac
 done

@@ -5,7 +5,8 @@ One `NativePolicy.get_logprobs` (`--pass train`: one `NativePolicy.train` step, 
 with a shipped config and overrides as `run_grpo.py` takes them (the preflight first derives its token budgets into
 the config, as a run does). Prints the pass's measured peak over what was allocated before it, per token, next to
 the estimate's logprob term (`MemoryEstimate.logprob_per_token`, `logprob_fixed`); on CUDA with `--snapshot`, the
-largest allocations alive at the peak with the line of this package that made each (the allocator's trace).
+largest allocations alive at the peak with the line of this package that made each, the bytes alive then summed by
+that line, and the allocation that reached the peak (the allocator's trace).
 
     python3 -m benchmarks.logprob_memory --shape qwen3-8b --rows 8 --seq 16896 \\
         --config examples/configs/grpo_math_8B_fp8_kv.yaml policy.master_dtype=bfloat16 \\
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from benchmarks.common import build_model, device_info, write_json
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
@@ -142,12 +144,11 @@ def main(argv: list[str] | None = None) -> dict:
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         if args.snapshot:
-            # Python frames only: with C++ stacks too (the default), the training pass's recomputation raised a
-            # SystemError in an autograd Function on torch 2.11 (docs/long_responses.md)
-            torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
-        # with the trace recording, a checkpointed recomputation's early stop (an exception torch raises to end it)
-        # surfaced as a SystemError in an autograd Function on torch 2.11; the trace runs each recomputation whole
-        with torch.utils.checkpoint.set_checkpoint_early_stop(not args.snapshot):
+            torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")  # Python frames only
+        # while the trace records, a checkpointed recomputation's early stop (an exception torch raises to end it)
+        # surfaced as a SystemError in an autograd Function on torch 2.11, with C++ stacks and with Python frames
+        # only (docs/long_responses.md): traced, each recomputation runs whole
+        with set_checkpoint_early_stop(not args.snapshot):
             run()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before

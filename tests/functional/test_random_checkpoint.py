@@ -129,7 +129,8 @@ def test_published_shapes_count_as_the_model_cards(name, total, non_embedding, d
 
 @pytest.mark.slow
 def test_gpu_cli_run_script_on_cpu(tmp_path):
-    """benchmarks/gpu_cli_run.sh (build, BF16 run, FP8+KV run, report) through the shipped overlays, on CPU."""
+    """benchmarks/gpu_cli_run.sh (build, the BF16 and FP8+KV runs side by side, report) through the shipped overlays,
+    on CPU."""
     extra = (
         "cluster.num_cpu_threads=2 grpo.num_prompts_per_step=2 grpo.num_generations_per_prompt=2 "
         "policy.generation.max_new_tokens=8 policy.max_total_sequence_length=256 data.max_input_seq_length=240"
@@ -145,7 +146,7 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         "COPY_TO": str(tmp_path / "copied"),
     }
     proc = subprocess.run(
-        ["bash", "benchmarks/gpu_cli_run.sh", str(tmp_path)],
+        ["bash", "benchmarks/gpu_cli_run.sh", str(tmp_path), "check", "build", "side_by_side", "report"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -158,6 +159,9 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         assert summary[variant]["steps"] == 2
         assert summary[variant]["median_s"]["generation"] > 0 and summary[variant]["median_s"]["training"] > 0
     assert summary["fp8_kv"]["first_step_s"]["kv_bootstrap"] > 0 and "kv_bootstrap" not in summary["bf16"]["median_s"]
+    assert "bf16 on GPU 0, fp8_kv on GPU 1, at the same time" in proc.stdout
+    assert "memory_preflight" not in proc.stdout  # the runs' consoles (their config trees) go to their logs only
+    assert all("memory_preflight" in (tmp_path / f"{v}.log").read_text() for v in ("bf16", "fp8_kv"))
     assert "| generation |" in proc.stdout and "| peak GPU memory |" in proc.stdout
     assert "| total_step_time by step: x bf16 |" in proc.stdout  # the report's speed-up rows over the BF16 run
     assert (tmp_path / "phases.png").stat().st_size > 10_000  # the median step by phase, per run
@@ -181,3 +185,18 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         text=True,
     )
     assert report.returncode == 0 and "| training |" in report.stdout, report.stderr
+
+
+def test_side_by_side_refuses_one_gpu_for_both_precisions(tmp_path):
+    """`side_by_side` runs each precision on its own GPU: the same GPU twice is refused at once, exit 2, one line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHON": sys.executable, "PAIR_GPUS": "0 0"}
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu_cli_run.sh", str(tmp_path), "side_by_side"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: side_by_side runs one GPU per precision: PAIR_GPUS names two different GPUs (got '0 0') and NPROC is 1"
+        " (got 1)"
+    ]
+    assert not (tmp_path / "logs" / "bf16").exists() and not (tmp_path / "bf16.log").exists()
