@@ -24,7 +24,8 @@ from bisect import bisect_left
 from collections import defaultdict
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")  # the host waits
+SYNC_CALLS = (*WAIT_CALLS, "cudaMemcpy")  # name prefixes: a blocking copy waits too
 ALLOCATOR_CALLS = ("cudaMalloc", "cudaFree", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
                    "cuMemAddressReserve", "cuMemAddressFree", "cuMemSetAccess")  # fmt: skip
 
@@ -40,8 +41,7 @@ def load_events(path: str) -> list[dict]:
 def sync_calls(events: list[dict]) -> int:
     """How many CUDA runtime calls in the trace made the host wait for the device (stream, device or event
     synchronize; a blocking copy's wait is one of these)."""
-    waits = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
-    return sum(1 for e in events if e.get("cat") == "cuda_runtime" and e.get("name") in waits)
+    return sum(1 for e in events if e.get("cat") == "cuda_runtime" and e.get("name") in WAIT_CALLS)
 
 
 def idle_gaps(events: list[dict], min_gap_us: float) -> tuple[list[tuple[float, float]], float, float]:
@@ -103,6 +103,7 @@ def report(path: str, min_gap_us: float = 5.0, top: int = 25) -> dict:
     charged = charge_gaps(events, gaps)
     idle = sum(end - start for start, end in gaps)
     out = {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": idle / 1e3, "gaps": len(gaps),
+           "sync_calls": sync_calls(events),
            "after_sync_ms": charged["sync_us"] / 1e3, "in_allocator_ms": charged["allocator_us"] / 1e3,
            "top_ops_ms": _top_ms(charged["ops"], top), "top_runtime_ms": _top_ms(charged["runtime"], top)}  # fmt: skip
     print(f"{path}: device span {out['span_ms']:.1f} ms, busy {out['busy_ms']:.1f} ms, idle {out['idle_ms']:.1f} ms "

@@ -35,6 +35,7 @@ def test_gaps_busy_time_and_host_ops(tmp_path):
         assert abs(out["busy_ms"] - (10 + 13 + 10 + 8) / 1e3) < 1e-9
         assert abs(out["span_ms"] - 0.070) < 1e-9
         assert abs(out["after_sync_ms"] - 0.007) < 1e-9  # the sync overlaps the second gap only
+        assert out["sync_calls"] == 1  # `sync_calls`: the one host wait
         assert abs(out["in_allocator_ms"] - 0.020) < 1e-9  # cudaFree and cuMemMap overlap the first gap only
         assert out["top_ops_ms"] == {"aten::foo": 0.020, "aten::bar": 0.003}  # ms per op name
         assert out["top_runtime_ms"] == {"cudaFree": 0.004, "cudaStreamSynchronize": 0.002, "cuMemMap": 0.002}
