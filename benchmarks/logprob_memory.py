@@ -47,10 +47,12 @@ def random_batch(rows: int, seq: int, vocab: int, seed: int = 0) -> TrainBatch:
     return TrainBatch(ids, ones, ones, advantages, torch.zeros(rows, seq))
 
 
-def _replay(snapshot: dict, device: int) -> tuple[int, dict[int, tuple[int, str]], int, str]:
-    """Replays the allocator's trace: the most bytes alive at once, the blocks alive then (address -> size, the
-    innermost frame of this package, or the innermost frame, that allocated it), the event at which the peak was
-    reached and the site of the allocation that reached it."""
+def peak_allocations(snapshot: dict, device: int) -> dict:
+    """Replays the allocator's trace once: the most bytes alive at once ("peak"), the TOP largest blocks alive then
+    ("largest": size, site) and those blocks summed by site ("sites": bytes, blocks, site; largest first), the site
+    whose allocation reached the peak ("reached_by") and how far into the trace it came ("at", 0-1). A block's site
+    is the innermost frame of this package (or the innermost frame) that allocated it. Where in a pass the peak is,
+    and what two recipes' peaks hold apart."""
     trace = snapshot["device_traces"][device]
     freed = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
     live: dict[int, tuple[int, str]] = {}
@@ -69,29 +71,18 @@ def _replay(snapshot: dict, device: int) -> tuple[int, dict[int, tuple[int, str]
                 best, best_live, best_at = total, dict(live), i
         elif action == freed and addr in live:
             total -= live.pop(addr)[0]
-    trigger = trace[best_at] if trace else None
-    return best, best_live, best_at, (best_live[trigger["addr"]][1] if best else "?")
-
-
-def peak_allocations(snapshot: dict, device: int) -> tuple[int, list[tuple[int, str]]]:
-    """The most bytes alive at once and the TOP largest blocks alive then, each with its site (`_replay`)."""
-    best, best_live, _, _ = _replay(snapshot, device)
-    return best, sorted(best_live.values(), reverse=True)[:TOP]
-
-
-def peak_sites(snapshot: dict, device: int) -> dict:
-    """The blocks alive at the peak summed by site (largest first: bytes, blocks, site), the site whose allocation
-    reached the peak, and how far into the trace it came (0-1): where in a pass the peak is, and what two recipes'
-    peaks hold apart."""
-    best, best_live, best_at, trigger = _replay(snapshot, device)
     sums: dict[str, list[int]] = {}
     for size, where in best_live.values():
         entry = sums.setdefault(where, [0, 0])
         entry[0] += size
         entry[1] += 1
-    events = len(snapshot["device_traces"][device])
-    ranked = sorted(((b, n, w) for w, (b, n) in sums.items()), reverse=True)
-    return {"peak": best, "reached_by": trigger, "at": best_at / max(events - 1, 1), "sites": ranked}
+    return {
+        "peak": best,
+        "largest": sorted(best_live.values(), reverse=True)[:TOP],
+        "sites": sorted(((b, n, w) for w, (b, n) in sums.items()), reverse=True),
+        "reached_by": best_live[trace[best_at]["addr"]][1] if best else "?",
+        "at": best_at / max(len(trace) - 1, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -157,11 +148,10 @@ def main(argv: list[str] | None = None) -> dict:
         if args.snapshot:
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
-            _, top = peak_allocations(snap, device.index or 0)
-            result["peak_allocations"] = [{"gib": size / GIB, "site": where} for size, where in top]
-            sites = peak_sites(snap, device.index or 0)
-            result["peak_reached_by"], result["peak_at_fraction"] = sites["reached_by"], sites["at"]
-            result["peak_sites"] = [{"gib": b / GIB, "blocks": n, "site": w} for b, n, w in sites["sites"]]
+            at_peak = peak_allocations(snap, device.index or 0)
+            result["peak_allocations"] = [{"gib": size / GIB, "site": where} for size, where in at_peak["largest"]]
+            result["peak_reached_by"], result["peak_at_fraction"] = at_peak["reached_by"], at_peak["at"]
+            result["peak_sites"] = [{"gib": b / GIB, "blocks": n, "site": w} for b, n, w in at_peak["sites"]]
     else:
         run()
     est_pass = fixed + per_token * result["tokens"]

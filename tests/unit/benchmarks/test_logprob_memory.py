@@ -23,12 +23,13 @@ def test_the_replay_finds_the_peak_and_the_blocks_alive_then():
         _alloc(1, 100, "a.py"), _alloc(2, 50, "b.py"), _free(1, 100, "free_requested"), _free(1, 100),
         _alloc(3, 300, "c.py"), _alloc(4, 20, "d.py"), _free(3, 300), _alloc(5, 10, "e.py"),
     ]  # fmt: skip
-    peak, top = logprob_memory.peak_allocations({"device_traces": [trace]}, 0)
+    at_peak = logprob_memory.peak_allocations({"device_traces": [trace]}, 0)
+    peak, top = at_peak["peak"], at_peak["largest"]
     assert peak == 370  # blocks 2, 3, 4: freed only at `free_completed`
     assert top == [(300, "c.py:7 f"), (50, "b.py:7 f"), (20, "d.py:7 f")]  # the package's frame, largest first
     requested = [e for e in trace if e["action"] != "free_requested"]  # a trace that records requests only
     requested = [{**e, "action": "free_requested"} if e["action"] == "free_completed" else e for e in requested]
-    assert logprob_memory.peak_allocations({"device_traces": [requested]}, 0)[0] == 370
+    assert logprob_memory.peak_allocations({"device_traces": [requested]}, 0)["peak"] == 370
 
 
 def test_the_cpu_run_reports_the_estimate_for_the_measured_batch(tmp_path):
@@ -54,7 +55,7 @@ def test_the_peak_by_site_sums_the_blocks_and_names_the_allocation_that_reached_
         _alloc(1, 100, "a.py"), _alloc(2, 50, "b.py"), _alloc(6, 40, "b.py"), _free(1, 100),
         _alloc(3, 300, "c.py"), _alloc(4, 20, "b.py"), _free(3, 300), _alloc(5, 10, "e.py"),
     ]  # fmt: skip
-    sites = logprob_memory.peak_sites({"device_traces": [trace]}, 0)
+    sites = logprob_memory.peak_allocations({"device_traces": [trace]}, 0)
     assert sites["peak"] == 410 and sites["reached_by"] == "b.py:7 f"  # blocks 2, 6, 3, 4: reached at block 4
     assert sites["sites"] == [(300, 1, "c.py:7 f"), (110, 3, "b.py:7 f")]
     assert sites["at"] == 5 / 7
