@@ -19,6 +19,8 @@ activations and working set over the resident state); the peak sites then show w
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 
 import torch
 from torch.utils.checkpoint import set_checkpoint_early_stop
@@ -47,17 +49,51 @@ def random_batch(rows: int, seq: int, vocab: int, seed: int = 0) -> TrainBatch:
     return TrainBatch(ids, ones, ones, advantages, torch.zeros(rows, seq))
 
 
-def peak_allocations(snapshot: dict, device: int) -> dict:
-    """Replays the allocator's trace once: the most bytes alive at once ("peak"), the TOP largest blocks alive then
+def held_tensors(model: torch.nn.Module) -> dict[int, tuple[int, str]]:
+    """What the model's modules hold beside their parameters and buffers (FP8 weight caches, weight groups' shared
+    buffers, their W^T copies), by storage address: {addr: (bytes, "module.attr...")}, layer indices as `*`."""
+    found: dict[int, tuple[int, str]] = {}
+
+    def visit(obj, where: str, depth: int) -> None:
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            found.setdefault(storage.data_ptr(), (storage.nbytes(), re.sub(r"\.\d+\.", ".*.", where)))
+        elif depth == 0 or isinstance(obj, torch.nn.Module):
+            return
+        elif isinstance(obj, (tuple, list)):
+            for i, value in enumerate(obj):
+                visit(value, f"{where}[{i}]", depth - 1)
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                visit(value, f"{where}.{key}", depth - 1)
+        elif dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__"):
+            names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else vars(obj)
+            for name in names:
+                visit(getattr(obj, name, None), f"{where}.{name}", depth - 1)
+
+    for module_name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if attr not in ("_parameters", "_buffers", "_modules") and not attr.endswith("hooks"):
+                visit(value, f"{module_name}.{attr}", 4)
+    return found
+
+
+def peak_allocations(snapshot: dict, device: int, held: dict[int, tuple[int, str]] | None = None) -> dict:
+    """Replays the allocator's trace once: at the moment the device held most (the trace's blocks alive less those from
+    before it that the pass freed), the trace's bytes alive ("peak"), the TOP largest blocks alive then
     ("largest": size, site) and those blocks summed by site ("sites": bytes, blocks, site; largest first), the site
     whose allocation reached the peak ("reached_by") and how far into the trace it came ("at", 0-1). A block's site
     is the innermost frame of this package (or the innermost frame) that allocated it. Where in a pass the peak is,
-    and what two recipes' peaks hold apart."""
+    and what two recipes' peaks hold apart. `held` (`held_tensors` before the trace): those of its blocks the pass
+    has not freed by the peak, summed by name ("held": bytes, blocks, name), and the bytes of blocks from before the
+    trace that it has freed ("freed_before": named or not)."""
     trace = snapshot["device_traces"][device]
     freed = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
     live: dict[int, tuple[int, str]] = {}
-    total = best = best_at = 0
+    kept = dict(held or {})
+    total = best = best_at = released = best_released = 0
     best_live: dict[int, tuple[int, str]] = {}
+    best_kept = dict(kept)
     for i, event in enumerate(trace):
         action, addr, size = event["action"], event["addr"], event["size"]
         if action == "alloc":
@@ -67,22 +103,32 @@ def peak_allocations(snapshot: dict, device: int) -> dict:
             where = f"{top['filename'].split(PACKAGE + '/')[-1]}:{top['line']} {top['name']}" if top else "?"
             live[addr] = (size, where)
             total += size
-            if total > best:
-                best, best_live, best_at = total, dict(live), i
+            if total - released > best - best_released:
+                best, best_live, best_at, best_kept, best_released = total, dict(live), i, dict(kept), released
         elif action == freed and addr in live:
             total -= live.pop(addr)[0]
-    sums: dict[str, list[int]] = {}
-    for size, where in best_live.values():
-        entry = sums.setdefault(where, [0, 0])
-        entry[0] += size
-        entry[1] += 1
+        elif action == freed:  # a block from before the trace
+            released += size
+            kept.pop(addr, None)
     return {
         "peak": best,
         "largest": sorted(best_live.values(), reverse=True)[:TOP],
-        "sites": sorted(((b, n, w) for w, (b, n) in sums.items()), reverse=True),
+        "sites": _summed(best_live.values()),
         "reached_by": best_live[trace[best_at]["addr"]][1] if best else "?",
         "at": best_at / max(len(trace) - 1, 1),
+        "held": _summed(best_kept.values()),
+        "freed_before": best_released,
     }
+
+
+def _summed(blocks) -> list[tuple[int, int, str]]:
+    """(bytes, blocks, name) per name of (size, name) blocks, largest first."""
+    sums: dict[str, list[int]] = {}
+    for size, where in blocks:
+        entry = sums.setdefault(where, [0, 0])
+        entry[0] += size
+        entry[1] += 1
+    return sorted(((b, n, w) for w, (b, n) in sums.items()), reverse=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -135,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         if args.snapshot:
+            held = held_tensors(model)  # the FP8 caches before the pass: which the pass still holds at its peak
             torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")  # Python frames only
         # while the trace records, a checkpointed recomputation's early stop (an exception torch raises to end it)
         # surfaced as a SystemError in an autograd Function on torch 2.11, with C++ stacks and with Python frames
@@ -148,10 +195,12 @@ def main(argv: list[str] | None = None) -> dict:
         if args.snapshot:
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
-            at_peak = peak_allocations(snap, device.index or 0)
+            at_peak = peak_allocations(snap, device.index or 0, held)
             result["peak_allocations"] = [{"gib": size / GIB, "site": where} for size, where in at_peak["largest"]]
             result["peak_reached_by"], result["peak_at_fraction"] = at_peak["reached_by"], at_peak["at"]
             result["peak_sites"] = [{"gib": b / GIB, "blocks": n, "site": w} for b, n, w in at_peak["sites"]]
+            result["held_at_peak"] = [{"gib": b / GIB, "blocks": n, "name": w} for b, n, w in at_peak["held"]]
+            result["freed_before_gib"] = at_peak["freed_before"] / GIB
     else:
         run()
     est_pass = fixed + per_token * result["tokens"]
@@ -170,6 +219,9 @@ def main(argv: list[str] | None = None) -> dict:
         )
         for row in result["peak_sites"][: 2 * TOP]:
             print(f"  {row['gib']:8.3f} GiB  {row['blocks']:5d} blocks  {row['site']}")
+        print(f"held from before the pass at the peak ({result['freed_before_gib']:.3f} GiB of it freed by then):")
+        for row in result["held_at_peak"][:TOP]:
+            print(f"  {row['gib']:8.3f} GiB  {row['blocks']:5d} blocks  {row['name']}")
     write_json(args.out, result)
     return result
 

@@ -28,7 +28,7 @@ unlike the plain norm kernel's (an exact-mode FP8 KV run at a small Qwen3 shape 
 one, H100).
 
 Activation checkpointing (`ForwardPlan.activation_checkpointing`, `policy.dtensor_cfg.activation_checkpointing`): under
-autograd each layer runs through `models/recompute.py`, keeping only its inputs (x, delta) and recomputing its
+autograd each layer runs through `models/recompute.py`, keeping only its input (the residual sum made before it) and recomputing its
 activations in the backward, bit for bit (the FP8 weights come from their caches; a hook's `replay` runs instead of the
 hook itself).
 
@@ -56,6 +56,7 @@ from nemo_jetrl.models.recompute import checkpoint_layer, recomputes
 from nemo_jetrl.models.sdpa import sdpa
 from nemo_jetrl.precision.convert import release_fp8_weights
 from nemo_jetrl.precision.linear import QuantizedInput, output_dtype
+from nemo_jetrl.precision.op_input_linear import linear_after
 from nemo_jetrl.precision.shared_input import shared_input_quant
 from nemo_jetrl.precision.weight_group import project_shared_input
 
@@ -212,6 +213,12 @@ def _norm_args(norm: nn.Module | None) -> tuple[torch.Tensor | None, float]:
     return (None, 0.0) if norm is None else (norm.weight, float(norm.variance_epsilon))
 
 
+def residual_sum(x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+    """x + delta [B, S, H] (x when delta is None): the bits of the residual `_add_norm` and the fused add + norm
+    kernels write (one FP32 add rounded once to the promoted dtype)."""
+    return x if delta is None else x + delta
+
+
 def _add_norm(
     x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module, glue, consumers: tuple[nn.Module, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor | QuantizedInput]:
@@ -225,7 +232,7 @@ def _add_norm(
             out_dtype = output_dtype(x, fused_ops.normed_dtype(res.dtype, norm.weight.dtype))
             return res, QuantizedInput(data, scale, tuple(x.shape[:-1]), out_dtype)
         return glue.add_rms_norm(x, delta, *_norm_args(norm))
-    x = x if delta is None else x + delta
+    x = residual_sum(x, delta)
     return x, norm(x)
 
 
@@ -240,6 +247,8 @@ def _mlp(mlp: nn.Module, h: torch.Tensor | QuantizedInput, glue, grouped: bool) 
             data, scale = fused_ops.silu_mul_fp8(gate, up, *quant)
             out_dtype = output_dtype(gate, fused_ops.normed_dtype(gate.dtype, up.dtype))
             return mlp.down_proj(QuantizedInput(data, scale, tuple(gate.shape[:-1]), out_dtype))
+        if glue is fused_train_ops:  # the trainer: an FP8 down_proj frees the BF16 product before its GEMM
+            return linear_after(mlp.down_proj, fused_train_ops.SiluMulInput, gate, up)
         return mlp.down_proj(glue.silu_mul(gate, up))
     return mlp.down_proj(mlp.act_fn(gate) * up)
 
@@ -311,6 +320,8 @@ def decoder_forward(
         for layer_idx, layer in enumerate(backbone.layers):
             run = functools.partial(_decoder_layer, shared, layer_idx, layer)
             if recompute:  # a transient FP8 weight lives while its layer runs (precision/convert.py)
+                # the residual sum is made before the checkpoint, which then keeps one [B, S, H] tensor, not two
+                x, delta = residual_sum(x, delta), None
                 release = functools.partial(release_fp8_weights, layer)
                 x, delta = checkpoint_layer(run, x, delta, plan.attn_hook, release)
             else:

@@ -132,15 +132,15 @@ def _per_program(items: int) -> tuple[int, int]:
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, delta, weight, eps):
-        # outputs (x + delta, normed), or only normed when delta is None (the residual is x itself)
+        # outputs (x + delta, normed); with delta None the residual output is x itself (a view of it through this
+        # function), so its gradient joins the norm's in the kernel, rounded once, as with a delta
         res, out = fused_ops.add_rms_norm(x, delta, weight, eps)
         ctx.save_for_backward(res, weight)
         ctx.eps, ctx.has_delta, ctx.dtypes = eps, delta is not None, (x.dtype, getattr(delta, "dtype", None))
-        return (res, out) if delta is not None else out
+        return res, out
 
     @staticmethod
-    def backward(ctx, *grads):
-        d_res, d_out = grads if ctx.has_delta else (None, grads[0])
+    def backward(ctx, d_res, d_out):
         res, weight = ctx.saved_tensors
         n = res.shape[-1]
         x2, dy2 = _rows(res), _rows(d_out)
@@ -203,30 +203,52 @@ class _SiluMul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        gate, up = ctx.saved_tensors
-        f = gate.shape[-1]
-        g2, u2, dy2 = _rows(gate), _rows(up), _rows(dy)
-        if adjacent_columns((gate, up)):  # the grouped gate/up's column views: d(gate), d(up) side by side too
-            dg, du = column_buffer(gate, (f, f))  # views [..., F] of one [..., 2F] (join_columns: no copy)
-        else:
-            dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-            du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
-        block = min(2048, triton.next_power_of_2(max(f, 1)))
-        if dg.numel():
-            _silu_mul_bwd_kernel[(g2.shape[0], triton.cdiv(f, block))](
-                g2, u2, dy2, dg, du, f, g2.stride(0), u2.stride(0), dy2.stride(0), dg.stride(-2) if dg.dim() > 1 else f,
-                G=_TL_DTYPES[gate.dtype], U=_TL_DTYPES[up.dtype], OUT=_TL_DTYPES[dy.dtype], BLOCK=block,
-                num_warps=8 if block >= 1024 else 4,
-            )  # fmt: skip
-        return dg, du
+        return silu_mul_backward(*ctx.saved_tensors, dy)
+
+
+def silu_mul_backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d gate, d up) [..., F] of y = silu(gate) * up from dy [..., F]; gate / up as the grouped GEMM's adjacent
+    column views get their gradients side by side in one [..., 2F] buffer too."""
+    f = gate.shape[-1]
+    g2, u2, dy2 = _rows(gate), _rows(up), _rows(dy)
+    if adjacent_columns((gate, up)):  # the grouped gate/up's column views: d(gate), d(up) side by side too
+        dg, du = column_buffer(gate, (f, f))  # views [..., F] of one [..., 2F] (join_columns: no copy)
+    else:
+        dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    block = min(2048, triton.next_power_of_2(max(f, 1)))
+    if dg.numel():
+        _silu_mul_bwd_kernel[(g2.shape[0], triton.cdiv(f, block))](
+            g2, u2, dy2, dg, du, f, g2.stride(0), u2.stride(0), dy2.stride(0), dg.stride(-2) if dg.dim() > 1 else f,
+            G=_TL_DTYPES[gate.dtype], U=_TL_DTYPES[up.dtype], OUT=_TL_DTYPES[dy.dtype], BLOCK=block,
+            num_warps=8 if block >= 1024 else 4,
+        )  # fmt: skip
+    return dg, du
+
+
+class SiluMulInput:
+    """silu(gate) * up as the input of an FP8 linear that quantizes it inside its own autograd function
+    (`precision.op_input_linear`: the BF16 product is gone before the linear's GEMM runs)."""
+
+    @staticmethod
+    def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return fused_ops.silu_mul(gate, up)
+
+    @staticmethod
+    def backward(inputs: tuple[torch.Tensor, torch.Tensor], dx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return silu_mul_backward(*inputs, dx)
+
+    @staticmethod
+    def apply(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return silu_mul(gate, up)
 
 
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable `fused_ops.add_rms_norm`: x, delta [..., N] -> (x + delta, rms_norm(x + delta))."""
-    if delta is None:
-        return x, _AddRMSNorm.apply(x, None, weight, eps)
+    """Differentiable `fused_ops.add_rms_norm`: x, delta [..., N] -> (x + delta, rms_norm(x + delta)); delta None:
+    (x, rms_norm(x)), the residual's gradient summed with the norm's in the backward kernel as with a delta (a
+    checkpointed layer takes the residual sum made before it: models/recompute.py)."""
     return _AddRMSNorm.apply(x, delta, weight, eps)
 
 

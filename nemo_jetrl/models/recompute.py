@@ -1,8 +1,10 @@
 """Activation checkpointing of the trainer's forward (`policy.dtensor_cfg.activation_checkpointing`, NeMo-RL's key).
 
-Each decoder layer runs under `torch.utils.checkpoint` (non-reentrant): the forward keeps only the layer's inputs
-(the residual stream `x` and the branch output `delta` not yet added into it, 2 x [T, H]), and the backward runs the
-layer's forward again to rebuild what its backward reads. With it on, the lm_head + logprob chunks are recomputed
+Each decoder layer runs under `torch.utils.checkpoint` (non-reentrant): the forward keeps only the layer's input, the
+residual sum made before the layer (`decoder.residual_sum`, one [T, H] tensor: the previous branch output is added
+in, not kept beside the residual), and the backward runs the layer's forward again to rebuild what its backward
+reads. The sum has the fused add + norm kernel's bits, and the norm then takes the residual's gradient into its
+backward kernel as with the add (models/fused_train_ops.py): the same numbers as without checkpointing. With it on, the lm_head + logprob chunks are recomputed
 too, so the [T, V] logits are not kept between the forward and the backward either.
 
 Same numbers, bit for bit: the recomputed forward runs the same kernels on the same inputs, and every FP8 linear

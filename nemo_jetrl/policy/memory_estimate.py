@@ -23,8 +23,9 @@ kernels, grouped FP8 GEMMs): the two norms' residual inputs (FP32 with an FP32 m
 input (BF16: the activation, one autocast copy per linear when it is FP32; FP8: its 1-byte WGrad copy X^T and
 scales), q / k before their norm (FP8: the whole q/k/v output buffer they are views of), attention's q, k, v (repeated
 to the query heads where the kernel takes no grouped K/V), output and log-sum-exp, gate / up, and the padded path's
-additive mask (2 bytes per key per layer). With activation checkpointing a layer keeps its two inputs (x, delta) and
-one layer's activations live at a time, during its recomputation. docs/long_responses.md compares the estimate with
+additive mask (2 bytes per key per layer). With activation checkpointing a layer keeps its input, the residual sum
+made before it (one [T, H] tensor in the residual's dtype), and one layer's activations live at a time, during its
+recomputation. docs/long_responses.md compares the estimate with
 measured peaks.
 """
 
@@ -256,8 +257,8 @@ def estimate(
     grouped_kv = varlen_takes_grouped_kv()
     kept = [layer_bytes(shape, s, s.fp8_train and fp8, grouped_kv) for fp8 in fp8_layers]
     res, one_layer, chunk = (4 if m == 4 else 2), max(kept), _chunk_tokens(shape, s)
-    if s.checkpointing:  # each layer's (x, delta); one layer's activations at a time; one logits chunk at a time
-        per_token = shape.layers * (res + 2) * h + one_layer
+    if s.checkpointing:  # each layer's residual input; one layer's activations at a time; one logits chunk at a time
+        per_token = shape.layers * res * h + one_layer
         logits = 2 * 2 * chunk * v  # the recomputed chunk and its gradient
     else:
         per_token = sum(kept) + 2 * v  # + every logit

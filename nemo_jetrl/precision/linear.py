@@ -108,16 +108,9 @@ class Fp8LinearFunction(torch.autograd.Function):
     ):  # fmt: skip
         # x: [..., K]; weight: [N, K] master (its FProp bits live in qweight); bias: [N] or None;
         # transient: qweight kept as saved tensors (`quantized.save_with_weight`)
-        layout = recipe.layout
         x2 = x.reshape(-1, x.shape[-1])  # x2: [M, K]
-        saved: tuple[torch.Tensor, ...] = ()
         with no_autocast(x.device.type):
-            if ctx.needs_input_grad[1]:
-                # X: [M, K] (FProp) + X^T: [K, MP] along the M tokens, zero-padded (WGrad), one read of x
-                x_fp8, x_scale, xt_fp8, xt_scale = layout.input_quant_train(x2, recipe)
-                saved = (xt_fp8, xt_scale)
-            else:
-                x_fp8, x_scale = layout.input_quant(x2, recipe)
+            x_fp8, x_scale, saved = train_input_quant(x2, recipe, ctx.needs_input_grad[1])
             y2 = qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, N]
         save_with_weight(ctx, saved, qweight, transient)
         ctx.recipe, ctx.gemm, ctx.master = recipe, gemm, weight
@@ -127,27 +120,47 @@ class Fp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        recipe = ctx.recipe
-        layout = recipe.layout
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, N]
-        grad_x = grad_w = grad_b = None
         saved, qweight = saved_with_weight(ctx)
-        with no_autocast(grad_out.device.type):
-            # dY read once: [M, N] along N (DGrad) and, when WGrad runs, dY^T: [N, MP] along the tokens
-            dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2, recipe, need_dx, need_dw)
-            # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W^T) [K, N]^T
-            if need_dx:
-                wt = layout.dgrad_weight(qweight, ctx.master, recipe)  # W^T [K, N]: the layout's DGrad operand
-                grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, ctx.gemm.dgrad).reshape(ctx.x_shape)
-            # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T) [K, MP]^T, contraction over the tokens
-            if need_dw:
-                xt_fp8, xt_scale = saved
-                grad_w = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, recipe)
-            # grad_bias: plain FP32 reduction over tokens
-            if ctx.bias_dtype is not None and need_db:
-                grad_b = dy2.float().sum(0).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        grads = fp8_linear_backward(ctx, grad_out, saved, qweight, *ctx.needs_input_grad[:3])
+        return *grads, None, None, None, None, None
+
+
+def train_input_quant(
+    x2: torch.Tensor, recipe: PrecisionRecipe, need_wgrad: bool
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The trainer's FP8 input casts of x2 [M, K]: (FProp X, its scale, what the backward keeps: X^T [K, MP] along the
+    M tokens, zero-padded, and its scale when WGrad runs, else nothing), one read of x2."""
+    if need_wgrad:
+        x_fp8, x_scale, xt_fp8, xt_scale = recipe.layout.input_quant_train(x2, recipe)
+        return x_fp8, x_scale, (xt_fp8, xt_scale)
+    x_fp8, x_scale = recipe.layout.input_quant(x2, recipe)
+    return x_fp8, x_scale, ()
+
+
+def fp8_linear_backward(
+    ctx, grad_out: torch.Tensor, saved: tuple[torch.Tensor, ...], qweight: QuantizedWeight, need_dx, need_dw, need_db
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(dX [*x_shape], dW [N, K], db [N]) of Y = Q(X) Q(W)^T from dY [..., N]: FP8 DGrad and WGrad in the recipe's
+    layouts. ctx carries recipe, gemm, master, x_shape, x_dtype, weight_dtype, bias_dtype; saved: X^T and its scale."""
+    recipe = ctx.recipe
+    layout = recipe.layout
+    dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, N]
+    grad_x = grad_w = grad_b = None
+    with no_autocast(grad_out.device.type):
+        # dY read once: [M, N] along N (DGrad) and, when WGrad runs, dY^T: [N, MP] along the tokens
+        dy_fp8, dy_scale, dyt_fp8, dyt_scale = layout.grad_quant(dy2, recipe, need_dx, need_dw)
+        # grad_input (DGrad): dX [M, K] = Q(dY) [M, N] @ Q(W^T) [K, N]^T
+        if need_dx:
+            wt = layout.dgrad_weight(qweight, ctx.master, recipe)  # W^T [K, N]: the layout's DGrad operand
+            grad_x = layout.dgrad(dy_fp8, dy_scale, wt, ctx.x_dtype, recipe, ctx.gemm.dgrad).reshape(ctx.x_shape)
+        # grad_weight (WGrad): dW [N, K] = Q(dY^T) [N, MP] @ Q(X^T) [K, MP]^T, contraction over the tokens
+        if need_dw:
+            xt_fp8, xt_scale = saved
+            grad_w = layout.wgrad(dyt_fp8, dyt_scale, xt_fp8, xt_scale, ctx.weight_dtype, recipe)
+        # grad_bias: plain FP32 reduction over tokens
+        if ctx.bias_dtype is not None and need_db:
+            grad_b = dy2.float().sum(0).to(ctx.bias_dtype)
+    return grad_x, grad_w, grad_b
 
 
 class Fp8Linear(FpropKernelSwitch, nn.Module):

@@ -108,7 +108,7 @@ def assert_same_steps(plain, out_plain, ckpt, out_ckpt, graphs: bool) -> None:
 @pytest.mark.parametrize("preset", ["bf16", "jetrl"])
 def test_checkpointing_cuts_a_long_micro_batchs_training_peak(preset):
     """One 2 x 4,096-token micro-batch through 8 layers: the training phase's peak above the resident state falls
-    below half (per layer only its two [T, H] inputs stay, and the logits are recomputed per chunk)."""
+    below half (per layer only its [T, H] residual input stays, and the logits are recomputed per chunk)."""
     peaks = {}
     for checkpointing in (False, True):
         shape = {**TINY, "num_hidden_layers": 8}

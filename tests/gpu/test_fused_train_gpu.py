@@ -106,3 +106,35 @@ def test_trainer_fast_path_is_as_accurate_as_eager(fp8, causal, monkeypatch):
     assert 0 < eager_err and fast_err <= 1.5 * eager_err, (fast_err, eager_err)
     fast_gerr, eager_gerr = rel(fast_grads, ref_grads), rel(eager_grads, ref_grads)
     assert 0 < eager_gerr and fast_gerr <= 1.5 * eager_gerr, (fast_gerr, eager_gerr)
+
+
+def test_fp8_down_proj_making_silu_mul_itself_is_bitwise_the_plain_call_and_frees_the_product():
+    """`linear_after(down_proj, SiluMulInput, gate, up)` (the trainer's MLP) at Qwen3-8B widths, 2,048 tokens: the
+    output and the gradients of gate, up and the weight equal `down_proj(silu_mul(gate, up))`'s bit for bit, and the
+    forward's peak is one BF16 product [T, F] lower (the product is freed before the GEMM)."""
+    from nemo_jetrl.precision import Fp8Linear
+    from nemo_jetrl.precision.op_input_linear import linear_after
+
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    torch.manual_seed(0)
+    down = Fp8Linear(12288, 4096, bias=False, recipe=PrecisionRecipe.preset("jetrl"), device=DEV, dtype=torch.bfloat16)
+    tokens = 2048
+    gate, up = (torch.randn(tokens, 12288, device=DEV, generator=gen).bfloat16() for _ in range(2))
+    dy = torch.randn(tokens, 4096, device=DEV, generator=gen).bfloat16()
+    down.quantized_weight()
+    runs, peaks = [], []
+    for fused in (False, True):
+        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        down.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        y = linear_after(down, fused_train_ops.SiluMulInput, g, u) if fused else down(fused_train_ops.silu_mul(g, u))
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        y.backward(dy)
+        runs.append([y.detach(), g.grad, u.grad, down.weight.grad])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    product = tokens * 12288 * 2
+    assert peaks[0] - peaks[1] == pytest.approx(product, rel=0.02), peaks

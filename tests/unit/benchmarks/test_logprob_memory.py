@@ -59,3 +59,33 @@ def test_the_peak_by_site_sums_the_blocks_and_names_the_allocation_that_reached_
     assert sites["peak"] == 410 and sites["reached_by"] == "b.py:7 f"  # blocks 2, 6, 3, 4: reached at block 4
     assert sites["sites"] == [(300, 1, "c.py:7 f"), (110, 3, "b.py:7 f")]
     assert sites["at"] == 5 / 7
+
+
+def test_blocks_from_before_the_trace_count_where_the_pass_frees_them():
+    # blocks 90 (a cache, 200 bytes) and 91 (100) were allocated before the trace; the pass frees 90 early
+    held = {90: (200, "layers.*.down_proj._qweight.data"), 91: (100, "layers.*.up_proj._qweight.data")}
+    trace = [_alloc(1, 150, "a.py"), _free(90, 200), _alloc(2, 120, "b.py"), _alloc(3, 60, "c.py"), _free(2, 120)]
+    at_peak = logprob_memory.peak_allocations({"device_traces": [trace]}, 0, held)
+    # device: +150 (150), -200 (-50), +120 (70), +60 (130): the peak is the first allocation, before the free
+    assert at_peak["peak"] == 150 and at_peak["freed_before"] == 0 and at_peak["reached_by"] == "a.py:7 f"
+    assert at_peak["held"] == [(200, 1, "layers.*.down_proj._qweight.data"), (100, 1, "layers.*.up_proj._qweight.data")]
+    trace[3] = _alloc(3, 140, "c.py")  # now +150 -200 +120 +140 = 210 > 150: the peak comes after the free
+    at_peak = logprob_memory.peak_allocations({"device_traces": [trace]}, 0, held)
+    assert at_peak["peak"] == 410 and at_peak["freed_before"] == 200
+    assert at_peak["held"] == [(100, 1, "layers.*.up_proj._qweight.data")]
+
+
+def test_held_tensors_names_the_fp8_caches_by_layer():
+    from nemo_jetrl.models.tiny import random_tiny_qwen3
+    from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8, fp8_layers
+
+    model = random_tiny_qwen3(0, num_layers=2)
+    convert_to_fp8(model, PrecisionRecipe.preset("jetrl"))
+    assert logprob_memory.held_tensors(model) == {}  # nothing quantized yet
+    for _, layer in fp8_layers(model):
+        layer.quantized_weight()
+    held = logprob_memory.held_tensors(model)
+    names = {name for _, name in held.values()}
+    assert "model.layers.*.mlp.down_proj._qweight.data" in names
+    down = model.model.layers[1].mlp.down_proj._qweight.data
+    assert held[down.untyped_storage().data_ptr()] == (down.numel(), "model.layers.*.mlp.down_proj._qweight.data")

@@ -191,3 +191,24 @@ def test_transient_fp8_weights_are_bitwise_the_cached_ones_and_live_one_layer_at
     assert cached["forward_made"] == transient["forward_made"] == 14  # each weight quantized once in the forward
     assert cached["alive"] == 14 and transient["alive"] == 0  # the cache, or nothing, holds them after the forward
     assert 1 <= transient["held_in_backward"] <= 7  # the recomputed layer's own, released after it
+
+
+def test_each_checkpointed_layer_keeps_one_residual_tensor(monkeypatch):
+    """A checkpoint keeps its inputs until the backward: each layer gets the residual sum made before it, one
+    [B, S, H] tensor (and no delta), not the residual and the branch output apart (two)."""
+    from nemo_jetrl.models import recompute
+
+    inputs = []
+    checkpoint = recompute.checkpoint
+
+    def spy(fn, *args, **kwargs):
+        inputs.append([None if a is None else tuple(a.shape) for a in args])
+        return checkpoint(fn, *args, **kwargs)
+
+    monkeypatch.setattr(recompute, "checkpoint", spy)
+    model = random_tiny_qwen3(0, num_layers=3).train()
+    batch = _batch()
+    logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, activation_checkpointing=True)
+    logp.sum().backward()
+    rows, cols, hidden = *batch.input_ids.shape, model.config.hidden_size
+    assert inputs[:3] == [[(rows, cols, hidden), None]] * 3  # the decoder layers' (x, delta); then logits chunks'

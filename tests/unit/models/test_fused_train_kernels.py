@@ -47,6 +47,11 @@ CHILD = textwrap.dedent(
             lambda a, b, c: F.add_rms_norm_ref(a, b, c, 1e-6), [x, d, w], [gr, go])
     compare("norm", lambda a, c: T.add_rms_norm(a, None, c, 1e-6)[1],
             lambda a, c: F.rms_norm_ref(a, c, 1e-6), [x, w], [go])
+    # a checkpointed layer's input: the residual sum made first, then the norm of it with its residual output used:
+    # the fused add + norm's outputs and gradients, to the bit
+    (o1, g1), (o2, g2) = (run(lambda a, b, c: T.add_rms_norm(a, b, c, 1e-6), [x, d, w], [gr, go]),
+                          run(lambda a, b, c: T.add_rms_norm(a + b, None, c, 1e-6), [x, d, w], [gr, go]))
+    r["residual_sum_bitwise"] = [torch.equal(a, b) for a, b in zip((*o1, *g1), (*o2, *g2))]
     q, gq = torch.randn(2, 5, 3, 32).to(bf), torch.randn(2, 5, 3, 32).to(bf)
     wn, cos, sin = (1 + 0.1 * torch.randn(32)).to(bf), torch.randn(2, 5, 32).to(bf), torch.randn(2, 5, 32).to(bf)
     compare("qk_norm_rope", lambda a, c: T.qk_norm_rope(a, c, 1e-6, cos, sin),
@@ -73,6 +78,16 @@ CHILD = textwrap.dedent(
             r["silu_views_adjacent"] = adjacent_columns(grads)
             return torch.cat(grads, -1)
 
+    # an FP8 down_proj that makes SiLU * up inside its autograd function (the trainer's MLP): the plain call's bits
+    from nemo_jetrl.precision import Fp8Linear
+    from nemo_jetrl.precision.op_input_linear import linear_after
+
+    torch.manual_seed(2)
+    down = Fp8Linear(300, 64, bias=False, recipe=PrecisionRecipe.preset("jetrl"), dtype=bf)
+    gd = torch.randn(7, 64).to(bf)
+    (o1, g1), (o2, g2) = (run(lambda a, b: linear_after(down, T.SiluMulInput, a, b), [g, u], [gd]),
+                          run(lambda a, b: down(T.silu_mul(a, b)), [g, u], [gd]))
+    r["silu_down_bitwise"] = [torch.equal(a, b) for a, b in zip((*o1, *g1), (*o2, *g2))]
     base = torch.cat([g, u], -1).requires_grad_()
     T.silu_mul(*Split.apply(base)).backward(gy)
     _, (dg, du) = run(T.silu_mul, [g, u], [gy])
@@ -80,9 +95,10 @@ CHILD = textwrap.dedent(
 
     # the trainer's path: left-padded rows, fused glue, FP8 linears; logprobs and parameter gradients, against
     # the eager path and (bf16) an FP64 copy of the model
-    def trainer_pass(model, fast):
+    def trainer_pass(model, fast, checkpointing=False):
         model.zero_grad()
-        logp = sequence_logprobs(model, ids, mask, fused_train=fast, causal_attention=fast)
+        logp = sequence_logprobs(model, ids, mask, fused_train=fast, causal_attention=fast,
+                                 activation_checkpointing=checkpointing)
         (logp * torch.linspace(0.5, 1.5, 6, dtype=logp.dtype)).sum().backward()
         grads = torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])
         return logp.detach().double(), grads
@@ -102,6 +118,9 @@ CHILD = textwrap.dedent(
         r[name + "_pads_zero"] = bool((fast_logp[mask == 0] == 0).all())
         r[name + "_logp_err"] = [float((x - ref_logp).abs().max()) for x in (fast_logp, eager_logp)]
         r[name + "_grad_err"] = [rel(x, ref_grads) for x in (fast_grads, eager_grads)]
+        # activation checkpointing (each layer keeps the residual sum made before it): the fused path to the bit
+        ckpt_logp, ckpt_grads = trainer_pass(model, True, checkpointing=True)
+        r[name + "_checkpointed_bitwise"] = [torch.equal(ckpt_logp, fast_logp), torch.equal(ckpt_grads, fast_grads)]
     print(json.dumps(r))
     """
 )
@@ -126,6 +145,22 @@ def test_silu_backward_writes_grouped_gate_up_gradients_side_by_side(interpreted
     # the grouped gate/up's gradient joins without a copy (utils.columns.join_columns), bitwise the separate ones
     assert interpreted["silu_views_adjacent"] is True
     assert interpreted["silu_views_grad_equal"] is True
+
+
+def test_an_fp8_down_proj_making_silu_mul_itself_gives_the_plain_bits(interpreted):
+    # output, d gate, d up (the weight gradient: tests/unit/precision/test_op_input_linear.py)
+    assert interpreted["silu_down_bitwise"] == [True] * 3
+
+
+def test_a_residual_sum_made_before_the_norm_is_the_fused_add_to_the_bit(interpreted):
+    # residual, normed output, and the gradients of x, delta and the norm weight
+    assert interpreted["residual_sum_bitwise"] == [True] * 5
+
+
+def test_checkpointed_fused_trainer_pass_is_bitwise_the_plain_one(interpreted):
+    # loss-side logprobs and every parameter gradient, BF16 and FP8 linears
+    for name in ("bf16", "fp8"):
+        assert interpreted[f"{name}_checkpointed_bitwise"] == [True, True], name
 
 
 def test_trainer_fast_path_is_as_accurate_as_the_eager_path(interpreted):
