@@ -110,8 +110,10 @@ def test_trainer_fast_path_is_as_accurate_as_eager(fp8, causal, monkeypatch):
 
 def test_fp8_down_proj_making_silu_mul_itself_is_bitwise_the_plain_call_and_frees_the_product():
     """`linear_after(down_proj, SiluMulInput, gate, up)` (the trainer's MLP) at Qwen3-8B widths, 2,048 tokens: the
-    output and the gradients of gate, up and the weight equal `down_proj(silu_mul(gate, up))`'s bit for bit, and the
-    forward's peak is one BF16 product [T, F] lower (the product is freed before the GEMM)."""
+    output and the gradients of gate, up and the weight equal `down_proj(silu_mul(gate, up))`'s bit for bit. The
+    forward's peak is one output [T, N] lower: the BF16 product [T, F] is freed before the GEMM writes the output
+    (the plain call holds the product, its two FP8 copies and the output at once; here the peak is the product
+    and its copies while the cast runs)."""
     from nemo_jetrl.precision import Fp8Linear
     from nemo_jetrl.precision.op_input_linear import linear_after
 
@@ -136,5 +138,5 @@ def test_fp8_down_proj_making_silu_mul_itself_is_bitwise_the_plain_call_and_free
         runs.append([y.detach(), g.grad, u.grad, down.weight.grad])
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
-    product = tokens * 12288 * 2
-    assert peaks[0] - peaks[1] == pytest.approx(product, rel=0.02), peaks
+    output = tokens * 4096 * 2
+    assert peaks[0] - peaks[1] == pytest.approx(output, rel=0.05), peaks
