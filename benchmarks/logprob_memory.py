@@ -19,6 +19,7 @@ activations and working set over the resident state); the peak sites then show w
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import re
 
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seq", type=int, default=16896)
     p.add_argument("--pass", dest="pass_", choices=("logprob", "train"), default="logprob", help="which pass")
     p.add_argument("--snapshot", action="store_true", help="CUDA: list the allocations alive at the peak")
+    p.add_argument("--steps", type=int, default=1, help="--pass train: measure the last of this many steps (2: "
+                   "with the optimizer's state resident before the pass, as in every step after a run's first)")
     p.add_argument("--out", default=None, help="JSON output path")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
@@ -168,12 +171,16 @@ def main(argv: list[str] | None = None) -> dict:
         loss_fn = ClippedPGLossFn(cfg.loss_fn)
         if cfg.policy.prev_logprobs_source != "train_forward":  # a separate logprob pass's (unmeasured)
             batch.prev_logprobs = batch.generation_logprobs.clone()  # [rows, seq]
+        for _ in range(args.steps - 1):  # earlier steps: AdamW's state is resident from here on, as from step 2
+            policy.train([copy.deepcopy(batch)], loss_fn)
+            policy.get_logprobs(warm)  # the next step's FP8 caches of the new weights, as its logprob pass makes them
         run, per_token, fixed = (lambda: policy.train([batch], loss_fn)), est.train_per_token, est.train_fixed
     else:
         run, per_token, fixed = (lambda: policy.get_logprobs(batch)), est.logprob_per_token, est.logprob_fixed
     result = {
         **device_info(device), "shape": args.shape, "layers": fields["num_hidden_layers"], "rows": args.rows,
-        "seq": args.seq, "tokens": args.rows * args.seq, "pass": args.pass_, "preflight": preflight.line,
+        "seq": args.seq, "tokens": args.rows * args.seq, "pass": args.pass_, "steps": args.steps,
+        "preflight": preflight.line,
         "estimate_per_token_bytes": per_token, "estimate_fixed_bytes": fixed,
     }  # fmt: skip
     if device.type == "cuda":

@@ -46,7 +46,7 @@ def test_the_training_pass_runs_one_step_and_reports_the_training_term(tmp_path)
                                   "--seq", "64", "--pass", "train"])  # fmt: skip
     logprob = logprob_memory.main(["--shape", "tiny-test", "--config", "examples/configs/grpo_tiny.yaml", "--rows", "2",
                                    "--seq", "64"])  # fmt: skip
-    assert result["pass"] == "train" and result["tokens"] == 128
+    assert result["pass"] == "train" and result["tokens"] == 128 and result["steps"] == 1
     assert result["estimate_per_token_bytes"] > logprob["estimate_per_token_bytes"] > 0  # training keeps more
 
 
@@ -89,3 +89,14 @@ def test_held_tensors_names_the_fp8_caches_by_layer():
     assert "model.layers.*.mlp.down_proj._qweight.data" in names
     down = model.model.layers[1].mlp.down_proj._qweight.data
     assert held[down.untyped_storage().data_ptr()] == (down.numel(), "model.layers.*.mlp.down_proj._qweight.data")
+
+
+def test_the_training_pass_can_measure_a_later_step(tmp_path, monkeypatch):
+    from nemo_jetrl.policy.native import NativePolicy
+
+    calls = []
+    train = NativePolicy.train
+    monkeypatch.setattr(NativePolicy, "train", lambda self, *a, **k: calls.append(1) or train(self, *a, **k))
+    result = logprob_memory.main(["--shape", "tiny-test", "--config", "examples/configs/grpo_tiny.yaml", "--rows", "2",
+                                  "--seq", "64", "--pass", "train", "--steps", "3"])  # fmt: skip
+    assert result["steps"] == 3 and len(calls) == 3
