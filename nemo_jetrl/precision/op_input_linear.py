@@ -7,6 +7,8 @@ holds it), beside its FP8 copies X and X^T: at the gated MLP of a long micro-bat
 tensor of the step after gate/up (docs/long_responses.md). Here the function makes it, casts it (X for FProp, X^T
 for WGrad, the same casts as `Fp8LinearFunction`), drops it and then runs the GEMM; the backward runs the linear's
 FP8 DGrad / WGrad and hands dX to the op's backward. The op keeps its own inputs for that (as SiLU * up does anyway).
+Under activation checkpointing the linear's X^T and transient FP8 weight are dropped before the op's backward runs,
+so the two backwards hold no more at once than two separate functions' would.
 
 An op is an object with `forward(*ins) -> x [..., K]` (no autograd), `backward(ins, dx) -> grads of ins` and
 `apply(*ins)` (differentiable: the plain path where the linear does not train in FP8); `models.fused_train_ops.
@@ -63,9 +65,13 @@ class _OpThenFp8Linear(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved, qweight = saved_with_weight(ctx)
         ins, xt = saved[: ctx.n_ins], saved[ctx.n_ins :]
+        del saved
         need_ins = any(ctx.needs_input_grad[_FIXED_ARGS:])
         need_w, need_b = ctx.needs_input_grad[1:3]
         grad_x, grad_w, grad_b = fp8_linear_backward(ctx, grad_out, xt, qweight, need_ins, need_w, need_b)
+        # X^T and a transient FP8 weight, recomputed by activation checkpointing, are held only here (the checkpoint
+        # lets go of what it hands out): gone before the op's backward allocates, as after a separate linear's
+        del xt, qweight
         grad_ins = ctx.op.backward(ins, grad_x) if need_ins else (None,) * ctx.n_ins
         return None, grad_w, grad_b, None, None, None, None, None, *grad_ins
 

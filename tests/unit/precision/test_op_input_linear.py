@@ -89,3 +89,35 @@ def test_a_linear_not_training_in_fp8_takes_the_plain_path():
 def test_a_width_the_linear_does_not_take_is_refused():
     with pytest.raises(ValueError, match=r"the op made \[\.\.\., 64\], the linear takes \[\.\.\., 256\]"):
         linear_after(_linear(False), SiluMulTwin, torch.randn(3, 64), torch.randn(3, 64))
+
+
+def test_under_checkpointing_the_saved_fp8_input_is_gone_before_the_ops_backward(monkeypatch):
+    """Recomputed by activation checkpointing, X^T is held only by the backward: it is freed before the op's backward
+    allocates its gradients (as a separate linear's backward returns before the op's runs)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from nemo_jetrl.precision import op_input_linear
+
+    casts = []
+    quant = op_input_linear.train_input_quant
+
+    def spy(*args, **kwargs):
+        out = quant(*args, **kwargs)
+        casts.append([weakref.ref(t) for t in out[2]])
+        return out
+
+    monkeypatch.setattr(op_input_linear, "train_input_quant", spy)
+    alive = []
+
+    class Op(SiluMulTwin):
+        @staticmethod
+        def backward(ins, dx):
+            alive.append([ref() is not None for refs in casts for ref in refs])
+            return SiluMulTwin.backward(ins, dx)
+
+    linear = _linear(False)
+    gate, up = (torch.randn(2, 7, 256, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    y = checkpoint(lambda g, u: linear_after(linear, Op, g, u), gate, up, use_reentrant=False)
+    y.sum().backward()
+    assert len(casts) == 2  # the forward's cast and the recomputation's, X^T and its scale each
+    assert alive == [[False] * 4] and gate.grad.abs().sum() > 0
