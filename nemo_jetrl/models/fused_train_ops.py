@@ -166,7 +166,10 @@ class _QKNormRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, cos, sin):
         out = fused_ops.qk_norm_rope(x, weight, eps, cos, sin)
-        ctx.save_for_backward(x, weight, cos.contiguous(), sin.contiguous())
+        # q / k as column views of the grouped q/k/v GEMM's output would keep all of it (v's columns too) alive to the
+        # backward: a compact copy keeps only their own (under autograd; a separate projection's output is no copy)
+        kept = x.contiguous() if any(ctx.needs_input_grad[:2]) else x
+        ctx.save_for_backward(kept, weight, cos.contiguous(), sin.contiguous())
         ctx.eps, ctx.out_dtype = eps, out.dtype
         return out
 

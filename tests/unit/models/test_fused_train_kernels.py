@@ -63,6 +63,26 @@ CHILD = textwrap.dedent(
     compare("rope_t", lambda a, c: T.qk_norm_rope(a, c, 1e-6, cos, sin).transpose(1, 2),
             lambda a, c: F.qk_norm_rope_ref(a, c, 1e-6, cos.to(a.dtype), sin.to(a.dtype)).transpose(1, 2),
             [q, wn], [gq.transpose(1, 2)])
+    # q as a column view of a wider buffer (the grouped q/k/v GEMM's output): the same bits as a compact q, and the
+    # buffer (the other projections' columns) is not kept alive to the backward
+    import gc, weakref
+
+    def as_columns(a, c):
+        wide = torch.cat([a.flatten(2), torch.zeros(2, 5, 64, dtype=a.dtype)], -1)  # [2, 5, 3 * 32 + 64]
+        return T.qk_norm_rope(wide[..., :96].view(2, 5, 3, 32), c, 1e-6, cos, sin)
+
+    (o1, g1), (o2, g2) = (run(as_columns, [q, wn], [gq]),
+                          run(lambda a, c: T.qk_norm_rope(a, c, 1e-6, cos, sin), [q, wn], [gq]))
+    r["qk_columns_bitwise"] = [torch.equal(a, b) for a, b in zip((*o1, *g1), (*o2, *g2))]
+    leaf = q.detach().clone().requires_grad_()
+    wide = torch.cat([leaf.flatten(2), torch.zeros(2, 5, 64, dtype=bf)], -1)
+    out = T.qk_norm_rope(wide[..., :96].view(2, 5, 3, 32), wn, 1e-6, cos, sin)
+    ref = weakref.ref(wide)
+    del wide
+    gc.collect()
+    r["qk_columns_buffer_freed"] = ref() is None
+    out.backward(gq)
+    r["qk_columns_grad_equal"] = torch.equal(leaf.grad, g2[0])
     g, u, gy = (torch.randn(7, 300).to(bf) for _ in range(3))
     compare("silu", T.silu_mul, F.silu_mul_ref, [g, u], [gy])
     # gate / up as the column views of one grouped output: d(gate), d(up) come back side by side in one buffer
@@ -150,6 +170,11 @@ def test_silu_backward_writes_grouped_gate_up_gradients_side_by_side(interpreted
 def test_an_fp8_down_proj_making_silu_mul_itself_gives_the_plain_bits(interpreted):
     # output, d gate, d up (the weight gradient: tests/unit/precision/test_op_input_linear.py)
     assert interpreted["silu_down_bitwise"] == [True] * 3
+
+
+def test_q_k_as_column_views_keep_only_their_own_columns_to_the_backward(interpreted):
+    assert interpreted["qk_columns_bitwise"] == [True] * 3  # output, d q, d weight
+    assert interpreted["qk_columns_buffer_freed"] is True and interpreted["qk_columns_grad_equal"] is True
 
 
 def test_a_residual_sum_made_before_the_norm_is_the_fused_add_to_the_bit(interpreted):
