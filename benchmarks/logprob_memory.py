@@ -67,8 +67,11 @@ def held_tensors(model: torch.nn.Module) -> dict[int, tuple[int, str]]:
         elif isinstance(obj, dict):
             for key, value in obj.items():
                 visit(value, f"{where}.{key}", depth - 1)
-        elif dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__"):
-            names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else vars(obj)
+        else:
+            try:
+                names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else list(vars(obj))
+            except TypeError:  # no attributes: a number, a string, a dtype
+                return
             for name in names:
                 visit(getattr(obj, name, None), f"{where}.{name}", depth - 1)
 
