@@ -28,8 +28,8 @@ unlike the plain norm kernel's (an exact-mode FP8 KV run at a small Qwen3 shape 
 one, H100).
 
 Activation checkpointing (`ForwardPlan.activation_checkpointing`, `policy.dtensor_cfg.activation_checkpointing`): under
-autograd each layer runs through `models/recompute.py`, keeping only its input (the residual sum made before it) and recomputing its
-activations in the backward, bit for bit (the FP8 weights come from their caches; a hook's `replay` runs instead of the
+autograd each layer runs through `models/recompute.py`, keeping only its input (the residual sum made before it) and
+recomputing its activations in the backward, bit for bit (the FP8 weights come from their caches; a hook's `replay` runs instead of the
 hook itself).
 
 Sequence layout (docs/architecture.md): prompts left-padded, responses right-padded, `attention_mask` 1 on real

@@ -21,7 +21,7 @@ the same activations (test_a_rank_holds_no_more_per_micro_batch_than_the_one_pro
 What one decoder layer keeps per token for its backward (`layer_bytes`), on the trainer's CUDA path (fused glue
 kernels, grouped FP8 GEMMs): the two norms' residual inputs (FP32 with an FP32 master under autocast), each linear's
 input (BF16: the activation, one autocast copy per linear when it is FP32; FP8: its 1-byte WGrad copy X^T and
-scales), q / k before their norm (FP8: the whole q/k/v output buffer they are views of), attention's q, k, v (repeated
+scales), q / k before their norm (kept as compact copies, also where they are the grouped q/k/v output's views), attention's q, k, v (repeated
 to the query heads where the kernel takes no grouped K/V), output and log-sum-exp, gate / up, and the padded path's
 additive mask (2 bytes per key per layer). With activation checkpointing a layer keeps its input, the residual sum
 made before it (one [T, H] tensor in the residual's dtype), and one layer's activations live at a time, during its
@@ -174,7 +174,7 @@ def layer_bytes(shape: ModelShape, s: TrainerMemorySettings, fp8: bool, grouped_
         kept += 2 * s.width  # the padded path's additive mask [B, 1, S, S] in bf16, made per layer
     if fp8:
         kept += (1 + 1 / 32) * (2 * h + q + f + moe_inputs)  # e4m3 X^T + fp32 scales per 128 tokens: q/k/v,
-        kept += 2 * (q + 2 * kv)  # gate/up, o, down; the q/k/v output buffer q and k (before their norm) view
+        kept += 2 * (q + kv)  # gate/up, o, down; q / k before their norm (compact copies of the grouped output's)
     else:
         copies = 5 if s.master_bytes == 4 else 2  # FP32 normed inputs: one BF16 copy per linear (q, k, v, gate, up)
         kept += 2 * h * copies + 2 * (q + kv) + 2 * f + 2 * moe_inputs  # those inputs, q / k before their norm,
