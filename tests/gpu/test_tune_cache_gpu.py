@@ -65,3 +65,26 @@ def test_processes_sharing_the_picks_file_take_one_pick_and_give_one_output(tmp_
         f"\nshared file: picks {sorted(str(v) for v in stored.values())}; timed apart: picks {picks}; "
         f"shapes whose outputs differ between processes timed apart: {differ or 'none'}"
     )
+
+
+def test_timing_a_cublas_product_in_graphs_leaves_no_workspace_behind():
+    """The tuner times the library GEMM (cuBLAS `scaled_mm`) inside CUDA graphs after an eager warm-up on a side
+    stream. cuBLAS keeps a workspace per (handle, stream), counted as allocated, for the life of the process: with a
+    new pool stream per timing each one left a workspace behind (an FP8 process that tuned held 165 MiB more than one
+    that read its picks, docs/long_responses.md). With one side stream per GPU only the first timing allocates."""
+    from nemo_jetrl.precision.kernels.device import time_in_graph
+
+    x = torch.randn(64, 4096, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(4096, 4096, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+
+    def product():
+        return torch._scaled_mm(x, w.t(), one, one, out_dtype=torch.bfloat16)
+
+    time_in_graph([product])  # the first timing: the side stream's and the capture stream's workspaces
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(4):
+        time_in_graph([product])
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before

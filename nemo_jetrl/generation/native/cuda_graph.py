@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from nemo_jetrl.precision.kernels.device import side_stream
+
 # step(tokens [B, 1], positions [B, 1], mask [B, S], cache_start) -> logits [B, V]: one decode step over a KV cache
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "int | torch.Tensor"], torch.Tensor]
 
@@ -81,7 +83,7 @@ class CapturedStep:
     def _capture(self) -> None:
         autocast = torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
         with collector_paused(), autocast:
-            side = torch.cuda.Stream()
+            side = side_stream(torch.cuda.current_device())  # one per GPU: cuBLAS keeps a workspace per stream
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.fn(*self.static_inputs)  # warm-up (Triton JIT, cuBLAS handles)

@@ -7,6 +7,7 @@ Imports torch only, so the kernel modules and the rest of the package (models, g
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -25,9 +26,17 @@ def cold_copies(weight_bytes: int, device: torch.device, most: int = 32) -> int:
     return max(2, min(most, -(-2 * l2 // max(weight_bytes, 1))))
 
 
+@functools.cache
+def side_stream(device_index: int) -> torch.cuda.Stream:
+    """The one side stream per GPU that eager warm-ups before a capture run on. cuBLAS keeps a workspace per (handle,
+    stream) for the life of the process, counted as allocated: a new pool stream per capture left one behind each
+    time, up to the pool's 32 (the kernel tuner's captures, the rollout's captured steps)."""
+    return torch.cuda.Stream(device=device_index)
+
+
 def capture_graph(calls: list) -> torch.cuda.CUDAGraph:
     """`calls` run once eagerly on a side stream (JIT, allocations), then captured back to back in one CUDA graph."""
-    stream = torch.cuda.Stream()
+    stream = side_stream(torch.cuda.current_device())
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for call in calls:
