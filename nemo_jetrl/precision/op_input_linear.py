@@ -78,8 +78,10 @@ class _OpThenFp8Linear(torch.autograd.Function):
 
 def linear_after(linear: torch.nn.Module, op: InputOp, *ins: torch.Tensor) -> torch.Tensor:
     """`linear(op.apply(*ins))`, bitwise; an `Fp8Linear` training in FP8 makes the op's output inside its autograd
-    function and frees it before its GEMM (module docstring). Any other linear or mode: the plain call."""
-    if not isinstance(linear, Fp8Linear) or linear.mode != "train" or not linear.train_fp8:
+    function and frees it before its GEMM (module docstring). Any other linear or mode, and a linear with module hooks
+    (FSDP2's unshard and reshard, which run only through `linear(...)`): the plain call."""
+    hooked = linear._forward_pre_hooks or linear._forward_hooks or linear._backward_hooks
+    if not isinstance(linear, Fp8Linear) or linear.mode != "train" or not linear.train_fp8 or hooked:
         return linear(op.apply(*ins))
     weight, bias = local_tensor(linear.weight), local_tensor(linear.bias)
     qweight = linear.quantized_weight()

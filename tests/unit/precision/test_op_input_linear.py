@@ -121,3 +121,15 @@ def test_under_checkpointing_the_saved_fp8_input_is_gone_before_the_ops_backward
     y.sum().backward()
     assert len(casts) == 2  # the forward's cast and the recomputation's, X^T and its scale each
     assert alive == [[False] * 4] and gate.grad.abs().sum() > 0
+
+
+def test_a_linear_with_module_hooks_takes_the_plain_call():
+    """FSDP2 unshards and reshards a linear's weight in its module hooks, which only `linear(...)` runs."""
+    linear = _linear(False)
+    calls = []
+    linear.register_forward_pre_hook(lambda module, args: calls.append(tuple(args[0].shape)))
+    SiluMulTwin.made.clear()
+    gate, up = torch.randn(3, 256, dtype=torch.bfloat16), torch.randn(3, 256, dtype=torch.bfloat16)
+    y = linear_after(linear, SiluMulTwin, gate, up)
+    assert calls == [(3, 256)] and SiluMulTwin.made == []  # the hook saw the product; the op ran as `apply`
+    assert torch.equal(y, linear(F.silu(gate) * up))
