@@ -13,7 +13,8 @@ that line, and the allocation that reached the peak (the allocator's trace).
         policy.dtensor_cfg.activation_checkpointing=true --snapshot
 
 With `--pass train` the estimate printed is the training term (`train_per_token`, `train_fixed`, the micro-batch's
-activations and working set over the resident state); the peak sites then show what an FP8 recipe holds beside BF16's.
+activations and working set over the resident state); the peak sites then show what an FP8 recipe holds beside BF16's,
+and `--steps 2` measures the second step (AdamW's state resident before the pass, as in a run's later steps).
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="JSON output path")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     fields = {**SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {})}
     overrides = [f"policy.max_total_sequence_length={args.seq}", *args.overrides]

@@ -100,3 +100,11 @@ def test_the_training_pass_can_measure_a_later_step(tmp_path, monkeypatch):
     result = logprob_memory.main(["--shape", "tiny-test", "--config", "examples/configs/grpo_tiny.yaml", "--rows", "2",
                                   "--seq", "64", "--pass", "train", "--steps", "3"])  # fmt: skip
     assert result["steps"] == 3 and len(calls) == 3
+
+
+def test_zero_steps_are_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        logprob_memory.main(["--shape", "tiny-test", "--pass", "train", "--steps", "0"])
+    assert stop.value.code == 2 and "--steps must be at least 1, got 0" in capsys.readouterr().err
