@@ -113,9 +113,7 @@ class Fp8LinearFunction(torch.autograd.Function):
             x_fp8, x_scale, saved = train_input_quant(x2, recipe, ctx.needs_input_grad[1])
             y2 = qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, N]
         save_with_weight(ctx, saved, qweight, transient)
-        ctx.recipe, ctx.gemm, ctx.master = recipe, gemm, weight
-        ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        keep_for_backward(ctx, recipe, gemm, weight, bias, x.shape, x.dtype)
         return y2.reshape(*x.shape[:-1], y2.shape[-1])
 
     @staticmethod
@@ -137,11 +135,19 @@ def train_input_quant(
     return x_fp8, x_scale, ()
 
 
+def keep_for_backward(ctx, recipe: PrecisionRecipe, gemm: GemmChoice, weight, bias, x_shape, x_dtype) -> None:
+    """What `fp8_linear_backward` reads from ctx beside the saved tensors (weight: the master [N, K], bias: [N] or
+    None, x_shape / x_dtype: the linear's input's)."""
+    ctx.recipe, ctx.gemm, ctx.master = recipe, gemm, weight
+    ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x_shape, x_dtype, weight.dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
 def fp8_linear_backward(
     ctx, grad_out: torch.Tensor, saved: tuple[torch.Tensor, ...], qweight: QuantizedWeight, need_dx, need_dw, need_db
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dX [*x_shape], dW [N, K], db [N]) of Y = Q(X) Q(W)^T from dY [..., N]: FP8 DGrad and WGrad in the recipe's
-    layouts. ctx carries recipe, gemm, master, x_shape, x_dtype, weight_dtype, bias_dtype; saved: X^T and its scale."""
+    layouts. ctx carries what `keep_for_backward` put there; saved: X^T and its scale."""
     recipe = ctx.recipe
     layout = recipe.layout
     dy2 = grad_out.reshape(-1, grad_out.shape[-1])  # dy2: [M, N]
@@ -335,11 +341,17 @@ class Fp8Linear(FpropKernelSwitch, nn.Module):
                 x2 = x.reshape(-1, self.in_features)
                 y2 = fp8_linear_forward(x2, qweight, bias, self.recipe, out_dtype, gemm.fprop)
             return y2.reshape(*x.shape[:-1], self.out_features)
-        weight, bias = local_tensor(self.weight), local_tensor(self.bias)
-        if self.weight_source is not None:  # the whole weight's stand-in; its gradient goes to this rank's shard
-            weight = self.weight_source.autograd_weight(weight)
+        weight, bias = self.train_operands()
         out_dtype = self.partial_dtype or out_dtype
         return Fp8LinearFunction.apply(x, weight, bias, qweight, self.recipe, out_dtype, gemm, self.transient_weight)
+
+    def train_operands(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight [N, K], bias [N] or None) as the FP8 training functions take them: this rank's local tensors, the
+        weight as the whole weight's stand-in where a `weight_source` holds it (its gradient goes to this shard)."""
+        weight, bias = local_tensor(self.weight), local_tensor(self.bias)
+        if self.weight_source is not None:
+            weight = self.weight_source.autograd_weight(weight)
+        return weight, bias
 
     def _plain_linear(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = local_tensor(self.weight), local_tensor(self.bias)

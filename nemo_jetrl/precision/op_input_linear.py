@@ -25,8 +25,8 @@ from nemo_jetrl.precision.gemm import no_autocast
 from nemo_jetrl.precision.linear import (
     Fp8Linear,
     fp8_linear_backward,
+    keep_for_backward,
     linear_gemm,
-    local_tensor,
     output_dtype,
     train_input_quant,
 )
@@ -56,9 +56,8 @@ class _OpThenFp8Linear(torch.autograd.Function):
             del x  # the op's output: its FP8 copies are all the GEMM and the backward read
             y2 = qweight.layout.fprop(x_fp8, x_scale, qweight, bias, out_dtype, gemm.fprop)  # y2: [M, N]
         save_with_weight(ctx, (*ins, *saved), qweight, transient)
-        ctx.op, ctx.n_ins, ctx.recipe, ctx.gemm, ctx.master = op, len(ins), recipe, gemm, weight
-        ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x_shape, x_dtype, weight.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        keep_for_backward(ctx, recipe, gemm, weight, bias, x_shape, x_dtype)
+        ctx.op, ctx.n_ins = op, len(ins)
         return y2.reshape(*x_shape[:-1], y2.shape[-1])
 
     @staticmethod
@@ -83,10 +82,8 @@ def linear_after(linear: torch.nn.Module, op: InputOp, *ins: torch.Tensor) -> to
     hooked = linear._forward_pre_hooks or linear._forward_hooks or linear._backward_hooks
     if not isinstance(linear, Fp8Linear) or linear.mode != "train" or not linear.train_fp8 or hooked:
         return linear(op.apply(*ins))
-    weight, bias = local_tensor(linear.weight), local_tensor(linear.bias)
     qweight = linear.quantized_weight()
-    if linear.weight_source is not None:  # the whole weight's stand-in; its gradient goes to this rank's shard
-        weight = linear.weight_source.autograd_weight(weight)
+    weight, bias = linear.train_operands()
     return _OpThenFp8Linear.apply(
         op, weight, bias, qweight, linear.recipe, linear_gemm(linear), linear.partial_dtype, linear.transient_weight,
         *ins,
