@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from nemo_jetrl.precision.kernels.device import side_stream
+from nemo_jetrl.precision.kernels.device import warm_up
 
 # step(tokens [B, 1], positions [B, 1], mask [B, S], cache_start) -> logits [B, V]: one decode step over a KV cache
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "int | torch.Tensor"], torch.Tensor]
@@ -83,11 +83,7 @@ class CapturedStep:
     def _capture(self) -> None:
         autocast = torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
         with collector_paused(), autocast:
-            side = side_stream(torch.cuda.current_device())  # one per GPU: cuBLAS keeps a workspace per stream
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.fn(*self.static_inputs)  # warm-up (Triton JIT, cuBLAS handles)
-            torch.cuda.current_stream().wait_stream(side)
+            warm_up([lambda: self.fn(*self.static_inputs)])  # on the GPU's one side stream (cuBLAS: a workspace each)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 self.output = self.fn(*self.static_inputs)

@@ -34,14 +34,20 @@ def side_stream(device_index: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device_index)
 
 
-def capture_graph(calls: list) -> torch.cuda.CUDAGraph:
-    """`calls` run once eagerly on a side stream (JIT, allocations), then captured back to back in one CUDA graph."""
+def warm_up(calls: list) -> None:
+    """`calls` run once eagerly on the GPU's side stream before a capture (Triton JIT, cuBLAS handles, allocations),
+    after the current stream's work and before what follows on it."""
     stream = side_stream(torch.cuda.current_device())
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for call in calls:
             call()
     torch.cuda.current_stream().wait_stream(stream)
+
+
+def capture_graph(calls: list) -> torch.cuda.CUDAGraph:
+    """`calls` run once eagerly on a side stream (JIT, allocations), then captured back to back in one CUDA graph."""
+    warm_up(calls)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
