@@ -6,12 +6,11 @@ Each phase's peak is the resident state plus what the phase adds:
   them), AdamW's two moments (all in `master_dtype`), the FP8 weight caches (1 byte per FP8 weight, 2 with
   `cache_dgrad_weight`), a reference copy (KL penalty), the BF16 weight copies autocast makes of an FP32 master
   (kept for the backward); the captured micro-batches' pool (`train_cuda_graphs`) is the preflight's to add;
-- training: per micro-batch token, what the forward keeps for the backward (below), the backward's working set, the
-  logits (all of them, or one chunk under activation checkpointing), and vocabulary-sized gradient transients. Under
-  activation checkpointing the larger of the backward's two ends: at its start the layers' inputs, one recomputed
-  layer, its gradients' working set and lm_head's gradients, but no decoder gradient yet (each step drops them;
-  captured micro-batches keep theirs); at its end every gradient and the first layer's activations (the allocator's
-  trace at the 8B shape: docs/long_responses.md);
+- training: per micro-batch token, what the forward keeps for the backward (below), the backward's working set (one
+  layer's activations; under activation checkpointing the recomputed layer's gate / up gradients), the logits (all
+  of them, or one chunk under activation checkpointing), and vocabulary-sized gradient transients. Every gradient is
+  counted: from a step's second micro-batch on they are all alive when its backward starts (a step of one
+  micro-batch peaks lower by them, the decoder's gradients being made as its layers' inputs are freed);
 - logprobs (no grad): what one layer holds at once in its forward (`logprob_layer_bytes`) and a logits chunk;
 - rollout: the KV cache (the whole batch at its caps, or the `gpu_memory_utilization` pool) and sampling buffers.
 
@@ -216,8 +215,6 @@ class MemoryEstimate:
     layer_bytes: int  # one decoder layer's activations per token (the largest)
     grads_kept: bool  # gradients stay allocated between steps (captured micro-batches)
     train_released: int = 0  # resident bytes the training pass does not hold (transient FP8 weights, less a layer's)
-    train_end_per_token: float = 0.0  # per micro-batch token at the backward's end: the first layer's
-    grads_deferred: bool = False  # the decoder's gradients are made after the training peak's activations are freed
 
     def resident_total(self, phase: str = "train") -> int:
         total = sum(self.resident.values())
@@ -225,28 +222,18 @@ class MemoryEstimate:
             return total - self.train_released
         return total if self.grads_kept else total - self.resident["gradients"]
 
-    def _terms(self, phase: str) -> list[tuple[int, float]]:
-        """(bytes, bytes per micro-batch token) of each moment that may set the pass's peak: the logprob pass's
-        one; the training pass's backward at its start (no decoder gradient yet) and at its end (all of them)."""
-        if phase == "logprob":
-            return [(self.resident_total(phase) + self.logprob_fixed, self.logprob_per_token)]
-        resident = self.resident_total("train")
-        deferred = self.resident["gradients"] if self.grads_deferred and not self.grads_kept else 0
-        start = (resident - deferred + self.train_fixed, self.train_per_token)
-        return [start, (resident, self.train_end_per_token)]
-
     def peak(self, phase: str, tokens: int = 0) -> int:
         """Peak bytes of phase "train" | "logprob" (a micro-batch of `tokens`) | "rollout"."""
         if phase == "rollout":
             return self.resident_total(phase) + self.rollout_kv
-        return max(fixed + int(per * tokens) for fixed, per in self._terms(phase))
+        per, fixed = (self.train_per_token, self.train_fixed) if phase == "train" else (
+            self.logprob_per_token, self.logprob_fixed)  # fmt: skip
+        return self.resident_total(phase) + fixed + int(per * tokens)
 
     def tokens_within(self, limit: int, phase: str) -> int:
         """The most micro-batch tokens of a "train" | "logprob" pass whose peak stays within `limit` bytes."""
-        terms = self._terms(phase)
-        if any(fixed > limit for fixed, _ in terms):
-            return 0
-        return int(min((limit - fixed) // per for fixed, per in terms if per > 0))
+        per = self.train_per_token if phase == "train" else self.logprob_per_token
+        return max(0, int((limit - self.peak(phase)) // per))
 
 
 def estimate(
@@ -279,8 +266,8 @@ def estimate(
     else:
         per_token = sum(kept) + 2 * v  # + every logit
         logits = 2 * chunk * v  # one chunk's gradient
-    # the backward's working set: checkpointed, the recomputed layer's gate / up gradients (the trace's largest);
-    # else one layer's activations (measured within 8% at the 1.7B shape, 8K tokens)
+    # the backward's working set: checkpointed, the recomputed layer's gate / up gradients (what the 8B 16K trace
+    # had alive beside that layer's activations); else one layer's activations (the 1.7B 8K runs: within 5%)
     backward = 2 * 2 * shape.ffn_rows * shape.ffn_intermediate if s.checkpointing else one_layer
     per_token += (res + 2) * h + backward  # + the final norm's input and output
     vocab_grads = (2 + 4) * v * h  # lm_head's BF16 weight gradient and its FP32 accumulation
@@ -289,8 +276,6 @@ def estimate(
         logprob_per_token=logprob_layer_bytes(shape, s, grouped_kv), logprob_fixed=2 * chunk * v,
         rollout_kv=rollout_kv_bytes + rollout_rows * v * SAMPLING_ROWS_BYTES, layer_bytes=int(one_layer),
         grads_kept=s.graphs, train_released=_transient_fp8_bytes(shape, s, resident, ranks),
-        train_end_per_token=res * h + kept[0] + backward,  # the first layer's input, activations, working set
-        grads_deferred=s.checkpointing,
     )  # fmt: skip
 
 
