@@ -117,11 +117,12 @@ def _check_finite_step(metrics: dict, before: dict[str, torch.Tensor], policy) -
 
 def test_tiny_unified_fp8_is_exact_with_the_fast_paths(tiny, monkeypatch):
     model, tok, prompts = tiny
-    calls = {"silu_mul": 0}
-    real = fused_train_ops.silu_mul
+    calls = {"silu_mul": 0}  # its backward kernel: the plain call's and the FP8 down projection's (linear_after)
+    real = fused_train_ops.silu_mul_backward
     monkeypatch.setattr(
-        fused_train_ops, "silu_mul", lambda *a: calls.__setitem__("silu_mul", calls["silu_mul"] + 1) or real(*a)
-    )
+        fused_train_ops, "silu_mul_backward",
+        lambda *a: calls.__setitem__("silu_mul", calls["silu_mul"] + 1) or real(*a),
+    )  # fmt: skip
     policy, engine = parts(copy.deepcopy(model), tok, PrecisionRecipe.preset("jetrl"), mbs=64, max_new_tokens=5)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     for seed in (0, 1):
