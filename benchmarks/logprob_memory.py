@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "pass_peak_gib" in result:
         print(f"measured peak over the {result['allocated_before_gib']:.2f} GiB before it: "
               f"{result['pass_peak_gib']:.2f} GiB ({result['pass_peak_per_token_bytes'] / 1024:.1f} KiB/token)", flush=True)  # fmt: skip
-        if args.pass_ == "train":  # the whole peak: the estimate's training peak defers what the backward makes later
+        if args.pass_ == "train":  # the whole peak; the estimate counts every gradient, as a step's second
+            # micro-batch holds them: this one-micro-batch pass peaks below it by the decoder's (docs/long_responses.md)
             result["estimate_peak_gib"] = est.peak("train", result["tokens"]) / GIB
             result["measured_peak_gib"] = result["allocated_before_gib"] + result["pass_peak_gib"]
             off = result["estimate_peak_gib"] / result["measured_peak_gib"] - 1
