@@ -9,7 +9,8 @@ GEMMs, fused FP8 decode attention) and the exact mode (`enable_batch_invariant`:
 and log-softmax; what `policy.generation.deterministic: true` runs). The engine as GRPO runs it (prefill, CUDA-graph
 decode, device sampling, fixed lengths). Full rollouts and prefill-only rollouts alternate between the two
 (`common.alternating_timings`: warm-up, then >= 5 timed rounds, order flipped every round); reported: median and
-min-max seconds, and exact / fast. `--modes` adds partial modes (`attention`: only the batch-invariant attention,
+min-max seconds, and exact / fast. `--modes` adds `matched` (`policy.generation.matched_kernels: true`, as the
+policy switches it on this device) and partial modes (`attention`: only the batch-invariant attention,
 `models.batch_invariant.ExactParts`); `--profile-steps N` adds a kernel breakdown of N eager decode steps per mode
 (`bench_rollout.kernel_profile`).
 """
@@ -25,14 +26,15 @@ import torch
 from benchmarks.common import SHAPES, TINY, alternating_timings, build_model, device_info, report
 from benchmarks.rollout_engines import calibrate
 from nemo_jetrl.generation.native.engine import NativeGenerationEngine
-from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant
+from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant, match_kernels
 from nemo_jetrl.precision import PrecisionRecipe, convert_to_fp8
 from nemo_jetrl.precision.convert import use_cublas_fprop
 
 
 def mode_parts(mode: str) -> tuple[ExactParts | None, bool]:
-    """`--modes` entry -> (exact parts it switches on, cuBLAS FP8 forward at every M): "fast" none, "exact" all,
-    "exact-a-b" all but parts a and b, else "+"-joined part names and/or "cublas"."""
+    """`--modes` entry other than "matched" (`match_kernels`, the user's switch) -> (exact parts it switches on,
+    cuBLAS FP8 forward at every M): "fast" none, "exact" all, "exact-a-b" all but parts a and b, else "+"-joined
+    part names and/or "cublas"."""
     if mode == "fast":
         return None, False
     if mode.startswith("exact"):
@@ -49,11 +51,14 @@ def engines(preset: str, shape: dict, args, prompt_t: torch.Tensor, device) -> d
     for mode in dict.fromkeys(["fast", *args.modes]):
         model = build_model(shape, args.layers, device, torch.bfloat16)
         convert_to_fp8(model, recipe)
-        parts, cublas = mode_parts(mode)
-        if parts is not None:
-            enable_batch_invariant(model, parts)
-        if cublas:
-            use_cublas_fprop(model)
+        if mode == "matched":  # what `policy.generation.matched_kernels: true` runs on this device
+            match_kernels(model, device)
+        else:
+            parts, cublas = mode_parts(mode)
+            if parts is not None:
+                enable_batch_invariant(model, parts)
+            if cublas:
+                use_cublas_fprop(model)
         engine = NativeGenerationEngine(
             model, max_new_tokens=args.gen_len, stop_token_ids=[], pad_token_id=0, kv_cache_dtype=recipe.kv_cache_dtype,
             cuda_graphs=device.type == "cuda",
@@ -77,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=256)
     p.add_argument("--presets", nargs="*", default=["jetrl", "jetrl_kv"])
-    p.add_argument("--modes", nargs="*", default=["exact"], help="exact, exact-PART, or PART+PART(+cublas)")
+    p.add_argument(
+        "--modes",
+        nargs="*",
+        default=["exact"],
+        help="matched (the user's switch), exact, exact-PART, or PART+PART(+cublas)",
+    )
     p.add_argument("--profile-steps", type=int, default=0, help="GPU: kernel breakdown of N eager decode steps")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="timed rounds per variant")

@@ -121,9 +121,9 @@ KERNEL_CATEGORIES = (
 
 def kernel_profile(engine: NativeGenerationEngine, batch: int, context: int, steps: int, device) -> dict:
     """GPU time per decode step by kernel category and by kernel, at the rollout's mean context: `steps` eager
-    static decode steps + sampling of `batch` sequences attending over `context` cached keys, under the profiler.
-    Kernel durations are those of the captured step (only launch gaps differ) and do not depend on the cached
-    values, so the cache is left as allocated (zeros) instead of prefilled."""
+    static decode steps + sampling (the engine's sampler) of `batch` sequences attending over `context` cached keys,
+    under the profiler. Kernel durations are those of the captured step (only launch gaps differ) and do not depend
+    on the cached values, so the cache is left as allocated (zeros) instead of prefilled."""
     from torch.profiler import ProfilerActivity, profile
 
     from nemo_jetrl.generation.native.sampler import sample
@@ -137,10 +137,11 @@ def kernel_profile(engine: NativeGenerationEngine, batch: int, context: int, ste
         logits = torch.randn((batch, engine.vocab_size), generator=gen, device=device)
         decode = eager.decoder(cache, mask)
         positions = torch.full((batch,), context, dtype=torch.long, device=device)
+        exact_logsumexp = eager.forward_plan.exact.logsumexp  # the engine's sampler (`NativeGenerationEngine`)
         torch.cuda.synchronize(device)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for step in range(steps):
-                tokens, _ = sample(logits, eager.sampling, generator=gen)
+                tokens, _ = sample(logits, eager.sampling, generator=gen, batch_invariant=exact_logsumexp)
                 logits = decode(tokens, positions + step, context + step)
             torch.cuda.synchronize(device)
     per_step = collections.Counter()  # ms per decode step by kernel name

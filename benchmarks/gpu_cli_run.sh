@@ -8,8 +8,9 @@
 # (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched side_by_side
 # report (default: check build bf16 fp8_kv report, in order; fp8 = FP8 linears with a BF16 KV cache,
 # grpo_math_random_1p7B.yaml; fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto;
-# side_by_side = bf16 and fp8_kv at the same time, one GPU each, PAIR_GPUS="0 1" by default (BF16's GPU first; "1 0"
-# swaps them): both runs see the same host, and a second call with the GPUs swapped separates the GPUs from the
+# side_by_side = two variants at the same time, one GPU each: PAIR_VARIANTS (default "bf16 fp8_kv"; e.g.
+# "fp8_kv fp8_kv_matched") on PAIR_GPUS (default "0 1", the first variant's GPU first; "1 0" swaps them): both runs
+# see the same host, and a second call with the GPUs swapped separates the GPUs from the
 # precisions; each run's console goes to OUT/<variant>.log only);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
@@ -138,22 +139,31 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
     [ "$rc" -eq 0 ] || { echo "error: the $variant run failed (rc $rc); see $OUT/$variant.log" >&2; exit "$rc"; }
 }
 
-stage_side_by_side() {  # bf16 and fp8_kv at once, one GPU each (PAIR_GPUS)
-    local gpus pid rc_bf16=0 rc_fp8=0
+is_variant() { case $1 in bf16 | fp8 | fp8_kv | fp8_kv_matched) return 0 ;; *) return 1 ;; esac; }
+
+stage_side_by_side() {  # two variants at once (PAIR_VARIANTS), one GPU each (PAIR_GPUS)
+    local gpus pair pid rc_a=0 rc_b=0
     read -r -a gpus <<< "${PAIR_GPUS:-0 1}"
+    read -r -a pair <<< "${PAIR_VARIANTS:-bf16 fp8_kv}"
     if [ ${#gpus[@]} -ne 2 ] || [ "${gpus[0]}" = "${gpus[1]}" ] || [ "$NPROC" -ne 1 ]; then
-        echo "error: side_by_side runs one GPU per precision: PAIR_GPUS names two different GPUs (got" \
+        echo "error: side_by_side runs one GPU per variant: PAIR_GPUS names two different GPUs (got" \
             "'${PAIR_GPUS:-0 1}') and NPROC is 1 (got $NPROC)" >&2
         exit 2
     fi
-    echo "bf16 on GPU ${gpus[0]}, fp8_kv on GPU ${gpus[1]}, at the same time (consoles: $OUT/bf16$SUFFIX.log," \
-        "$OUT/fp8_kv$SUFFIX.log)"
-    (export CUDA_VISIBLE_DEVICES=${gpus[0]}; GPU=${gpus[0]}; run_variant bf16 > /dev/null) &
+    if [ ${#pair[@]} -ne 2 ] || [ "${pair[0]}" = "${pair[1]}" ] || ! is_variant "${pair[0]}" \
+        || ! is_variant "${pair[1]}"; then
+        echo "error: side_by_side: PAIR_VARIANTS names two different variants of bf16 fp8 fp8_kv" \
+            "fp8_kv_matched (got '${PAIR_VARIANTS:-}')" >&2
+        exit 2
+    fi
+    echo "${pair[0]} on GPU ${gpus[0]}, ${pair[1]} on GPU ${gpus[1]}, at the same time (consoles:" \
+        "$OUT/${pair[0]}$SUFFIX.log, $OUT/${pair[1]}$SUFFIX.log)"
+    (export CUDA_VISIBLE_DEVICES=${gpus[0]}; GPU=${gpus[0]}; run_variant "${pair[0]}" > /dev/null) &
     pid=$!
-    (export CUDA_VISIBLE_DEVICES=${gpus[1]}; GPU=${gpus[1]}; run_variant fp8_kv > /dev/null) || rc_fp8=$?
-    wait "$pid" || rc_bf16=$?
-    [ "$rc_bf16" -eq 0 ] && [ "$rc_fp8" -eq 0 ] && return 0
-    echo "error: side_by_side: bf16 rc $rc_bf16, fp8_kv rc $rc_fp8" >&2
+    (export CUDA_VISIBLE_DEVICES=${gpus[1]}; GPU=${gpus[1]}; run_variant "${pair[1]}" > /dev/null) || rc_b=$?
+    wait "$pid" || rc_a=$?
+    [ "$rc_a" -eq 0 ] && [ "$rc_b" -eq 0 ] && return 0
+    echo "error: side_by_side: ${pair[0]} rc $rc_a, ${pair[1]} rc $rc_b" >&2
     exit 1
 }
 

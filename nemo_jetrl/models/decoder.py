@@ -22,10 +22,11 @@ Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model 
 trainer and rollout agree): every query of every path (decode, prefill, training) goes through
 `batch_invariant_attention`, the linears run batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels
 on both sides (the rollout's `fused`, the trainer's `fused_train`); the logprobs' log-sum-exp is
-`batch_invariant.logsumexp_rows`. The rollout's RMSNorm then writes its plain output, as the trainer's does, and the FP8
-linear quantizes it (with any exact part on): with FP32 activations the fused norm + FP8 kernel's sum of squares rounds
-unlike the plain norm kernel's (an exact-mode FP8 KV run at a small Qwen3 shape fell to 76% exact tokens with the fused
-one, H100).
+`batch_invariant.logsumexp_rows`. Over BF16 / FP16 activations the rollout's RMSNorm writes the next FP8 linears'
+input quantized in the same kernel (`exact_squares`: its squares are exact and it sums them in the plain kernel's
+layout, so its bits are the trainer's norm + cast). Over FP32 activations (FP32 master weights under BF16 autocast) it
+writes its plain output, as the trainer's does, and the FP8 linear quantizes it: there the fused kernel does not give
+the trainer's bits (exact-mode runs fell to 65-76% exact tokens with it, H100 and H200, docs/mismatch.md).
 
 Activation checkpointing (`ForwardPlan.activation_checkpointing`, `policy.dtensor_cfg.activation_checkpointing`): under
 autograd each layer runs through `models/recompute.py`, keeping only its input (the residual sum made before it) and
@@ -307,8 +308,8 @@ def decoder_forward(
             )
         grouped = plan.fused and triton_ok
         # the norm kernel writes the next FP8 linears' input quantized, except where trainer and rollout must agree
-        # bitwise (exact / matched kernels): with FP32 activations its sum of squares rounds unlike the trainer's norm
-        norm_quant = grouped and not parts.any
+        # bitwise (exact / matched kernels) over FP32 activations, where that kernel's bits differ from the trainer's
+        norm_quant = grouped and (not parts.any or exact_squares(x.dtype))
         glue = (fused_ops if plan.fused else fused_train_ops if plan.fused_train else None) if triton_ok else None
         if parts.any and glue is not None:
             _check_glue_norms(model)
@@ -338,6 +339,14 @@ def unfused_norms(model: nn.Module) -> list[str]:
     attn_norms = [getattr(layer.self_attn, n, None) for layer in backbone.layers for n in ("q_norm", "k_norm")]
     norms = [backbone.norm, *(getattr(layer, n) for layer in backbone.layers for n in names), *attn_norms]
     return sorted({type(n).__name__ for n in norms if n is not None and not fused_ops.fusable_rms_norm(n)})
+
+
+def exact_squares(dtype: torch.dtype) -> bool:
+    """Whether the fused norm + FP8 cast may run under exact parts over `dtype` activations: 16-bit ones, whose
+    squares are exact in FP32 (8 or 11 significant bits, doubled, fit in 24), so its FP32 sum of squares has the
+    plain kernel's bits (same layout, tests/unit/models/test_glue_norm_compiled.py) whatever the compiler contracts.
+    Over FP32 activations the exact paths' GPU tests fail with it (docs/mismatch.md)."""
+    return dtype in (torch.bfloat16, torch.float16)
 
 
 def _check_glue_norms(model: nn.Module) -> None:

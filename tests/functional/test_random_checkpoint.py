@@ -187,16 +187,26 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
     assert report.returncode == 0 and "| training |" in report.stdout, report.stderr
 
 
-def test_side_by_side_refuses_one_gpu_for_both_precisions(tmp_path):
-    """`side_by_side` runs each precision on its own GPU: the same GPU twice is refused at once, exit 2, one line."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHON": sys.executable, "PAIR_GPUS": "0 0"}
+@pytest.mark.parametrize(
+    ("env_extra", "line"),
+    [
+        ({"PAIR_GPUS": "0 0"}, "error: side_by_side runs one GPU per variant: PAIR_GPUS names two different GPUs (got "
+         "'0 0') and NPROC is 1 (got 1)"),
+        ({"PAIR_VARIANTS": "fp8_kv fp8_kv"}, "error: side_by_side: PAIR_VARIANTS names two different variants of bf16 "
+         "fp8 fp8_kv fp8_kv_matched (got 'fp8_kv fp8_kv')"),
+        ({"PAIR_VARIANTS": "bf16 fp9"}, "error: side_by_side: PAIR_VARIANTS names two different variants of bf16 fp8 "
+         "fp8_kv fp8_kv_matched (got 'bf16 fp9')"),
+    ],
+    ids=["one-gpu", "one-variant", "unknown-variant"],
+)  # fmt: skip
+def test_side_by_side_refuses_one_gpu_or_one_variant_for_both_runs(tmp_path, env_extra, line):
+    """`side_by_side` runs two variants, each on its own GPU: the same GPU twice, the same variant twice or an unknown
+    one is refused at once, exit 2, one line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHON": sys.executable, **env_extra}
     proc = subprocess.run(
         ["bash", "benchmarks/gpu_cli_run.sh", str(tmp_path), "side_by_side"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "error: side_by_side runs one GPU per precision: PAIR_GPUS names two different GPUs (got '0 0') and NPROC is 1"
-        " (got 1)"
-    ]
+    assert proc.stderr.strip().splitlines() == [line]
     assert not (tmp_path / "logs" / "bf16").exists() and not (tmp_path / "bf16.log").exists()

@@ -133,14 +133,14 @@ def test_trainer_attention_gradients_are_flash_backwards_and_close_to_sdpa():
         assert rel(got[:, :, slots], _rows(fp32, packing)[:, :, slots]) < 2e-2
 
 
-def _small_parts(recipe: PrecisionRecipe, *, graphs: bool, source: str = "logprob_forward"):
+def _small_parts(recipe: PrecisionRecipe, *, graphs: bool, source: str = "logprob_forward", master: str = "float32"):
     torch.manual_seed(0)
     cfg = Qwen3Config(**SMALL_QWEN3)
     cfg._attn_implementation = "sdpa"
     with torch.device(DEV):
-        model = Qwen3ForCausalLM(cfg).float()
+        model = Qwen3ForCausalLM(cfg).to(getattr(torch, master))
     policy_cfg = policy_config(
-        master_dtype="float32", train_micro_batch_size=8, logprob_batch_size=8, train_cuda_graphs=graphs,
+        master_dtype=master, train_micro_batch_size=8, logprob_batch_size=8, train_cuda_graphs=graphs,
         prev_logprobs_source=source, max_total_sequence_length=160,
         sequence_packing={"enabled": True, "train_mb_tokens": 600, "logprob_mb_tokens": 900, "algorithm":
                           "modified_first_fit_decreasing", "sequence_length_round": 64},
@@ -176,23 +176,30 @@ def _step(policy, engine, prompts, seed: int) -> tuple[float, dict]:
 
 
 @pytest.mark.parametrize(
-    ("preset", "graphs", "source", "chunk"),
-    [("jetrl", False, "logprob_forward", None), ("jetrl_kv", False, "logprob_forward", None),
-     ("jetrl_kv", True, "logprob_forward", None), ("jetrl_kv", True, "train_forward", None),
-     ("jetrl_kv", True, "train_forward", 64)],
-    ids=["fp8-eager", "fp8kv-eager", "fp8kv-captured", "fp8kv-captured-train-forward", "fp8kv-captured-chunks-of-64"],
+    ("preset", "graphs", "source", "chunk", "master"),
+    [("jetrl", False, "logprob_forward", None, "float32"), ("jetrl_kv", False, "logprob_forward", None, "float32"),
+     ("jetrl_kv", True, "logprob_forward", None, "float32"), ("jetrl_kv", True, "train_forward", None, "float32"),
+     ("jetrl_kv", True, "train_forward", 64, "float32"), ("jetrl_kv", True, "logprob_forward", None, "bfloat16")],
+    ids=["fp8-eager", "fp8kv-eager", "fp8kv-captured", "fp8kv-captured-train-forward", "fp8kv-captured-chunks-of-64",
+         "fp8kv-captured-bf16-master"],
 )  # fmt: skip
-def test_packed_trainer_logprobs_equal_the_rollouts_bitwise(monkeypatch, preset, graphs, source, chunk):
-    """FP32 master weights, BF16 compute, rollout of 32 uneven prompts x 48 tokens (prefill + CUDA-graph decode),
-    trainer bins of <= 600 / 900 tokens run as packed rows: 100% bitwise-equal tokens every step. chunk: the
+def test_packed_trainer_logprobs_equal_the_rollouts_bitwise(monkeypatch, preset, graphs, source, chunk, master):
+    """FP32 master weights, BF16 compute (or BF16 master weights: BF16 activations, so the rollout's norm writes
+    its FP8 output, `decoder.exact_squares`), rollout of 32 uneven prompts x 48 tokens (prefill + CUDA-graph
+    decode), trainer bins of <= 600 / 900 tokens run as packed rows: 100% bitwise-equal tokens every step. chunk: the
     attention's keys per chunk (ATTN_SPLIT_KEYS), small enough that the rollout's decode steps run their chunks
     in parallel programs and the trainer merges several."""
+    from nemo_jetrl.models import fused_ops
+
     if chunk is not None:
         from nemo_jetrl.models import batch_invariant_kernels
 
         monkeypatch.setattr(batch_invariant_kernels, "ATTN_SPLIT_KEYS", chunk)
+    fused_norms = []  # the rollout's fused norm + FP8 cast calls
+    norm_fp8 = fused_ops.add_rms_norm_fp8
+    monkeypatch.setattr(fused_ops, "add_rms_norm_fp8", lambda *a: fused_norms.append(1) or norm_fp8(*a))
     recipe = PrecisionRecipe.preset(preset)
-    policy, engine = _small_parts(recipe, graphs=graphs, source=source)
+    policy, engine = _small_parts(recipe, graphs=graphs, source=source, master=master)
     prompts = _prompts()
     if recipe.kv_fp8:  # first scales from a high-precision rollout, as the driver's bootstrap
         bootstrap_kv(policy, engine, prompts)
@@ -202,6 +209,7 @@ def test_packed_trainer_logprobs_equal_the_rollouts_bitwise(monkeypatch, preset,
             preset, graphs, source, seed, exact, metrics.get("cuda_graph_replay_fraction"), metrics["num_micro_batches"]
         )
         assert metrics["num_micro_batches"] >= 2 and exact == 1.0, (seed, exact)
+        assert bool(fused_norms) == (master == "bfloat16")  # FP32 activations: the plain norm, then the cast
         if graphs and seed == 2:
             assert metrics["cuda_graph_replay_fraction"] == 1.0  # every training micro-batch replayed
 

@@ -7,9 +7,10 @@ can be drawn. Greedy picks the argmax (first index on ties, like HF) and reports
 
 Sampling is inverse-CDF: one uniform per row, `u * total` located in the row's float64 cumulative probabilities
 (zero-probability tokens are never hit). On CUDA without top-k / top-p, one kernel draws the token and its logprob
-(`sample_kernel.py`; this module's torch path is its twin). The uniform is a counter-based hash of (sequence key, draw index)
-(`uniforms`, splitmix64), so a sequence's draws depend on its own key and position only: not on which other
-sequences share the batch, the batch order, or when a continuous-batching scheduler admits it. No host sync.
+(`sample_kernel.py`; this module's torch path is its twin; the exact mode recomputes the logprob with its own
+log-sum-exp). The uniform is a counter-based hash of (sequence key, draw index) (`uniforms`, splitmix64), so a
+sequence's draws depend on its own key and position only: not on which other sequences share the batch, the batch
+order, or when a continuous-batching scheduler admits it. No host sync.
 """
 
 from __future__ import annotations
@@ -106,19 +107,27 @@ def sample(
     keys: torch.Tensor | None = None,
     counters: torch.Tensor | int = 0,
     batch_invariant: bool = False,
+    fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens [B] long and their logprobs [B] float32 (unfiltered, see module doc) from logits [B, V].
 
     keys [B] int64: each row's stream (`sequence_keys`); counters: each row's draw index. Without keys, row i takes
-    stream i of the generator's seed (`seed_of`). batch_invariant: the exact mode's logprob (`token_logprobs`)."""
+    stream i of the generator's seed (`seed_of`). batch_invariant: the exact mode's logprob (`token_logprobs`); on
+    CUDA the token is still the fused kernel's draw (one program per row: a row's draw does not depend on its batch),
+    only its logprob is recomputed by the exact mode's log-sum-exp. fused: the one-kernel draw (`sample_kernel`)
+    where no top-k / top-p filters; None = on CUDA."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     if not greedy and keys is None:
         keys = sequence_keys(seed_of(generator), torch.arange(logits.shape[0], device=logits.device))
-    if not greedy and logits.is_cuda and not batch_invariant and params.top_k is None and params.top_p == 1.0:
+    fused = logits.is_cuda if fused is None else fused
+    if fused and not greedy and params.top_k is None and params.top_p == 1.0:
         from nemo_jetrl.generation.native.sample_kernel import sample_fused  # token + logprob in one kernel
 
-        return sample_fused(logits, uniforms(keys, counters), params.temperature)
+        tokens, logprobs = sample_fused(logits, uniforms(keys, counters), params.temperature)
+        if not batch_invariant:
+            return tokens, logprobs
+        return tokens, token_logprobs(logits, tokens, params.temperature, batch_invariant=True)
     scaled = logits.float() / params.temperature  # [B, V]
     if greedy:
         tokens = torch.argmax(scaled, dim=-1)  # [B]

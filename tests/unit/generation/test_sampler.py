@@ -168,6 +168,16 @@ out["peaked"] = tokens.tolist()
 tail = torch.randn(2, 9000, generator=g)
 tail[:, 5000:] = float("-inf")
 out["at_end"] = sample_fused(tail, torch.ones(2, dtype=torch.float64), 1.0)[0].tolist()
+# the exact mode's draw: the fused kernel's token, its logprob the exact mode's log-sum-exp (not the kernel's)
+from nemo_jetrl.models import batch_invariant
+logits = (torch.randn(40, 9000, generator=g) * 4).to(torch.bfloat16)
+keys = sequence_keys(9, torch.arange(40))
+tokens, logp = sample(logits, SamplingParams(temperature=0.7), keys=keys, counters=2, batch_invariant=True, fused=True)
+fused_tokens, fused_logp = sample_fused(logits, uniforms(keys, 2), 0.7)
+exact_logp = batch_invariant.token_logprobs(logits, tokens, 0.7)
+sub = sample(logits[7:19], SamplingParams(temperature=0.7), keys=keys[7:19], counters=2, batch_invariant=True, fused=True)
+out["exact"] = [torch.equal(tokens, fused_tokens), torch.equal(logp, exact_logp), torch.equal(logp, fused_logp),
+                torch.equal(sub[0], tokens[7:19]) and torch.equal(sub[1], logp[7:19])]
 print(json.dumps(out))
 """
 
@@ -177,3 +187,6 @@ def test_fused_sampler_draws_the_twins_tokens_and_the_fused_logprobs(run_interpr
     assert out["bf16_t1"] == [True, True, False] and out["f32_t07"] == [True, True, False]
     assert out["peaked"] == [8000] * 4
     assert out["at_end"] == [4999, 4999]
+    # exact mode: the kernel's token; the exact logprob, which here differs from the kernel's (x / T against
+    # x * (1 / T) in float32); a row's draw the same in a smaller batch
+    assert out["exact"] == [True, True, False, True]
