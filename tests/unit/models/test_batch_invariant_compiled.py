@@ -27,8 +27,6 @@ def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, split: bool, confi
     """The kernel's TTGIR for sm_90 (Triton's own compiler and ptxas; no GPU), Qwen3 heads (2 query heads a KV head,
     head dim 128)."""
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from nemo_jetrl.models import batch_invariant_kernels as K
 
@@ -43,9 +41,17 @@ def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, split: bool, confi
     constants = dict(N_REP=2, D=128, BLOCK_M=block_m, BLOCK_N=K.ATTN_BLOCK_N, SPLIT_N=K.ATTN_SPLIT_KEYS, KV_FP8=fp8,
                      DT=tl.bfloat16, HW_CAST=True, PAGE=16 if paged else 1, PAGED=paged, VARLEN=varlen,
                      WRITE_LSE=lse, SPLIT_OUT=split, LEAD_SCAN=1024)  # fmt: skip
-    signature |= dict.fromkeys(constants, "constexpr")
+    return compile_sm90(kernel, signature, constants, num_warps=warps, num_stages=stages)
+
+
+def compile_sm90(kernel, signature: dict[str, str], constants: dict, **options) -> str:
+    """`kernel`'s TTGIR for Hopper (sm_90) from Triton's own compiler, no GPU: `signature` the runtime arguments'
+    types, `constants` the constexpr arguments' values, `options` the launch's (num_warps, num_stages)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = signature | dict.fromkeys(constants, "constexpr")
     source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    options = {"num_warps": warps, "num_stages": stages}
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
 
 

@@ -11,14 +11,14 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from .test_batch_invariant_compiled import compile_sm90  # noqa: E402
+
 WIDTHS = (1024, 2048, 4096, 5120)  # the small GPU-test models, Qwen3-1.7B, 8B, 32B
 
 
 def _compile(dtype: str, quant: bool, width: int) -> str:
     """`_add_rms_norm_kernel`'s TTGIR for sm_90 as `fused_ops._add_rms_norm` launches it (with a residual add)."""
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from nemo_jetrl.models import fused_ops
 
@@ -30,10 +30,7 @@ def _compile(dtype: str, quant: bool, width: int) -> str:
     dt = {"bf16": tl.bfloat16, "fp32": tl.float32}[dtype]
     block = triton.next_power_of_2(width)
     constants = dict(HAS_DELTA=True, RES=dt, OUT=dt, BLOCK=block, QUANT=quant, QB=128, POW2=False, HW=True)
-    signature |= dict.fromkeys(constants, "constexpr")
-    source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    options = {"num_warps": min(16, max(1, block // 256))}  # as `_add_rms_norm` launches it
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
+    return compile_sm90(kernel, signature, constants, num_warps=min(16, max(1, block // 256)))  # as launched
 
 
 def squares_layout(ir: str) -> str:
