@@ -12,7 +12,8 @@ decode, device sampling, fixed lengths). Full rollouts and prefill-only rollouts
 min-max seconds, and exact / fast. `--modes` adds `matched` (`policy.generation.matched_kernels: true`, as the
 policy switches it on this device) and partial modes (`attention`: only the batch-invariant attention,
 `models.batch_invariant.ExactParts`); `--profile-steps N` adds a kernel breakdown of N eager decode steps per mode
-(`bench_rollout.kernel_profile`).
+(`bench_rollout.kernel_profile`, over the static batch's cache); `--continuous-batching` decodes from the paged KV
+pool, as the engine does where its memory caps cannot hold the whole batch.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def engines(preset: str, shape: dict, args, prompt_t: torch.Tensor, device) -> d
                 use_cublas_fprop(model)
         engine = NativeGenerationEngine(
             model, max_new_tokens=args.gen_len, stop_token_ids=[], pad_token_id=0, kv_cache_dtype=recipe.kv_cache_dtype,
-            cuda_graphs=device.type == "cuda",
+            cuda_graphs=device.type == "cuda", continuous_batching=args.continuous_batching or None,
         )  # fmt: skip
         if recipe.kv_fp8:  # one set of scales for both (calibrated on the fast copy: same weights)
             scales = scales if scales is not None else calibrate(model, prompt_t[: min(8, len(prompt_t))].to(device))
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         help="matched (the user's switch), exact, exact-PART, or PART+PART(+cublas)",
     )
     p.add_argument("--profile-steps", type=int, default=0, help="GPU: kernel breakdown of N eager decode steps")
+    p.add_argument(
+        "--continuous-batching", action="store_true", help="decode from the paged KV pool (as a capped batch does)"
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="timed rounds per variant")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
@@ -135,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"exact-mode rollout on {info['device']}: {shape_name} shape x {args.layers} layers, batch {args.batch}, "
         f"{args.prompt_len} -> {args.gen_len} tokens, {args.steps} timed rounds (variants alternating)"
+        + (", paged KV pool (continuous batching)" if args.continuous_batching else "")
     )
     headers = ["variant", "median s", "min-max s", "mode / fast"]
     keys = ["variant", "median_s", "min_max_s", "exact_over_fast"]

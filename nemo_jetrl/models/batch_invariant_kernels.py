@@ -25,14 +25,20 @@ ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax, the M
 ATTN_SPLIT_KEYS = 1024
 # (query rows per program, warps, pipeline stages); a query row is a query position x a head of one KV group
 TRAIN_CONFIG = (64, 4, 3)  # prefill and training
-DECODE_CONFIG = (16, 4, 3)  # a decode step: one position's N_REP heads, padded to 16
+# A decode step: one position's N_REP heads, padded to 16 rows. The pipeline depth differs by layout (it does not
+# change a query's reductions: tests/gpu); the faster one on an H200 at every shape timed (docs/mismatch.md,
+# 2026-12-01): 3 stages over the static batch's contiguous cache, 2 over a paged pool (continuous batching).
+DECODE_CONFIG = (16, 4, 3)
+PAGED_DECODE_CONFIG = (16, 4, 2)
 
 
-def decode_config(dtype: torch.dtype) -> tuple[int, int, int]:
-    """(query rows, warps, stages) of a decode step in `dtype`: DECODE_CONFIG on tensor cores (16-bit); float32's
-    dots run on CUDA cores in a register layout that follows the tile's shape, so there a decode step takes the
-    trainer's tile (the same reduction trees as prefill and training)."""
-    return TRAIN_CONFIG if dtype == torch.float32 else DECODE_CONFIG
+def decode_config(dtype: torch.dtype, paged: bool = False) -> tuple[int, int, int]:
+    """(query rows, warps, stages) of a decode step in `dtype`: DECODE_CONFIG (PAGED_DECODE_CONFIG for a paged pool)
+    on tensor cores (16-bit); float32's dots run on CUDA cores in a register layout that follows the tile's shape,
+    so there a decode step takes the trainer's tile (the same reduction trees as prefill and training)."""
+    if dtype == torch.float32:
+        return TRAIN_CONFIG
+    return PAGED_DECODE_CONFIG if paged else DECODE_CONFIG
 
 
 LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
@@ -318,12 +324,12 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, sm_scale) -> tuple[to
 def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=None, v_scale=None,
                     config: tuple[int, int, int] | None = None) -> torch.Tensor:  # fmt: skip
     """See `batch_invariant_attention.paged_attention`: the decode step of `attention` (same kernel, same
-    configuration, same key-block order and chunks) with K/V read in place through block_table int32
+    query tile, same key-block order and chunks; its own pipeline depth) with K/V read in place through block_table int32
     [B, max_blocks] from one layer's pools [num_blocks, H_kv, page, D]; kv_len int64 [B]. config: as `attention`'s
-    (default `decode_config(q.dtype)`)."""
+    (default `decode_config(q.dtype, paged=True)`)."""
     bsz, heads, s_q, dim = q.shape
     _, kv_heads, page, _ = k_pool.shape
-    block_m, warps, stages = config or decode_config(q.dtype)
+    block_m, warps, stages = config or decode_config(q.dtype, paged=True)
     is_fp8 = k_pool.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, 1, H, D]
     q_start = kv_len - 1  # [B] the query's column: the row's last key

@@ -155,7 +155,9 @@ def test_logsumexp_row_does_not_depend_on_the_batch():
     assert rel_err(big, torch.logsumexp(x.double(), -1)) < 1e-6
 
 
-@pytest.mark.parametrize("config", [(16, 4, 2), (16, 4, 3), (32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2)], ids=str)
+@pytest.mark.parametrize(
+    "config", [(16, 4, 2), (16, 4, 3), (16, 4, 4), (32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2)], ids=str
+)
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16_kv", "fp8_kv"])
 def test_attention_decode_config_gives_the_default_bits(fp8, config):
     """A decode step (4 query rows of one KV head: 1 position x 4 heads) under another tile / warp configuration
