@@ -25,20 +25,25 @@ ATTN_BLOCK_N = 64  # keys per block: the fixed unit of the online softmax, the M
 ATTN_SPLIT_KEYS = 1024
 # (query rows per program, warps, pipeline stages); a query row is a query position x a head of one KV group
 TRAIN_CONFIG = (64, 4, 3)  # prefill and training
-# A decode step: one position's N_REP heads, padded to 16 rows. The pipeline depth differs by layout (it does not
-# change a query's reductions: tests/gpu); the faster one on an H200 at every shape timed (docs/mismatch.md,
-# 2026-12-01): 3 stages over the static batch's contiguous cache, 2 over a paged pool (continuous batching).
-DECODE_CONFIG = (16, 4, 3)
+# A decode step: one position's N_REP heads, padded to 16 rows. The pipeline depth (which does not change a query's
+# reductions: tests/gpu) is the faster one on an H200 at every shape timed (docs/mismatch.md, 2026-12-01): over the
+# static batch's contiguous cache 4 stages while a row's keys fit one chunk, 3 once they come in parallel chunks;
+# over a paged pool (continuous batching) 2.
+DECODE_CONFIG = (16, 4, 4)
+SPLIT_DECODE_CONFIG = (16, 4, 3)
 PAGED_DECODE_CONFIG = (16, 4, 2)
 
 
-def decode_config(dtype: torch.dtype, paged: bool = False) -> tuple[int, int, int]:
-    """(query rows, warps, stages) of a decode step in `dtype`: DECODE_CONFIG (PAGED_DECODE_CONFIG for a paged pool)
-    on tensor cores (16-bit); float32's dots run on CUDA cores in a register layout that follows the tile's shape,
-    so there a decode step takes the trainer's tile (the same reduction trees as prefill and training)."""
+def decode_config(dtype: torch.dtype, paged: bool = False, split: bool = False) -> tuple[int, int, int]:
+    """(query rows, warps, stages) of a decode step in `dtype` on tensor cores (16-bit): PAGED_DECODE_CONFIG over a
+    paged pool, else SPLIT_DECODE_CONFIG when its keys run in parallel chunks (`split`), else DECODE_CONFIG.
+    float32's dots run on CUDA cores in a register layout that follows the tile's shape, so there a decode step
+    takes the trainer's tile (the same reduction trees as prefill and training)."""
     if dtype == torch.float32:
         return TRAIN_CONFIG
-    return PAGED_DECODE_CONFIG if paged else DECODE_CONFIG
+    if paged:
+        return PAGED_DECODE_CONFIG
+    return SPLIT_DECODE_CONFIG if split else DECODE_CONFIG
 
 
 LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
@@ -267,13 +272,15 @@ def _merge_splits_kernel(part_ptr, out_ptr, splits, S_q, heads, sob, soh, sos, D
 def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_scale=None,
               config: tuple[int, int, int] | None = None, lse: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """See `batch_invariant_attention.attention`; q_start: an int64 tensor, 0-dim or [B]. config: (query rows per
-    program, warps, pipeline stages), default `decode_config(q.dtype)` for one query per row, else TRAIN_CONFIG;
+    program, warps, pipeline stages), default `decode_config` for one query per row, else TRAIN_CONFIG;
     the GPU tests check which configs give the default's bits. lse: a float32 [H, B * S_q] the kernel fills with
     each query's log-sum-exp (row b * S_q + s; the trainer's forward, `batch_invariant_train`). A decode step
     (one query per row, no lse) runs its keys' chunks in parallel programs (`_run_chunks`)."""
     bsz, heads, s_q, dim = q.shape
-    block_m, warps, stages = config or (decode_config(q.dtype) if s_q == 1 else TRAIN_CONFIG)
     _, kv_heads, s_k, _ = k_buf.shape
+    decode = s_q == 1 and lse is None  # one query a row: its chunks run in parallel programs (`_run_chunks`)
+    split = decode and s_k > ATTN_SPLIT_KEYS
+    block_m, warps, stages = config or (decode_config(q.dtype, split=split) if s_q == 1 else TRAIN_CONFIG)
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
     ones = q_start  # any pointer fills the scale slots of a high-precision cache (never read)
@@ -291,7 +298,7 @@ def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_sca
         )  # fmt: skip
 
     with on_device(q):
-        _run_chunks(launch, out, kv_heads, block_m, s_k if s_q == 1 and lse is None else 0)
+        _run_chunks(launch, out, kv_heads, block_m, s_k if decode else 0)
     return out.transpose(1, 2)  # [B, H, S_q, D]
 
 
