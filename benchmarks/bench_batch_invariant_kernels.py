@@ -72,7 +72,7 @@ def gemm_rows(dev) -> list[dict]:
     return rows
 
 
-DECODE_CONFIGS = ((16, 4, 2), (16, 4, 3), (32, 4, 3), (64, 4, 2), (64, 4, 3))
+DECODE_CONFIGS = ((16, 4, 2), (16, 4, 3), (16, 4, 4), (32, 4, 3), (64, 4, 2), (64, 4, 3))
 
 
 def attention_rows(dev) -> list[dict]:
