@@ -35,6 +35,7 @@ OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8
 shift
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
+VARIANTS=(bf16 fp8 fp8_kv fp8_kv_matched)  # the runs a stage may name
 STEPS=${STEPS:-10}
 LAYERS=${LAYERS:-}
 NPROC=${NPROC:-1}
@@ -59,7 +60,7 @@ mkdir -p "$OUT/logs"
 copy_results() {  # the small result files into $COPY_TO (runs on exit)
     [ -n "$COPY_TO" ] || return 0
     local f v
-    for v in bf16 fp8 fp8_kv fp8_kv_matched; do
+    for v in "${VARIANTS[@]}"; do
         v=$v$SUFFIX
         [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
         for f in metrics.jsonl config.yaml gpu_memory.csv; do
@@ -139,7 +140,7 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
     [ "$rc" -eq 0 ] || { echo "error: the $variant run failed (rc $rc); see $OUT/$variant.log" >&2; exit "$rc"; }
 }
 
-is_variant() { case $1 in bf16 | fp8 | fp8_kv | fp8_kv_matched) return 0 ;; *) return 1 ;; esac; }
+is_variant() { local v; for v in "${VARIANTS[@]}"; do [ "$1" = "$v" ] && return 0; done; return 1; }
 
 stage_side_by_side() {  # two variants at once (PAIR_VARIANTS), one GPU each (PAIR_GPUS)
     local gpus pair pid rc_a=0 rc_b=0
@@ -152,8 +153,8 @@ stage_side_by_side() {  # two variants at once (PAIR_VARIANTS), one GPU each (PA
     fi
     if [ ${#pair[@]} -ne 2 ] || [ "${pair[0]}" = "${pair[1]}" ] || ! is_variant "${pair[0]}" \
         || ! is_variant "${pair[1]}"; then
-        echo "error: side_by_side: PAIR_VARIANTS names two different variants of bf16 fp8 fp8_kv" \
-            "fp8_kv_matched (got '${PAIR_VARIANTS:-}')" >&2
+        echo "error: side_by_side: PAIR_VARIANTS names two different variants of ${VARIANTS[*]}" \
+            "(got '${PAIR_VARIANTS:-}')" >&2
         exit 2
     fi
     echo "${pair[0]} on GPU ${gpus[0]}, ${pair[1]} on GPU ${gpus[1]}, at the same time (consoles:" \
@@ -171,7 +172,7 @@ stage_report() {
     echo
     echo "per-phase GRPO step time (median over steps 2..$STEPS; first step in brackets) and peak GPU memory:"
     local runs=() v
-    for v in bf16 fp8 fp8_kv fp8_kv_matched; do  # the variants of this layout (SUFFIX) that ran
+    for v in "${VARIANTS[@]}"; do  # the variants of this layout (SUFFIX) that ran
         [ -f "$OUT/logs/$v$SUFFIX/metrics.jsonl" ] && runs+=("$v$SUFFIX=$OUT/logs/$v$SUFFIX")
     done
     [ ${#runs[@]} -gt 0 ] || { echo "error: no run of layout '$SUFFIX' in $OUT/logs" >&2; exit 1; }
@@ -187,10 +188,12 @@ for stage in "${STAGES[@]}"; do
     case $stage in
         check) stage_check ;;
         build) stage_build ;;
-        bf16 | fp8 | fp8_kv | fp8_kv_matched) run_variant "$stage" ;;
         side_by_side) stage_side_by_side ;;
         report) stage_report ;;
-        *) echo "error: unknown stage '$stage' (check build bf16 fp8 fp8_kv fp8_kv_matched side_by_side report)" >&2
-           exit 2 ;;
+        *) is_variant "$stage" || {
+               echo "error: unknown stage '$stage' (check build ${VARIANTS[*]} side_by_side report)" >&2
+               exit 2
+           }
+           run_variant "$stage" ;;
     esac
 done
