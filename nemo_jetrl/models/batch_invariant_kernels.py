@@ -278,8 +278,8 @@ def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_sca
     (one query per row, no lse) runs its keys' chunks in parallel programs (`_run_chunks`)."""
     bsz, heads, s_q, dim = q.shape
     _, kv_heads, s_k, _ = k_buf.shape
-    decode = s_q == 1 and lse is None  # one query a row: its chunks run in parallel programs (`_run_chunks`)
-    split = decode and s_k > ATTN_SPLIT_KEYS
+    keys = s_k if s_q == 1 and lse is None else 0  # a decode step's keys, which `_run_chunks` splits into chunks
+    split = keys > ATTN_SPLIT_KEYS
     block_m, warps, stages = config or (decode_config(q.dtype, split=split) if s_q == 1 else TRAIN_CONFIG)
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
@@ -298,7 +298,7 @@ def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_sca
         )  # fmt: skip
 
     with on_device(q):
-        _run_chunks(launch, out, kv_heads, block_m, s_k if decode else 0)
+        _run_chunks(launch, out, kv_heads, block_m, keys)
     return out.transpose(1, 2)  # [B, H, S_q, D]
 
 
