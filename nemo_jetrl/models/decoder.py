@@ -22,11 +22,9 @@ Exact mode (`models.batch_invariant.enable_batch_invariant`, read off the model 
 trainer and rollout agree): every query of every path (decode, prefill, training) goes through
 `batch_invariant_attention`, the linears run batch-invariant GEMMs, and on CUDA the glue runs the per-row Triton kernels
 on both sides (the rollout's `fused`, the trainer's `fused_train`); the logprobs' log-sum-exp is
-`batch_invariant.logsumexp_rows`. Over BF16 / FP16 activations the rollout's RMSNorm writes the next FP8 linears'
-input quantized in the same kernel (`exact_squares`: its squares are exact and it sums them in the plain kernel's
-layout, so its bits are the trainer's norm + cast). Over FP32 activations (FP32 master weights under BF16 autocast) it
-writes its plain output, as the trainer's does, and the FP8 linear quantizes it: there the fused kernel does not give
-the trainer's bits (exact-mode runs fell to 65-76% exact tokens with it, H100 and H200, docs/mismatch.md).
+`batch_invariant.logsumexp_rows`. The rollout's RMSNorm writes the next FP8 linears' input quantized in the same
+kernel, with the trainer's norm + cast bits at every activation dtype (`fused_ops._norm_store_run`: the two variants
+sum the squares in one register layout, tests/unit/models/test_glue_norm_compiled.py).
 
 Activation checkpointing (`ForwardPlan.activation_checkpointing`, `policy.dtensor_cfg.activation_checkpointing`): under
 autograd each layer runs through `models/recompute.py`, keeping only its input (the residual sum made before it) and
@@ -306,16 +304,11 @@ def decoder_forward(
                 "decoder_forward: the exact mode on CUDA runs the per-row fused glue kernels on both sides "
                 "(fused=True for the rollout, fused_train=True for the trainer)"
             )
-        grouped = plan.fused and triton_ok
-        # the norm kernel writes the next FP8 linears' input quantized, except where trainer and rollout must agree
-        # bitwise (exact / matched kernels) over FP32 activations, where that kernel's bits differ from the trainer's
-        norm_quant = grouped and (not parts.any or exact_squares(x.dtype))
+        grouped = plan.fused and triton_ok  # also: the norm kernels write the next FP8 linears' input quantized
         glue = (fused_ops if plan.fused else fused_train_ops if plan.fused_train else None) if triton_ok else None
         if parts.any and glue is not None:
             _check_glue_norms(model)
-        shared = _LayerInputs(
-            cos_sin, mask, kv_cache, cache_start, plan.compute_dtype, glue, grouped, key_valid, norm_quant
-        )  # fmt: skip
+        shared = _LayerInputs(cos_sin, mask, kv_cache, cache_start, plan.compute_dtype, glue, grouped, key_valid)
         recompute = recomputes(plan.activation_checkpointing, kv_cache)
         delta = None  # the residual branch output not yet added into x (fused: added inside the next norm)
         for layer_idx, layer in enumerate(backbone.layers):
@@ -339,14 +332,6 @@ def unfused_norms(model: nn.Module) -> list[str]:
     attn_norms = [getattr(layer.self_attn, n, None) for layer in backbone.layers for n in ("q_norm", "k_norm")]
     norms = [backbone.norm, *(getattr(layer, n) for layer in backbone.layers for n in names), *attn_norms]
     return sorted({type(n).__name__ for n in norms if n is not None and not fused_ops.fusable_rms_norm(n)})
-
-
-def exact_squares(dtype: torch.dtype) -> bool:
-    """Whether the fused norm + FP8 cast may run under exact parts over `dtype` activations: 16-bit ones, whose
-    squares are exact in FP32 (8 or 11 significant bits, doubled, fit in 24), so its FP32 sum of squares has the
-    plain kernel's bits (same layout, tests/unit/models/test_glue_norm_compiled.py) whatever the compiler contracts.
-    Over FP32 activations the exact paths' GPU tests fail with it (docs/mismatch.md)."""
-    return dtype in (torch.bfloat16, torch.float16)
 
 
 def _check_glue_norms(model: nn.Module) -> None:
@@ -394,9 +379,8 @@ class _LayerInputs:
     cache_start: int | torch.Tensor
     compute_dtype: torch.dtype | None
     glue: object  # fused_ops | fused_train_ops | None
-    grouped: bool
+    grouped: bool  # one GEMM over sibling linears; the norms and SiLU * up write the next linears' FP8 input
     key_valid: torch.Tensor | None
-    norm_quant: bool
 
 
 def _decoder_layer(
@@ -409,12 +393,12 @@ def _decoder_layer(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoder layer: (x, delta) -> (x + delta + attention, the MLP's output), x / delta / outputs [B, S, H]."""
     s, attn, mlp = shared, layer.self_attn, layer.mlp
-    qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if s.norm_quant else ()
+    qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if s.grouped else ()
     x, h = _add_norm(x, delta, layer.input_layernorm, s.glue, qkv)
     attn_out = _self_attention(
         attn, layer_idx, h, s.cos_sin, s.mask, s.kv_cache, s.cache_start, attn_hook, s.compute_dtype, s.glue,
         s.grouped, s.key_valid,
     )  # fmt: skip
-    gate_up = (mlp.gate_proj, mlp.up_proj) if s.norm_quant and hasattr(mlp, "gate_proj") else ()
+    gate_up = (mlp.gate_proj, mlp.up_proj) if s.grouped and hasattr(mlp, "gate_proj") else ()
     x, h = _add_norm(x, attn_out, layer.post_attention_layernorm, s.glue, gate_up)
     return x, _mlp(mlp, h, s.glue, s.grouped)

@@ -110,12 +110,14 @@ def _mul_rn(a, b, HW: tl.constexpr):
 
 @triton.jit
 def _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, group0,
-               OUT: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+               OUT: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr,
+               Q_RUN: tl.constexpr = 16):  # fmt: skip
     # y [BLOCK] fp32 (already rounded to OUT) at columns `cols` of row `row` of a [R, N] output: stored in OUT, or
     # (QUANT) as e4m3 [R, N] + fp32 scales (column-major [R, N / QB], group index group0 + g) like `act_quant`.
+    # Q_RUN: the e4m3 store's columns are seen contiguous in runs of Q_RUN only (`_norm_store_run`).
     if QUANT:
         q, scale = quant_vector_groups(y, BLOCK, QB, POW2)
-        tl.store(q_ptr + row * N + cols, q, mask=ok)
+        tl.store(q_ptr + row * N + (cols // Q_RUN) * Q_RUN + cols % Q_RUN, q, mask=ok)
         groups = group0 + tl.arange(0, BLOCK // QB)
         tl.store(s_ptr + row + groups * stride_sg, scale, mask=groups * QB < N)
     else:
@@ -127,6 +129,7 @@ def _add_rms_norm_kernel(
     x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, q_ptr, s_ptr, N, stride_x, stride_d, stride_sg, eps,
     HAS_DELTA: tl.constexpr, RES: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
     QUANT: tl.constexpr = False, QB: tl.constexpr = 128, POW2: tl.constexpr = False, HW: tl.constexpr = False,
+    Q_RUN: tl.constexpr = 16,
 ):  # fmt: skip
     # One program per row: res = x + d (rounded to RES), out = w * (res * rsqrt(mean(res^2) + eps)).to(RES) -> OUT
     row = tl.program_id(0).to(tl.int64)
@@ -141,7 +144,7 @@ def _add_rms_norm_kernel(
     h = _round(_mul_rn(x, rstd, HW), RES)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     y = tl.where(ok, _round(_mul_rn(w, h, HW), OUT), 0.0)
-    _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, 0, OUT, QUANT, QB, POW2, BLOCK)
+    _store_out(out_ptr, q_ptr, s_ptr, y, row, cols, ok, N, stride_sg, 0, OUT, QUANT, QB, POW2, BLOCK, Q_RUN)
 
 
 @triton.jit
@@ -278,10 +281,20 @@ def _add_rms_norm(x, delta, weight, eps, quant: tuple[int, bool] | None):
             x2, d2, weight, res, out, q, scale, n, x2.stride(0), d2.stride(0), scale.stride(-1), eps,
             HAS_DELTA=delta is not None, RES=_TL_DTYPES[res_dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block,
             QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]), HW=_hw(),
-            num_warps=min(16, max(1, block // 256)),
+            Q_RUN=_norm_store_run(x2, d2, weight), num_warps=min(16, max(1, block // 256)),
         )  # fmt: skip
     res = res.view(*x.shape[:-1], n)
     return (res, q, scale) if quant is not None else (res, out.view(*x.shape[:-1], n))
+
+
+def _norm_store_run(*inputs: torch.Tensor) -> int:
+    """The columns of the norm's e4m3 store seen contiguous at a time: 16 bytes of its narrowest input (4 FP32 or 8
+    BF16 values), the widest access of the plain kernel. The compiler gives the whole row the layout of its widest
+    vector access; a 1-byte store seen contiguous takes up to 16 values a thread, and so another layout, hence
+    another order of the sum of squares, than the plain kernel the trainer runs (tests/unit/models/
+    test_glue_norm_compiled.py; on an H200, FP32 rows without a residual delta at every width and FP32 rows 5,120
+    wide gave other bits, tests/gpu/test_fused_rollout_gpu.py)."""
+    return 16 // min(t.element_size() for t in inputs)
 
 
 def qk_norm_rope(

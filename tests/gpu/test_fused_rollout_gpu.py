@@ -145,18 +145,28 @@ def test_fused_decoder_forward_matches_eager(fp8):
     assert rel_err(fused, eager) < (5e-2 if fp8 else 5e-3)  # rsqrt/exp last bits, amplified by FP8 rounding
 
 
-@pytest.mark.parametrize("width", [1024, 4096])
-def test_fused_norm_fp8_equals_plain_norm_then_act_quant_with_fp32_activations(width):
-    """FP32 master weights under BF16 autocast: an FP32 residual plus a BF16 branch output, an FP32 norm weight.
-    The norm kernel with the FP8 quantization fused writes the bits of the plain norm kernel + act_quant (the
-    trainer's path), and the same residual."""
+NORM_INPUTS = {  # (x, residual delta or None, norm weight)
+    "fp32-master": (torch.float32, torch.bfloat16, torch.float32),  # FP32 residual + BF16 branch output, autocast
+    "fp32-master-first-layer": (torch.float32, None, torch.float32),  # the embeddings' norm: no delta
+    "bf16-master": (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    "bf16-master-first-layer": (torch.bfloat16, None, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("width", [1024, 2048, 4096, 5120])
+@pytest.mark.parametrize("inputs", list(NORM_INPUTS))
+def test_fused_norm_fp8_equals_plain_norm_then_act_quant(inputs, width):
+    """The norm kernel with the FP8 quantization fused writes the bits of the plain norm kernel + act_quant (the
+    trainer's path), and the same residual, at the shipped widths and master-weight dtypes (before the e4m3 store's
+    runs, `fused_ops._norm_store_run`, the FP32 rows without a delta and the rows 5,120 wide differed)."""
+    x_dtype, d_dtype, w_dtype = NORM_INPUTS[inputs]
     gen = torch.Generator(device=DEV).manual_seed(width)
-    x = torch.randn(256, width, device=DEV, generator=gen)
-    d = torch.randn(256, width, device=DEV, generator=gen).bfloat16()
-    w = 1 + 0.1 * torch.randn(width, device=DEV, generator=gen)
+    x = torch.randn(256, width, device=DEV, generator=gen).to(x_dtype)
+    d = None if d_dtype is None else torch.randn(256, width, device=DEV, generator=gen).to(d_dtype)
+    w = (1 + 0.1 * torch.randn(width, device=DEV, generator=gen)).to(w_dtype)
     res, normed = fused_ops.add_rms_norm(x, d, w, 1e-6)
     res_q, q, s = fused_ops.add_rms_norm_fp8(x, d, w, 1e-6, 128, False)
-    assert normed.dtype == torch.float32 and torch.equal(res_q, res)
-    q0, s0 = act_quant(normed, 128, False)
+    assert torch.equal(res_q, res)
+    q0, s0 = act_quant(normed.reshape(-1, width), 128, False)
     assert torch.equal(s, s0)
     assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8))

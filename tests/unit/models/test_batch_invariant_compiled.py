@@ -44,14 +44,17 @@ def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, split: bool, confi
     return compile_sm90(kernel, signature, constants, num_warps=warps, num_stages=stages)
 
 
-def compile_sm90(kernel, signature: dict[str, str], constants: dict, **options) -> str:
+def compile_sm90(kernel, signature: dict[str, str], constants: dict, divisible: tuple[str, ...] = (), **options) -> str:
     """`kernel`'s TTGIR for Hopper (sm_90) from Triton's own compiler, no GPU: `signature` the runtime arguments'
-    types, `constants` the constexpr arguments' values, `options` the launch's (num_warps, num_stages)."""
+    types, `constants` the constexpr arguments' values, `divisible` the arguments a launch specializes as multiples
+    of 16 (a 16-byte aligned pointer, an integer such as a row width; the compiler vectorizes on it), `options` the
+    launch's (num_warps, num_stages)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     signature = signature | dict.fromkeys(constants, "constexpr")
-    source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()}, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
 
 

@@ -109,7 +109,7 @@ CHILD = textwrap.dedent(
         fused = decoder_forward(model, ids, pos, mask, ForwardPlan(fused=True))
         r["fused_act_quants"] = len(quantized) - r["eager_act_quants"]
     r["fp8_decoder_rel"], r["fp8_q_proj_calls"], r["act_calls"] = rel(fused, eager), len(calls), len(act_calls)
-    # with an exact part on (matched kernels), the norm writes its FP8 output over 16-bit activations only
+    # with an exact part on (matched kernels) the norm writes its FP8 output too, over BF16 and FP32 activations
     from nemo_jetrl.models.batch_invariant import ExactParts, enable_batch_invariant
     for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         model = random_tiny_qwen3(1, num_layers=2).to(dt)
@@ -171,10 +171,9 @@ def test_glue_kernels_write_the_next_linears_fp8_input_bitwise(interpreted):
     assert len(interpreted["fp8_out_equal"]) == 12 and all(interpreted["fp8_out_equal"])
 
 
-def test_with_exact_parts_the_norm_casts_over_16_bit_activations_only(interpreted):
-    # per layer: BF16, o's input only (the norms and SiLU*up wrote the others); FP32, also q/k/v's and gate/up's
-    # (`decoder.exact_squares`: there the fused norm's bits are not the trainer's norm + cast)
-    assert interpreted["bf16_exact_part_act_quants"] == 2 and interpreted["fp32_exact_part_act_quants"] == 6
+def test_with_exact_parts_the_norm_casts_at_every_activation_dtype(interpreted):
+    # per layer, BF16 and FP32 activations alike: o's input only (the norms and SiLU*up wrote the others)
+    assert interpreted["bf16_exact_part_act_quants"] == 2 and interpreted["fp32_exact_part_act_quants"] == 2
 
 
 def test_shared_input_quantization_is_bitwise_each_linears_own():
