@@ -3,7 +3,8 @@ contiguous or paged, bf16 or e4m3 cache, packed rows, the trainer's log-sum-exp)
 configuration compiles its two dots (Q.K, P.V) with the same operands' encodings and the same MMA layouts, so the
 products inside one MMA instruction come in one order everywhere: the precondition of decode == prefill == training
 bitwise, which tests/gpu checks on the hardware (docs/mismatch.md: a kernel whose variants packed their operands
-differently was not one bit family)."""
+differently was not one bit family). Compiled as a launch specializes it: 16-byte aligned pointers and head-dim
+strides (the compiler vectorizes, and lays out, on them)."""
 
 import re
 
@@ -41,7 +42,9 @@ def _compile(fp8: bool, paged: bool, varlen: bool, lse: bool, split: bool, confi
     constants = dict(N_REP=2, D=128, BLOCK_M=block_m, BLOCK_N=K.ATTN_BLOCK_N, SPLIT_N=K.ATTN_SPLIT_KEYS, KV_FP8=fp8,
                      DT=tl.bfloat16, HW_CAST=True, PAGE=16 if paged else 1, PAGED=paged, VARLEN=varlen,
                      WRITE_LSE=lse, SPLIT_OUT=split, LEAD_SCAN=1024)  # fmt: skip
-    return compile_sm90(kernel, signature, constants, num_warps=warps, num_stages=stages)
+    aligned = [name for name, kind in signature.items() if kind.startswith("*")]  # torch's allocations
+    aligned += [f"s{t}{dim}" for t in "qkvo" for dim in "bhs"]  # q / cache / output strides: multiples of D
+    return compile_sm90(kernel, signature, constants, tuple(aligned), num_warps=warps, num_stages=stages)
 
 
 def compile_sm90(kernel, signature: dict[str, str], constants: dict, divisible: tuple[str, ...] = (), **options) -> str:
@@ -60,11 +63,14 @@ def compile_sm90(kernel, signature: dict[str, str], constants: dict, divisible: 
 
 def dot_signature(ir: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(each dot's operand and result types without their shapes, which follow the tile; the definitions of the
-    MMA and shared-memory layouts they name, without what follows the tile's width: the MMA instruction's N (the
-    query rows) and the shared-memory swizzle width) of a TTGIR module."""
+    MMA and shared-memory layouts the dots name, without what follows the tile's width: the MMA instruction's N
+    (the query rows) and the shared-memory swizzle width) of a TTGIR module. Buffers no dot reads (a paged
+    variant's pipelined block-table loads) are left out."""
     dots = re.findall(r"(?:tt\.dot|ttng\.warp_group_dot) .*? : ((?:tensor|!ttg).*?)(?: loc\(|$)", ir, flags=re.M)
     dots = [re.sub(r"(tensor|memdesc)<\d+x\d+x", r"\1<", d) for d in dots]
-    layouts = re.findall(r"^#(?:mma|shared)\d* = (.*)$", ir, flags=re.M)
+    defined = dict(re.findall(r"^(#(?:mma|shared)\d*) = (.*)$", ir, flags=re.M))
+    named = {name for d in dots for name in re.findall(r"#(?:mma|shared)\d*\b", d)}  # the layouts the dots read
+    layouts = [defined[name] for name in sorted(named) if name in defined]
     layouts = [re.sub(r"instrShape = \[(\d+), \d+, (\d+)\]", r"instrShape = [\1, N, \2]", x) for x in layouts]
     layouts = [re.sub(r"swizzlingByteWidth = \d+", "swizzlingByteWidth = W", x) for x in layouts]
     return tuple(re.sub(r"#shared\d*", "#shared", d) for d in dots), tuple(sorted(set(layouts)))
