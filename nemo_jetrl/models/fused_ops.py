@@ -281,10 +281,15 @@ def _add_rms_norm(x, delta, weight, eps, quant: tuple[int, bool] | None):
             x2, d2, weight, res, out, q, scale, n, x2.stride(0), d2.stride(0), scale.stride(-1), eps,
             HAS_DELTA=delta is not None, RES=_TL_DTYPES[res_dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=block,
             QUANT=quant is not None, QB=quant[0] if quant else 128, POW2=bool(quant and quant[1]), HW=_hw(),
-            Q_RUN=_norm_store_run(x2, d2, weight), num_warps=min(16, max(1, block // 256)),
+            Q_RUN=_norm_store_run(x2, d2, weight), num_warps=row_warps(block),
         )  # fmt: skip
     res = res.view(*x.shape[:-1], n)
     return (res, q, scale) if quant is not None else (res, out.view(*x.shape[:-1], n))
+
+
+def row_warps(block: int) -> int:
+    """Warps of a norm kernel's program over one BLOCK-wide row: one per 256 columns, 1 to 16."""
+    return min(16, max(1, block // 256))
 
 
 def _norm_store_run(*inputs: torch.Tensor) -> int:

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from nemo_jetrl.models import fused_ops
-from nemo_jetrl.models.fused_ops import _TL_DTYPES, _promote, _round, _silu
+from nemo_jetrl.models.fused_ops import _TL_DTYPES, _promote, _round, _silu, row_warps
 from nemo_jetrl.utils.columns import adjacent_columns, column_buffer
 
 # Programs per backward launch with a weight gradient (rows are spread over them; partials [programs, N]).
@@ -154,7 +154,7 @@ class _AddRMSNorm(torch.autograd.Function):
                 x2, weight, dy2, dres2 if dres2 is not None else dy2, dx, dw, x2.shape[0], n, x2.stride(0),
                 dy2.stride(0), (dres2 if dres2 is not None else dy2).stride(0), ctx.eps, rpp,
                 HAS_DRES=dres2 is not None, XD=_TL_DTYPES[res.dtype], OUT=_TL_DTYPES[d_out.dtype], BLOCK=block,
-                num_warps=min(16, max(1, block // 256)),
+                num_warps=row_warps(block),
             )  # fmt: skip
         dx = dx.view(res.shape)
         x_dtype, delta_dtype = ctx.dtypes

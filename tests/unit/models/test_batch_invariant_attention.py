@@ -408,4 +408,3 @@ def test_triton_decode_runs_its_key_chunks_in_parallel_with_the_trainers_bits(ru
     assert 300 in r["splits"] and 336 in r["splits"] and 0 in r["splits"]  # decode steps split; training did not
     if r["blas_tile_invariant"]:  # the interpreter's dots are numpy's matmuls (see the first interpreter test)
         assert all(r["decode_vs_train"])
-

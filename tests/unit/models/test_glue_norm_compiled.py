@@ -43,7 +43,7 @@ def _compile(x: str, delta: str | None, w: str, quant: bool, width: int, store_r
                      QB=128, POW2=False, HW=True, Q_RUN=store_run)  # fmt: skip
     aligned = ("x_ptr", "d_ptr", "w_ptr", "res_ptr", "out_ptr", "q_ptr", "s_ptr", "N", "stride_x", "stride_d")
     kernel = fused_ops._add_rms_norm_kernel
-    return compile_sm90(kernel, signature, constants, aligned, num_warps=min(16, max(1, block // 256)))  # as launched
+    return compile_sm90(kernel, signature, constants, aligned, num_warps=fused_ops.row_warps(block))  # as launched
 
 
 def squares_layout(ir: str) -> str:
