@@ -32,6 +32,10 @@ TRAIN_CONFIG = (64, 4, 3)  # prefill and training
 DECODE_CONFIG = (16, 4, 4)
 SPLIT_DECODE_CONFIG = (16, 4, 3)
 PAGED_DECODE_CONFIG = (16, 4, 2)
+# Registers a thread of the paged decode may use: 128 keeps four programs an SM (4 warps). Left to ptxas, the kernel
+# over 4 query heads a KV head took a few more on the H200, three programs an SM, and its chunked decode slowed
+# (docs/mismatch.md). A register budget changes the schedule, not one rounding.
+PAGED_DECODE_MAXNREG = 128
 
 
 def decode_config(dtype: torch.dtype, paged: bool = False, split: bool = False) -> tuple[int, int, int]:
@@ -117,9 +121,10 @@ def _chunk(
 ):  # fmt: skip
     """The online softmax over the key blocks of one chunk, columns [c0, min(c0 + SPLIT_N, hi)), from a fresh state:
     (max [BM], sum [BM], output transposed [D, BM]). A block whose keys a query may not see leaves its state bit for
-    bit unchanged."""
+    bit unchanged. The sums stay per key slot of the block until the chunk ends, then one reduction over the slots:
+    a reduction across the warps (the keys are spread over them) once a chunk instead of once a block."""
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l_slots = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # sum of exp(score - max) of key slot j, per query
     acc = tl.zeros([D, BLOCK_M], dtype=tl.float32)
     for start in range(c0, tl.minimum(c0 + SPLIT_N, hi), BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
@@ -136,12 +141,12 @@ def _chunk(
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_new))
         p = tl.where(allowed, tl.exp(s - m_new[None, :]), 0.0)  # [BN, BM]
-        l_i = l_i * alpha + tl.sum(p, axis=0)
+        l_slots = l_slots * alpha[None, :] + p
         v_offs = _key_offsets(cols, in_range, table_row, svb, svs, PAGE, PAGED)  # [BN]
         v = _load_kv(v_base, v_offs, in_range, dims, v_scale, KV_FP8, DT, HW_CAST)  # [BN, D]
         acc = acc * alpha[None, :] + _dot(tl.trans(v), p.to(DT), DT)  # [D, BN] @ [BN, BM]
         m_i = m_new
-    return m_i, l_i, acc
+    return m_i, tl.sum(l_slots, axis=0), acc
 
 
 @triton.jit
@@ -350,7 +355,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=No
             q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), block_table.stride(0), 0, part,
             N_REP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, SPLIT_N=ATTN_SPLIT_KEYS,
             KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=page, PAGED=True,
-            SPLIT_OUT=split_out, num_warps=warps, num_stages=stages,
+            SPLIT_OUT=split_out, num_warps=warps, num_stages=stages, maxnreg=PAGED_DECODE_MAXNREG,
         )  # fmt: skip
 
     with on_device(q):

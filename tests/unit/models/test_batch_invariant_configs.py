@@ -12,14 +12,15 @@ from nemo_jetrl.models import batch_invariant_kernels as K  # noqa: E402
 
 def test_each_launch_takes_its_layouts_pipeline_depth(monkeypatch):
     """A decode step over the contiguous cache runs DECODE_CONFIG while its keys fit one chunk and
-    SPLIT_DECODE_CONFIG once they come in parallel chunks, a paged decode step PAGED_DECODE_CONFIG, the trainer's
-    forward TRAIN_CONFIG; an explicit config wins."""
+    SPLIT_DECODE_CONFIG once they come in parallel chunks, a paged decode step PAGED_DECODE_CONFIG within its
+    register budget (the others none), the trainer's forward TRAIN_CONFIG; an explicit config wins."""
     launches = []
 
     class Recorder:
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                launches.append((kw.get("num_stages"), kw.get("BLOCK_M"), kw.get("SPLIT_OUT", False)))
+                record = (kw.get("num_stages"), kw.get("BLOCK_M"), kw.get("SPLIT_OUT", False), kw.get("maxnreg"))
+                launches.append(record)
 
             return launch
 
@@ -38,17 +39,19 @@ def test_each_launch_takes_its_layouts_pipeline_depth(monkeypatch):
     two_chunks = torch.randn(bsz, kv_heads, K.ATTN_SPLIT_KEYS + 1, dim).bfloat16()
     valid = torch.ones(bsz, K.ATTN_SPLIT_KEYS + 1, dtype=torch.bool)
     qb = q.bfloat16()
-    assert stages_of(lambda: K.attention(qb, one_chunk, one_chunk, valid, zero, scale)) == (4, 16, False)
-    assert stages_of(lambda: K.attention(qb, two_chunks, two_chunks, valid, zero, scale)) == (3, 16, True)
+    assert stages_of(lambda: K.attention(qb, one_chunk, one_chunk, valid, zero, scale)) == (4, 16, False, None)
+    assert stages_of(lambda: K.attention(qb, two_chunks, two_chunks, valid, zero, scale)) == (3, 16, True, None)
     assert len(launches) == 2  # the split decode's merge kernel
     assert stages_of(lambda: K.attention(qb, two_chunks, two_chunks, valid, zero, scale, config=(16, 4, 2)))[0] == 2
     pool = torch.randn(9, kv_heads, 16, dim).bfloat16()
     table = torch.arange(1, 9, dtype=torch.int32).view(bsz, 4)
     kv_len = torch.tensor([64, 30])
-    assert stages_of(lambda: K.paged_attention(qb, pool, pool, table, kv_len, scale)) == (2, 16, False)
+    paged = stages_of(lambda: K.paged_attention(qb, pool, pool, table, kv_len, scale))
+    assert paged == (2, 16, False, K.PAGED_DECODE_MAXNREG)
     prefill = torch.randn(bsz, heads, 8, dim).bfloat16()
     keys = one_chunk[:, :, :8]
-    assert stages_of(lambda: K.attention(prefill, keys, keys, valid, zero, scale)) == (3, 64, False)
+    assert stages_of(lambda: K.attention(prefill, keys, keys, valid, zero, scale)) == (3, 64, False, None)
     lse = torch.empty(heads, bsz)
-    assert stages_of(lambda: K.attention(qb, keys, keys, valid, zero, scale, lse=lse)) == (4, 16, False)
-    assert stages_of(lambda: K.attention(q, one_chunk.float(), one_chunk.float(), valid, zero, scale)) == (3, 64, False)
+    assert stages_of(lambda: K.attention(qb, keys, keys, valid, zero, scale, lse=lse)) == (4, 16, False, None)
+    fp32 = one_chunk.float()
+    assert stages_of(lambda: K.attention(q, fp32, fp32, valid, zero, scale)) == (3, 64, False, None)
