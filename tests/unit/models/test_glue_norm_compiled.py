@@ -30,8 +30,9 @@ def _compile(x: str, delta: str | None, w: str, quant: bool, width: int, store_r
     from nemo_jetrl.models import fused_ops
 
     d = delta or x  # without a delta the kernel's d_ptr is x
-    res = "fp32" if "fp32" in (x, d) else "bf16"
-    out = "fp32" if "fp32" in (res, w) else "bf16"
+    names = {dtype: name for name, dtype in DTYPES.items()}
+    res = names[fused_ops._promote(DTYPES[x], DTYPES[d])]  # the launch's residual / output dtypes
+    out = names[fused_ops._promote(DTYPES[res], DTYPES[w])]
     signature = {"x_ptr": f"*{x}", "d_ptr": f"*{d}", "w_ptr": f"*{w}", "res_ptr": f"*{res}", "out_ptr": f"*{out}",
                  "q_ptr": "*fp8e4nv" if quant else f"*{out}", "s_ptr": "*fp32" if quant else f"*{out}", "N": "i32",
                  "stride_x": "i32", "stride_d": "i32", "stride_sg": "i32", "eps": "fp32"}  # fmt: skip
