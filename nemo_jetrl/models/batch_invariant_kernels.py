@@ -27,27 +27,29 @@ ATTN_SPLIT_KEYS = 1024
 TRAIN_CONFIG = (64, 4, 3)  # prefill and training
 # A decode step: one position's N_REP heads, padded to 16 rows. The pipeline depth (which does not change a query's
 # reductions: tests/gpu) is the faster one on an H200 at every shape timed (docs/mismatch.md, 2026-12-01): over the
-# static batch's contiguous cache 4 stages while a row's keys fit one chunk, 3 once they come in parallel chunks;
-# over a paged pool (continuous batching) 2.
-DECODE_CONFIG = (16, 4, 4)
-SPLIT_DECODE_CONFIG = (16, 4, 3)
+# static batch's contiguous cache 3 stages (one chunk or parallel chunks alike), over a paged pool (continuous
+# batching) 2.
+DECODE_CONFIG = (16, 4, 3)
 PAGED_DECODE_CONFIG = (16, 4, 2)
-# Registers a thread of the paged decode may use: 128 keeps four programs an SM (4 warps). Left to ptxas, the kernel
-# over 4 query heads a KV head took a few more on the H200, three programs an SM, and its chunked decode slowed
-# (docs/mismatch.md). A register budget changes the schedule, not one rounding.
-PAGED_DECODE_MAXNREG = 128
+# Registers a thread of a decode step (16-bit) may use: 128 keeps four programs an SM (4 warps; the shared memory of
+# 3 stages, or 2 over a paged pool, fits four). Left to ptxas the kernel took 168 on the H200, three programs an SM,
+# and the decode ran 5-18% slower (docs/mismatch.md). A register budget changes the schedule, not one rounding.
+DECODE_MAXNREG = 128
 
 
-def decode_config(dtype: torch.dtype, paged: bool = False, split: bool = False) -> tuple[int, int, int]:
+def decode_config(dtype: torch.dtype, paged: bool = False) -> tuple[int, int, int]:
     """(query rows, warps, stages) of a decode step in `dtype` on tensor cores (16-bit): PAGED_DECODE_CONFIG over a
-    paged pool, else SPLIT_DECODE_CONFIG when its keys run in parallel chunks (`split`), else DECODE_CONFIG.
-    float32's dots run on CUDA cores in a register layout that follows the tile's shape, so there a decode step
-    takes the trainer's tile (the same reduction trees as prefill and training)."""
+    paged pool, else DECODE_CONFIG. float32's dots run on CUDA cores in a register layout that follows the tile's
+    shape, so there a decode step takes the trainer's tile (the same reduction trees as prefill and training)."""
     if dtype == torch.float32:
         return TRAIN_CONFIG
-    if paged:
-        return PAGED_DECODE_CONFIG
-    return SPLIT_DECODE_CONFIG if split else DECODE_CONFIG
+    return PAGED_DECODE_CONFIG if paged else DECODE_CONFIG
+
+
+def decode_maxnreg(dtype: torch.dtype) -> int | None:
+    """The register budget of a decode step's launch: DECODE_MAXNREG on tensor cores (16-bit), none for float32
+    (the trainer's tile)."""
+    return None if dtype == torch.float32 else DECODE_MAXNREG
 
 
 LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
@@ -149,7 +151,10 @@ def _chunk(
     return m_i, tl.sum(l_slots, axis=0), acc
 
 
-@triton.jit
+# The lengths are not specialized on their alignment (S_q == 1 still is): otherwise every prompt length whose width
+# enters another divisible-by-16 class compiles new variants in the middle of a run (seconds in a GRPO step's prefill,
+# docs/mismatch.md). Alignment decides how wide a load is, not one rounding (tests/gpu).
+@triton.jit(do_not_specialize_on_alignment=["S_q", "S_k", "svalb"])
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, valid_ptr, start_ptr, ks_ptr, vs_ptr, out_ptr, table_ptr, lse_ptr, cu_ptr,
     S_q, S_k, kv_heads, sm_scale,
@@ -284,8 +289,8 @@ def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_sca
     bsz, heads, s_q, dim = q.shape
     _, kv_heads, s_k, _ = k_buf.shape
     keys = s_k if s_q == 1 and lse is None else 0  # a decode step's keys, which `_run_chunks` splits into chunks
-    split = keys > ATTN_SPLIT_KEYS
-    block_m, warps, stages = config or (decode_config(q.dtype, split=split) if s_q == 1 else TRAIN_CONFIG)
+    block_m, warps, stages = config or (decode_config(q.dtype) if s_q == 1 else TRAIN_CONFIG)
+    maxnreg = decode_maxnreg(q.dtype) if s_q == 1 else None
     is_fp8 = k_buf.dtype == torch.float8_e4m3fn
     out = torch.empty((bsz, s_q, heads, dim), dtype=q.dtype, device=q.device)  # [B, S_q, H, D]
     ones = q_start  # any pointer fills the scale slots of a high-precision cache (never read)
@@ -299,7 +304,7 @@ def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_sca
             0 if lse is None else lse.stride(0), part,
             N_REP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, SPLIT_N=ATTN_SPLIT_KEYS,
             KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=1, PAGED=False,
-            WRITE_LSE=lse is not None, SPLIT_OUT=split_out, num_warps=warps, num_stages=stages,
+            WRITE_LSE=lse is not None, SPLIT_OUT=split_out, num_warps=warps, num_stages=stages, maxnreg=maxnreg,
         )  # fmt: skip
 
     with on_device(q):
@@ -355,7 +360,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale=No
             q_start.stride(0), out.stride(0), out.stride(2), out.stride(1), block_table.stride(0), 0, part,
             N_REP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, SPLIT_N=ATTN_SPLIT_KEYS,
             KV_FP8=is_fp8, DT=_TL_DTYPES[q.dtype], HW_CAST=_on_hardware(), PAGE=page, PAGED=True,
-            SPLIT_OUT=split_out, num_warps=warps, num_stages=stages, maxnreg=PAGED_DECODE_MAXNREG,
+            SPLIT_OUT=split_out, num_warps=warps, num_stages=stages, maxnreg=decode_maxnreg(q.dtype),
         )  # fmt: skip
 
     with on_device(q):

@@ -80,7 +80,7 @@ def test_every_variant_compiles_its_dots_alike():
     from nemo_jetrl.models import batch_invariant_kernels as K
 
     seen = {}
-    for config in (K.DECODE_CONFIG, K.SPLIT_DECODE_CONFIG, K.PAGED_DECODE_CONFIG, K.TRAIN_CONFIG):
+    for config in (K.DECODE_CONFIG, K.PAGED_DECODE_CONFIG, K.TRAIN_CONFIG):
         for name, args in VARIANTS.items():
             seen[(config, name)] = dot_signature(_compile(*args, config))
     dots, layouts = seen[(K.DECODE_CONFIG, "bf16")]
