@@ -218,9 +218,9 @@ class _LogSumExp(torch.autograd.Function):
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         if x.is_cuda:
-            from nemo_jetrl.models import batch_invariant_kernels
+            from nemo_jetrl.models import batch_invariant_lse_kernel
 
-            lse = batch_invariant_kernels.row_logsumexp(x2)
+            lse = batch_invariant_lse_kernel.row_logsumexp(x2)
         else:
             lse = logsumexp_ref(x2)
         lse = lse.reshape(x.shape[:-1])

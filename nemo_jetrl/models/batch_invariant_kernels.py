@@ -1,5 +1,5 @@
-"""Triton kernels of the exact mode's attention and log-softmax (twins and contracts: `batch_invariant_attention.py`,
-`batch_invariant.py`). Imported on CUDA only (or under Triton's interpreter in tests)."""
+"""Triton kernels of the exact mode's attention (twin and contract: `batch_invariant_attention.py`; the per-row
+log-sum-exp: `batch_invariant_lse_kernel.py`). Imported on CUDA only (or under Triton's interpreter in tests)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,6 @@ def decode_maxnreg(dtype: torch.dtype) -> int | None:
     """The register budget of a decode step's launch: DECODE_MAXNREG on tensor cores (16-bit), none for float32
     (the trainer's tile)."""
     return None if dtype == torch.float32 else DECODE_MAXNREG
-
-
-LSE_BLOCK = 4096  # vocabulary entries per step of the per-row log-sum-exp
 
 
 @triton.jit
@@ -391,31 +388,3 @@ def _run_chunks(launch, out: torch.Tensor, kv_heads: int, block_m: int, keys: in
         part, out, splits, s_q, heads, out.stride(0), out.stride(2), out.stride(1), D=dim, HW=_on_hardware(),
         num_warps=1,
     )  # fmt: skip
-
-
-@triton.jit
-def _row_logsumexp_kernel(x_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr):
-    # one program per row: m = max (exact in any order), then sum of exp(x - m) per lane over BLOCK-wide steps in
-    # order, lanes summed once: log-sum-exp [R] fp32
-    row = tl.program_id(0).to(tl.int64)
-    base = x_ptr + row * stride_r
-    lanes = tl.arange(0, BLOCK)
-    mvec = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-    for c0 in range(0, V, BLOCK):
-        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf"))
-        mvec = tl.maximum(mvec, x)
-    m = tl.max(mvec, axis=0)
-    svec = tl.zeros([BLOCK], dtype=tl.float32)
-    for c0 in range(0, V, BLOCK):
-        x = tl.load(base + c0 + lanes, mask=c0 + lanes < V, other=float("-inf"))
-        svec += tl.exp(x - m)
-    tl.store(out_ptr + row, m + tl.log(tl.sum(svec, axis=0)))
-
-
-def row_logsumexp(x2: torch.Tensor) -> torch.Tensor:
-    """x2 [R, V] fp32 (V contiguous) -> [R] fp32 log-sum-exp, one program per row."""
-    out = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
-    if x2.shape[0]:
-        with on_device(x2):
-            _row_logsumexp_kernel[(x2.shape[0],)](x2, out, x2.shape[1], x2.stride(0), BLOCK=LSE_BLOCK, num_warps=8)
-    return out
