@@ -4,6 +4,7 @@ Reference: `fp8_blockwise_mm(backend="scaled_mm")` over 4,096 rows (a trainer mi
 first M rows. Candidates at M rows: cuBLAS padded (the matched pin), cuBLAS on the swapped product W @ X^T, and a
 Triton kernel without split-K in several promotion formulas and tiles. Timing: `time_in_graph` (weights cold in L2).
 """
+# ruff: noqa: B023, E731  (each lambda runs inside its own loop iteration)
 
 import json
 import os
@@ -16,7 +17,6 @@ import triton.language as tl
 
 from nemo_jetrl.precision import gemm
 from nemo_jetrl.precision.kernels.device import cold_copies, time_in_graph
-from nemo_jetrl.precision.kernels import triton_gemm
 from nemo_jetrl.precision.quant import act_quant, weight_quant
 
 
@@ -47,8 +47,9 @@ def _k(x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, K, sxm, sxsm, sxsk, swn, sws
             acc = tl.fma(d, sa[:, None] * sb[None, :], acc)
         else:
             acc = tl.fma(d * sa[:, None], sb[None, :], acc)
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None])
+    tl.store(
+        out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None]
+    )
 
 
 def triton_nosplit(x, xs, w, ws, bm, bn, warps, stages, form, fusion=True):
@@ -75,16 +76,31 @@ def cublas_swapped(x, xs, w, ws, want=None):
     kbp = -(-kb // 4) * 4
     wsp = ws.new_zeros(nb, kbp)
     wsp[:, :kb] = ws
-    a_opts = {"a_row": lambda: wsp, "a_col": lambda: wsp.t().contiguous().t(), "a_T": lambda: wsp.t(),
-              "a_Tc": lambda: wsp.t().contiguous(), "a_unpad": lambda: ws.contiguous()}
-    b_opts = {"b_colmaj": lambda: gemm._column_major(xs), "b_T": lambda: xs.t().contiguous(),
-              "b_row": lambda: xs.contiguous()}
+    a_opts = {
+        "a_row": lambda: wsp,
+        "a_col": lambda: wsp.t().contiguous().t(),
+        "a_T": lambda: wsp.t(),
+        "a_Tc": lambda: wsp.t().contiguous(),
+        "a_unpad": lambda: ws.contiguous(),
+    }
+    b_opts = {
+        "b_colmaj": lambda: gemm._column_major(xs),
+        "b_T": lambda: xs.t().contiguous(),
+        "b_row": lambda: xs.contiguous(),
+    }
     combos = _SWAP_LAYOUT or [(a, b) for a in a_opts for b in b_opts]
     errs = []
     for an, bn in combos:
         try:
-            out = F.scaled_mm(w, x.t(), a_opts[an](), st.BlockWise128x128, b_opts[bn](), st.BlockWise1x128,
-                              output_dtype=torch.bfloat16).t()[:m]
+            out = F.scaled_mm(
+                w,
+                x.t(),
+                a_opts[an](),
+                st.BlockWise128x128,
+                b_opts[bn](),
+                st.BlockWise1x128,
+                output_dtype=torch.bfloat16,
+            ).t()[:m]
         except Exception as e:  # noqa: BLE001
             errs.append(f"{an}/{bn}: {str(e)[:120]}")
             continue
@@ -121,7 +137,9 @@ def main():
             xm, xsm = xq[:m], xs[:m]
             want = ref[:m]
             r = {}
-            r["cublas_pad"] = bool(torch.equal(gemm.fp8_blockwise_mm(xm, xsm, wq, ws, backend="scaled_mm_padded"), want))
+            r["cublas_pad"] = bool(
+                torch.equal(gemm.fp8_blockwise_mm(xm, xsm, wq, ws, backend="scaled_mm_padded"), want)
+            )
             try:
                 r["cublas_swapped"] = bool(torch.equal(cublas_swapped(xm, xsm, wq, ws, want), want))
             except Exception as e:  # noqa: BLE001
@@ -142,14 +160,25 @@ def main():
             xm, xsm = xq[:m], xs[:m]
             want = ref[:m]
             t = {}
-            t["cublas_pad"] = time_in_graph([lambda a=a, b=b: gemm.fp8_blockwise_mm(xm, xsm, a, b, backend="scaled_mm_padded") for a, b in zip(wqs, wss)])
-            t["auto(fast)"] = time_in_graph([lambda a=a, b=b: gemm.fp8_blockwise_mm(xm, xsm, a, b) for a, b in zip(wqs, wss)])
+            t["cublas_pad"] = time_in_graph(
+                [
+                    lambda a=a, b=b: gemm.fp8_blockwise_mm(xm, xsm, a, b, backend="scaled_mm_padded")
+                    for a, b in zip(wqs, wss)
+                ]
+            )
+            t["auto(fast)"] = time_in_graph(
+                [lambda a=a, b=b: gemm.fp8_blockwise_mm(xm, xsm, a, b) for a, b in zip(wqs, wss)]
+            )
             if row[128]["cublas_swapped"] is True:
-                t["cublas_swapped"] = time_in_graph([lambda a=a, b=b: cublas_swapped(xm, xsm, a, b) for a, b in zip(wqs, wss)])
+                t["cublas_swapped"] = time_in_graph(
+                    [lambda a=a, b=b: cublas_swapped(xm, xsm, a, b) for a, b in zip(wqs, wss)]
+                )
             for bm, bn, wa, st in tiles:
                 y = triton_nosplit(xm, xsm, wq, ws, bm, bn, wa, st, *form)
                 ok = bool(torch.equal(y, want))
-                ms = time_in_graph([lambda a=a, b=b: triton_nosplit(xm, xsm, a, b, bm, bn, wa, st, *form) for a, b in zip(wqs, wss)])
+                ms = time_in_graph(
+                    [lambda a=a, b=b: triton_nosplit(xm, xsm, a, b, bm, bn, wa, st, *form) for a, b in zip(wqs, wss)]
+                )
                 t[f"tri {bm}x{bn} w{wa} s{st}"] = (ms, ok)
             times[m] = t
         row["times_ms"] = times

@@ -1,9 +1,17 @@
 """Probe 10: the exact attention kernel without alignment specialization of S_q / S_k / svalb (working tree) against
 the specialized one (`bik_spec`): bits at widths in both divisible-by-16 classes (decode, prefill, paged), decode
 timings, and how many variants each compiled."""
+
 # ruff: noqa: B023
-import json, os, pathlib, statistics, sys
-import torch, triton, triton.testing
+import json
+import os
+import pathlib
+import statistics
+import sys
+
+import torch
+import triton
+import triton.testing
 
 SRC = pathlib.Path("nemo_jetrl/models/batch_invariant_kernels.py").read_text()
 DEC = '@triton.jit(do_not_specialize_on_alignment=["S_q", "S_k", "svalb"])\ndef _attention_kernel('
@@ -11,6 +19,7 @@ assert SRC.count(DEC) == 1
 pathlib.Path(".gpu/bik_spec.py").write_text(SRC.replace(DEC, "@triton.jit\ndef _attention_kernel("))
 sys.path.insert(0, ".gpu")
 import bik_spec as SPEC  # noqa: E402
+
 from nemo_jetrl.models import batch_invariant_kernels as NEW  # noqa: E402
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant  # noqa: E402
 
@@ -23,16 +32,18 @@ res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "ro
 def bench(fns):
     t = {k: [] for k in fns}
     for r in range(5):
-        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+        for k in list(fns) if r % 2 == 0 else list(fns)[::-1]:
             t[k].append(1000 * triton.testing.do_bench_cudagraph(fns[k], rep=30))
     return {k: round(statistics.median(v), 1) for k, v in t.items()}
 
 
-for name, (bsz, heads, kvh, n, width) in {"1.7B 128x436 w692": (128, 16, 8, 436, 692),
-                                          "1.7B 128x436 w704": (128, 16, 8, 436, 704),
-                                          "8B 64x1000 w1000": (64, 32, 8, 1000, 1000),
-                                          "8B 64x1000 w1024": (64, 32, 8, 1000, 1024),
-                                          "1.7B 32x1500 w1501 (split)": (32, 16, 8, 1500, 1501)}.items():
+for name, (bsz, heads, kvh, n, width) in {
+    "1.7B 128x436 w692": (128, 16, 8, 436, 692),
+    "1.7B 128x436 w704": (128, 16, 8, 436, 704),
+    "8B 64x1000 w1000": (64, 32, 8, 1000, 1000),
+    "8B 64x1000 w1024": (64, 32, 8, 1000, 1024),
+    "1.7B 32x1500 w1501 (split)": (32, 16, 8, 1500, 1501),
+}.items():
     q_all = torch.randn(bsz, heads, n, 128, device=dev).bfloat16()
     q = q_all[:, :, n - 1 : n].contiguous()
     k = kv_quant(torch.randn(bsz, kvh, width, 128, device=dev) * 2, KS)
@@ -58,13 +69,15 @@ for name, (bsz, heads, kvh, n, width) in {"1.7B 128x436 w692": (128, 16, 8, 436,
 
 def count(mod):
     n = 0
+
     def walk(x, depth=0):
         nonlocal n
         if hasattr(x, "asm") and hasattr(x, "metadata"):
             n += 1
         elif isinstance(x, (dict, list, tuple)) and depth < 4:
-            for y in (x.values() if isinstance(x, dict) else x):
+            for y in x.values() if isinstance(x, dict) else x:
                 walk(y, depth + 1)
+
     walk(mod._attention_kernel.device_caches)
     return n
 

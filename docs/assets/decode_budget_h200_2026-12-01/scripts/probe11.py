@@ -1,6 +1,11 @@
 """Probe 11: variants the exact attention compiles as the width changes class (divisible by 16 or not): the working
 tree (no alignment specialization of S_q / S_k / svalb) against the specialized copy `bik_spec` (probe 10's)."""
-import json, os, pathlib, sys
+
+import json
+import os
+import pathlib
+import sys
+
 import torch
 
 SRC = pathlib.Path("nemo_jetrl/models/batch_invariant_kernels.py").read_text()
@@ -9,6 +14,7 @@ assert SRC.count(DEC) == 1
 pathlib.Path(".gpu/bik_spec.py").write_text(SRC.replace(DEC, "@triton.jit\ndef _attention_kernel("))
 sys.path.insert(0, ".gpu")
 import bik_spec as SPEC  # noqa: E402
+
 from nemo_jetrl.models import batch_invariant_kernels as NEW  # noqa: E402
 from nemo_jetrl.precision.kv import kv_quant  # noqa: E402
 
