@@ -11,7 +11,7 @@
 # side_by_side = two variants at the same time, one GPU each: PAIR_VARIANTS (default "bf16 fp8_kv"; e.g.
 # "fp8_kv fp8_kv_matched") on PAIR_GPUS (default "0 1", the first variant's GPU first; "1 0" swaps them): both runs
 # see the same host, and a second call with the GPUs swapped separates the GPUs from the
-# precisions; each run's console goes to OUT/<variant>.log only);
+# precisions; each run gets half the host's cores; each run's console goes to OUT/<variant>.log only);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
 # `OUT check build bf16 report`, then `OUT build fp8_kv report` (a finished build in OUT/ckpt is reused). Writes OUT/ckpt (model + data), OUT/logs/<variant>/ (metrics.jsonl, config.yaml,
 # gpu_memory.csv), OUT/<variant>.log (console), OUT/summary.json, OUT/phases.png (the median step by phase).
@@ -21,7 +21,7 @@
 # GPU (nvidia-smi index(es) to sample, default 0 .. NPROC-1), PYTHON (default python3), EXTRA (more overrides for both runs,
 # e.g. EXTRA="grpo.num_prompts_per_step=8 policy.generation.max_new_tokens=256"), COPY_TO (a directory that gets,
 # on exit even after a failure, the runs' console logs <variant>.log and <variant>/{metrics.jsonl, config.yaml,
-# gpu_memory.csv}: at most 8 small files, e.g. the device box's $OUT; `python3 -m benchmarks.gpu_cli_report
+# gpu_memory.csv, kernel_picks.jsonl}: small files, e.g. the device box's $OUT; `python3 -m benchmarks.gpu_cli_report
 # bf16=COPY_TO/bf16 fp8_kv=COPY_TO/fp8_kv` redraws the table from them in any checkout); a CPU smoke run of the script
 # itself: SHAPE=tiny-test DEVICE=cpu with small EXTRA sizes (tests/functional/test_random_checkpoint.py does it).
 # RECIPE: the config family (default grpo_math_random_1p7B: <RECIPE>_bf16.yaml, <RECIPE>_fp8_kv.yaml, <RECIPE>.yaml for
@@ -48,6 +48,7 @@ read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 [ "$DEVICE" = cpu ] && EXTRA_ARGS=(cluster.device=cpu cluster.gpus_per_node=0 "${EXTRA_ARGS[@]}")
 CKPT=$OUT/ckpt
 COPY_TO=${COPY_TO:-}
+PAIR_THREADS=""  # side_by_side: cluster.num_cpu_threads for each of its two runs
 RECIPE=${RECIPE:-grpo_math_random_1p7B}
 RANDOM_RUN=()
 [ "$RECIPE" != grpo_math_random_1p7B ] && RANDOM_RUN=(checkpointing.enabled=false grpo.val_period=0
@@ -63,7 +64,7 @@ copy_results() {  # the small result files into $COPY_TO (runs on exit)
     for v in "${VARIANTS[@]}"; do
         v=$v$SUFFIX
         [ -f "$OUT/$v.log" ] && mkdir -p "$COPY_TO" && cp "$OUT/$v.log" "$COPY_TO/"
-        for f in metrics.jsonl config.yaml gpu_memory.csv; do
+        for f in metrics.jsonl config.yaml gpu_memory.csv kernel_picks.jsonl; do
             [ -f "$OUT/logs/$v/$f" ] && mkdir -p "$COPY_TO/$v" && cp "$OUT/logs/$v/$f" "$COPY_TO/$v/"
         done
     done
@@ -131,7 +132,8 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
         "data.val_dataset_name=$CKPT/data/val.jsonl" \
         "logger.log_dir=$log" \
         "grpo.max_num_steps=$STEPS" \
-        "${RANDOM_RUN[@]}" "${own[@]}" "${ranks[@]}" "${EXTRA_ARGS[@]}" 2>&1 | tee "$OUT/$variant.log" \
+        "${RANDOM_RUN[@]}" "${own[@]}" "${ranks[@]}" ${PAIR_THREADS:+"$PAIR_THREADS"} "${EXTRA_ARGS[@]}" 2>&1 \
+        | tee "$OUT/$variant.log" \
         || rc=${PIPESTATUS[0]}
     if [ -n "$smi" ]; then
         kill "$smi" 2>/dev/null || true
@@ -157,8 +159,13 @@ stage_side_by_side() {  # two variants at once (PAIR_VARIANTS), one GPU each (PA
             "(got '${PAIR_VARIANTS:-}')" >&2
         exit 2
     fi
+    # each run gets half the host's cores (torch's default is all of them in both: the two processes' thread pools
+    # then contend, which cost each step about 0.5 s outside its phases at the 1.7B shape, docs/gpu_cli_run.md);
+    # a cluster.num_cpu_threads in EXTRA wins
+    local threads=$(( $(nproc) / 2 ))
+    [[ " ${EXTRA_ARGS[*]} " == *" cluster.num_cpu_threads="* ]] || PAIR_THREADS="cluster.num_cpu_threads=$(( threads > 0 ? threads : 1 ))"
     echo "${pair[0]} on GPU ${gpus[0]}, ${pair[1]} on GPU ${gpus[1]}, at the same time (consoles:" \
-        "$OUT/${pair[0]}$SUFFIX.log, $OUT/${pair[1]}$SUFFIX.log)"
+        "$OUT/${pair[0]}$SUFFIX.log, $OUT/${pair[1]}$SUFFIX.log${PAIR_THREADS:+; $PAIR_THREADS each})"
     (export CUDA_VISIBLE_DEVICES=${gpus[0]}; GPU=${gpus[0]}; run_variant "${pair[0]}" > /dev/null) &
     pid=$!
     (export CUDA_VISIBLE_DEVICES=${gpus[1]}; GPU=${gpus[1]}; run_variant "${pair[1]}" > /dev/null) || rc_b=$?

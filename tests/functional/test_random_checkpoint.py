@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
@@ -130,9 +131,9 @@ def test_published_shapes_count_as_the_model_cards(name, total, non_embedding, d
 @pytest.mark.slow
 def test_gpu_cli_run_script_on_cpu(tmp_path):
     """benchmarks/gpu_cli_run.sh (build, the BF16 and FP8+KV runs side by side, report) through the shipped overlays,
-    on CPU."""
+    on CPU; each run gets half the machine's cores."""
     extra = (
-        "cluster.num_cpu_threads=2 grpo.num_prompts_per_step=2 grpo.num_generations_per_prompt=2 "
+        "grpo.num_prompts_per_step=2 grpo.num_generations_per_prompt=2 "
         "policy.generation.max_new_tokens=8 policy.max_total_sequence_length=256 data.max_input_seq_length=240"
     )
     env = {
@@ -160,6 +161,11 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         assert summary[variant]["median_s"]["generation"] > 0 and summary[variant]["median_s"]["training"] > 0
     assert summary["fp8_kv"]["first_step_s"]["kv_bootstrap"] > 0 and "kv_bootstrap" not in summary["bf16"]["median_s"]
     assert "bf16 on GPU 0, fp8_kv on GPU 1, at the same time" in proc.stdout
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)  # nproc, as the script reads it (CI: 2 cores, 1 each)
+    assert f"cluster.num_cpu_threads={threads} each)" in proc.stdout
+    for variant in ("bf16", "fp8_kv"):
+        config = yaml.safe_load((tmp_path / "copied" / variant / "config.yaml").read_text())
+        assert config["cluster"]["num_cpu_threads"] == threads
     assert "memory_preflight" not in proc.stdout  # the runs' consoles (their config trees) go to their logs only
     assert all("memory_preflight" in (tmp_path / f"{v}.log").read_text() for v in ("bf16", "fp8_kv"))
     assert "| generation |" in proc.stdout and "| peak GPU memory |" in proc.stdout
