@@ -160,8 +160,7 @@ stage_side_by_side() {  # two variants at once (PAIR_VARIANTS), one GPU each (PA
         exit 2
     fi
     # each run gets half the host's cores (torch's default is all of them in both: the two processes' thread pools
-    # then contend, which cost each step about 0.5 s outside its phases at the 1.7B shape, docs/gpu_cli_run.md);
-    # a cluster.num_cpu_threads in EXTRA wins
+    # then contend and slow both steps, docs/gpu_cli_run.md); a cluster.num_cpu_threads in EXTRA wins
     local threads=$(( $(nproc) / 2 ))
     [[ " ${EXTRA_ARGS[*]} " == *" cluster.num_cpu_threads="* ]] || PAIR_THREADS="cluster.num_cpu_threads=$(( threads > 0 ? threads : 1 ))"
     echo "${pair[0]} on GPU ${gpus[0]}, ${pair[1]} on GPU ${gpus[1]}, at the same time (consoles:" \

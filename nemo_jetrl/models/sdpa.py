@@ -7,10 +7,9 @@ GRPO run's `token_mult_prob_error` 1.003 instead of 1.0; its AVX-512 build did o
 (QK^T, masked softmax, PV) does on both, so every CPU attention of the trainer and the rollouts goes through it.
 
 On an H200 (torch 2.11) torch sends a masked call to cuDNN's attention, which builds an execution plan (and compiles
-its kernel) for every new shape. The rollout's prefill is such a call, with a new prompt width at most steps: that
-cost 0.8-1.3 s of host time in a GRPO step's 0.1-0.2 s prefill, in a machine's first run (docs/gpu_cli_run.md). So a
-masked CUDA call takes the memory-efficient kernel (no per-shape plan). Calls without a mask are left to torch (the
-GPU kernels are chosen per path: decoder.py).
+its kernel) for every new shape. The rollout's prefill is such a call, with a new prompt width at most steps, and the
+plans took many times the prefill's own time (docs/gpu_cli_run.md). So a masked CUDA call takes the memory-efficient
+kernel (no per-shape plan). Calls without a mask are left to torch (the GPU kernels are chosen per path: decoder.py).
 """
 
 from __future__ import annotations
