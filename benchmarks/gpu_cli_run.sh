@@ -48,7 +48,7 @@ read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 [ "$DEVICE" = cpu ] && EXTRA_ARGS=(cluster.device=cpu cluster.gpus_per_node=0 "${EXTRA_ARGS[@]}")
 CKPT=$OUT/ckpt
 COPY_TO=${COPY_TO:-}
-PAIR_THREADS=""  # side_by_side: cluster.num_cpu_threads for each of its two runs
+PAIR_THREADS=""  # cluster.num_cpu_threads of a run side_by_side starts (local to that stage)
 RECIPE=${RECIPE:-grpo_math_random_1p7B}
 RANDOM_RUN=()
 [ "$RECIPE" != grpo_math_random_1p7B ] && RANDOM_RUN=(checkpointing.enabled=false grpo.val_period=0
@@ -161,7 +161,7 @@ stage_side_by_side() {  # two variants at once (PAIR_VARIANTS), one GPU each (PA
     fi
     # each run gets half the host's cores (torch's default is all of them in both: the two processes' thread pools
     # then contend and slow both steps, docs/gpu_cli_run.md); a cluster.num_cpu_threads in EXTRA wins
-    local threads=$(( $(nproc) / 2 ))
+    local threads=$(( $(nproc) / 2 )) PAIR_THREADS=""  # local: a later stage's run keeps torch's default
     [[ " ${EXTRA_ARGS[*]} " == *" cluster.num_cpu_threads="* ]] || PAIR_THREADS="cluster.num_cpu_threads=$(( threads > 0 ? threads : 1 ))"
     echo "${pair[0]} on GPU ${gpus[0]}, ${pair[1]} on GPU ${gpus[1]}, at the same time (consoles:" \
         "$OUT/${pair[0]}$SUFFIX.log, $OUT/${pair[1]}$SUFFIX.log${PAIR_THREADS:+; $PAIR_THREADS each})"

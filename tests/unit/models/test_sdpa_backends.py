@@ -13,7 +13,7 @@ def test_cpu_calls_take_the_math_backend_and_masked_cuda_calls_never_cudnn():
     assert sdpa_module.backends("cpu", masked=True) == [SDPBackend.MATH]
     masked_cuda = sdpa_module.backends("cuda", masked=True)
     assert SDPBackend.CUDNN_ATTENTION not in masked_cuda and SDPBackend.EFFICIENT_ATTENTION in masked_cuda
-    assert sdpa_module.backends("cuda", masked=False) is None  # torch's choice (flash for the causal calls)
+    assert sdpa_module.backends("cuda", masked=False) is None  # torch's choice (on an H200 it may be cuDNN: docs/gpu_cli_run.md)
 
 
 def test_masked_cpu_call_equals_the_math_reference():
