@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from benchmarks.common import device_info, report
 from nemo_jetrl.generation.native.decode_attention import decode_attention
 from nemo_jetrl.models import batch_invariant_kernels as K
-from nemo_jetrl.models.batch_invariant_attention import attention
+from nemo_jetrl.models.batch_invariant_attention import attention, paged_attention
 from nemo_jetrl.precision import act_quant, fp8_blockwise_mm, weight_quant
 from nemo_jetrl.precision.kernels import triton_batch_invariant as T
 from nemo_jetrl.precision.kv import kv_dequant, kv_quant
@@ -159,6 +159,8 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
         args = (q, k, v, valid, start, scale)
     out[f"exact (batch-invariant, chunks of {K.ATTN_SPLIT_KEYS})"] = lambda: attention(*args)
     out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
+    if decode:  # `attention` takes the CUDA decode where it serves (models/exact_decode_choice.py): Triton beside it
+        out["exact, Triton kernel"] = lambda: K.attention(*args)
     want = K.attention(*args)  # the default's output, against which configs and the paged kernel are checked
     if decode:
         # the same values in a bf16 cache: twice the bytes, no e4m3 widening (what the widening costs)
@@ -200,8 +202,9 @@ def _paged_variants(q, k, v, ks, vs, scale, want, configs: tuple = ()) -> dict:
         out[f"fast, paged (pages of {page})"] = lambda p=pools, t=table: decode_attention(
             q[:, :, 0], *p, None, kv_len, scale, ks, vs, block_table=t
         )
-        out[f"exact, paged (pages of {page})"] = lambda a=paged: K.paged_attention(*a)
+        out[f"exact, paged (pages of {page})"] = lambda a=paged: paged_attention(*a)
         out[f"exact, paged (pages of {page}), one chunk"] = lambda a=paged: _one_chunk(K.paged_attention, *a)
+        out[f"exact, paged (pages of {page}), Triton kernel"] = lambda a=paged: K.paged_attention(*a)
         for c in configs:
             name = _bits_named(f"exact, paged (pages of {page}), config {c}", K.paged_attention(*paged, config=c), want)
             out[name] = lambda a=paged, c=c: K.paged_attention(*a, config=c)

@@ -5,11 +5,12 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_cli_run.sh OUT_DIR [STAGE ...]
 #
 # From the repo root, with python3 holding torch + transformers + triton and /tmp/site the carried wheels
-# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched side_by_side
-# report (default: check build bf16 fp8_kv report, in order; fp8 = FP8 linears with a BF16 KV cache,
-# grpo_math_random_1p7B.yaml; fp8_kv_matched = the FP8+KV recipe with policy.generation.matched_kernels=auto;
+# (pydantic, omegaconf, hydra-core, math-verify, ...). STAGE: check build bf16 fp8 fp8_kv fp8_kv_matched fp8_kv_fast
+# side_by_side report (default: check build bf16 fp8_kv report, in order; fp8 = FP8 linears with a BF16 KV cache,
+# grpo_math_random_1p7B.yaml; fp8_kv = the FP8+KV recipe as shipped, whose matched_kernels default is auto on a GPU;
+# fp8_kv_matched = the same with policy.generation.matched_kernels=auto said; fp8_kv_fast = with it false;
 # side_by_side = two variants at the same time, one GPU each: PAIR_VARIANTS (default "bf16 fp8_kv"; e.g.
-# "fp8_kv fp8_kv_matched") on PAIR_GPUS (default "0 1", the first variant's GPU first; "1 0" swaps them): both runs
+# "fp8_kv_fast fp8_kv") on PAIR_GPUS (default "0 1", the first variant's GPU first; "1 0" swaps them): both runs
 # see the same host, and a second call with the GPUs swapped separates the GPUs from the
 # precisions; each run gets half the host's cores; each run's console goes to OUT/<variant>.log only);
 # on a box with a per-command time limit that may start each call on a fresh machine, call
@@ -31,11 +32,11 @@
 # (docs/long_responses.md).
 set -euo pipefail
 
-OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched side_by_side report]}
+OUT=${1:?usage: bash benchmarks/gpu_cli_run.sh OUT_DIR [check build bf16 fp8 fp8_kv fp8_kv_matched fp8_kv_fast side_by_side report]}
 shift
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(check build bf16 fp8_kv report)
-VARIANTS=(bf16 fp8 fp8_kv fp8_kv_matched)  # the runs a stage may name
+VARIANTS=(bf16 fp8 fp8_kv fp8_kv_matched fp8_kv_fast)  # the runs a stage may name
 STEPS=${STEPS:-10}
 LAYERS=${LAYERS:-}
 NPROC=${NPROC:-1}
@@ -107,7 +108,7 @@ stage_build() {
         2>&1 | tee "$OUT/build.log"
 }
 
-run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
+run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched | fp8_kv_fast
     local variant=$1$SUFFIX log=$OUT/logs/$1$SUFFIX rc=0 smi config=${RECIPE}_$1.yaml own=()
     local launch=("$PY") ranks=()
     if [ "$NPROC" -gt 1 ]; then  # one rank per GPU (docs/cluster.md, torchrun)
@@ -118,6 +119,9 @@ run_variant() {  # $1: bf16 | fp8 | fp8_kv | fp8_kv_matched
     if [ "$1" = fp8_kv_matched ]; then  # the FP8+KV recipe, bitwise on-policy where the self-check passes
         config=${RECIPE}_fp8_kv.yaml
         own=(policy.generation.matched_kernels=auto)
+    elif [ "$1" = fp8_kv_fast ]; then  # the FP8+KV recipe on the fast path (its own kernels on each side)
+        config=${RECIPE}_fp8_kv.yaml
+        own=(policy.generation.matched_kernels=false)
     fi
     rm -rf "$log" && mkdir -p "$log"
     smi=""

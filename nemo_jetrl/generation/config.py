@@ -36,8 +36,9 @@ class GenerationConfig(Section):
     deterministic: bool = False
     # the fast path with its two large mismatch sources matched: batch-invariant attention and log-sum-exp on both
     # sides, FP8 forward GEMMs on cuBLAS at every M (docs/mismatch.md); auto: on where the config allows it and a
-    # start-up self-check finds every product row-invariant on this device (policy/auto_switches.py)
-    matched_kernels: AutoBool = False
+    # start-up self-check finds every product row-invariant on this device (policy/auto_switches.py); None: the run
+    # config resolves it (auto for FP8 + FP8 KV on a GPU, else false: `matched_by_default`), off where unresolved
+    matched_kernels: AutoBool | None = None
     cuda_graphs: bool = True  # capture the decode step on CUDA
     # KV budget / continuous batching (docs/performance.md): null = the whole batch decodes at once
     max_num_seqs: PositiveInt | None = None  # sequences decoded at once; more queue for free KV blocks

@@ -381,10 +381,16 @@ def _run_chunks(launch, out: torch.Tensor, kv_heads: int, block_m: int, keys: in
     if splits <= 1:
         launch((*tiles, 1), out, False)  # part unused
         return
-    entries = bsz * s_q * heads
-    part = torch.empty(splits * entries * (dim + 2), dtype=torch.float32, device=out.device)  # outputs, then max/sum
+    part = torch.empty(splits * bsz * s_q * heads * (dim + 2), dtype=torch.float32, device=out.device)
     launch((*tiles, splits), part, True)
-    _merge_splits_kernel[(entries,)](
+    merge_chunks(part, out, splits)
+
+
+def merge_chunks(part: torch.Tensor, out: torch.Tensor, splits: int) -> None:
+    """`_merge_splits_kernel` over the chunk states part (float32 [splits, B * S_q * H, D] outputs, then
+    [splits, B * S_q * H, 2] max and sum) into out [B, S_q, H, D]."""
+    bsz, s_q, heads, dim = out.shape
+    _merge_splits_kernel[(bsz * s_q * heads,)](
         part, out, splits, s_q, heads, out.stride(0), out.stride(2), out.stride(1), D=dim, HW=_on_hardware(),
         num_warps=1,
     )  # fmt: skip

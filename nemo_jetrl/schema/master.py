@@ -19,6 +19,7 @@ from nemo_jetrl.data.config import DataConfig
 from nemo_jetrl.distributed.cluster import ClusterSpec
 from nemo_jetrl.distributed.cluster_config import ClusterConfig
 from nemo_jetrl.environments.config import EnvConfig
+from nemo_jetrl.policy.auto_switches import matched_by_default
 from nemo_jetrl.policy.config import PolicyConfig
 from nemo_jetrl.precision.config import recipe_problems
 from nemo_jetrl.utils.config import CheckpointingConfig, LoggerConfig
@@ -72,6 +73,15 @@ class MasterConfig(Section):
                 f"(policy.train_global_batch_size = grpo.num_prompts_per_step * grpo.num_generations_per_prompt "
                 f"= {samples}), got policy.train_global_batch_size {self.policy.train_global_batch_size}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _default_matched_kernels(self) -> MasterConfig:
+        """`policy.generation.matched_kernels: null` (the default) is `auto` (bitwise on-policy where the start-up
+        self-check passes) where `matched_by_default` says, else false."""
+        gen = self.policy.generation
+        if gen.matched_kernels is None:
+            gen.__dict__["matched_kernels"] = "auto" if matched_by_default(self.policy, self.cluster.device) else False
         return self
 
     @model_validator(mode="after")

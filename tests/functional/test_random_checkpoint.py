@@ -199,9 +199,9 @@ def test_gpu_cli_run_script_on_cpu(tmp_path):
         ({"PAIR_GPUS": "0 0"}, "error: side_by_side runs one GPU per variant: PAIR_GPUS names two different GPUs (got "
          "'0 0') and NPROC is 1 (got 1)"),
         ({"PAIR_VARIANTS": "fp8_kv fp8_kv"}, "error: side_by_side: PAIR_VARIANTS names two different variants of bf16 "
-         "fp8 fp8_kv fp8_kv_matched (got 'fp8_kv fp8_kv')"),
+         "fp8 fp8_kv fp8_kv_matched fp8_kv_fast (got 'fp8_kv fp8_kv')"),
         ({"PAIR_VARIANTS": "bf16 fp9"}, "error: side_by_side: PAIR_VARIANTS names two different variants of bf16 fp8 "
-         "fp8_kv fp8_kv_matched (got 'bf16 fp9')"),
+         "fp8_kv fp8_kv_matched fp8_kv_fast (got 'bf16 fp9')"),
     ],
     ids=["one-gpu", "one-variant", "unknown-variant"],
 )  # fmt: skip
