@@ -335,6 +335,9 @@ def kernel_problem(
         return f"needs head dim {HEAD_DIM} (contiguous) and at most 8 query heads a KV head"
     if any(t.stride(-1) != 1 or t.stride(2) % 16 or t.data_ptr() % 16 for t in (k_buf, v_buf)):
         return "needs 16-byte aligned cache rows"
+    masks = () if key_valid is None else key_valid.stride()
+    if max(*q.stride(), *k_buf.stride(), *v_buf.stride(), *masks) >= 2**31:
+        return "needs strides that fit a 32-bit int (the launch passes them as int)"
     if key_valid is not None and (key_valid.dtype != torch.bool or key_valid.stride(-1) != 1):
         return "needs a bool key mask with contiguous columns"
     return None
