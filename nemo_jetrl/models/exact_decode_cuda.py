@@ -34,7 +34,7 @@ import torch
 from nemo_jetrl.models import batch_invariant_kernels as K
 
 HEAD_DIM = 128
-BLOCK_N = 64  # keys per online-softmax block (the Triton kernel's ATTN_BLOCK_N)
+BLOCK_N = 64  # keys per online-softmax block the source is written for (must be the Triton kernel's ATTN_BLOCK_N)
 # cp.async stages of (K, V) tiles (16 KiB each) and CTAs an SM the registers must allow: 3 x 4 was the fastest of
 # 4 x 3, 3 x 4 and 2 x 4 at every shape timed on an H200 (docs/mismatch.md); they give the same bits (tests/gpu)
 STAGES = 3
@@ -329,6 +329,8 @@ def kernel_problem(
         return "needs CUDA and torch.cuda._compile_kernel (NVRTC)"
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return "compared with the Triton kernel on sm_90 only"
+    if K.ATTN_BLOCK_N != BLOCK_N:
+        return f"written for the Triton kernel's {BLOCK_N}-key blocks, not {K.ATTN_BLOCK_N}"
     if k_buf.dtype != torch.float8_e4m3fn or q.dtype != torch.bfloat16 or q.shape[2] != 1:
         return "needs one bf16 query a row over an e4m3 cache"
     if q.shape[-1] != HEAD_DIM or q.shape[1] // k_buf.shape[1] > 8 or q.stride(-1) != 1:
@@ -343,6 +345,11 @@ def kernel_problem(
     return None
 
 
+def key_width(k_buf: torch.Tensor, block_table: torch.Tensor | None) -> int:
+    """The most keys a row may hold: the cache's columns, or the block table's blocks x the page size."""
+    return k_buf.shape[2] if block_table is None else block_table.shape[1] * k_buf.shape[2]
+
+
 def launch(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale, v_scale, part, splits: int,
            block_table: torch.Tensor | None = None, stages: int = STAGES, min_blocks: int = MIN_BLOCKS) -> None:  # fmt: skip
     """Each chunk's state (the Triton kernel's SPLIT_OUT layout) into part, float32 [splits * B * H * (D + 2)].
@@ -351,13 +358,12 @@ def launch(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale, v_scale, part
     bsz, heads = q.shape[:2]
     kv_heads = k_buf.shape[1]
     paged = block_table is not None
-    width = block_table.shape[1] * k_buf.shape[2] if paged else k_buf.shape[2]
     valid = block_table if paged else key_valid.view(torch.uint8)
     _compiled(stages, min_blocks, split_keys(), q.device.index)(
         grid=(bsz * kv_heads, splits, 1),
         block=(128, 1, 1),
         args=[
-            q, k_buf, v_buf, valid, q_start, k_scale, v_scale, part, block_table if paged else q_start, width,
+            q, k_buf, v_buf, valid, q_start, k_scale, v_scale, part, block_table if paged else q_start, key_width(k_buf, block_table),
             kv_heads, heads // kv_heads, float(sm_scale), *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3],
             0 if paged else key_valid.stride(0), 0 if q_start.dim() == 0 else q_start.stride(0),
             block_table.stride(0) if paged else 0, k_buf.shape[2] if paged else 0,
@@ -370,8 +376,7 @@ def decode(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale, v_scale, out:
            block_table: torch.Tensor | None = None, stages: int = STAGES, min_blocks: int = MIN_BLOCKS) -> None:  # fmt: skip
     """One decode step of the exact attention into out [B, 1, H, D]: this kernel's chunk states (`launch`'s
     arguments), merged by the Triton kernel's merge (`batch_invariant_kernels.merge_chunks`)."""
-    width = block_table.shape[1] * k_buf.shape[2] if block_table is not None else k_buf.shape[2]
-    splits = max(1, -(-width // split_keys()))
+    splits = max(1, -(-key_width(k_buf, block_table) // split_keys()))
     part = torch.empty(splits * q.shape[0] * q.shape[1] * (HEAD_DIM + 2), dtype=torch.float32, device=q.device)
     with torch.cuda.device(q.device):  # the launch's stream and module: q's device
         launch(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale, v_scale, part, splits, block_table, stages,
