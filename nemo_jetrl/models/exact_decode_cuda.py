@@ -364,7 +364,8 @@ def launch(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale, v_scale, part
         block=(128, 1, 1),
         args=[
             q, k_buf, v_buf, valid, q_start, k_scale, v_scale, part, block_table if paged else q_start,
-            key_width(k_buf, block_table), kv_heads, heads // kv_heads, float(sm_scale), *q.stride()[:2], *k_buf.stride()[:3], *v_buf.stride()[:3],
+            key_width(k_buf, block_table), kv_heads, heads // kv_heads, float(sm_scale), *q.stride()[:2],
+            *k_buf.stride()[:3], *v_buf.stride()[:3],
             0 if paged else key_valid.stride(0), 0 if q_start.dim() == 0 else q_start.stride(0),
             block_table.stride(0) if paged else 0, k_buf.shape[2] if paged else 0,
         ],
