@@ -9,7 +9,9 @@ chunks in parallel programs) and with one chunk a row (as before the chunks) bes
 reads the cache as the engine's rollout does: paged (`PAGE_SIZES` keys a block, blocks shuffled, the table
 `PAGED_SLACK` keys wider than the row, as a recipe's max_total_sequence_length leaves it), fast and exact; the exact
 paged output is checked bitwise against the contiguous one before it is timed. The exact decode also reads the same
-values from a bf16 cache (twice the bytes, no e4m3 widening): what the widening costs.
+values from a bf16 cache (twice the bytes, no e4m3 widening): what the widening costs. The trainer's forward runs as
+the trainer runs it (the CUDA kernel where it serves) and over the same rows packed into one, CUDA and Triton
+kernels side by side, each checked bitwise against the Triton kernel before it is timed.
 
 FP8 linears (q/k/v grouped, o, gate/up grouped, down) at M = 64 (decode), 4096 (trainer micro-batch) and 16384
 (prefill of 64 x 256): `fp8_blockwise_mm` auto (cuBLAS / split-K Triton) vs the batch-invariant GEMM with its
@@ -159,7 +161,7 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
         args = (q, k, v, valid, start, scale)
     out[f"exact (batch-invariant, chunks of {K.ATTN_SPLIT_KEYS})"] = lambda: attention(*args)
     out["exact, one chunk"] = lambda: _one_chunk(attention, *args)  # the kernel before its keys came in chunks
-    if decode:  # `attention` takes the CUDA decode where it serves (models/exact_decode_choice.py): Triton beside it
+    if decode:  # `attention` takes the CUDA decode where it serves (models/exact_cuda_choice.py): Triton beside it
         out["exact, Triton kernel"] = lambda: K.attention(*args)
     want = K.attention(*args)  # the default's output, against which configs and the paged kernel are checked
     if decode:
@@ -167,9 +169,36 @@ def _shape_variants(dev, decode: bool, bsz: int, heads: int, n: int, configs: tu
         args16 = (q, kv_dequant(k, ks, q.dtype), kv_dequant(v, vs, q.dtype), valid, start, scale)
         out["exact, bf16 cache (same values)"] = lambda: attention(*args16)
         out |= _paged_variants(q, k, v, ks, vs, scale, want, configs)
+    if not decode:
+        out |= _trainer_variants(q, k, v, valid, scale, want)
     for c in configs:
         name = _bits_named(f"exact config {c}", K.attention(*args, config=c), want)
         out[name] = lambda c=c: K.attention(*args, config=c)
+    return out
+
+
+def _trainer_variants(q, k, v, valid, scale, want) -> dict:
+    """{name: callable}: the trainer's forward as `batch_invariant_train` runs it (the CUDA kernel where it serves,
+    `models/exact_cuda_choice.py`), over the padded rows and over the same rows packed into one, each beside the
+    Triton kernel; raises where the CUDA kernel's output differs in any bit from the Triton kernel's `want`."""
+    from nemo_jetrl.models import exact_train_cuda
+    from nemo_jetrl.models.batch_invariant_train import causal_attention
+
+    bsz, heads, n, dim = q.shape
+    if not torch.equal(causal_attention(q, k, v, valid, scale), want):
+        raise AssertionError("the trainer's exact forward differs from the Triton kernel's bits")
+    out = {"exact trainer forward (as the trainer runs it)": lambda: causal_attention(q, k, v, valid, scale)}
+
+    def pack(t):  # [B, H, n, D] -> [1, H, B * n, D]
+        return t.transpose(1, 2).reshape(1, bsz * n, t.shape[1], dim).transpose(1, 2)
+
+    qp, kp, vp = pack(q), pack(k), pack(v)
+    cu = (torch.arange(bsz + 1, device=q.device) * n).int()
+    if exact_train_cuda.kernel_problem(q, k, v) is None:
+        if not torch.equal(exact_train_cuda.forward(qp, kp, vp, None, cu, n, scale)[0], pack(want)):
+            raise AssertionError("the packed CUDA trainer forward differs from the Triton kernel's bits")
+        out["exact packed, CUDA kernel"] = lambda: exact_train_cuda.forward(qp, kp, vp, None, cu, n, scale)
+    out["exact packed, Triton kernel"] = lambda: K.varlen_attention(qp, kp, vp, cu, n, scale)
     return out
 
 

@@ -21,7 +21,7 @@ FILES=(test_grpo_gpu test_accuracy_long_gpu test_continuous_batching_gpu test_pa
        test_fp8_train_step_gpu test_matched_packing_gpu test_moe_gpu test_activation_checkpointing_gpu
        test_generation_gpu test_cuda_graph_decode test_batch_invariant_gpu test_fused_train_gpu test_fused_rollout_gpu
        test_fused_logprobs_gpu test_packing_gpu test_precision_gpu test_recipes_gpu test_validation_reference_gpu
-       test_tune_cache_gpu test_deep_gemm_gpu test_sdpa_backends_gpu test_exact_decode_cuda_gpu)
+       test_tune_cache_gpu test_deep_gemm_gpu test_sdpa_backends_gpu test_exact_decode_cuda_gpu test_exact_train_cuda_gpu)
 listed=$(printf '%s\n' "${FILES[@]}" test_torchrun_gpu | sort)
 present=$(ls tests/gpu | sed -n 's/^\(test_.*\)\.py$/\1/p' | sort)
 if [ "$listed" != "$present" ]; then

@@ -53,13 +53,13 @@ def attention(
     _check(q, k_buf, v_buf, key_valid, k_scale, v_scale)
     if not q.is_cuda:
         return attention_ref(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale, v_scale)
-    from nemo_jetrl.models import batch_invariant_kernels, exact_decode_choice
+    from nemo_jetrl.models import batch_invariant_kernels, exact_cuda_choice
 
     start = q_start if isinstance(q_start, torch.Tensor) else torch.tensor(q_start, device=q.device)
     if start.dtype != torch.int64 or start.shape not in ((), (q.shape[0],)):
         raise ValueError(f"batch-invariant attention: q_start must be int64 of shape () or [B], got {start.shape}")
-    if exact_decode_choice.takes_cuda(q, k_buf, v_buf, key_valid, paged=False):  # a decode step, the same bits
-        return exact_decode_choice.decode_step(q, k_buf, v_buf, key_valid, start, sm_scale, k_scale, v_scale)
+    if exact_cuda_choice.takes_cuda(q, k_buf, v_buf, key_valid, paged=False):  # a decode step, the same bits
+        return exact_cuda_choice.decode_step(q, k_buf, v_buf, key_valid, start, sm_scale, k_scale, v_scale)
     return batch_invariant_kernels.attention(q, k_buf, v_buf, key_valid, start, sm_scale, k_scale, v_scale)
 
 
@@ -111,10 +111,10 @@ def paged_attention(
     _check_paged(q, k_pool, v_pool, block_table, kv_len, k_scale, v_scale)
     if not q.is_cuda:
         return paged_attention_ref(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale, v_scale)
-    from nemo_jetrl.models import batch_invariant_kernels, exact_decode_choice
+    from nemo_jetrl.models import batch_invariant_kernels, exact_cuda_choice
 
-    if exact_decode_choice.takes_cuda(q, k_pool, v_pool, None, paged=True):  # the same bits (exact_decode_cuda)
-        return exact_decode_choice.decode_step(q, k_pool, v_pool, None, kv_len - 1, sm_scale, k_scale, v_scale,
+    if exact_cuda_choice.takes_cuda(q, k_pool, v_pool, None, paged=True):  # the same bits (exact_decode_cuda)
+        return exact_cuda_choice.decode_step(q, k_pool, v_pool, None, kv_len - 1, sm_scale, k_scale, v_scale,
                                                block_table)  # fmt: skip
     return batch_invariant_kernels.paged_attention(q, k_pool, v_pool, block_table, kv_len, sm_scale, k_scale, v_scale)
 

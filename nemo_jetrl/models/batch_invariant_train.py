@@ -1,6 +1,7 @@
 """The trainer's batch-invariant attention (the exact mode, `policy.generation.matched_kernels`): one autograd Function
 whose forward is the rollout's kernel (`batch_invariant_attention`: per query the reduction order of the decode and
-prefill) and also writes each query's log-sum-exp, and whose backward is flash attention's over that output and
+prefill; on sm_90 its CUDA twin `exact_train_cuda`, the same bits, where `exact_cuda_choice` found them equal) and
+also writes each query's log-sum-exp, and whose backward is flash attention's over that output and
 log-sum-exp (`torch.ops.aten._flash_attention_backward`, varlen over cu_seqlens): no forward recomputed for the
 gradient.
 
@@ -120,18 +121,25 @@ def _forward(q, k, v, layout: _Layout, sm_scale: float) -> tuple[torch.Tensor, t
     bsz, heads, seq, _ = q.shape
     if layout.key_valid is None:
         if q.is_cuda:
-            from nemo_jetrl.models import batch_invariant_kernels
+            from nemo_jetrl.models import batch_invariant_kernels, exact_cuda_choice, exact_train_cuda
 
-            return batch_invariant_kernels.varlen_attention(q, k, v, layout.cu_seqlens, layout.max_seqlen, sm_scale)
+            cu = layout.cu_seqlens.int()
+            if exact_cuda_choice.train_serves(q, k, v, packed=True):  # the same bits (exact_train_cuda)
+                return exact_train_cuda.forward(q, k, v, None, cu, layout.max_seqlen, sm_scale)
+            return batch_invariant_kernels.varlen_attention(q, k, v, cu, layout.max_seqlen, sm_scale)
         return varlen_attention_ref(q, k, v, layout.cu_seqlens, sm_scale)
     key_valid = layout.key_valid
     _check(q, k, v, key_valid, None, None)
     if q.is_cuda:
-        from nemo_jetrl.models import batch_invariant_kernels
+        from nemo_jetrl.models import batch_invariant_kernels, exact_cuda_choice, exact_train_cuda
 
-        lse = torch.empty((heads, bsz * seq), dtype=torch.float32, device=q.device)  # [H, B * S]
-        zero = torch.zeros((), dtype=torch.int64, device=q.device)  # no host -> device copy (capturable)
-        out = batch_invariant_kernels.attention(q, k, v, key_valid, zero, sm_scale, lse=lse)
+        mask_ok = key_valid.dtype == torch.bool and key_valid.stride(-1) == 1
+        if mask_ok and exact_cuda_choice.train_serves(q, k, v, packed=False):  # the same bits (exact_train_cuda)
+            out, lse = exact_train_cuda.forward(q, k, v, key_valid, None, 0, sm_scale)
+        else:
+            lse = torch.empty((heads, bsz * seq), dtype=torch.float32, device=q.device)  # [H, B * S]
+            zero = torch.zeros((), dtype=torch.int64, device=q.device)  # no host -> device copy (capturable)
+            out = batch_invariant_kernels.attention(q, k, v, key_valid, zero, sm_scale, lse=lse)
     else:
         out, lse3 = attention_ref(q, k, v, key_valid, 0, sm_scale, with_lse=True)  # lse3: [B, H, S]
         lse = lse3.transpose(0, 1).reshape(heads, bsz * seq)

@@ -17,7 +17,7 @@ to the Triton kernel's partial buffer and its `_merge_splits_kernel` merges them
 
 What the Triton kernel runs as a warp-group MMA (wgmma, m64) this kernel runs as `mma.sync.m16n8k16` per warp, the
 same 16-wide steps in the same order. That the two give the same bits is a property of the GPU, not of the code:
-`exact_decode_choice` compares the two kernels on this device once, and a decode step takes this kernel only where
+`exact_cuda_choice` compares the two kernels on this device once, and a decode step takes this kernel only where
 they agreed. Imported on CUDA only (it imports the Triton kernels).
 
 CTA: (sequence, KV head, chunk), 4 warps. Per block, warp w takes keys 16w..16w+15 for the scores and 32 of the
@@ -40,12 +40,11 @@ BLOCK_N = 64  # keys per online-softmax block the source is written for (must be
 STAGES = 3
 MIN_BLOCKS = 4
 
-_SOURCE = r"""
+# The device functions both hand-written exact kernels use (`exact_train_cuda` too).
+CUDA_HELPERS = r"""
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
-#define STAGES __STAGES__
-#define SPLIT __SPLIT__
 #define NEG_INF __int_as_float(0xff800000)
 #define LOG2E __int_as_float(0x3fb8aa3b)  // Triton's exp: mul.f32 by this, then ex2.approx.f32
 
@@ -82,7 +81,21 @@ __device__ __forceinline__ void cp16(u32 dst, const void* src, int bytes) {  // 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+// the first column before hi whose mask byte is set (hi if none), by a CTA of 128 threads that all call it
+__device__ __forceinline__ int first_valid(const u8* vrow, int hi, int* slot) {
+    if (threadIdx.x == 0) *slot = hi;
+    __syncthreads();
+    for (int col = threadIdx.x; col < hi; col += 128)
+        if (vrow[col]) { atomicMin(slot, col); break; }
+    __syncthreads();
+    return *slot;
+}
 
+"""
+
+_SOURCE = r"""
+#define STAGES __STAGES__
+#define SPLIT __SPLIT__
 // one block's K and V tiles [64 keys][128 B] into shared memory, chunk ch of key r at r * 128 + (ch ^ (r & 7)) * 16;
 // keys at or past hi are zero (as the Triton kernel's masked loads)
 __device__ __forceinline__ void load_tiles(u32 ks, u32 vs, const u8* kbase, const u8* vbase, const int* trow,
@@ -129,14 +142,7 @@ extern "C" __global__ void __launch_bounds__(128, __MINB__) exact_decode_e4m3(
     const int hi = (int)min(q0 + 1, (long long)S_k);  // one past the query's column
     const u8* vrow = valid + (long long)b * svalb;
     int lead = 0;  // the row's first valid key (a paged row has no padding)
-    if (page == 0) {
-        if (tid == 0) *lead_s = hi;
-        __syncthreads();
-        for (int col = tid; col < hi; col += 128)
-            if (vrow[col]) { atomicMin(lead_s, col); break; }
-        __syncthreads();
-        lead = *lead_s;
-    }
+    if (page == 0) lead = first_valid(vrow, hi, lead_s);
     const int c0 = lead + chunk * SPLIT, cend = min(c0 + SPLIT, hi);
     const int nblk = c0 < hi ? (cend - c0 + 63) / 64 : 0;
 
@@ -299,7 +305,7 @@ def kernel_source(stages: int = STAGES, min_blocks: int = MIN_BLOCKS, split: int
     """The CUDA source: cp.async stages, CTAs an SM the registers must allow, keys per chunk (default
     `split_keys()`)."""
     split = split_keys() if split is None else split
-    return (
+    return CUDA_HELPERS + (
         _SOURCE.replace("__STAGES__", str(stages)).replace("__MINB__", str(min_blocks)).replace("__SPLIT__", str(split))
     )
 

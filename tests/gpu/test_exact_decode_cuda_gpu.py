@@ -12,7 +12,7 @@ import torch
 import triton
 
 from nemo_jetrl.models import batch_invariant_kernels as K
-from nemo_jetrl.models import exact_decode_choice, exact_decode_cuda
+from nemo_jetrl.models import exact_cuda_choice, exact_decode_cuda
 from nemo_jetrl.models.batch_invariant_attention import paged_attention
 from nemo_jetrl.precision.kv import kv_dequant
 
@@ -88,7 +88,7 @@ def test_the_decode_takes_it_and_equals_the_trainers_tile():
     lens = [5, 300, 1030, 2500]
     case = _paged(4, 8, 4, lens, seed=11)
     q, k_pool, v_pool, table, kv_len, ks, vs = case
-    assert exact_decode_choice.serves(q, k_pool, v_pool, None, paged=True)
+    assert exact_cuda_choice.serves(q, k_pool, v_pool, None, paged=True)
     launches = []
     real = exact_decode_cuda.launch
     exact_decode_cuda.launch = lambda *a, **kw: (launches.append(1), real(*a, **kw))[1]
