@@ -133,8 +133,7 @@ def _forward(q, k, v, layout: _Layout, sm_scale: float) -> tuple[torch.Tensor, t
     if q.is_cuda:
         from nemo_jetrl.models import batch_invariant_kernels, exact_cuda_choice, exact_train_cuda
 
-        mask_ok = key_valid.dtype == torch.bool and key_valid.stride(-1) == 1
-        if mask_ok and exact_cuda_choice.train_serves(q, k, v, packed=False):  # the same bits (exact_train_cuda)
+        if exact_cuda_choice.train_serves(q, k, v, packed=False, key_valid=key_valid):  # the same bits (exact_train_cuda)
             out, lse = exact_train_cuda.forward(q, k, v, key_valid, None, 0, sm_scale)
         else:
             lse = torch.empty((heads, bsz * seq), dtype=torch.float32, device=q.device)  # [H, B * S]

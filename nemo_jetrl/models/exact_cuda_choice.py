@@ -42,10 +42,11 @@ def serves(q, k_buf, v_buf, key_valid, paged: bool) -> bool:
     return _agrees("decode", q, q.shape[1] // k_buf.shape[1], paged)
 
 
-def train_serves(q, k, v, packed: bool) -> bool:
-    """Whether the trainer's forward (q [B, H, S, D] over its own keys) takes `exact_train_cuda`: it fits and, on
-    this device, gave the Triton kernel's bits (`train_agrees_with_triton`, at the first eager call of each kind)."""
-    if exact_train_cuda.kernel_problem(q, k, v) is not None:
+def train_serves(q, k, v, packed: bool, key_valid: torch.Tensor | None = None) -> bool:
+    """Whether the trainer's forward (q [B, H, S, D] over its own keys; padded rows: their key_valid) takes
+    `exact_train_cuda`: it fits and, on this device, gave the Triton kernel's bits (`train_agrees_with_triton`, at
+    the first eager call of each kind)."""
+    if exact_train_cuda.kernel_problem(q, k, v, key_valid) is not None:
         return False
     return _agrees("train", q, q.shape[1] // k.shape[1], packed)
 
@@ -122,5 +123,4 @@ def train_agrees_with_triton(device: torch.device, n_rep: int, packed: bool) -> 
         zero = torch.zeros((), dtype=torch.int64, device=device)
         ref = K.attention(q, k, v, valid, zero, 0.088, lse=ref_lse)
         out, lse = exact_train_cuda.forward(q, k, v, valid, None, 0, 0.088)
-    close = torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-6) or torch.equal(lse, ref_lse)
-    return torch.equal(ref, out) and close
+    return torch.equal(ref, out) and torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-6)

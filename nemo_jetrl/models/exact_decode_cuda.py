@@ -49,6 +49,8 @@ typedef unsigned char u8;
 #define LOG2E __int_as_float(0x3fb8aa3b)  // Triton's exp: mul.f32 by this, then ex2.approx.f32
 
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+// exp(a - b) as Triton computes it
+__device__ __forceinline__ float ex2_diff(float a, float b) { return ex2(__fmul_rn(__fsub_rn(a, b), LOG2E)); }
 __device__ __forceinline__ float f16_to_f32(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
@@ -225,10 +227,10 @@ extern "C" __global__ void __launch_bounds__(128, __MINB__) exact_decode_e4m3(
             const int qq = 2 * c + e;
             const float bmax = fmaxf(fmaxf(red[qq], red[8 + qq]), fmaxf(red[16 + qq], red[24 + qq]));
             const float m_new = fmaxf(m[e], bmax);
-            alpha[e] = m_new == m[e] ? 1.0f : ex2(__fmul_rn(__fsub_rn(m[e], m_new), LOG2E));
+            alpha[e] = m_new == m[e] ? 1.0f : ex2_diff(m[e], m_new);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float p = ok[r] ? ex2(__fmul_rn(__fsub_rn(s[r][e], m_new), LOG2E)) : 0.0f;
+                const float p = ok[r] ? ex2_diff(s[r][e], m_new) : 0.0f;
                 lsl[r][e] = __fmaf_rn(lsl[r][e], alpha[e], p);
                 ps[qq * 64 + kr0 + 8 * r] = to_bf16(p);
             }
@@ -318,11 +320,27 @@ def shared_bytes(stages: int = STAGES) -> int:
 @functools.cache
 def _compiled(stages: int, min_blocks: int, split: int, device: int):
     """The kernel loaded on `device` (a module is per device context)."""
+    return load_kernel(kernel_source(stages, min_blocks, split), "exact_decode_e4m3", shared_bytes(stages), device)
+
+
+def load_kernel(source: str, name: str, shared: int, device: int):
+    """Kernel `name` of CUDA `source` compiled (NVRTC) and loaded on `device`, allowed `shared` bytes of dynamic
+    shared memory (both hand-written exact kernels)."""
     with torch.cuda.device(device):
-        kernel = torch.cuda._compile_kernel(kernel_source(stages, min_blocks, split), "exact_decode_e4m3")
+        kernel = torch.cuda._compile_kernel(source, name)
         if hasattr(kernel, "set_shared_memory_config"):
-            kernel.set_shared_memory_config(shared_bytes(stages))
+            kernel.set_shared_memory_config(shared)
     return kernel
+
+
+def device_problem(q: torch.Tensor) -> str | None:
+    """Why no hand-written exact kernel runs on q's device (None: one may): CUDA with NVRTC, and sm_90, where their
+    bits were compared with the Triton kernel's."""
+    if not q.is_cuda or not hasattr(torch.cuda, "_compile_kernel") or torch.version.hip:
+        return "needs CUDA and torch.cuda._compile_kernel (NVRTC)"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "compared with the Triton kernel on sm_90 only"
+    return None
 
 
 def kernel_problem(
@@ -331,10 +349,8 @@ def kernel_problem(
     """Why this kernel cannot serve a decode step (None: it can): q [B, H, 1, D] bf16 on a CUDA sm_90 device, an
     e4m3 cache of head dim 128 with contiguous, 16-byte aligned rows, at most 8 query heads a KV head, a key mask
     (contiguous cache) with contiguous columns."""
-    if not q.is_cuda or not hasattr(torch.cuda, "_compile_kernel") or torch.version.hip:
-        return "needs CUDA and torch.cuda._compile_kernel (NVRTC)"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return "compared with the Triton kernel on sm_90 only"
+    if (problem := device_problem(q)) is not None:
+        return problem
     if K.ATTN_BLOCK_N != BLOCK_N:
         return f"written for the Triton kernel's {BLOCK_N}-key blocks, not {K.ATTN_BLOCK_N}"
     if k_buf.dtype != torch.float8_e4m3fn or q.dtype != torch.bfloat16 or q.shape[2] != 1:

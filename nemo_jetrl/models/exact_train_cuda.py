@@ -29,7 +29,7 @@ import functools
 import torch
 
 from nemo_jetrl.models import batch_invariant_kernels as K
-from nemo_jetrl.models.exact_decode_cuda import CUDA_HELPERS, HEAD_DIM
+from nemo_jetrl.models.exact_decode_cuda import CUDA_HELPERS, HEAD_DIM, device_problem, load_kernel
 
 BLOCK_M = 64  # query rows a CTA (the Triton tile's; any tiling gives the same bits)
 BLOCK_N = 64  # keys per online-softmax block the source is written for (the Triton kernel's ATTN_BLOCK_N)
@@ -54,7 +54,6 @@ __device__ __forceinline__ float div_full(float x, float y) {
 }
 // byte offset of 16-byte chunk ch of row r in a [rows][256 B] tile: chunks XOR-swizzled by the row
 __device__ __forceinline__ u32 swz(int r, int ch) { return r * 256 + ((ch ^ (r & 7)) << 4); }
-__device__ __forceinline__ float ex2_diff(float a, float b) { return ex2(__fmul_rn(__fsub_rn(a, b), LOG2E)); }
 
 // a block's K and V tiles [64 keys][128 dims] bf16 into a stage; keys at or past hi are zero
 __device__ __forceinline__ void load_kv(u32 st, const u16* kb, const u16* vb, long long sks, long long svs,
@@ -296,20 +295,17 @@ def shared_bytes(stages: int = STAGES) -> int:
 @functools.cache
 def _compiled(split: int, stages: int, device: int):
     """The kernel loaded on `device` (a module is per device context)."""
-    with torch.cuda.device(device):
-        kernel = torch.cuda._compile_kernel(kernel_source(split, stages), "exact_train_fwd")
-        if hasattr(kernel, "set_shared_memory_config"):
-            kernel.set_shared_memory_config(shared_bytes(stages))
-    return kernel
+    return load_kernel(kernel_source(split, stages), "exact_train_fwd", shared_bytes(stages), device)
 
 
-def kernel_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+def kernel_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None = None) -> str | None:
     """Why this kernel cannot run the trainer's forward (None: it can): bf16 q / k / v on a CUDA sm_90 device, head
-    dim 128 contiguous with 16-byte aligned rows, whole query heads a KV head, keys per chunk a multiple of 64."""
-    if not q.is_cuda or not hasattr(torch.cuda, "_compile_kernel") or torch.version.hip:
-        return "needs CUDA and torch.cuda._compile_kernel (NVRTC)"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return "compared with the Triton kernel on sm_90 only"
+    dim 128 contiguous with 16-byte aligned rows, whole query heads a KV head, keys per chunk a multiple of 64; a key
+    mask (padded rows) bool with contiguous columns."""
+    if (problem := device_problem(q)) is not None:
+        return problem
+    if key_valid is not None and (key_valid.dtype != torch.bool or key_valid.stride(-1) != 1):
+        return "needs a bool key mask with contiguous columns"
     if K.ATTN_BLOCK_N != BLOCK_N or K.ATTN_SPLIT_KEYS % BLOCK_N:
         return f"written for {BLOCK_N}-key blocks and chunks of whole blocks"
     if any(t.dtype != torch.bfloat16 for t in (q, k, v)) or q.shape[-1] != HEAD_DIM:
