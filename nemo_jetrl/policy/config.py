@@ -137,9 +137,9 @@ class PolicyConfig(Section):
     # backend, not the exact mode), else off with one start-up line (policy/auto_switches.py)
     train_cuda_graphs: AutoBool = "auto"
     # prev_logprobs (the trainer's logprobs of the rollout tokens): a separate no-grad forward before training, or the
-    # training forward itself (one forward less per step; needs one optimizer step per GRPO step, local backend);
-    # auto: train_forward where both hold, else logprob_forward (resolved at validation)
-    prev_logprobs_source: Literal["logprob_forward", "train_forward", "auto"] = "logprob_forward"
+    # training forward itself (one forward less per step; needs one optimizer step per GRPO step); auto (the
+    # default): train_forward where that holds, else logprob_forward (resolved at validation)
+    prev_logprobs_source: Literal["logprob_forward", "train_forward", "auto"] = "auto"
     # MoE models (policy/moe_step.py): the routers' gate weights are not trained (Megatron's freeze_moe_router); the
     # load-balancing loss coefficient, null = the model config's router_aux_loss_coef, 0 = off
     freeze_moe_router: bool = False

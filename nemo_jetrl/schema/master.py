@@ -75,6 +75,16 @@ class MasterConfig(Section):
             )
         return self
 
+    def prev_logprobs_line(self, requested: str) -> str | None:
+        """The start-up line where `policy.prev_logprobs_source: auto` (`requested`) resolved to train_forward (no
+        logprob pass, unlike NeMo-RL), else None (logprob_forward is NeMo-RL's own way)."""
+        if requested != "auto" or self.policy.prev_logprobs_source != "train_forward":
+            return None
+        return (
+            "policy.prev_logprobs_source: auto -> train_forward: one optimizer step per GRPO step, so prev_logprobs "
+            "and the mismatch metrics come from the training forward (no logprob pass)"
+        )
+
     @model_validator(mode="after")
     def _default_matched_kernels(self) -> MasterConfig:
         """`policy.generation.matched_kernels: null` (the default) is `auto` (bitwise on-policy where the start-up

@@ -37,7 +37,11 @@ def test_grpo_base_validates_and_round_trips(base_yaml, base_dict):
     # matched_kernels: null (the default) resolves to auto or false (policy/auto_switches.py, matched_by_default)
     assert base_dict["policy"]["generation"]["matched_kernels"] is None
     assert plain["policy"]["generation"].pop("matched_kernels") in ("auto", False)
-    assert plain == {**base_dict, "policy": {**base_dict["policy"], "generation": {
+    # prev_logprobs_source: auto resolves at validation; grpo_base runs one optimizer step per GRPO step
+    assert base_dict["policy"]["prev_logprobs_source"] == "auto"
+    assert plain["policy"].pop("prev_logprobs_source") == "train_forward"
+    policy = {k: v for k, v in base_dict["policy"].items() if k != "prev_logprobs_source"}
+    assert plain == {**base_dict, "policy": {**policy, "generation": {
         k: v for k, v in base_dict["policy"]["generation"].items() if k != "matched_kernels"}}}  # fmt: skip
     assert validate_config(base_dict) == master  # plain dicts are accepted too
 

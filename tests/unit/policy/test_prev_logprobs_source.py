@@ -154,3 +154,25 @@ def test_train_releases_the_cached_blocks_of_the_pass_before_once(tiny, monkeypa
     assert released == []
     policy.train([batch.select(slice(0, 4)), batch.select(slice(4, 8))], LOSS_FN)
     assert released == [policy.device]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        ([], True),  # the shipped recipes: one optimizer step per GRPO step -> no logprob pass, said once
+        (["policy.train_global_batch_size=128"], False),  # several: NeMo-RL's logprob pass, nothing to say
+        (["policy.prev_logprobs_source=train_forward"], False),  # said in the config, not resolved
+    ],
+)
+def test_the_shipped_default_resolves_to_the_training_forward_with_one_line(overrides, line):
+    from jetrl_testkit.cli import load_script, run_main
+
+    root = CONFIG.parents[2]
+    config = root / "examples" / "configs" / "grpo_math_8B_fp8_kv.yaml"
+    assert validate_config(load_config(config)).policy.prev_logprobs_source == "train_forward"
+    main = load_script(root / "examples" / "run_grpo.py", "run_grpo_prev_logprobs").main
+    rc, out, err = run_main(main, ["--config", str(config), "--validate-only", *overrides])
+    assert rc == 0 and err == ""
+    said = [ln for ln in out.splitlines() if ln.startswith("policy.prev_logprobs_source: auto -> train_forward")]
+    assert len(said) == int(line)
+    assert out.splitlines()[-1].startswith("precision: train=fp8 rollout=fp8 kv=fp8")
