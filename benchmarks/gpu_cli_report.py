@@ -35,6 +35,7 @@ from nemo_jetrl.utils.phase_profile import profiled_steps
 PHASES = ("generation", "generation/prefill", "generation/admission", "generation/cuda_graph_capture",
           "generation/decode", "generation/rank_gather", "logprobs", "training", "refit", "reward", "kv_bootstrap",
           "total_step_time")  # generation/...: device time inside the generation phase
+STEP = "total_step_time"  # the whole step: its speed-ups to three decimals
 MEMORY_FILE = "gpu_memory.csv"
 ESTIMATED = {"generation": "rollout", "logprobs": "logprob", "training": "train"}  # phase -> the preflight's name
 
@@ -175,20 +176,21 @@ def speedup_rows(summaries: dict[str, dict], baseline: str) -> list[str]:
     rows = []
     for phase in PHASES:
         ref = base["median_s"].get(phase)
-        cells = [_ratio(ref, summaries[label]["median_s"].get(phase)) for label in labels]
+        cells = [_ratio(ref, summaries[label]["median_s"].get(phase), phase) for label in labels]
         if ref and any(c != "—" for c, label in zip(cells, labels) if label != baseline):
             rows.append(f"| {phase}: x {baseline} | " + " | ".join(cells) + " |")
     cells = []
     for label in labels:
         run = summaries[label].get("timed_step_s", {})
         steps = sorted(set(run) & set(base.get("timed_step_s", {})), key=int)
-        cells.append(" ".join(_ratio(base["timed_step_s"][k], run[k]) for k in steps) or "—")
+        cells.append(" ".join(_ratio(base["timed_step_s"][k], run[k], STEP) for k in steps) or "—")
     rows.append(f"| total_step_time by step: x {baseline} | " + " | ".join(cells) + " |")
     return rows
 
 
-def _ratio(reference: float | None, value: float | None) -> str:
-    return "—" if not reference or not value else f"{reference / value:.2f}x"
+def _ratio(reference: float | None, value: float | None, phase: str = "") -> str:
+    """"1.25x"; the whole step's to three decimals (a 1.246x step against a 1.25x target must not read 1.25x)."""
+    return "—" if not reference or not value else f"{reference / value:.{3 if phase == STEP else 2}f}x"
 
 
 def format_table(summaries: dict[str, dict], baseline: str | None = None) -> str:
@@ -279,7 +281,7 @@ def plot_phases(summaries: dict[str, dict], path: Path, baseline: str | None = N
     for i, label in enumerate(labels):
         total = summaries[label]["median_s"].get("total_step_time")
         if total:
-            text = f"{total:.2f} s" + (f"\n{_ratio(ref, total)}" if ref and label != baseline else "")
+            text = f"{total:.2f} s" + (f"\n{_ratio(ref, total, STEP)}" if ref and label != baseline else "")
             ax.text(i, sum(parts[i].values()), text, ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("seconds per GRPO step (median)")
     ax.set_title("GRPO step by phase" + (f", speed-up over {baseline}" if baseline else ""))

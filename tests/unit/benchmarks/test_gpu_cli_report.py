@@ -133,7 +133,7 @@ def test_a_profiled_step_is_left_out_of_the_medians(tmp_path, capsys):
 
 def test_speedup_over_a_baseline_per_phase_and_step_by_step(tmp_path, capsys):
     """bf16 steps 2-4: generation 2, 4, 3 s, total 3, 5, 4 s; fp8_kv the same run with generation halved (1, 2,
-    1.5 s; total 2, 3, 2.5 s): generation 2.00x, total 1.60x on the medians (4 / 2.5), 1.50 1.67 1.60 by step."""
+    1.5 s; total 2, 3, 2.5 s): generation 2.00x, total 1.600x on the medians (4 / 2.5), 1.500 1.667 1.600 by step."""
     base = _write_run(tmp_path / "bf16")
     fast = tmp_path / "fp8_kv"
     fast.mkdir()
@@ -146,8 +146,8 @@ def test_speedup_over_a_baseline_per_phase_and_step_by_step(tmp_path, capsys):
     assert report.main([f"bf16={base}", f"fp8_kv={fast}", "--baseline", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "| generation: x bf16 | 1.00x | 2.00x |" in out and "| training: x bf16 | 1.00x | 1.00x |" in out
-    assert "| total_step_time: x bf16 | 1.00x | 1.60x |" in out
-    assert "| total_step_time by step: x bf16 | 1.00x 1.00x 1.00x | 1.50x 1.67x 1.60x |" in out
+    assert "| total_step_time: x bf16 | 1.000x | 1.600x |" in out  # the whole step to three decimals
+    assert "| total_step_time by step: x bf16 | 1.000x 1.000x 1.000x | 1.500x 1.667x 1.600x |" in out
     assert "| timed steps (s) | 3.00 5.00 4.00 | 2.00 3.00 2.50 |" in out
     assert "kv_bootstrap: x" not in out  # no median in either run
     assert report.main([f"bf16={base}", "--baseline", "fp8"]) == 2
