@@ -78,10 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print_config(resolved, title=f"config: {args.config}")
     for note in master_cfg.startup_notes:
         print(note)
-    from omegaconf import OmegaConf
-
-    requested = OmegaConf.select(resolved, "policy.prev_logprobs_source", default="auto")
-    if (line := master_cfg.prev_logprobs_line(requested)) is not None:
+    if (line := master_cfg.prev_logprobs_line()) is not None:
         print(line)
     print(precision_line(master_cfg.policy))
     if args.validate_only:

@@ -40,6 +40,7 @@ class MasterConfig(Section):
     # what the NeMo-RL translation said (schema/nemo_rl.py): mapping lines for stdout, ignored keys for stderr
     _notes: tuple[str, ...] = PrivateAttr(default=())
     _warnings: tuple[str, ...] = PrivateAttr(default=())
+    _prev_logprobs_auto: bool = PrivateAttr(default=False)  # policy.prev_logprobs_source: auto was resolved here
 
     @property
     def startup_notes(self) -> tuple[str, ...]:
@@ -67,6 +68,7 @@ class MasterConfig(Section):
         one_step = self.policy.train_global_batch_size == samples
         if self.policy.prev_logprobs_source == "auto":
             self.policy.__dict__["prev_logprobs_source"] = "train_forward" if one_step else "logprob_forward"
+            self._prev_logprobs_auto = True
         if self.policy.prev_logprobs_source == "train_forward" and not one_step:
             raise KeyedValueError(
                 f"policy.prev_logprobs_source: train_forward needs one optimizer step per GRPO step "
@@ -75,10 +77,10 @@ class MasterConfig(Section):
             )
         return self
 
-    def prev_logprobs_line(self, requested: str) -> str | None:
-        """The start-up line where `policy.prev_logprobs_source: auto` (`requested`) resolved to train_forward (no
-        logprob pass, unlike NeMo-RL), else None (logprob_forward is NeMo-RL's own way)."""
-        if requested != "auto" or self.policy.prev_logprobs_source != "train_forward":
+    def prev_logprobs_line(self) -> str | None:
+        """The start-up line where `policy.prev_logprobs_source: auto` resolved to train_forward (no logprob pass,
+        unlike NeMo-RL), else None (logprob_forward is NeMo-RL's own way)."""
+        if not self._prev_logprobs_auto or self.policy.prev_logprobs_source != "train_forward":
             return None
         return (
             "policy.prev_logprobs_source: auto -> train_forward: one optimizer step per GRPO step, so prev_logprobs "

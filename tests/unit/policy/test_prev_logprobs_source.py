@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jetrl_testkit.cli import load_script, run_main
 from jetrl_testkit.reference_step import make_batch
 
 from nemo_jetrl.algorithms.loss import ClippedPGLossFn
@@ -165,8 +166,6 @@ def test_train_releases_the_cached_blocks_of_the_pass_before_once(tiny, monkeypa
     ],
 )
 def test_the_shipped_default_resolves_to_the_training_forward_with_one_line(overrides, line):
-    from jetrl_testkit.cli import load_script, run_main
-
     root = CONFIG.parents[2]
     config = root / "examples" / "configs" / "grpo_math_8B_fp8_kv.yaml"
     assert validate_config(load_config(config)).policy.prev_logprobs_source == "train_forward"
