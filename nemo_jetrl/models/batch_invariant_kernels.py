@@ -309,6 +309,15 @@ def attention(q, k_buf, v_buf, key_valid, q_start, sm_scale, k_scale=None, v_sca
     return out.transpose(1, 2)  # [B, H, S_q, D]
 
 
+def padded_train_attention(q, k, v, key_valid, sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trainer's forward over padded rows, q [B, H, S, D] over its own keys k / v [B, H_kv, S, D] and key_valid:
+    `attention` with every query at its own column. Returns (out [B, H, S, D], lse float32 [H, B * S])."""
+    bsz, heads, seq, _ = q.shape
+    lse = torch.empty((heads, bsz * seq), dtype=torch.float32, device=q.device)  # [H, B * S]
+    zero = torch.zeros((), dtype=torch.int64, device=q.device)  # no host -> device copy (capturable)
+    return attention(q, k, v, key_valid, zero, sm_scale, lse=lse), lse
+
+
 def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-segment causal attention over one packed row, q [1, H, T, D], k / v [1, H_kv, T, D] (bf16 / fp16 / fp32,
     head dim contiguous), segments cu_seqlens int32 [n + 1] of at most max_seqlen tokens: each query the kernel

@@ -136,9 +136,7 @@ def _forward(q, k, v, layout: _Layout, sm_scale: float) -> tuple[torch.Tensor, t
         if exact_cuda_choice.train_serves(q, k, v, packed=False, key_valid=key_valid):  # the same bits (exact_train_cuda)
             out, lse = exact_train_cuda.forward(q, k, v, key_valid, None, 0, sm_scale)
         else:
-            lse = torch.empty((heads, bsz * seq), dtype=torch.float32, device=q.device)  # [H, B * S]
-            zero = torch.zeros((), dtype=torch.int64, device=q.device)  # no host -> device copy (capturable)
-            out = batch_invariant_kernels.attention(q, k, v, key_valid, zero, sm_scale, lse=lse)
+            out, lse = batch_invariant_kernels.padded_train_attention(q, k, v, key_valid, sm_scale)
     else:
         out, lse3 = attention_ref(q, k, v, key_valid, 0, sm_scale, with_lse=True)  # lse3: [B, H, S]
         lse = lse3.transpose(0, 1).reshape(heads, bsz * seq)

@@ -1,8 +1,8 @@
 """The four BF16 / FP8+KV pairs of this folder (two machines x two shapes) as one figure: median GRPO step by
-phase, each pair's ratio over the issue's 1.25x line. Run from this folder: python plot_pairs.py (pairs.png)."""
+phase, each pair's ratio. Run from the repo root: python docs/assets/prev_logprobs_auto_h200_2026-12-01/plot_pairs.py
+(writes pairs.png here; the medians are `benchmarks.gpu_cli_report.summarize`'s)."""
 
-import json
-import statistics
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -11,27 +11,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))  # the repo root: benchmarks/
+from benchmarks.gpu_cli_report import summarize  # noqa: E402
+
 PHASES = [("generation/decode", "decode"), ("training", "training")]
-
-
-def median_phases(run: Path) -> dict[str, float]:
-    """Median over the steps after the first of each phase and the step (the report's rule)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    timed: dict[int, dict[str, float]] = {}
-    for r in rows:
-        for key, value in r.items():
-            if key.startswith("timing/") and not key.startswith("timing/train/"):
-                timed.setdefault(r["step"], {})[key.removeprefix("timing/")] = value
-    steps = sorted(timed)[1:]
-    keys = ["total_step_time"] + [k for k, _ in PHASES]
-    return {k: statistics.median(timed[s][k] for s in steps) for k in keys}
 
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
 for ax, shape, title in zip(axes, ["1p7b", "8b"], ["Qwen3-1.7B shape, 512 tokens", "Qwen3-8B shape, 4,096 tokens"]):
     x = 0
     for machine in "ab":
-        med = {v: median_phases(HERE / f"machine_{machine}" / shape / v) for v in ("bf16", "fp8_kv")}
+        med = {v: summarize(HERE / f"machine_{machine}" / shape / v)["median_s"] for v in ("bf16", "fp8_kv")}
         for i, v in enumerate(("bf16", "fp8_kv")):
             bottom = 0.0
             for j, (key, label) in enumerate(PHASES):

@@ -177,8 +177,7 @@ CHILD = textwrap.dedent(
     # with empty segments too (a captured micro-batch's)
     from nemo_jetrl.models.batch_invariant_train import varlen_attention_ref
     from nemo_jetrl.models.packed import PackedRows
-    lse_pad = torch.empty(H, B * S)
-    train = K.attention(q, k, v, valid, zero, 0.125, lse=lse_pad)
+    train, lse_pad = K.padded_train_attention(q, k, v, valid, 0.125)  # K.attention at every query's own column
     r["packed"], r["packed_rel"] = [], []
     for packing in (PackedRows.from_mask(valid.long(), 64),
                     PackedRows.from_mask(valid.long(), 64, width=512, segments=8, longest=S)):
